@@ -1,0 +1,110 @@
+"""Element types known to kernelpack.
+
+A :class:`DType` is a plain value: its ``code`` is what the artifact stores (the ``DType`` enum of
+``schema/kernelpack.fbs``), its ``name`` matches NumPy/PyTorch spelling so interop needs no table
+per framework. Complex types are stored interleaved (real, imag), as NumPy and PyTorch do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "DType",
+    "bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+    "f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
+    "c64", "c128",
+    "ALL_DTYPES", "dtype_from_code", "as_dtype",
+]
+
+
+@dataclass(frozen=True)
+class DType:
+    """An element type: ``kind`` is one of ``b`` (bool), ``i`` (signed), ``u`` (unsigned),
+    ``f`` (float), ``c`` (complex)."""
+
+    name: str
+    code: int
+    itemsize: int
+    kind: str
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "f"
+
+    @property
+    def is_complex(self) -> bool:
+        return self.kind == "c"
+
+    @property
+    def is_integer(self) -> bool:
+        return self.kind in ("i", "u")
+
+    @property
+    def is_signed(self) -> bool:
+        return self.kind in ("i", "f", "c")
+
+    @property
+    def real(self) -> "DType":
+        """The component type of a complex dtype (itself for real dtypes)."""
+        if self.kind != "c":
+            return self
+        return float32 if self is complex64 else float64
+
+    def __repr__(self) -> str:
+        return f"kp.{self.name}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# The codes are part of the file format: never renumber, only append.
+bool_ = DType("bool", 1, 1, "b")
+int8 = DType("int8", 2, 1, "i")
+int16 = DType("int16", 3, 2, "i")
+int32 = DType("int32", 4, 4, "i")
+int64 = DType("int64", 5, 8, "i")
+uint8 = DType("uint8", 6, 1, "u")
+uint16 = DType("uint16", 7, 2, "u")
+uint32 = DType("uint32", 8, 4, "u")
+uint64 = DType("uint64", 9, 8, "u")
+float16 = DType("float16", 10, 2, "f")
+bfloat16 = DType("bfloat16", 11, 2, "f")
+float32 = DType("float32", 12, 4, "f")
+float64 = DType("float64", 13, 8, "f")
+complex64 = DType("complex64", 14, 8, "c")
+complex128 = DType("complex128", 15, 16, "c")
+
+f16, bf16, f32, f64 = float16, bfloat16, float32, float64
+i8, i16, i32, i64 = int8, int16, int32, int64
+u8, u16, u32, u64 = uint8, uint16, uint32, uint64
+c64, c128 = complex64, complex128
+
+ALL_DTYPES: tuple[DType, ...] = (
+    bool_, int8, int16, int32, int64, uint8, uint16, uint32, uint64,
+    float16, bfloat16, float32, float64, complex64, complex128,
+)
+_BY_CODE = {d.code: d for d in ALL_DTYPES}
+_BY_NAME = {d.name: d for d in ALL_DTYPES}
+_BY_NAME.update({"bool_": bool_, "f16": f16, "bf16": bf16, "f32": f32, "f64": f64, "i8": i8,
+                 "i16": i16, "i32": i32, "i64": i64, "u8": u8, "u16": u16, "u32": u32, "u64": u64,
+                 "c64": c64, "c128": c128, "half": float16, "float": float32, "double": float64})
+
+
+def dtype_from_code(code: int) -> DType | None:
+    """The dtype stored as ``code`` in an artifact, or None for an unknown code."""
+    return _BY_CODE.get(code)
+
+
+def as_dtype(value: object) -> DType:
+    """Accept a :class:`DType`, a name (``"float32"``, ``"f32"``), or anything whose ``str()``
+    or ``.name`` is such a name (NumPy dtypes, ``torch.float32``)."""
+    if isinstance(value, DType):
+        return value
+    name = value if isinstance(value, str) else getattr(value, "name", None) or str(value)
+    name = str(name).removeprefix("torch.")
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise TypeError(f"not a kernelpack dtype (got {value!r})") from None

@@ -1,0 +1,383 @@
+"""Symbolic integer expressions: how a summary says "this size depends on that shape".
+
+An :class:`Expr` is an immutable tree over int64: constants, named symbols (tensor dims such as
+``n``, integer scalar parameters, loop counters) and a fixed set of operators. Expressions are
+*data*: the artifact stores them as a postfix program (:mod:`kernelpack.expr_program`) and the
+loader evaluates them with checked arithmetic. Nothing here ever builds or evals Python source.
+
+Building folds constants and applies a few identities (``x + 0``, ``x * 1``, ``cdiv(x, 1)``...)
+so that printed summaries stay readable: ``cdiv(n, 256)`` rather than ``((n + 255) // 256)``.
+
+Python operators build expressions: ``+ - * // % << >>``, unary ``-`` and the orderings
+``< <= > >=``. ``==`` and ``!=`` keep their structural meaning (expressions are dict keys);
+use :func:`eq` / :func:`ne` for symbolic equality.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Union
+
+__all__ = [
+    "Expr", "ExprLike", "sym", "const", "as_expr",
+    "cdiv", "floordiv", "mod", "emin", "emax", "shl", "shr", "select",
+    "eq", "ne", "lt", "le", "gt", "ge", "land", "lor", "lnot",
+    "INT64_MIN", "INT64_MAX", "OPERATORS", "evaluate",
+]
+
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+
+# operator name -> (arity, printed form). The names are stable: the format maps them to opcodes.
+OPERATORS: dict[str, int] = {
+    "add": 2, "sub": 2, "mul": 2, "floordiv": 2, "ceildiv": 2, "mod": 2, "min": 2, "max": 2,
+    "shl": 2, "shr": 2, "eq": 2, "ne": 2, "lt": 2, "le": 2, "gt": 2, "ge": 2,
+    "and": 2, "or": 2, "not": 1, "neg": 1, "select": 3,
+}
+_INFIX = {"add": ("+", 5), "sub": ("-", 5), "mul": ("*", 6), "floordiv": ("//", 6),
+          "mod": ("%", 6), "shl": ("<<", 4), "shr": (">>", 4), "eq": ("==", 3), "ne": ("!=", 3),
+          "lt": ("<", 3), "le": ("<=", 3), "gt": (">", 3), "ge": (">=", 3),
+          "and": ("and", 1), "or": ("or", 0)}
+_COMMUTATIVE = frozenset({"add", "mul", "min", "max", "eq", "ne", "and", "or"})
+
+ExprLike = Union["Expr", int, str]
+
+
+class ExprEvalError(ArithmeticError):
+    """Raised inside evaluation; callers turn it into a ConstraintError with context."""
+
+
+class Expr:
+    """An immutable symbolic int64 expression node.
+
+    ``op`` is ``"const"`` (``value`` holds the int), ``"sym"`` (``value`` holds the name) or an
+    operator name from :data:`OPERATORS` with ``args``.
+    """
+
+    __slots__ = ("op", "args", "value", "_hash")
+
+    def __init__(self, op: str, args: tuple["Expr", ...] = (), value: int | str | None = None):
+        self.op = op
+        self.args = args
+        self.value = value
+        self._hash = hash((op, args, value))
+
+    # ---- structure -------------------------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Expr):
+            return NotImplemented
+        return (self._hash == other._hash and self.op == other.op
+                and self.value == other.value and self.args == other.args)
+
+    def __ne__(self, other: object) -> bool:
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __bool__(self) -> bool:
+        if self.op == "const":
+            return bool(self.value)
+        raise TypeError(f"the truth of a symbolic expression is unknown until evaluated "
+                        f"(got {self}); use kp.select or a variant predicate")
+
+    def __index__(self) -> int:
+        if self.op == "const":
+            return int(self.value)  # type: ignore[arg-type]
+        raise TypeError(f"not a constant expression (got {self})")
+
+    __int__ = __index__
+
+    @property
+    def is_const(self) -> bool:
+        return self.op == "const"
+
+    @property
+    def is_sym(self) -> bool:
+        return self.op == "sym"
+
+    def symbols(self) -> set[str]:
+        """Names of all symbols the expression reads."""
+        out: set[str] = set()
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            if node.op == "sym":
+                out.add(node.value)  # type: ignore[arg-type]
+            stack.extend(node.args)
+        return out
+
+    def substitute(self, mapping: Mapping[str, ExprLike]) -> "Expr":
+        """Replace symbols by expressions (re-simplifying on the way up)."""
+        if self.op == "sym":
+            return as_expr(mapping[self.value]) if self.value in mapping else self  # type: ignore[index]
+        if self.op == "const":
+            return self
+        return _make(self.op, *(a.substitute(mapping) for a in self.args))
+
+    def evaluate(self, env: Mapping[str, int] | None = None, **symbols: int) -> int:
+        """Evaluate with checked int64 arithmetic; raises ExpressionError on overflow etc."""
+        values = dict(env or {}, **symbols)
+        return evaluate(self, values)
+
+    # ---- printing --------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return f"Expr({self})"
+
+    def __str__(self) -> str:
+        return _format(self, -1)
+
+    # ---- operators -------------------------------------------------------------------------
+    def __add__(self, o: ExprLike) -> "Expr": return _make("add", self, as_expr(o))
+    def __radd__(self, o: ExprLike) -> "Expr": return _make("add", as_expr(o), self)
+    def __sub__(self, o: ExprLike) -> "Expr": return _make("sub", self, as_expr(o))
+    def __rsub__(self, o: ExprLike) -> "Expr": return _make("sub", as_expr(o), self)
+    def __mul__(self, o: ExprLike) -> "Expr": return _make("mul", self, as_expr(o))
+    def __rmul__(self, o: ExprLike) -> "Expr": return _make("mul", as_expr(o), self)
+    def __floordiv__(self, o: ExprLike) -> "Expr": return _make("floordiv", self, as_expr(o))
+    def __rfloordiv__(self, o: ExprLike) -> "Expr": return _make("floordiv", as_expr(o), self)
+    def __mod__(self, o: ExprLike) -> "Expr": return _make("mod", self, as_expr(o))
+    def __rmod__(self, o: ExprLike) -> "Expr": return _make("mod", as_expr(o), self)
+    def __lshift__(self, o: ExprLike) -> "Expr": return _make("shl", self, as_expr(o))
+    def __rlshift__(self, o: ExprLike) -> "Expr": return _make("shl", as_expr(o), self)
+    def __rshift__(self, o: ExprLike) -> "Expr": return _make("shr", self, as_expr(o))
+    def __rrshift__(self, o: ExprLike) -> "Expr": return _make("shr", as_expr(o), self)
+    def __neg__(self) -> "Expr": return _make("neg", self)
+    def __pos__(self) -> "Expr": return self
+    def __lt__(self, o: ExprLike) -> "Expr": return _make("lt", self, as_expr(o))
+    def __le__(self, o: ExprLike) -> "Expr": return _make("le", self, as_expr(o))
+    def __gt__(self, o: ExprLike) -> "Expr": return _make("gt", self, as_expr(o))
+    def __ge__(self, o: ExprLike) -> "Expr": return _make("ge", self, as_expr(o))
+
+
+# ---- construction ------------------------------------------------------------------------------
+_CONST_CACHE: dict[int, Expr] = {}
+
+
+def const(value: int) -> Expr:
+    """A constant; must fit in int64."""
+    if isinstance(value, bool):
+        value = int(value)
+    if not isinstance(value, int):
+        raise TypeError(f"an expression constant must be an int (got {value!r})")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"expression constant outside int64 (got {value})")
+    node = _CONST_CACHE.get(value)
+    if node is None:
+        node = Expr("const", (), value)
+        if -1024 <= value <= 1024:
+            _CONST_CACHE[value] = node
+    return node
+
+
+def sym(name: str) -> Expr:
+    """A named symbol: a tensor dim (``"n"``), an integer scalar parameter, or a loop counter."""
+    if not isinstance(name, str) or not name or not name.isidentifier():
+        raise ValueError(f"a symbol name must be a Python identifier (got {name!r})")
+    return Expr("sym", (), name)
+
+
+def as_expr(value: ExprLike) -> Expr:
+    """Accept an Expr, an int (constant) or a str (symbol name)."""
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, str):
+        return sym(value)
+    if isinstance(value, int):
+        return const(value)
+    index = getattr(value, "__index__", None)
+    if index is not None:  # numpy integers
+        return const(index())
+    raise TypeError(f"expected an int, a symbol name or an expression (got {value!r})")
+
+
+def cdiv(a: ExprLike, b: ExprLike) -> Expr:
+    """Ceiling division ``ceil(a / b)``, the usual grid-size helper."""
+    return _make("ceildiv", as_expr(a), as_expr(b))
+
+
+def floordiv(a: ExprLike, b: ExprLike) -> Expr: return _make("floordiv", as_expr(a), as_expr(b))
+def mod(a: ExprLike, b: ExprLike) -> Expr: return _make("mod", as_expr(a), as_expr(b))
+def emin(a: ExprLike, b: ExprLike) -> Expr: return _make("min", as_expr(a), as_expr(b))
+def emax(a: ExprLike, b: ExprLike) -> Expr: return _make("max", as_expr(a), as_expr(b))
+def shl(a: ExprLike, b: ExprLike) -> Expr: return _make("shl", as_expr(a), as_expr(b))
+def shr(a: ExprLike, b: ExprLike) -> Expr: return _make("shr", as_expr(a), as_expr(b))
+def eq(a: ExprLike, b: ExprLike) -> Expr: return _make("eq", as_expr(a), as_expr(b))
+def ne(a: ExprLike, b: ExprLike) -> Expr: return _make("ne", as_expr(a), as_expr(b))
+def lt(a: ExprLike, b: ExprLike) -> Expr: return _make("lt", as_expr(a), as_expr(b))
+def le(a: ExprLike, b: ExprLike) -> Expr: return _make("le", as_expr(a), as_expr(b))
+def gt(a: ExprLike, b: ExprLike) -> Expr: return _make("gt", as_expr(a), as_expr(b))
+def ge(a: ExprLike, b: ExprLike) -> Expr: return _make("ge", as_expr(a), as_expr(b))
+def land(a: ExprLike, b: ExprLike) -> Expr: return _make("and", as_expr(a), as_expr(b))
+def lor(a: ExprLike, b: ExprLike) -> Expr: return _make("or", as_expr(a), as_expr(b))
+def lnot(a: ExprLike) -> Expr: return _make("not", as_expr(a))
+
+
+def select(cond: ExprLike, if_true: ExprLike, if_false: ExprLike) -> Expr:
+    """``if_true`` where ``cond`` is non-zero, else ``if_false``; only the chosen side is
+    evaluated, so ``select(n > 0, m // n, 0)`` never divides by zero."""
+    return _make("select", as_expr(cond), as_expr(if_true), as_expr(if_false))
+
+
+# ---- checked arithmetic (shared by folding and by the evaluator) -------------------------------
+def _checked(r: int, op: str) -> int:
+    if INT64_MIN <= r <= INT64_MAX:
+        return r
+    raise ExprEvalError(f"int64 overflow in {op}")
+
+
+def _div_check(b: int, op: str) -> None:
+    if b == 0:
+        raise ExprEvalError(f"division by zero in {op}")
+
+
+def _shift_check(b: int, op: str) -> None:
+    if not 0 <= b <= 63:
+        raise ExprEvalError(f"shift count {b} outside 0..63 in {op}")
+
+
+def apply_op(op: str, a: int, b: int = 0, c: int = 0) -> int:
+    """Apply one operator to concrete int64 values with overflow/zero-division checks."""
+    if op == "add": return _checked(a + b, op)
+    if op == "sub": return _checked(a - b, op)
+    if op == "mul": return _checked(a * b, op)
+    if op == "floordiv": _div_check(b, op); return _checked(a // b, op)
+    if op == "ceildiv": _div_check(b, op); return _checked(-((-a) // b), op)
+    if op == "mod": _div_check(b, op); return a % b
+    if op == "min": return a if a <= b else b
+    if op == "max": return a if a >= b else b
+    if op == "shl": _shift_check(b, op); return _checked(a << b, op)
+    if op == "shr": _shift_check(b, op); return a >> b
+    if op == "eq": return int(a == b)
+    if op == "ne": return int(a != b)
+    if op == "lt": return int(a < b)
+    if op == "le": return int(a <= b)
+    if op == "gt": return int(a > b)
+    if op == "ge": return int(a >= b)
+    if op == "and": return int(bool(a) and bool(b))
+    if op == "or": return int(bool(a) or bool(b))
+    if op == "not": return int(not a)
+    if op == "neg": return _checked(-a, op)
+    if op == "select": return b if a else c
+    raise ValueError(f"unknown expression operator {op!r}")
+
+
+# ---- simplification ----------------------------------------------------------------------------
+def _make(op: str, *args: Expr) -> Expr:
+    if op not in OPERATORS or OPERATORS[op] != len(args):
+        raise ValueError(f"bad expression operator {op!r} with {len(args)} operands")
+    if op == "select":
+        c, t, f = args
+        if c.is_const:
+            return t if c.value else f
+        if t == f:
+            return t
+        return Expr(op, args)
+    if all(a.is_const for a in args):
+        try:
+            return const(apply_op(op, *(int(a.value) for a in args)))  # type: ignore[arg-type]
+        except ExprEvalError:
+            return Expr(op, args)  # keep it: evaluation reports the error with context
+    if op in _COMMUTATIVE and args[0].is_const and not args[1].is_const:
+        args = (args[1], args[0])
+    simplified = _identity(op, args)
+    return simplified if simplified is not None else Expr(op, args)
+
+
+def _identity(op: str, args: tuple[Expr, ...]) -> Expr | None:
+    a = args[0]
+    b = args[1] if len(args) > 1 else None
+    bv = b.value if b is not None and b.is_const else None
+    if op == "neg" and a.op == "neg":
+        return a.args[0]
+    if op in ("add", "sub") and bv == 0:
+        return a
+    if op == "add" and bv is not None and a.op == "add" and a.args[1].is_const:
+        total = int(a.args[1].value) + int(bv)  # type: ignore[arg-type]
+        if INT64_MIN <= total <= INT64_MAX:
+            return _make("add", a.args[0], const(total))
+    if op == "sub" and a == b:
+        return const(0)
+    if op == "mul" and bv == 1:
+        return a
+    if op == "mul" and bv == 0:
+        return const(0)
+    if op == "mul" and bv is not None and a.op == "mul" and a.args[1].is_const:
+        product = int(a.args[1].value) * int(bv)  # type: ignore[arg-type]
+        if INT64_MIN <= product <= INT64_MAX:
+            return _make("mul", a.args[0], const(product))
+    if op in ("floordiv", "ceildiv") and bv == 1:
+        return a
+    if op in ("shl", "shr") and bv == 0:
+        return a
+    if op in ("min", "max") and a == b:
+        return a
+    return None
+
+
+# ---- printing ----------------------------------------------------------------------------------
+def _format(e: Expr, parent_prec: int) -> str:
+    if e.op == "const":
+        return str(e.value)
+    if e.op == "sym":
+        return str(e.value)
+    if e.op == "neg":
+        inner = _format(e.args[0], 7)
+        return f"-{inner}"
+    if e.op == "not":
+        text = f"not {_format(e.args[0], 2)}"
+        return f"({text})" if parent_prec > 2 else text
+    if e.op in _INFIX:
+        sign, prec = _INFIX[e.op]
+        # left-associative: the right operand needs parentheses at equal precedence
+        text = f"{_format(e.args[0], prec)} {sign} {_format(e.args[1], prec + 1)}"
+        return f"({text})" if prec < parent_prec else text
+    name = {"ceildiv": "cdiv"}.get(e.op, e.op)
+    return f"{name}({', '.join(_format(a, -1) for a in e.args)})"
+
+
+# ---- direct evaluation (reference path; the loader uses expr_program) --------------------------
+def evaluate(e: Expr, env: Mapping[str, int]) -> int:
+    """Evaluate ``e`` with checked arithmetic; lazily for ``select``.
+
+    Raises :class:`kernelpack.errors.ExpressionError` naming the expression.
+    """
+    from .errors import ExpressionError
+
+    try:
+        return _eval(e, env)
+    except ExprEvalError as exc:
+        raise ExpressionError(f"cannot evaluate {e}: {exc}") from None
+
+
+def _eval(e: Expr, env: Mapping[str, int]) -> int:
+    if e.op == "const":
+        return int(e.value)  # type: ignore[arg-type]
+    if e.op == "sym":
+        try:
+            value = env[e.value]  # type: ignore[index]
+        except KeyError:
+            raise ExprEvalError(f"symbol {e.value!r} has no value") from None
+        return _checked(int(value), "symbol")
+    if e.op == "select":
+        return _eval(e.args[1] if _eval(e.args[0], env) else e.args[2], env)
+    return apply_op(e.op, *(_eval(a, env) for a in e.args))
+
+
+def iter_nodes(roots: Iterable[Expr]) -> Iterable[Expr]:
+    """Every node reachable from ``roots``, children before parents, each once."""
+    seen: set[Expr] = set()
+    for root in roots:
+        stack: list[tuple[Expr, bool]] = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if node in seen:
+                continue
+            if expanded or not node.args:
+                seen.add(node)
+                yield node
+                continue
+            stack.append((node, True))
+            stack.extend((child, False) for child in reversed(node.args))

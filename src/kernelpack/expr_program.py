@@ -1,0 +1,291 @@
+"""The stored form of a program's expressions: one shared postfix program, validated once,
+evaluated with checked int64 arithmetic.
+
+Encoding (see docs/FORMAT.md, "Expression programs"): ``ops`` is a byte string of opcodes and
+``imms`` the int64 immediates, consumed in order by the opcodes that take one (CONST, SYM,
+LOAD). The program is a sequence of *roots*; each root is postfix code ending in END, which pops
+the single value on the stack into the root table. ``LOAD k`` pushes root ``k`` (``k`` below the
+current root), which is how common parts are computed once. Summary fields refer to roots by
+index.
+
+Validation (at load, before any evaluation) checks every opcode, every immediate count, every
+SYM and LOAD index, stack underflow, the stack depth limit, and that the code ends with END.
+Evaluation builds closures from the validated code — data, never Python source — and computes a
+root only when something needs it, so ``select`` and unused variants never raise spuriously.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .errors import ExpressionError, FormatError
+from .expr import (INT64_MAX, INT64_MIN, OPERATORS, Expr, ExprEvalError, apply_op, const,
+                   iter_nodes, sym)
+from .limits import MAX_EXPR_OPS, MAX_EXPR_ROOTS, MAX_EXPR_STACK, MAX_SYMBOLS
+
+__all__ = ["OPCODES", "EncodedExprs", "ExprEncoder", "ExprProgram"]
+
+# Opcode numbers are part of the file format: never renumber, only append.
+OP_END, OP_CONST, OP_SYM, OP_LOAD = 0, 1, 2, 3
+OPCODES: dict[str, int] = {
+    "add": 10, "sub": 11, "mul": 12, "floordiv": 13, "ceildiv": 14, "mod": 15, "min": 16,
+    "max": 17, "shl": 18, "shr": 19, "eq": 20, "ne": 21, "lt": 22, "le": 23, "gt": 24, "ge": 25,
+    "and": 26, "or": 27, "not": 28, "neg": 29, "select": 30,
+}
+_OPNAME = {code: name for name, code in OPCODES.items()}
+_IMM_OPS = (OP_CONST, OP_SYM, OP_LOAD)
+
+
+@dataclass(frozen=True)
+class EncodedExprs:
+    """The three stored vectors of an expression program."""
+
+    symbols: tuple[str, ...]
+    ops: bytes
+    imms: tuple[int, ...]
+
+
+class ExprEncoder:
+    """Collects the expressions of one program and encodes them into one shared program.
+
+    Call :meth:`add` for every expression a summary field needs (it returns the root index to
+    store), then :meth:`finish`. Subexpressions used more than once become roots of their own
+    and are referenced with LOAD.
+    """
+
+    def __init__(self, symbols: Sequence[str] = ()) -> None:
+        self._symbols: list[str] = []
+        self._symbol_index: dict[str, int] = {}
+        for name in symbols:
+            self.symbol(name)
+        self._pending: list[Expr] = []
+
+    def symbol(self, name: str) -> int:
+        index = self._symbol_index.get(name)
+        if index is None:
+            index = self._symbol_index[name] = len(self._symbols)
+            self._symbols.append(name)
+        return index
+
+    def add(self, expr: Expr) -> int:
+        """Register ``expr``; returns its future position in :meth:`finish`'s root list."""
+        self._pending.append(expr)
+        return len(self._pending) - 1
+
+    def finish(self) -> tuple[EncodedExprs, list[int]]:
+        """Encode; returns the program and, for each added expression in order, its root."""
+        uses: dict[Expr, int] = {}
+        for node in iter_nodes(self._pending):
+            for child in node.args:
+                if child.args:
+                    uses[child] = uses.get(child, 0) + 1
+        for expr in self._pending:
+            uses[expr] = uses.get(expr, 0) + 1
+        shared = {node for node, count in uses.items() if count > 1}
+        ops = bytearray()
+        imms: list[int] = []
+        roots: dict[Expr, int] = {}
+
+        def emit(node: Expr, top: bool) -> None:
+            if not top and node in roots:
+                ops.append(OP_LOAD)
+                imms.append(roots[node])
+            elif node.op == "const":
+                ops.append(OP_CONST)
+                imms.append(int(node.value))  # type: ignore[arg-type]
+            elif node.op == "sym":
+                ops.append(OP_SYM)
+                imms.append(self.symbol(str(node.value)))
+            else:
+                for child in node.args:
+                    emit(child, False)
+                ops.append(OPCODES[node.op])
+
+        def emit_root(node: Expr) -> int:
+            if node in roots:
+                return roots[node]
+            for child in iter_nodes([node]):
+                if child in shared and child is not node and child.args and child not in roots:
+                    emit(child, True)
+                    ops.append(OP_END)
+                    roots[child] = len(roots)
+            emit(node, True)
+            ops.append(OP_END)
+            roots[node] = len(roots)
+            return roots[node]
+
+        positions = [emit_root(expr) for expr in self._pending]
+        return EncodedExprs(tuple(self._symbols), bytes(ops), tuple(imms)), positions
+
+
+_MISSING = object()
+Evaluator = Callable[[list], int]
+
+
+class ExprProgram:
+    """A validated expression program, ready to evaluate.
+
+    ``evaluate(values, root)`` takes a per-call list ``values`` laid out as
+    ``[symbol values..., root cache...]`` (see :meth:`new_frame`) and returns the root's value,
+    computing shared roots once per frame.
+    """
+
+    def __init__(self, encoded: EncodedExprs) -> None:
+        self.encoded = encoded
+        self.exprs: list[Expr] = []
+        self._validate_and_build(encoded)
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return self.encoded.symbols
+
+    @property
+    def root_count(self) -> int:
+        return len(self.exprs)
+
+    def new_frame(self, symbol_values: Sequence[int | None]) -> list:
+        """A fresh evaluation frame: the symbol values then one empty slot per root."""
+        return [*symbol_values, *([_MISSING] * len(self.exprs))]
+
+    def value(self, frame: list, root: int, what: str = "") -> int:
+        """Evaluate root ``root`` in ``frame``; ``what`` names the field for error messages."""
+        slot = self._nsym + root
+        cached = frame[slot]
+        if cached is not _MISSING:
+            return cached
+        try:
+            result = self._roots[root](frame)
+        except ExprEvalError as exc:
+            label = f" ({what})" if what else ""
+            raise ExpressionError(f"cannot evaluate {self.exprs[root]}{label}: {exc}") from None
+        frame[slot] = result
+        return result
+
+    # ---- validation + closure building ---------------------------------------------------------
+    def _validate_and_build(self, enc: EncodedExprs) -> None:
+        if len(enc.symbols) > MAX_SYMBOLS:
+            raise FormatError(f"expression program has {len(enc.symbols)} symbols "
+                              f"(limit {MAX_SYMBOLS})")
+        if len(enc.ops) > MAX_EXPR_OPS:
+            raise FormatError(f"expression program has {len(enc.ops)} opcodes "
+                              f"(limit {MAX_EXPR_OPS})")
+        if enc.ops and enc.ops[-1] != OP_END:
+            raise FormatError("expression program does not end with END")
+        nsym = self._nsym = len(enc.symbols)
+        roots: list[Evaluator] = []
+        stack: list[tuple[Evaluator, Expr]] = []
+        imm_pos = 0
+        for pos, code in enumerate(enc.ops):
+            if code in _IMM_OPS:
+                if imm_pos >= len(enc.imms):
+                    raise FormatError(f"expression opcode at {pos} has no immediate "
+                                      f"({len(enc.imms)} immediates)")
+                imm = enc.imms[imm_pos]
+                imm_pos += 1
+                if not INT64_MIN <= imm <= INT64_MAX:
+                    raise FormatError(f"expression immediate at {pos} outside int64")
+                if code == OP_CONST:
+                    stack.append((_const_fn(imm), const(imm)))
+                elif code == OP_SYM:
+                    if not 0 <= imm < nsym:
+                        raise FormatError(f"expression SYM index {imm} at {pos} outside "
+                                          f"0..{nsym - 1}")
+                    stack.append((_sym_fn(imm, enc.symbols[imm]), sym(enc.symbols[imm])))
+                else:
+                    if not 0 <= imm < len(roots):
+                        raise FormatError(f"expression LOAD {imm} at {pos} refers to a root "
+                                          f"not yet defined ({len(roots)} so far)")
+                    stack.append((self._load_fn(imm), self.exprs[imm]))
+                if len(stack) > MAX_EXPR_STACK:
+                    raise FormatError(f"expression stack deeper than {MAX_EXPR_STACK} at {pos}")
+            elif code == OP_END:
+                if len(stack) != 1:
+                    raise FormatError(f"expression END at {pos} with {len(stack)} values on "
+                                      f"the stack (expected 1)")
+                fn, expr = stack.pop()
+                roots.append(fn)
+                self.exprs.append(expr)
+                if len(roots) > MAX_EXPR_ROOTS:
+                    raise FormatError(f"expression program has more than {MAX_EXPR_ROOTS} roots")
+            else:
+                name = _OPNAME.get(code)
+                if name is None:
+                    raise FormatError(f"unknown expression opcode {code} at {pos}")
+                arity = OPERATORS[name]
+                if len(stack) < arity:
+                    raise FormatError(f"expression stack underflow at {pos} ({name} needs "
+                                      f"{arity}, has {len(stack)})")
+                operands = stack[-arity:]
+                del stack[-arity:]
+                fn = _op_fn(name, [f for f, _ in operands])
+                stack.append((fn, Expr(name, tuple(e for _, e in operands))))
+        if imm_pos != len(enc.imms):
+            raise FormatError(f"expression program has {len(enc.imms) - imm_pos} unused "
+                              f"immediates")
+        self._roots = roots
+
+    def _load_fn(self, index: int) -> Evaluator:
+        slot = self._nsym + index
+        roots = None
+
+        def load(frame: list) -> int:
+            nonlocal roots
+            cached = frame[slot]
+            if cached is _MISSING:
+                if roots is None:
+                    roots = self._roots
+                cached = frame[slot] = roots[index](frame)
+            return cached
+
+        return load
+
+
+def _const_fn(value: int) -> Evaluator:
+    return lambda frame: value
+
+
+def _sym_fn(index: int, name: str) -> Evaluator:
+    def read(frame: list) -> int:
+        value = frame[index]
+        if value is None:
+            raise ExprEvalError(f"symbol {name!r} has no value")
+        return value
+    return read
+
+
+def _op_fn(name: str, fns: list[Evaluator]) -> Evaluator:
+    # The common arithmetic gets dedicated closures (this is the plan() hot path); the rest
+    # share apply_op. Overflow checks are inline.
+    if name == "select":
+        c, t, f = fns
+        return lambda frame: t(frame) if c(frame) else f(frame)
+    if len(fns) == 1:
+        (a,) = fns
+        return lambda frame: apply_op(name, a(frame))
+    a, b = fns
+    if name == "add":
+        def add(frame: list) -> int:
+            r = a(frame) + b(frame)
+            if INT64_MIN <= r <= INT64_MAX:
+                return r
+            raise ExprEvalError("int64 overflow in add")
+        return add
+    if name == "mul":
+        def mul(frame: list) -> int:
+            r = a(frame) * b(frame)
+            if INT64_MIN <= r <= INT64_MAX:
+                return r
+            raise ExprEvalError("int64 overflow in mul")
+        return mul
+    if name == "ceildiv":
+        def ceildiv(frame: list) -> int:
+            d = b(frame)
+            if d == 0:
+                raise ExprEvalError("division by zero in ceildiv")
+            r = -((-a(frame)) // d)
+            if INT64_MIN <= r <= INT64_MAX:
+                return r
+            raise ExprEvalError("int64 overflow in ceildiv")
+        return ceildiv
+    return lambda frame: apply_op(name, a(frame), b(frame))

@@ -1,0 +1,43 @@
+"""Hard limits of the format and the loader, in one place.
+
+Every count, length and size read from an artifact is checked against these *before* anything
+is allocated or decoded, so a hostile file can never make the loader allocate gigabytes or loop
+for minutes. Writers refuse to produce files that readers would refuse.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FORMAT_MAJOR", "FORMAT_MINOR", "FILE_IDENTIFIER",
+    "MAX_FILE_SIZE", "MAX_PROGRAMS", "MAX_MODULES", "MAX_IMAGES_PER_MODULE", "MAX_KERNELS",
+    "MAX_PARAMS", "MAX_RANK", "MAX_LAUNCHES", "MAX_ARGS", "MAX_VARIANTS", "MAX_CONSTRAINTS",
+    "MAX_SCRATCH", "MAX_NAME_LENGTH", "MAX_TEXT_LENGTH", "MAX_SYMBOLS", "MAX_EXPR_OPS",
+    "MAX_EXPR_ROOTS", "MAX_EXPR_STACK", "MAX_IMAGE_SIZE", "MAX_LAUNCH_REPEAT",
+    "MAX_TABLE_DEPTH",
+]
+
+FILE_IDENTIFIER = b"KPAK"
+FORMAT_MAJOR = 1
+FORMAT_MINOR = 0
+
+MAX_FILE_SIZE = (1 << 31) - 1          # FlatBuffers' own offset range
+MAX_PROGRAMS = 100_000
+MAX_MODULES = 100_000
+MAX_IMAGES_PER_MODULE = 64
+MAX_KERNELS = 4_096                    # kernel entries per module
+MAX_PARAMS = 256                       # parameters per program
+MAX_RANK = 16                          # dims per tensor
+MAX_LAUNCHES = 4_096                   # launches per variant
+MAX_ARGS = 512                         # kernel arguments per launch
+MAX_VARIANTS = 64
+MAX_CONSTRAINTS = 1_024
+MAX_SCRATCH = 256                      # scratch buffers per variant
+MAX_NAME_LENGTH = 1_024                # identifiers: programs, params, kernels, symbols
+MAX_TEXT_LENGTH = 64 * 1024            # free text: messages, toolchain strings
+MAX_SYMBOLS = 4_096
+MAX_EXPR_OPS = 1 << 20
+MAX_EXPR_ROOTS = 1 << 18
+MAX_EXPR_STACK = 256
+MAX_IMAGE_SIZE = 1 << 30               # decompressed bytes of one image
+MAX_LAUNCH_REPEAT = 1 << 20            # evaluated `count` of a repeated launch
+MAX_TABLE_DEPTH = 16                   # nesting of tables the verifier will follow

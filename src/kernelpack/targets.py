@@ -1,0 +1,71 @@
+"""GPU architecture targets: ``sm_90``, ``sm_90a``, ``sm_100f``, ``compute_80`` (PTX).
+
+A target names what an image runs on. Parsing is strict so that a typo is an error at compile
+time, not a silent "no image for this device" in production.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["Arch", "parse_arch", "parse_target_list"]
+
+_ARCH_RE = re.compile(r"^(sm|compute)_(\d{1,2})(\d)([af]?)$")
+
+
+@dataclass(frozen=True, order=True)
+class Arch:
+    """A compute capability with an optional suffix: ``a`` (this exact chip only) or ``f``
+    (this family: same major, minor at least this)."""
+
+    major: int
+    minor: int
+    suffix: str = ""
+
+    def __post_init__(self) -> None:
+        if not (0 < self.major < 100 and 0 <= self.minor < 10 and self.suffix in ("", "a", "f")):
+            raise ValueError(f"bad architecture {self.major}.{self.minor}{self.suffix!r}")
+
+    @property
+    def sm(self) -> str:
+        return f"sm_{self.major}{self.minor}{self.suffix}"
+
+    @property
+    def compute(self) -> str:
+        return f"compute_{self.major}{self.minor}{self.suffix}"
+
+    def __str__(self) -> str:
+        return self.sm
+
+
+def parse_arch(text: str) -> Arch:
+    """Parse ``sm_XY[a|f]`` or ``compute_XY[a|f]``; raises ValueError naming the text."""
+    match = _ARCH_RE.match(text.strip().lower()) if isinstance(text, str) else None
+    if not match:
+        raise ValueError(f"not a GPU architecture: expected sm_XY, sm_XYa, sm_XYf or compute_XY "
+                         f"(got {text!r})")
+    return Arch(int(match.group(2)), int(match.group(3)), match.group(4))
+
+
+def parse_target_list(targets: list[str] | tuple[str, ...]) -> tuple[list[Arch], bool]:
+    """Split a user's ``targets=[...]`` into cubin architectures and whether PTX is wanted.
+
+    ``"ptx"`` asks for PTX of the lowest listed architecture (the most portable); an explicit
+    ``compute_XY`` asks for PTX of that architecture.
+    """
+    if isinstance(targets, str):
+        raise TypeError(f"targets must be a list such as ['sm_80', 'sm_90', 'ptx'] (got {targets!r})")
+    cubins: list[Arch] = []
+    want_ptx = False
+    for item in targets:
+        if item == "ptx":
+            want_ptx = True
+            continue
+        arch = parse_arch(item)
+        if item.strip().lower().startswith("compute_"):
+            want_ptx = True
+        cubins.append(arch)
+    if not cubins:
+        raise ValueError(f"targets name no architecture (got {list(targets)!r})")
+    return sorted(set(cubins)), want_ptx

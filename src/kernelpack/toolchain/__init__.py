@@ -1,0 +1,1 @@
+"""Compile-time tools (nvJitLink, LLVM). Never imported on the load path."""

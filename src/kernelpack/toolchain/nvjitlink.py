@@ -1,0 +1,114 @@
+"""PTX → cubin through nvJitLink, which needs no GPU and no driver.
+
+nvJitLink produces the SASS toolkit-side, so a cubin made with a newer toolkit of the same
+major runs under an older driver (minor-version compatibility); that is why kernelpack never
+relies on the driver's PTX JIT at load time.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from ..errors import CompileError
+from ..summary import Image
+from ..targets import Arch
+
+__all__ = ["version", "toolchain_id", "cuda_version", "ptx_to_cubin", "ptx_image", "ptx_isa",
+           "ptx_target"]
+
+_VERSION_RE = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
+_TARGET_RE = re.compile(rb"^\s*\.target\s+(sm_\d+[af]?)", re.MULTILINE)
+
+
+def _module():
+    try:
+        from cuda.bindings import nvjitlink
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise CompileError("nvJitLink is not available: install kernelpack[compile] "
+                           "(nvidia-nvjitlink and cuda-bindings)") from exc
+    return nvjitlink
+
+
+@lru_cache(maxsize=1)
+def version() -> tuple[int, int]:
+    """nvJitLink's (major, minor)."""
+    try:
+        major, minor = _module().version()
+    except Exception as exc:  # the shared library itself may be missing
+        raise CompileError(f"nvJitLink could not be loaded: {exc}") from exc
+    return int(major), int(minor)
+
+
+def cuda_version() -> int:
+    """The toolkit version of the linker as 1000*major + 10*minor (13050 for 13.5)."""
+    major, minor = version()
+    return 1000 * major + 10 * minor
+
+
+def toolchain_id() -> str:
+    major, minor = version()
+    return f"nvJitLink {major}.{minor}"
+
+
+def ptx_isa(ptx: bytes) -> tuple[int, int]:
+    """The ``.version`` of a PTX text; CompileError if it has none."""
+    match = _VERSION_RE.search(ptx)
+    if not match:
+        raise CompileError("PTX has no .version directive")
+    return int(match.group(1)), int(match.group(2))
+
+
+def ptx_target(ptx: bytes) -> Arch:
+    """The architecture a PTX text was written for (its ``.target``)."""
+    from ..targets import parse_arch
+
+    match = _TARGET_RE.search(ptx)
+    if not match:
+        raise CompileError("PTX has no .target sm_XY directive")
+    return parse_arch(match.group(1).decode())
+
+
+def ptx_to_cubin(ptx: bytes | str, arch: Arch, *, name: str = "kernel.ptx",
+                 options: tuple[str, ...] = ("-O3",)) -> bytes:
+    """Assemble PTX into a cubin for ``arch``; raises CompileError carrying nvJitLink's log."""
+    nvjitlink = _module()
+    data = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
+    if not data.endswith(b"\0"):
+        data += b"\0"  # nvJitLink reads PTX as a C string
+    opts = [f"-arch={arch.sm}", *options]
+    try:
+        handle = nvjitlink.create(len(opts), opts)
+    except Exception as exc:
+        raise CompileError(f"nvJitLink rejected the options {opts}: {exc}") from exc
+    try:
+        try:
+            nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), name)
+            nvjitlink.complete(handle)
+        except Exception as exc:
+            raise CompileError(f"nvJitLink failed to build {name} for {arch.sm}: {exc}",
+                               _log(nvjitlink, handle)) from exc
+        size = nvjitlink.get_linked_cubin_size(handle)
+        cubin = bytearray(size)
+        nvjitlink.get_linked_cubin(handle, cubin)
+        return bytes(cubin)
+    finally:
+        nvjitlink.destroy(handle)
+
+
+def _log(nvjitlink, handle: int) -> str:
+    try:
+        size = nvjitlink.get_error_log_size(handle)
+        buf = bytearray(size)
+        if size:
+            nvjitlink.get_error_log(handle, buf)
+        return bytes(buf).rstrip(b"\0").decode(errors="replace")
+    except Exception:  # the log is best effort; the error itself is already being raised
+        return ""
+
+
+def ptx_image(ptx: bytes | str, toolchain: str = "") -> Image:
+    """Wrap PTX text as a ``ptx`` image, recording its ISA and target."""
+    data = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
+    data = data.rstrip(b"\0")
+    return Image("ptx", ptx_target(data), data, toolchain=toolchain, ptx_isa=ptx_isa(data))
