@@ -331,8 +331,10 @@ def _format(e: Expr, parent_prec: int) -> str:
         return f"({text})" if parent_prec > 2 else text
     if e.op in _INFIX:
         sign, prec = _INFIX[e.op]
-        # left-associative: the right operand needs parentheses at equal precedence
-        text = f"{_format(e.args[0], prec)} {sign} {_format(e.args[1], prec + 1)}"
+        # left-associative: the right operand needs parentheses at equal precedence; a
+        # comparison's left one too, or "(a < b) < c" would read as Python's chained a < b < c
+        left = prec + 1 if prec == 3 else prec
+        text = f"{_format(e.args[0], left)} {sign} {_format(e.args[1], prec + 1)}"
         return f"({text})" if prec < parent_prec else text
     name = {"ceildiv": "cdiv"}.get(e.op, e.op)
     return f"{name}({', '.join(_format(a, -1) for a in e.args)})"

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 from .errors import ExpressionError, FormatError
 from .expr import (INT64_MAX, INT64_MIN, OPERATORS, Expr, ExprEvalError, apply_op, const,
                    iter_nodes, sym)
-from .limits import MAX_EXPR_OPS, MAX_EXPR_ROOTS, MAX_EXPR_STACK, MAX_SYMBOLS
+from .limits import MAX_EXPR_DEPTH, MAX_EXPR_OPS, MAX_EXPR_ROOTS, MAX_EXPR_STACK, MAX_SYMBOLS
 
 __all__ = ["OPCODES", "EncodedExprs", "ExprEncoder", "ExprProgram"]
 
@@ -116,7 +116,12 @@ class ExprEncoder:
             return roots[node]
 
         positions = [emit_root(expr) for expr in self._pending]
-        return EncodedExprs(tuple(self._symbols), bytes(ops), tuple(imms)), positions
+        encoded = EncodedExprs(tuple(self._symbols), bytes(ops), tuple(imms))
+        try:
+            ExprProgram(encoded)  # writers refuse what readers would refuse (see limits.py)
+        except FormatError as exc:
+            raise ValueError(f"expressions exceed the format's limits: {exc}") from None
+        return encoded, positions
 
 
 _MISSING = object()
@@ -175,6 +180,10 @@ class ExprProgram:
         nsym = self._nsym = len(enc.symbols)
         roots: list[Evaluator] = []
         stack: list[tuple[Evaluator, Expr]] = []
+        # nesting depth of each stack entry and root (LOADs included): evaluation and printing
+        # recurse this deep, so it is bounded here, not left to Python's RecursionError
+        depths: list[int] = []
+        root_depths: list[int] = []
         imm_pos = 0
         for pos, code in enumerate(enc.ops):
             if code in _IMM_OPS:
@@ -185,6 +194,7 @@ class ExprProgram:
                 imm_pos += 1
                 if not INT64_MIN <= imm <= INT64_MAX:
                     raise FormatError(f"expression immediate at {pos} outside int64")
+                depths.append(1)
                 if code == OP_CONST:
                     stack.append((_const_fn(imm), const(imm)))
                 elif code == OP_SYM:
@@ -197,6 +207,10 @@ class ExprProgram:
                         raise FormatError(f"expression LOAD {imm} at {pos} refers to a root "
                                           f"not yet defined ({len(roots)} so far)")
                     stack.append((self._load_fn(imm), self.exprs[imm]))
+                    depths[-1] = root_depths[imm] + 1
+                    if depths[-1] > MAX_EXPR_DEPTH:
+                        raise FormatError(f"expression nested deeper than {MAX_EXPR_DEPTH} "
+                                          f"at {pos}")
                 if len(stack) > MAX_EXPR_STACK:
                     raise FormatError(f"expression stack deeper than {MAX_EXPR_STACK} at {pos}")
             elif code == OP_END:
@@ -204,6 +218,7 @@ class ExprProgram:
                     raise FormatError(f"expression END at {pos} with {len(stack)} values on "
                                       f"the stack (expected 1)")
                 fn, expr = stack.pop()
+                root_depths.append(depths.pop())
                 roots.append(fn)
                 self.exprs.append(expr)
                 if len(roots) > MAX_EXPR_ROOTS:
@@ -218,6 +233,11 @@ class ExprProgram:
                                       f"{arity}, has {len(stack)})")
                 operands = stack[-arity:]
                 del stack[-arity:]
+                depth = 1 + max(depths[-arity:])
+                del depths[-arity:]
+                if depth > MAX_EXPR_DEPTH:
+                    raise FormatError(f"expression nested deeper than {MAX_EXPR_DEPTH} at {pos}")
+                depths.append(depth)
                 fn = _op_fn(name, [f for f, _ in operands])
                 stack.append((fn, Expr(name, tuple(e for _, e in operands))))
         if imm_pos != len(enc.imms):

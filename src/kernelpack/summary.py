@@ -399,7 +399,7 @@ class Image:
 
     kind: str
     arch: Arch
-    data: bytes
+    data: bytes = field(repr=False)  # can be megabytes: keep reprs of Compiled readable
     toolchain: str = ""
     cuda_version: int = 0
     ptx_isa: tuple[int, int] | None = None

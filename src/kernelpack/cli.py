@@ -1,0 +1,313 @@
+"""The ``kernelpack`` command: look inside artifacts without a GPU.
+
+``inspect``, ``verify``, ``extract``, ``eval``, ``diff``, ``keygen`` and ``sign``; ``cache`` when
+:mod:`kernelpack.cli_cache` is installed. Every subcommand has ``--help``. Exit status: 0 on
+success (``diff``: identical), 1 on a bad file, a failed check or a difference (one line
+``error: <message>`` on stderr), 2 on a usage error (argparse). Nothing here touches a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .errors import KernelPackError
+
+__all__ = ["main", "build_parser", "parse_assignment", "safe_filename"]
+
+EXTENSIONS = {"cubin": "cubin", "ptx": "ptx", "host": "o"}
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]")
+
+
+class CLIError(Exception):
+    """A failure the user must see as ``error: <message>`` with exit status 1."""
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def _arch(text: str) -> str:
+    from .targets import parse_arch
+
+    try:
+        return parse_arch(text).sm
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _driver(text: str) -> int:
+    """``12.4`` -> 12040, the ``cuDriverGetVersion`` encoding."""
+    match = re.fullmatch(r"(\d{1,3})\.(\d{1,2})", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a CUDA version such as 12.4 (got {text!r})")
+    return int(match.group(1)) * 1000 + int(match.group(2)) * 10
+
+
+def _load(path: str, trusted_keys: Sequence[str] | None = None) -> Any:
+    from .loader import load
+
+    if not os.path.isfile(path):
+        raise CLIError(f"{path}: no such file" if not os.path.exists(path)
+                       else f"{path}: not a regular file")
+    return load(path, trusted_keys=list(trusted_keys) if trusted_keys else None)
+
+
+def _stdout_console() -> Any:
+    from .cli_render import console
+
+    return console(sys.stdout)
+
+
+def safe_filename(text: str) -> str:
+    """A file name that cannot leave its directory: no separators, no leading dots, no ``..``
+    (names come from the artifact, which is untrusted)."""
+    name = _UNSAFE.sub("_", text).lstrip(".")
+    name = name.replace("..", "_")
+    return name or "_"
+
+
+def parse_assignment(text: str, kinds: dict[str, str]) -> tuple[str, Any]:
+    """``x=4096,1000`` -> ("x", (4096, 1000)); ``a=0.5`` -> ("a", 0.5); ``n=7`` -> ("n", 7).
+
+    ``kinds`` maps parameter names to ``"tensor"``, ``"int"`` or ``"float"``: a tensor always
+    gets a shape tuple (``x=4096`` is 1-D, ``x=`` is 0-D), a scalar a single number.
+    """
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or not name.isidentifier():
+        raise CLIError(f"expected NAME=VALUE such as x=4096,1000 or s=3 (got {text!r})")
+    parts = [p.strip() for p in value.split(",")] if value.strip() else []
+    if parts and parts[-1] == "":
+        parts.pop()  # "x=4096," is a 1-D shape too
+    kind = kinds.get(name, "tensor" if "," in value else "int")
+    try:
+        if kind == "tensor":
+            return name, tuple(int(p) for p in parts)
+        if len(parts) != 1:
+            raise ValueError
+        return name, (float(parts[0]) if kind == "float" else int(parts[0]))
+    except ValueError:
+        want = {"tensor": "a shape of integers", "int": "an integer", "float": "a number"}[kind]
+        raise CLIError(f"{name}: expected {want} (got {value!r})") from None
+
+
+# ---- subcommands -------------------------------------------------------------------------------
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .cli_facts import pack_facts
+
+    if args.driver is not None and args.device is None:
+        raise CLIError("--driver needs --device (the architecture to explain the choice for)")
+    facts = pack_facts(_load(args.file), device=args.device, driver_version=args.driver)
+    if args.json:
+        print(json.dumps(facts, indent=2))
+    else:
+        from .cli_render import render_pack
+
+        render_pack(_stdout_console(), facts)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    pack = _load(args.file, args.trusted_key)
+    pack.verify()
+    modules = list(pack.modules.values())
+    images = [image for m in modules for image in m.images]
+    raw = sum(int(getattr(i, "raw_size", 0)) for i in images)
+    sig = getattr(pack, "signature", None)
+    signed = ("unsigned" if sig is None else
+              f"signed by {getattr(sig, 'key_id', '?')}" +
+              (" (trusted)" if getattr(sig, "verified", False) else " (not checked)"))
+    print(f"OK: {args.file}: {len(pack.programs)} program(s), {len(modules)} module(s), "
+          f"{len(images)} image(s), {raw} raw bytes; {signed}")
+    return 0
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    pack = _load(args.file)
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"{out}: exists and is not a directory")
+    plan: list[tuple[Path, Any]] = []
+    seen: dict[Path, str] = {}
+    for module in pack.modules.values():
+        for image in module.images:
+            ext = EXTENSIONS.get(image.kind, "bin")
+            name = f"{safe_filename(module.name)}.{safe_filename(image.target)}.{ext}"
+            path = out / name
+            label = f"{module.name}/{image.target}"
+            if path in seen:
+                raise CLIError(f"images {seen[path]} and {label} map to one file name {name}")
+            seen[path] = label
+            plan.append((path, image))
+    existing = [str(p) for p, _ in plan if p.exists()]
+    if existing and not args.force:
+        raise CLIError(f"refusing to overwrite {', '.join(existing)} (use --force)")
+    out.mkdir(parents=True, exist_ok=True)
+    for path, image in plan:
+        data = image.read()  # decompressed and digest-checked
+        path.write_bytes(data)
+        print(f"{path}  ({len(data)} bytes)")
+    return 0
+
+
+def _param_kinds(summary: Any) -> dict[str, str]:
+    from .summary import Tensor
+
+    kinds: dict[str, str] = {}
+    for p in summary.params:
+        if isinstance(p, Tensor):
+            kinds[p.name] = "tensor"
+        else:
+            kinds[p.name] = "int" if (p.dtype.is_integer or p.dtype.kind == "b") else "float"
+    return kinds
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .cli_facts import plan_facts
+
+    pack = _load(args.file)
+    if args.program not in pack.programs:
+        raise CLIError(f"no program {args.program!r} in {args.file} "
+                       f"(programs: {', '.join(pack.programs) or 'none'})")
+    program = pack[args.program]
+    kinds = _param_kinds(program.summary)
+    values = dict(parse_assignment(a, kinds) for a in args.values)
+    try:
+        plan = program.plan(**values)
+    except TypeError as exc:  # missing or unknown inputs: the user's command line is wrong
+        raise CLIError(str(exc)) from None
+    facts = plan_facts(plan)
+    if args.json:
+        print(json.dumps(facts, indent=2))
+    else:
+        from .cli_render import render_plan
+
+        render_plan(_stdout_console(), facts)
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from .cli_facts import diff_facts, pack_facts
+
+    a, b = _load(args.a), _load(args.b)
+    fa, fb = pack_facts(a), pack_facts(b)
+    lines = diff_facts(fa, fb)
+    from .cli_render import signature_text
+
+    for key, show in (("format_version", str), ("generator", str),
+                      ("signature", signature_text)):
+        if fa[key] != fb[key]:  # metadata: reported, but the kernels are what diff compares
+            print(f"note: {key}: {show(fa[key])} -> {show(fb[key])}")
+    for line in lines:
+        print(line)
+    return 1 if lines else 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from .signing import key_id, load_public_key, write_keypair
+
+    private, public = write_keypair(args.output)
+    print(f"private key: {private} (keep it secret)")
+    print(f"public key:  {public} (key id {key_id(load_public_key(public))})")
+    return 0
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    from .serializer import save
+    from .signing import key_id, load_private_key, public_key_bytes
+
+    key = load_private_key(args.key)
+    pack = _load(args.file)
+    pack.verify()  # never put a signature on bytes that do not verify
+    target = args.output or args.file
+    save(pack, target, sign_with=key)
+    print(f"signed {args.file} -> {target} (key id {key_id(public_key_bytes(key))})")
+    return 0
+
+
+# ---- parser --------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="kernelpack", description="Inspect, verify and sign kernelpack artifacts "
+        "(no GPU needed).")
+    parser.add_argument("--version", action="version", version=f"kernelpack {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(func=fn)
+        return p
+
+    p = add("inspect", cmd_inspect, "show programs, launches and images of an artifact")
+    p.add_argument("file")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("--device", type=_arch, metavar="sm_XY",
+                   help="explain which image each module would load on this GPU architecture")
+    p.add_argument("--driver", type=_driver, metavar="X.Y",
+                   help="with --device: also apply the rules of this CUDA driver version")
+
+    p = add("verify", cmd_verify, "verify everything, every image included")
+    p.add_argument("file")
+    p.add_argument("--trusted-key", action="append", metavar="PUB",
+                   help="public key file (or hex); the artifact must be signed by one of them")
+
+    p = add("extract", cmd_extract,
+            "write every image, decompressed, as files for cuobjdump / nvdisasm")
+    p.add_argument("file")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+
+    p = add("eval", cmd_eval, "evaluate a program's plan for given shapes and scalars")
+    p.add_argument("file")
+    p.add_argument("program")
+    p.add_argument("values", nargs="*", metavar="NAME=VALUE",
+                   help="tensor shapes (x=4096,1000) and scalars (s=3, a=0.5)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    p = add("diff", cmd_diff, "compare two artifacts (exit 0 identical, 1 different)")
+    p.add_argument("a")
+    p.add_argument("b")
+
+    p = add("keygen", cmd_keygen, "create an ed25519 key pair for signing artifacts")
+    p.add_argument("-o", "--output", required=True, metavar="NAME",
+                   help="private key path; the public key goes to NAME.pub")
+
+    p = add("sign", cmd_sign, "re-save an artifact with an ed25519 signature")
+    p.add_argument("file")
+    p.add_argument("--key", required=True, help="private key file written by keygen")
+    p.add_argument("-o", "--output", metavar="OUT", help="output path (default: in place)")
+
+    if importlib.util.find_spec("kernelpack.cli_cache") is not None:
+        from . import cli_cache  # type: ignore[attr-defined]
+
+        cli_cache.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kernelpack`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # `kernelpack inspect big.kpack | head`: the reader left, not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except (KernelPackError, CLIError, OSError, ValueError) as exc:
+        message = str(exc)
+        if isinstance(exc, OSError) and exc.filename is not None:
+            message = f"{exc.filename}: {exc.strerror or exc}"
+        one_line = "; ".join(line.strip() for line in message.splitlines() if line.strip())
+        print(f"error: {one_line or type(exc).__name__}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""The facts the ``kernelpack`` CLI shows, as plain JSON-able dicts.
+
+``inspect --json`` prints these dicts; the rich tables render the same dicts; ``diff`` compares
+them. Keeping one source for all three means the text, the JSON and the diff can never disagree.
+Expressions appear in their readable form (``cdiv(n, 256)``); nothing here touches a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from .expr import Expr
+from .summary import Arg, KernelSummary, Launch, Scalar, Tensor
+
+__all__ = ["summary_facts", "launch_facts", "arg_text", "image_facts", "module_facts",
+           "pack_facts", "plan_facts", "selection_facts", "diff_facts", "ratio"]
+
+
+def _x(expr: Expr | None) -> str | None:
+    return None if expr is None else str(expr)
+
+
+def arg_text(arg: Arg) -> str:
+    """``x`` for a buffer or scalar, ``uint32(1 << s)`` for a computed value."""
+    if arg.kind == "value":
+        return f"{arg.dtype}({arg.value})"
+    return arg.name
+
+
+def launch_facts(launch: Launch) -> dict[str, Any]:
+    return {
+        "kernel": launch.kernel,
+        "module": launch.module,
+        "grid": [str(d) for d in launch.grid],
+        "block": [str(d) for d in launch.block],
+        "shared_mem": str(launch.shared_mem),
+        "count": _x(launch.count),
+        "loop": launch.loop or None,
+        "args": [{"kind": a.kind, "text": arg_text(a)} for a in launch.args],
+    }
+
+
+def summary_facts(summary: KernelSummary) -> dict[str, Any]:
+    """Parameters, constraints and variants of one program, expressions printed."""
+    params: list[dict[str, Any]] = []
+    for p in summary.params:
+        if isinstance(p, Tensor):
+            params.append({"name": p.name, "kind": "tensor", "role": p.role,
+                           "dtype": p.dtype.name, "shape": [str(d) for d in p.shape],
+                           "zero_init": p.zero_init})
+        else:
+            assert isinstance(p, Scalar)
+            params.append({"name": p.name, "kind": "scalar",
+                           "role": "computed" if p.value is not None else "in",
+                           "dtype": p.dtype.name, "value": _x(p.value)})
+    variants = []
+    for v in summary.variants:
+        variants.append({
+            "predicate": _x(v.predicate),
+            "scratch": [{"name": s.name, "dtype": s.dtype.name,
+                         "shape": [str(d) for d in s.shape], "zero_init": s.zero_init}
+                        for s in v.scratch],
+            "launches": [launch_facts(launch) for launch in v.launches],
+        })
+    return {
+        "name": summary.name,
+        "params": params,
+        "symbols": summary.bound_symbols(),
+        "constraints": [{"predicate": str(c.predicate), "message": c.message}
+                        for c in summary.constraints],
+        "outputs": [p.name for p in summary.outputs],
+        "variants": variants,
+    }
+
+
+def ratio(stored: int, raw: int) -> float | None:
+    """raw / stored: 3.0 means the stored image is a third of its raw size."""
+    return round(raw / stored, 2) if stored else None
+
+
+def _isa(value: Any) -> str | None:
+    if not value:
+        return None
+    return f"{value[0]}.{value[1]}"
+
+
+def image_facts(image: Any) -> dict[str, Any]:
+    """One image of a loaded artifact (``ImageInfo``, duck-typed)."""
+    stored = int(getattr(image, "stored_size", 0) or 0)
+    raw = int(getattr(image, "raw_size", 0) or 0)
+    arch = image.arch
+    target = getattr(image, "target", None) or (arch.compute if image.kind == "ptx" else arch.sm)
+    return {
+        "target": target,
+        "kind": image.kind,
+        "arch": arch.sm if hasattr(arch, "sm") else str(arch),
+        "codec": getattr(image, "codec", None),
+        "stored_size": stored,
+        "raw_size": raw,
+        "ratio": ratio(stored, raw),
+        "digest": getattr(image, "digest", None),
+        "raw_digest": getattr(image, "raw_digest", None),
+        "toolchain": getattr(image, "toolchain", "") or "",
+        "cuda_version": int(getattr(image, "cuda_version", 0) or 0),
+        "ptx_isa": _isa(getattr(image, "ptx_isa", None)),
+    }
+
+
+def selection_facts(images: list[Any], device: str, what: str,
+                    driver_version: int | None = None) -> dict[str, Any]:
+    """Which image the runtime would load on ``device`` under a driver of ``driver_version``
+    (None: no driver gate), and why."""
+    from .errors import CompatibilityError
+    from .runtime.selection import image_label, select_image
+
+    try:
+        sel = select_image(images, device, driver_version, what)
+    except CompatibilityError as exc:
+        return {"device": device, "driver_version": driver_version, "chosen": None,
+                "error": str(exc), "reasons": []}
+    return {
+        "device": device,
+        "driver_version": driver_version,
+        "chosen": image_label(sel.chosen),
+        "error": None,
+        "reasons": [{"image": image_label(img), "reason": reason} for img, reason in sel.reasons],
+    }
+
+
+def module_facts(module: Any, device: str | None = None,
+                 driver_version: int | None = None) -> dict[str, Any]:
+    images = list(module.images)
+    facts: dict[str, Any] = {
+        "name": module.name,
+        "kernels": list(module.kernels),
+        "images": [image_facts(i) for i in images],
+    }
+    if device is not None:
+        facts["selection"] = selection_facts(images, device, f"module {module.name!r}",
+                                             driver_version)
+    return facts
+
+
+def _signature_facts(pack: Any) -> dict[str, Any]:
+    sig = getattr(pack, "signature", None)
+    if sig is None:
+        return {"signed": False, "key_id": None, "verified": None}
+    return {"signed": True, "key_id": getattr(sig, "key_id", None),
+            "verified": getattr(sig, "verified", None)}
+
+
+def _version(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ".".join(str(v) for v in value)
+    return str(value)
+
+
+def pack_facts(pack: Any, device: str | None = None,
+               driver_version: int | None = None) -> dict[str, Any]:
+    """Everything ``inspect`` shows about a loaded artifact."""
+    modules = pack.modules
+    items: Iterable[Any] = modules.values() if isinstance(modules, Mapping) else modules
+    return {
+        "format_version": _version(pack.format_version),
+        "generator": getattr(pack, "generator", ""),
+        "signature": _signature_facts(pack),
+        "programs": [summary_facts(pack[name].summary) for name in pack.programs],
+        "modules": [module_facts(m, device, driver_version)
+                    for m in sorted(items, key=lambda m: m.name)],
+    }
+
+
+def plan_facts(plan: Any) -> dict[str, Any]:
+    """A concrete plan (``Program.plan``): every value is a plain int or string."""
+    allocations = plan.allocations
+    allocs = allocations.values() if isinstance(allocations, Mapping) else allocations
+    return {
+        "program": getattr(plan.program, "name", plan.program),
+        "variant": plan.variant if isinstance(plan.variant, (int, str, type(None)))
+        else str(plan.variant),
+        "symbols": {k: int(v) for k, v in dict(plan.symbols).items()},
+        "allocations": [{
+            "name": a.name, "kind": getattr(a, "kind", ""), "dtype": str(a.dtype),
+            "shape": [int(d) for d in a.shape], "nbytes": int(a.nbytes),
+            "zero_init": bool(getattr(a, "zero_init", False)),
+        } for a in allocs],
+        "launches": [{
+            "kernel": launch.kernel, "module": launch.module,
+            "grid": [int(d) for d in launch.grid], "block": [int(d) for d in launch.block],
+            "shared_mem": int(launch.shared_mem),
+            "args": [_plain(a) for a in getattr(launch, "args", ())],
+        } for launch in plan.launches],
+    }
+
+
+def _plain(value: Any) -> Any:
+    """A planned argument as text: ``x`` for a buffer or scalar, ``uint32(4096)`` for a value
+    (planner tuples ``("buffer", name)``, ``("scalar", name)``, ``("value", int, dtype)``)."""
+    if isinstance(value, tuple) and len(value) == 3 and value[0] == "value":
+        return f"{value[2]}({value[1]})"
+    if isinstance(value, tuple) and len(value) == 2:
+        return str(value[1])
+    return str(value)
+
+
+def diff_facts(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Readable lines for what differs between two ``pack_facts``; empty when the programs,
+    modules and images (by raw digest) are the same."""
+    lines: list[str] = []
+    progs_a = {p["name"]: p for p in a["programs"]}
+    progs_b = {p["name"]: p for p in b["programs"]}
+    for name in sorted(progs_a.keys() - progs_b.keys()):
+        lines.append(f"- program {name}")
+    for name in sorted(progs_b.keys() - progs_a.keys()):
+        lines.append(f"+ program {name}")
+    for name in sorted(progs_a.keys() & progs_b.keys()):
+        changes = list(_dict_changes(progs_a[name], progs_b[name], ""))
+        if changes:
+            lines.append(f"~ program {name}")
+            lines.extend(f"    {c}" for c in changes)
+    mods_a = {m["name"]: m for m in a["modules"]}
+    mods_b = {m["name"]: m for m in b["modules"]}
+    for name in sorted(mods_a.keys() - mods_b.keys()):
+        lines.append(f"- module {name}")
+    for name in sorted(mods_b.keys() - mods_a.keys()):
+        lines.append(f"+ module {name}")
+    for name in sorted(mods_a.keys() & mods_b.keys()):
+        changes = _module_changes(mods_a[name], mods_b[name])
+        if changes:
+            lines.append(f"~ module {name}")
+            lines.extend(f"    {c}" for c in changes)
+    return lines
+
+
+def _module_changes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    if a["kernels"] != b["kernels"]:
+        out.append(f"kernels: {a['kernels']} -> {b['kernels']}")
+    imgs_a = {i["target"]: i for i in a["images"]}
+    imgs_b = {i["target"]: i for i in b["images"]}
+    for t in sorted(imgs_a.keys() - imgs_b.keys()):
+        out.append(f"- image {t}")
+    for t in sorted(imgs_b.keys() - imgs_a.keys()):
+        out.append(f"+ image {t}")
+    for t in sorted(imgs_a.keys() & imgs_b.keys()):
+        ia, ib = imgs_a[t], imgs_b[t]
+        if ia["raw_digest"] != ib["raw_digest"]:
+            out.append(f"~ image {t}: raw digest {str(ia['raw_digest'])[:16]} -> "
+                       f"{str(ib['raw_digest'])[:16]}, {ia['raw_size']} -> {ib['raw_size']} bytes"
+                       f", toolchain {ia['toolchain']!r} -> {ib['toolchain']!r}")
+    return out
+
+
+def _dict_changes(a: Any, b: Any, path: str) -> Iterable[str]:
+    """Leaf-level differences between two JSON-like values, as ``path: old -> new``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in a:
+                yield f"{sub}: (absent) -> {_short(b[key])}"
+            elif key not in b:
+                yield f"{sub}: {_short(a[key])} -> (absent)"
+            else:
+                yield from _dict_changes(a[key], b[key], sub)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            yield from _dict_changes(x, y, f"{path}[{i}]")
+    elif a != b:
+        yield f"{path}: {_short(a)} -> {_short(b)}"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, dict) and ("name" in value or "kernel" in value):
+        return f"<{value.get('name') or value.get('kernel')}>"
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return "[" + ", ".join(_short(v) for v in value) + "]"
+    return str(value) if isinstance(value, str) else repr(value)

@@ -1,0 +1,165 @@
+"""Rich tables for the ``kernelpack`` CLI, drawn from the dicts of :mod:`kernelpack.cli_facts`.
+
+Rendering only: every fact shown here is also in ``--json``. Text from the artifact is never
+interpreted as rich markup (``float32[cdiv(n, 2)]`` would otherwise lose its brackets, and the
+file is untrusted): cells and lines are built as :class:`rich.text.Text`. When stdout is not a
+terminal, rich prints plain text (no colour codes) at a fixed width.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+__all__ = ["console", "render_pack", "render_plan", "human_size", "signature_text"]
+
+
+def console(file: TextIO | None = None) -> Console:
+    """A console for ``file`` (stdout): colours on a terminal, 160 columns of plain text when
+    piped (rich's 80-column default would wrap every table)."""
+    con = Console(file=file, highlight=False, soft_wrap=False)
+    if not con.is_terminal:
+        con = Console(file=file, highlight=False, soft_wrap=False, width=160, no_color=True)
+    return con
+
+
+def human_size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def _line(con: Console, *parts: str | tuple[str, str]) -> None:
+    """Print plain parts and (text, style) pairs; nothing is parsed as markup."""
+    con.print(Text.assemble(*parts))
+
+
+def _table(*columns: str, title: str | None = None, right: tuple[str, ...] = ()) -> Table:
+    table = Table(title=title, title_justify="left", show_edge=False)
+    for col in columns:
+        table.add_column(col, justify="right" if col in right else "left")
+    return table
+
+
+def _row(table: Table, *cells: object) -> None:
+    table.add_row(*(Text(str(c)) for c in cells))
+
+
+def _dim3(values: list[str]) -> str:
+    """``(cdiv(n, 256), 1, 1)`` shortened to ``cdiv(n, 256)`` when the rest is 1."""
+    trimmed = [str(v) for v in values]
+    while len(trimmed) > 1 and trimmed[-1] == "1":
+        trimmed.pop()
+    return trimmed[0] if len(trimmed) == 1 else "(" + ", ".join(trimmed) + ")"
+
+
+def signature_text(sig: dict[str, Any]) -> str:
+    if not sig["signed"]:
+        return "unsigned"
+    # the loader checks a signature only against trusted keys (verify --trusted-key)
+    state = "verified" if sig["verified"] else "not checked against a trusted key"
+    return f"signed, key {sig['key_id']}: {state}"
+
+
+def render_pack(con: Console, facts: dict[str, Any]) -> None:
+    """Everything ``inspect`` knows, program by program, then module by module."""
+    _line(con, ("format ", "bold"), facts["format_version"], ("   generator ", "bold"),
+          facts["generator"] or "-", ("   signature ", "bold"), signature_text(facts["signature"]))
+    _line(con, f"{len(facts['programs'])} program(s), {len(facts['modules'])} module(s)")
+    for prog in facts["programs"]:
+        _render_program(con, prog)
+    for module in facts["modules"]:
+        _render_module(con, module)
+
+
+def _render_program(con: Console, prog: dict[str, Any]) -> None:
+    con.print()
+    con.rule(Text(f"program {prog['name']}"), align="left")
+    params = _table("name", "kind", "role", "dtype", "shape / value", title="parameters")
+    for p in prog["params"]:
+        if p["kind"] == "tensor":
+            shape = p["shape"]
+            detail = "(" + ", ".join(shape) + ("," if len(shape) == 1 else "") + ")"
+        else:
+            detail = p.get("value") or "passed by caller"
+        role = p["role"] + (" zero-init" if p.get("zero_init") else "")
+        _row(params, p["name"], p["kind"], role, p["dtype"], detail)
+    con.print(params)
+    _line(con, "symbols: ", ", ".join(prog["symbols"]) or "-")
+    for c in prog["constraints"]:
+        _line(con, "constraint: ", c["predicate"], f"  ({c['message']})" if c["message"] else "")
+    for i, variant in enumerate(prog["variants"]):
+        _line(con, (f"variant {i}", "bold"), ": when ", variant["predicate"] or "always")
+        for s in variant["scratch"]:
+            _line(con, f"  scratch {s['name']}: {s['dtype']}[{', '.join(s['shape'])}]",
+                  " zero-init" if s["zero_init"] else "")
+        table = _table("#", "kernel", "module", "grid", "block", "shared mem", "repeat", "args")
+        for j, launch in enumerate(variant["launches"]):
+            repeat = "-"
+            if launch["count"] is not None:
+                repeat = f"{launch['count']}x" + (f", loop {launch['loop']}"
+                                                  if launch["loop"] else "")
+            _row(table, j, launch["kernel"], launch["module"], _dim3(launch["grid"]),
+                 _dim3(launch["block"]), launch["shared_mem"], repeat,
+                 ", ".join(a["text"] for a in launch["args"]))
+        con.print(table)
+
+
+def _render_module(con: Console, module: dict[str, Any]) -> None:
+    con.print()
+    con.rule(Text(f"module {module['name']}"), align="left")
+    _line(con, "kernels: ", ", ".join(module["kernels"]))
+    table = _table("target", "kind", "codec", "stored", "raw", "ratio", "digest", "toolchain",
+                   "cuda", "ptx isa", right=("stored", "raw", "ratio"))
+    for img in module["images"]:
+        cuda = img["cuda_version"]
+        _row(table, img["target"], img["kind"], img["codec"] or "-",
+             human_size(img["stored_size"]), human_size(img["raw_size"]),
+             f"{img['ratio']:.2f}x" if img["ratio"] else "-", (img["digest"] or "")[:16],
+             img["toolchain"] or "-", f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else "-",
+             img["ptx_isa"] or "-")
+    con.print(table)
+    sel = module.get("selection")
+    if sel is None:
+        return
+    if sel["error"]:
+        _line(con, f"on {sel['device']}: ", ("no usable image", "red"))
+        for line in sel["error"].splitlines()[1:]:
+            _line(con, "  ", line.strip())
+        return
+    driver = sel.get("driver_version")
+    under = f" (driver CUDA {driver // 1000}.{driver % 1000 // 10})" if driver else ""
+    _line(con, f"on {sel['device']}{under}: loads ", (sel["chosen"], "bold"))
+    for r in sel["reasons"]:
+        _line(con, f"  {r['image']}: {r['reason']}")
+
+
+def render_plan(con: Console, facts: dict[str, Any]) -> None:
+    """A concrete plan: symbols, allocations with sizes, launches with numbers."""
+    _line(con, ("program ", "bold"), str(facts["program"]), ("   variant ", "bold"),
+          str(facts["variant"]))
+    _line(con, "symbols: ", ", ".join(f"{k}={v}" for k, v in facts["symbols"].items()) or "-")
+    if facts["allocations"]:
+        allocs = _table("name", "kind", "dtype", "shape", "bytes", "zero-init",
+                        title="allocations", right=("bytes",))
+        for a in facts["allocations"]:
+            _row(allocs, a["name"], a["kind"], a["dtype"],
+                 tuple(a["shape"]),
+                 f"{a['nbytes']} ({human_size(a['nbytes'])})", "yes" if a["zero_init"] else "")
+        con.print(allocs)
+    else:
+        _line(con, "allocations: none")
+    launches = _table("#", "kernel", "module", "grid", "block", "shared mem", "args",
+                      title="launches")
+    for i, launch in enumerate(facts["launches"]):
+        _row(launches, i, launch["kernel"], launch["module"], tuple(launch["grid"]),
+             tuple(launch["block"]), launch["shared_mem"], ", ".join(map(str, launch["args"])))
+    con.print(launches)

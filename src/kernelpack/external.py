@@ -1,0 +1,348 @@
+"""``kp.external``: wrap kernels that kernelpack did not generate — existing PTX or cubins —
+behind a declared summary, so they are saved, verified, planned and launched like compiled ones.
+
+The user states what the lowering would otherwise infer: the parameters (with symbolic shapes),
+the launch configuration as expressions over the symbols, and how kernel arguments bind to
+parameters. kernelpack checks what it can check without a GPU: the entry exists in the PTX or
+the cubin, the PTX assembles for every requested architecture (nvJitLink, which needs no
+driver), a cubin is an ELF file for the CUDA machine built for the architecture it is declared
+for, and the summary is self-consistent (every symbol bound, every argument names a parameter).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence, Union
+
+from .dtypes import as_dtype
+from .errors import CompileError
+from .expr import Expr, ExprLike, as_expr
+from .summary import (Arg, Compiled, Constraint, Image, KernelSummary, Launch, Module, Param,
+                      Scalar, Scratch, Tensor, Variant)
+from .targets import parse_arch, parse_target_list
+
+__all__ = ["external", "read_source", "ptx_entries", "cubin_entries", "cubin_arch"]
+
+PtxSource = Union[str, bytes, os.PathLike]
+Dim3Like = Union[ExprLike, Sequence[ExprLike]]
+ArgLike = Union[Arg, str, tuple]
+
+_ENTRY_RE = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)")
+_ELF_MAGIC = b"\x7fELF"
+_EM_CUDA = 190
+_STT_FUNC = 2
+_STO_CUDA_ENTRY = 0x10
+
+
+def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, block: Dim3Like,
+             shared_mem: ExprLike = 0, *, ptx: PtxSource | None = None,
+             cubin: bytes | Mapping[str, bytes] | None = None,
+             llvm_ir: PtxSource | None = None,
+             targets: Sequence[str] = ("sm_80", "sm_90"), args: Sequence[ArgLike] | None = None,
+             module: str | None = None, constraints: Iterable[object] = (),
+             scratch: Sequence[Scratch] = (), count: ExprLike | None = None,
+             loop: str = "") -> Compiled:
+    """Declare a program made of one launch of an existing kernel.
+
+    Parameters
+    ----------
+    name:
+        The program name (what ``pack[name]`` finds).
+    entry:
+        The kernel's entry name, as in ``.entry NAME`` of the PTX (mangled, if C++).
+    params:
+        :class:`~kernelpack.Tensor` / :class:`~kernelpack.Scalar` in call order.
+    grid, block, shared_mem:
+        Launch dimensions: ints, symbol names or expressions (``kp.cdiv("n", 256)``); grid and
+        block take 1 to 3 dimensions.
+    ptx:
+        PTX text (``str``/``bytes``) or a path to a ``.ptx`` file. Assembled with nvJitLink into
+        a cubin per ``sm_XY`` target; kept as a ``ptx`` image when ``"ptx"`` (or a
+        ``compute_XY``) is in ``targets`` — for the PTX's own ``.target``, since that is what
+        it can be JIT-compiled for. The PTX image records its ISA (``.version``) and
+        ``cuda_version=0``: no toolkit of ours produced it.
+    cubin:
+        Instead of ``ptx``: cubin bytes (``targets`` must then name exactly one ``sm_XY``) or a
+        dict ``{"sm_90": bytes, ...}`` (``targets`` is ignored).
+    llvm_ir:
+        Instead of ``ptx``: LLVM IR text or a path, for the ``nvptx64-nvidia-cuda`` triple with
+        the kernel marked in ``!nvvm.annotations``. Emitted as PTX for the lowest ``sm_XY`` of
+        ``targets`` with llvmlite (imported only here), then handled like ``ptx``. The IR must
+        be self-contained: no libdevice is linked.
+    args:
+        The kernel's arguments in order. Default: every parameter in order (a tensor binds its
+        device pointer, a scalar its value). Items are :class:`~kernelpack.Arg`, a parameter or
+        scratch name, or an ``(expression, dtype)`` tuple passing a computed integer.
+    module:
+        Name of the module (image group); defaults to the program name.
+    constraints:
+        :class:`~kernelpack.Constraint`, a predicate expression, or ``(predicate, message)``.
+    scratch:
+        Global workspace buffers the kernel needs (:class:`~kernelpack.Scratch`).
+    count, loop:
+        Repeat the launch ``count`` times; ``loop`` names the counter symbol (0, 1, ...).
+
+    Returns
+    -------
+    A :class:`~kernelpack.Compiled` with ``origin="external"``, ready for ``kp.save``.
+
+    Raises
+    ------
+    CompileError
+        The entry is missing, the PTX does not assemble, or a cubin is not a CUDA ELF for its
+        declared architecture (nvJitLink's log is attached).
+    TypeError, ValueError
+        Misuse: not exactly one of ``ptx``/``cubin``/``llvm_ir``, a bad target, an
+        inconsistent summary.
+    """
+    if not isinstance(entry, str) or not entry:
+        raise TypeError(f"entry must be the kernel's entry name (got {entry!r})")
+    given = [k for k, v in (("ptx", ptx), ("cubin", cubin), ("llvm_ir", llvm_ir))
+             if v is not None]
+    if len(given) != 1:
+        raise TypeError("kp.external needs exactly one of ptx=, cubin= or llvm_ir= "
+                        f"(got {', '.join(given) or 'none'})")
+    module_name = name if module is None else module
+    params = tuple(params)
+    for p in params:
+        if not isinstance(p, (Tensor, Scalar)):
+            raise TypeError(f"params must be kp.Tensor or kp.Scalar (got {p!r})")
+    scratch = tuple(scratch)
+    for s in scratch:
+        if not isinstance(s, Scratch):
+            raise TypeError(f"scratch items must be kp.Scratch (got {s!r})")
+    bound_args = _bind_args(params, scratch, args)
+    launch = Launch(kernel=entry, module=module_name, grid=grid, block=block,  # type: ignore[arg-type]
+                    args=bound_args, shared_mem=as_expr(shared_mem), count=count, loop=loop)
+    summary = KernelSummary(name=name, params=params,
+                            variants=(Variant(launches=(launch,), scratch=scratch),),
+                            constraints=tuple(_constraint(c) for c in constraints))
+    ptx_toolchain = "external PTX"
+    if llvm_ir is not None:
+        ptx, ptx_toolchain = _ptx_from_llvm_ir(read_source(llvm_ir, "llvm_ir"), targets)
+    if ptx is not None:
+        images = _images_from_ptx(read_source(ptx, "ptx"), entry, targets, ptx_toolchain)
+    else:
+        images = _images_from_cubins(cubin, entry, targets)  # type: ignore[arg-type]
+    mod = Module(name=module_name, kernels=(entry,), images=tuple(images))
+    return Compiled(summary=summary, modules=(mod,), origin="external")
+
+
+# ---- summary pieces ----------------------------------------------------------------------------
+def _bind_args(params: tuple[Param, ...], scratch: tuple[Scratch, ...],
+               args: Sequence[ArgLike] | None) -> tuple[Arg, ...]:
+    """Turn the user's argument list into :class:`Arg` s (default: every parameter in order)."""
+    if args is None:
+        return tuple(Arg.buffer(p.name) if isinstance(p, Tensor) else Arg.scalar(p.name)
+                     for p in params)
+    if isinstance(args, (str, bytes)):
+        raise TypeError(f"args must be a sequence of arguments (got {args!r})")
+    buffers = {p.name for p in params if isinstance(p, Tensor)} | {s.name for s in scratch}
+    scalars = {p.name for p in params if isinstance(p, Scalar)}
+    out: list[Arg] = []
+    for i, item in enumerate(args):
+        if isinstance(item, Arg):
+            out.append(item)
+        elif isinstance(item, str):
+            if item in buffers:
+                out.append(Arg.buffer(item))
+            elif item in scalars:
+                out.append(Arg.scalar(item))
+            else:
+                raise ValueError(f"args[{i}]: {item!r} is neither a parameter nor a scratch buffer "
+                                 f"(known: {sorted(buffers | scalars)})")
+        elif isinstance(item, tuple) and len(item) == 2:
+            value, dtype = item
+            out.append(Arg.of(value, as_dtype(dtype)))
+        else:
+            raise TypeError(f"args[{i}] must be a kp.Arg, a parameter name or an "
+                            f"(expression, dtype) tuple (got {item!r})")
+    return tuple(out)
+
+
+def _constraint(item: object) -> Constraint:
+    if isinstance(item, Constraint):
+        return item
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
+        return Constraint(as_expr(item[0]), item[1])
+    if isinstance(item, (Expr, str)):
+        return Constraint(as_expr(item))
+    raise TypeError(f"a constraint must be a kp.Constraint, a predicate expression or "
+                    f"(predicate, message) (got {item!r})")
+
+
+# ---- PTX ---------------------------------------------------------------------------------------
+def read_source(source: PtxSource, what: str = "source") -> bytes:
+    """Source text from a str/bytes or a file path. A str is text when it looks like code (has
+    a newline or a PTX directive), a path otherwise: file names never contain newlines."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source).rstrip(b"\0")
+    if isinstance(source, str) and any(mark in source for mark in ("\n", ".entry", ".version",
+                                                                    "define ")):
+        return source.encode().rstrip(b"\0")
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        try:
+            return path.read_bytes().rstrip(b"\0")
+        except OSError as exc:
+            raise ValueError(f"{what}: cannot read file {str(path)!r}: {exc.strerror}") from exc
+    raise TypeError(f"{what} must be text (str/bytes) or a path (got {type(source).__name__})")
+
+
+def _ptx_from_llvm_ir(ir: bytes, targets: Sequence[str]) -> tuple[str, str]:
+    """LLVM IR → PTX with llvmlite's NVPTX backend, for the lowest requested architecture (so
+    that nvJitLink can build every higher one from it)."""
+    archs, _ = parse_target_list(tuple(targets))
+    try:
+        import llvmlite.binding as llvm
+    except ImportError as exc:
+        raise CompileError("llvm_ir= needs llvmlite: install kernelpack[compile]") from exc
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    try:
+        module = llvm.parse_assembly(ir.decode("utf-8", "replace"))
+        module.verify()
+    except RuntimeError as exc:
+        raise CompileError("llvm_ir: LLVM rejected the IR", str(exc)) from exc
+    import llvmlite
+
+    triple = "nvptx64-nvidia-cuda"
+    if module.triple and module.triple != triple:
+        raise CompileError(f"llvm_ir: target triple must be {triple!r} (got {module.triple!r})")
+    module.triple = triple
+    machine = llvm.Target.from_triple(triple).create_target_machine(cpu=archs[0].sm, opt=3)
+    version = ".".join(str(v) for v in llvm.llvm_version_info)
+    return machine.emit_assembly(module), f"LLVM {version} NVPTX (llvmlite {llvmlite.__version__})"
+
+
+def ptx_entries(ptx: bytes) -> list[str]:
+    """The kernel entry names declared in PTX text (``.entry NAME``), in order."""
+    return [m.group(1).decode("ascii", "replace") for m in _ENTRY_RE.finditer(ptx)]
+
+
+def _images_from_ptx(ptx: bytes, entry: str, targets: Sequence[str],
+                     ptx_toolchain: str) -> list[Image]:
+    from .toolchain import nvjitlink  # imports cuda.bindings lazily: only compilation needs it
+
+    entries = ptx_entries(ptx)
+    if entry not in entries:
+        raise CompileError(f"kernel entry {entry!r} is not in the PTX (entries found: "
+                           f"{entries or 'none'})")
+    archs, want_ptx = parse_target_list(tuple(targets))
+    toolchain, cuda = nvjitlink.toolchain_id(), nvjitlink.cuda_version()
+    named = {t.strip().lower() for t in targets}
+    images: list[Image] = []
+    for arch in archs:
+        if arch.compute in named and arch.sm not in named:
+            continue  # "compute_80" without "sm_80" asks for PTX only
+        data = nvjitlink.ptx_to_cubin(ptx, arch, name=f"{entry}.ptx")
+        images.append(Image("cubin", arch, data, toolchain=toolchain, cuda_version=cuda))
+    if want_ptx:
+        # The PTX was written elsewhere: its provenance is its ISA (.version), which is what the
+        # driver's JIT must support; cuda_version 0 says "no toolkit produced this image".
+        images.append(nvjitlink.ptx_image(ptx, toolchain=ptx_toolchain))
+    if not images:
+        raise ValueError(f"targets {list(targets)!r} ask for no image")
+    return images
+
+
+# ---- cubins ------------------------------------------------------------------------------------
+def _images_from_cubins(cubin: bytes | Mapping[str, bytes], entry: str,
+                        targets: Sequence[str]) -> list[Image]:
+    if isinstance(cubin, Mapping):
+        items = list(cubin.items())
+        if not items:
+            raise ValueError("cubin: the dict names no target")
+    elif isinstance(cubin, (bytes, bytearray, memoryview)):
+        sms = [t for t in targets if t != "ptx"]
+        if len(sms) != 1 or "ptx" in targets:
+            raise ValueError(f"cubin bytes need exactly one sm_XY target, or pass a dict "
+                             f"{{'sm_90': bytes, ...}} (got targets={list(targets)!r})")
+        items = [(sms[0], bytes(cubin))]
+    else:
+        raise TypeError(f"cubin must be bytes or a dict of target -> bytes "
+                        f"(got {type(cubin).__name__})")
+    images: list[Image] = []
+    for target, data in items:
+        if not isinstance(target, str) or not target.strip().lower().startswith("sm_"):
+            raise ValueError(f"cubin target must be sm_XY (got {target!r})")
+        arch = parse_arch(target)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"cubin for {arch.sm} must be bytes (got {type(data).__name__})")
+        data = bytes(data)
+        built_for = cubin_arch(data, what=f"cubin for {arch.sm}")
+        if built_for is not None and built_for != arch.major * 10 + arch.minor:
+            raise CompileError(f"cubin declared as {arch.sm} was built for "
+                               f"sm_{built_for}")
+        found = cubin_entries(data, what=f"cubin for {arch.sm}")
+        if entry not in found:
+            raise CompileError(f"kernel entry {entry!r} is not in the cubin for {arch.sm} "
+                               f"(entries found: {found or 'none'})")
+        images.append(Image("cubin", arch, data, toolchain="external cubin"))
+    return images
+
+
+def _elf_header(data: bytes, what: str) -> tuple[int, int, int, int]:
+    """Check the ELF identification of a cubin; returns (shoff, shentsize, shnum, flags)."""
+    if data[:4] != _ELF_MAGIC:
+        raise CompileError(f"{what} is not an ELF file (starts with {data[:4]!r}, expected "
+                           f"{_ELF_MAGIC!r}); pass PTX with ptx= instead")
+    if len(data) < 64 or data[4] != 2 or data[5] != 1:
+        raise CompileError(f"{what} is not a 64-bit little-endian ELF file")
+    machine = struct.unpack_from("<H", data, 18)[0]
+    if machine != _EM_CUDA:
+        raise CompileError(f"{what} is an ELF file for machine {machine}, not CUDA "
+                           f"({_EM_CUDA})")
+    (shoff,) = struct.unpack_from("<Q", data, 40)
+    (flags,) = struct.unpack_from("<I", data, 48)
+    shentsize, shnum = struct.unpack_from("<HH", data, 58)
+    return shoff, shentsize, shnum, flags
+
+
+def cubin_arch(data: bytes, what: str = "cubin") -> int | None:
+    """The SM number (90 for sm_90) a cubin was built for, from its ELF flags; None when the
+    ELF ABI version is one this reader does not know."""
+    _elf_header(data, what)
+    abi = data[8]
+    (flags,) = struct.unpack_from("<I", data, 48)
+    if abi >= 8:
+        return (flags >> 8) & 0xFF
+    if abi == 7:
+        return flags & 0xFF
+    return None
+
+
+def cubin_entries(data: bytes, what: str = "cubin") -> list[str]:
+    """Kernel entry names of a cubin: function symbols marked as CUDA entries.
+
+    Every offset is checked against the file size; a malformed ELF gives CompileError.
+    """
+    shoff, shentsize, shnum, _ = _elf_header(data, what)
+    if shentsize < 64 or shoff + shnum * shentsize > len(data):
+        raise CompileError(f"{what}: section header table outside the file")
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+                for i in range(shnum)]
+    names: list[str] = []
+    for _name, sh_type, _f, _a, offset, size, link, _i, _al, entsize in sections:
+        if sh_type != 2:  # SHT_SYMTAB
+            continue
+        if link >= shnum or offset + size > len(data) or entsize < 24:
+            raise CompileError(f"{what}: malformed symbol table")
+        str_off, str_size = sections[link][4], sections[link][5]
+        if str_off + str_size > len(data):
+            raise CompileError(f"{what}: string table outside the file")
+        for pos in range(offset, offset + size - entsize + 1, entsize):
+            st_name, info, other = struct.unpack_from("<IBB", data, pos)
+            if info & 0xF != _STT_FUNC or not other & _STO_CUDA_ENTRY:
+                continue
+            if st_name >= str_size:
+                raise CompileError(f"{what}: symbol name outside the string table")
+            start = str_off + st_name
+            end = data.find(b"\0", start, str_off + str_size)
+            if end < 0:
+                raise CompileError(f"{what}: unterminated symbol name")
+            names.append(data[start:end].decode("ascii", "replace"))
+    return names

@@ -1,0 +1,376 @@
+"""``kp.load``: artifact bytes → a verified, lazily decoded :class:`Pack`. No GPU needed.
+
+Order of checks (docs/FORMAT.md, "What a reader MUST check"): size limit, identifier and the
+format version (a newer major is refused before anything else is interpreted), the structure
+of the whole file, the body digest, the signature when ``trusted_keys`` is given, the structure
+of the body, then the module/image index. Summaries are decoded on first use; image bytes are
+checked against their digests, decompressed within their recorded size and checked again only
+when read. A failed load raises and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+from ._decode import decode_program
+from ._fbread import Table
+from .errors import FormatError, IntegrityError, SignatureError
+from .limits import DIGEST_SIZE, FILE_IDENTIFIER, MAX_FILE_SIZE, MAX_IMAGE_SIZE
+from .summary import IMAGE_KINDS, Compiled, Image, KernelSummary, Module
+from .targets import Arch
+from .verify import read_format_version, verify_buffer
+
+__all__ = ["load", "Pack", "Program", "ModuleInfo", "ImageInfo", "SignatureInfo"]
+
+_SUFFIXES = ("", "a", "f")
+_CODECS = ("none", "zstd")
+
+
+@dataclass(frozen=True)
+class SignatureInfo:
+    """The signature block: ``verified`` is True only when checked against trusted keys."""
+
+    key_id: str
+    public_key: str
+    verified: bool
+
+
+class ImageInfo:
+    """Metadata of one stored image; :meth:`read` returns its checked raw bytes."""
+
+    __slots__ = ("module", "kind", "arch", "codec", "stored_size", "raw_size", "digest",
+                 "raw_digest", "toolchain", "cuda_version", "ptx_isa", "_stored", "_data")
+
+    def __init__(self, module: str, meta: Table, blobs: list[memoryview]) -> None:
+        self.module = module
+        self.kind = IMAGE_KINDS[meta.get("kind")]
+        try:
+            self.arch = Arch(meta.get("arch_major"), meta.get("arch_minor"),
+                             _SUFFIXES[meta.get("arch_suffix")])
+        except ValueError as exc:
+            raise FormatError(f"module {module!r}: image has {exc}") from None
+        self.codec = _CODECS[meta.get("codec")]
+        self.ptx_isa: tuple[int, int] | None = meta.get("ptx_isa")
+        self.toolchain: str = meta.get("toolchain")
+        self.cuda_version: int = meta.get("cuda_version")
+        self.raw_size: int = meta.get("raw_size")
+        where = f"module {module!r} image {self.target}"
+        digest, raw_digest = meta.get("digest"), meta.get("raw_digest")
+        if len(digest) != DIGEST_SIZE or len(raw_digest) != DIGEST_SIZE:
+            raise FormatError(f"{where}: digests must be {DIGEST_SIZE} bytes (got "
+                              f"{len(digest)} and {len(raw_digest)})")
+        self.digest, self.raw_digest = digest.hex(), raw_digest.hex()
+        if self.raw_size > MAX_IMAGE_SIZE:
+            raise FormatError(f"{where}: raw_size {self.raw_size} exceeds MAX_IMAGE_SIZE "
+                              f"{MAX_IMAGE_SIZE}")
+        blob = meta.get("blob")
+        if blob >= len(blobs):
+            raise FormatError(f"{where}: blob index {blob} outside 0..{len(blobs) - 1}")
+        self._stored = blobs[blob]
+        self.stored_size = len(self._stored)
+        if self.codec == "none" and self.stored_size != self.raw_size:
+            raise IntegrityError(f"{where}: stored uncompressed as {self.stored_size} bytes but "
+                                 f"raw_size is {self.raw_size}")
+        self._data: bytes | None = None
+
+    @property
+    def target(self) -> str:
+        if self.kind == "ptx":
+            return self.arch.compute
+        return ("host-" if self.kind == "host" else "") + self.arch.sm
+
+    def sort_key(self) -> tuple:
+        return (IMAGE_KINDS.index(self.kind), self.arch.major, self.arch.minor, self.arch.suffix)
+
+    def read(self) -> bytes:
+        """The raw image bytes: stored digest checked *before* decompression, size bounded by
+        ``raw_size``, raw digest checked after. Cached. Raises IntegrityError."""
+        if self._data is not None:
+            return self._data
+        where = f"module {self.module!r} image {self.target}"
+        stored = self._stored
+        if hashlib.sha256(stored).hexdigest() != self.digest:
+            raise IntegrityError(f"{where}: stored bytes do not match their digest "
+                                 f"(expected sha256 {self.digest})")
+        data = bytes(stored) if self.codec == "none" else _decompress(stored, self.raw_size, where)
+        if hashlib.sha256(data).hexdigest() != self.raw_digest:
+            raise IntegrityError(f"{where}: decompressed bytes do not match raw_digest "
+                                 f"(expected sha256 {self.raw_digest})")
+        self._data = data
+        return data
+
+    def image(self) -> Image:
+        """A :class:`~kernelpack.summary.Image` with the checked raw bytes (for re-saving)."""
+        return Image(self.kind, self.arch, self.read(), self.toolchain, self.cuda_version,
+                     self.ptx_isa)
+
+    def __repr__(self) -> str:
+        return (f"ImageInfo({self.module}:{self.target}, {self.codec}, {self.stored_size}/"
+                f"{self.raw_size} bytes)")
+
+
+def _decompress(stored: memoryview, raw_size: int, where: str) -> bytes:
+    import zstandard
+
+    try:
+        declared = zstandard.frame_content_size(stored)
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"{where}: not a zstd frame ({exc})") from None
+    if declared != raw_size:
+        raise IntegrityError(f"{where}: zstd frame declares {declared} bytes, raw_size is "
+                             f"{raw_size}")
+    window = min(1 << 27, max(1 << 10, 1 << max(raw_size - 1, 1).bit_length()))
+    out = bytearray()
+    try:
+        reader = zstandard.ZstdDecompressor(max_window_size=window).stream_reader(
+            stored, read_across_frames=False)
+        while len(out) <= raw_size:
+            chunk = reader.read(min(raw_size + 1 - len(out), 1 << 20))
+            if not chunk:
+                break
+            out += chunk
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"{where}: zstd decompression failed ({exc})") from None
+    if len(out) != raw_size:
+        raise IntegrityError(f"{where}: decompressed to {len(out)}{'+' if len(out) > raw_size else ''}"
+                             f" bytes, raw_size is {raw_size}")
+    return bytes(out)
+
+
+class ModuleInfo:
+    """A module: kernel entry names and images per target."""
+
+    __slots__ = ("name", "kernels", "images", "_module")
+
+    def __init__(self, fm: Table, blobs: list[memoryview]) -> None:
+        self.name: str = fm.get("name")
+        if not self.name.isidentifier():
+            raise FormatError(f"module name {self.name!r} is not an identifier")
+        kernels = fm.get("kernels")
+        if kernels != sorted(set(kernels)) or not all(kernels):
+            raise FormatError(f"module {self.name!r}: kernel names must be non-empty, sorted "
+                              f"and unique (got {kernels[:8]})")
+        self.kernels = tuple(kernels)
+        images = tuple(ImageInfo(self.name, meta, blobs) for meta in fm.get("images"))
+        keys = [i.sort_key() for i in images]
+        if not images or keys != sorted(set(keys)):
+            raise FormatError(f"module {self.name!r}: images must be non-empty, sorted by "
+                              f"target and one per target (got {[i.target for i in images]})")
+        self.images = images
+        self._module: Module | None = None
+
+    def module(self) -> Module:
+        """The :class:`~kernelpack.summary.Module` with all images read (checked)."""
+        if self._module is None:
+            self._module = Module(self.name, self.kernels, tuple(i.image() for i in self.images))
+        return self._module
+
+    def __repr__(self) -> str:
+        return f"ModuleInfo({self.name}, kernels={list(self.kernels)}, images={[i.target for i in self.images]})"
+
+
+class Program:
+    """A program of a loaded pack: ``.summary`` (decoded on first use), ``.plan(...)``, and
+    calling it launches on the GPU through :mod:`kernelpack.runtime`. Made by :class:`Pack`."""
+
+    def __init__(self, pack: "Pack", name: str, index: int) -> None:
+        self.pack = pack
+        self.name = name
+        self._index = index
+        self._summary: KernelSummary | None = None
+        self._planner: Any = None
+
+    @property
+    def summary(self) -> KernelSummary:
+        if self._summary is None:
+            self._summary = decode_program(self.pack._programs[self._index])
+            if self._summary.name != self.name:  # pragma: no cover - same bytes, same name
+                raise FormatError(f"program {self.name!r} decodes as {self._summary.name!r}")
+        return self._summary
+
+    @property
+    def planner(self) -> Any:
+        """The compiled :class:`~kernelpack.planner.Planner` (built once)."""
+        if self._planner is None:
+            from .planner import Planner
+            self._planner = Planner(self.summary)
+        return self._planner
+
+    @property
+    def modules(self) -> dict[str, ModuleInfo]:
+        """The modules this program's launches use; FormatError if one is missing."""
+        out: dict[str, ModuleInfo] = {}
+        for vi, variant in enumerate(self.summary.variants):
+            for launch in variant.launches:
+                info = self.pack.modules.get(launch.module)
+                if info is None:
+                    raise FormatError(f"program {self.name!r} variant {vi}: launch of "
+                                      f"{launch.kernel!r} uses module {launch.module!r}, which "
+                                      f"the file does not contain")
+                if launch.kernel not in info.kernels:
+                    raise FormatError(f"program {self.name!r}: module {launch.module!r} has no "
+                                      f"kernel {launch.kernel!r} (has {list(info.kernels)})")
+                out[info.name] = info
+        return out
+
+    def plan(self, *args: Any, **kwargs: Any) -> Any:
+        """Evaluate the summary for these shapes and scalars → :class:`~kernelpack.planner.Plan`.
+        Tensors are shapes (tuples) or objects with ``.shape``. Raises ConstraintError."""
+        return self.planner.plan(*args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from .runtime import call_program
+
+        return call_program(self, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<kernelpack Program {self.name!r}>"
+
+
+class Pack:
+    """A verified artifact. Made by :func:`load`; do not construct directly."""
+
+    def __init__(self, buf: memoryview, *, trusted_keys: Iterable[object] | None) -> None:
+        self.format_version = read_format_version(buf)
+        root = verify_buffer(buf, "Pack", identifier=FILE_IDENTIFIER)
+        fpack = Table(buf, root, "Pack")
+        if not fpack.has("body"):
+            raise FormatError("file: Pack.body is missing")
+        body = fpack.view("body")
+        digest = fpack.get("body_digest")
+        if len(digest) != DIGEST_SIZE:
+            raise FormatError(f"file: Pack.body_digest is {len(digest)} bytes, expected "
+                              f"{DIGEST_SIZE}")
+        if hashlib.sha256(body).digest() != digest:
+            raise IntegrityError(f"file: body does not match body_digest (expected sha256 "
+                                 f"{digest.hex()}): the metadata is corrupt")
+        self.body_digest = digest.hex()
+        self.signature = self._check_signature(fpack, digest, trusted_keys)
+        verify_buffer(body, "Body", identifier=None, what="body")
+        self._buf = buf
+        fbody = Table.root(body, "Body")
+        self.generator: str = fbody.get("generator")
+        blobs = [blob.view("data") for blob in fpack.get("blobs")]
+        modules = [ModuleInfo(fm, blobs) for fm in fbody.get("modules")]
+        _sorted_unique([m.name for m in modules], "module")
+        self.modules: dict[str, ModuleInfo] = {m.name: m for m in modules}
+        self._programs: list[Table] = fbody.get("programs")
+        names = [fp.get("name") for fp in self._programs]
+        _sorted_unique(names, "program")
+        for name in names:
+            if not name.isidentifier():
+                raise FormatError(f"program name {name!r} is not an identifier")
+        self.programs: list[str] = names
+        self._index = {name: i for i, name in enumerate(names)}
+        self._handles: dict[str, Program] = {}
+
+    @staticmethod
+    def _check_signature(fpack: Table, digest: bytes,
+                         trusted_keys: Iterable[object] | None) -> SignatureInfo | None:
+        sig = fpack.get("signature")
+        if sig is None:
+            if trusted_keys is not None:
+                raise SignatureError("artifact is unsigned, but trusted_keys were given")
+            return None
+        key, value = sig.get("public_key"), sig.get("signature")
+        if len(key) != 32 or len(value) != 64:
+            raise FormatError(f"file: signature block has a {len(key)}-byte key and a "
+                              f"{len(value)}-byte signature, expected 32 and 64")
+        from .signing import key_id, verify_digest
+
+        if trusted_keys is not None:
+            verify_digest(key, value, digest, trusted_keys)
+        return SignatureInfo(key_id(key), key.hex(), trusted_keys is not None)
+
+    # ---- mapping of programs -----------------------------------------------------------------
+    def __getitem__(self, name: str) -> Program:
+        handle = self._handles.get(name)
+        if handle is None:
+            index = self._index.get(name)
+            if index is None:
+                shown = ", ".join(self.programs[:20]) + (" ..." if len(self.programs) > 20 else "")
+                raise KeyError(f"no program {name!r} in this pack (has: {shown or 'none'})")
+            handle = self._handles[name] = Program(self, name, index)
+        return handle
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+    def __len__(self) -> int:
+        return len(self.programs)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.programs)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._buf)
+
+    def compiled(self, name: str) -> Compiled:
+        """Program ``name`` as a :class:`~kernelpack.summary.Compiled` (images read and
+        checked), e.g. to save it again or into another pack."""
+        program = self[name]
+        modules = tuple(info.module() for info in program.modules.values())
+        return Compiled(program.summary, modules, origin="disk")
+
+    def verify(self) -> None:
+        """Check everything load() leaves for later: every summary decodes, every launch's
+        module and kernel exist, every image matches its digests. Raises KernelPackError."""
+        for name in self.programs:
+            self[name].modules  # decodes the summary and checks the references
+        for module in self.modules.values():
+            for image in module.images:
+                image.read()
+
+    def __repr__(self) -> str:
+        major, minor = self.format_version
+        return (f"<kernelpack Pack {len(self.programs)} programs, {len(self.modules)} modules, "
+                f"format {major}.{minor}, {self.nbytes} bytes>")
+
+
+def _sorted_unique(names: list[str], what: str) -> None:
+    for a, b in zip(names, names[1:]):
+        if not a < b:
+            raise FormatError(f"body: {what} names must be sorted and unique ({a!r} then {b!r})")
+
+
+def _open(source: object) -> memoryview:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        view = memoryview(source).cast("B") if isinstance(source, memoryview) else memoryview(source)
+        if len(view) > MAX_FILE_SIZE:
+            raise FormatError(f"file: {len(view)} bytes exceed MAX_FILE_SIZE {MAX_FILE_SIZE}")
+        return view
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"kp.load takes a path or bytes (got {type(source).__name__})")
+    with open(source, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_FILE_SIZE:
+            raise FormatError(f"{os.fspath(source)}: {size} bytes exceed MAX_FILE_SIZE "
+                              f"{MAX_FILE_SIZE}")
+        if size == 0:
+            return memoryview(b"")
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+
+
+def load(path_or_bytes: object, *, trusted_keys: Iterable[object] | None = None) -> Pack:
+    """Open and verify an artifact.
+
+    Parameters
+    ----------
+    path_or_bytes: a path (memory-mapped) or bytes / bytearray / memoryview.
+    trusted_keys: public keys (see :func:`kernelpack.signing.load_public_key`); when given, an
+        unsigned artifact or one not signed by one of them raises SignatureError.
+
+    Raises
+    ------
+    FormatError, IntegrityError, SignatureError, CompatibilityError (newer format major).
+    """
+    if isinstance(trusted_keys, (bytes, bytearray, str, os.PathLike)):
+        trusted_keys = [trusted_keys]  # one key given bare, not a list of byte values
+    elif trusted_keys is not None:
+        trusted_keys = list(trusted_keys)
+    return Pack(_open(path_or_bytes), trusted_keys=trusted_keys)

@@ -1,0 +1,164 @@
+"""Ed25519 signing of artifacts.
+
+The signature covers ``"kernelpack-signature-v1\\0" + body_digest``: the body holds every
+piece of metadata including each image's digest, so one 32-byte digest commits to the whole
+file, and the domain prefix keeps a kernelpack signature from meaning anything elsewhere.
+Ed25519 is deterministic, so re-signing the same artifact gives the same bytes.
+
+``cryptography`` is imported only here, and only when a key is used: importing kernelpack or
+loading unsigned artifacts never pays for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Iterable
+
+from .errors import SignatureError
+
+__all__ = ["generate_private_key", "public_key_bytes", "load_private_key", "load_public_key",
+           "write_keypair", "sign_digest", "verify_digest", "key_id", "signed_message",
+           "SIGNATURE_DOMAIN"]
+
+SIGNATURE_DOMAIN = b"kernelpack-signature-v1\0"
+
+
+def _ed25519() -> Any:
+    try:
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+    except ImportError as exc:  # pragma: no cover - cryptography is a core dependency
+        raise SignatureError("signing needs the 'cryptography' package") from exc
+    return ed25519
+
+
+def signed_message(body_digest: bytes) -> bytes:
+    """The exact bytes an artifact signature signs."""
+    return SIGNATURE_DOMAIN + bytes(body_digest)
+
+
+def key_id(public_key: bytes) -> str:
+    """A short fingerprint of a public key: the first 8 bytes of its SHA-256, in hex."""
+    return hashlib.sha256(bytes(public_key)).hexdigest()[:16]
+
+
+def generate_private_key() -> bytes:
+    """A fresh ed25519 private key as its 32-byte seed."""
+    return os.urandom(32)
+
+
+def _read_key_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(1 << 16)
+
+
+def load_private_key(key: object) -> Any:
+    """An ``Ed25519PrivateKey`` from a key object, a 32-byte seed, or a path to a PEM or hex
+    file. Raises ValueError/TypeError for anything else."""
+    ed = _ed25519()
+    if isinstance(key, ed.Ed25519PrivateKey):
+        return key
+    if isinstance(key, (bytes, bytearray)) and len(key) == 32:
+        return ed.Ed25519PrivateKey.from_private_bytes(bytes(key))
+    if isinstance(key, (str, os.PathLike)):
+        data = _read_key_file(os.fspath(key))
+        if b"-----BEGIN" in data:
+            from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+            loaded = load_pem_private_key(data, password=None)
+            if not isinstance(loaded, ed.Ed25519PrivateKey):
+                raise ValueError(f"{key}: not an ed25519 private key")
+            return loaded
+        text = data.strip()
+        try:
+            seed = bytes.fromhex(text.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            seed = b""
+        if len(seed) != 32:
+            raise ValueError(f"{key}: expected a PEM key or 64 hex digits (a 32-byte seed)")
+        return ed.Ed25519PrivateKey.from_private_bytes(seed)
+    raise TypeError(f"a private key must be an Ed25519PrivateKey, 32 bytes or a path "
+                    f"(got {type(key).__name__})")
+
+
+def public_key_bytes(private: object) -> bytes:
+    """The 32-byte public key of a private key (any form :func:`load_private_key` takes)."""
+    from cryptography.hazmat.primitives import serialization
+
+    return load_private_key(private).public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def load_public_key(key: object) -> bytes:
+    """Raw 32 public-key bytes from an ``Ed25519PublicKey``, 32 bytes, 64 hex characters, or a
+    path to a ``.pub`` file (hex or PEM)."""
+    if isinstance(key, (bytes, bytearray)) and len(key) == 32:
+        return bytes(key)
+    if isinstance(key, str) and len(key) == 64:
+        try:
+            return bytes.fromhex(key)
+        except ValueError:
+            pass
+    if isinstance(key, (str, os.PathLike)) and os.path.exists(os.fspath(key)):
+        data = _read_key_file(os.fspath(key))
+        if b"-----BEGIN" in data:
+            from cryptography.hazmat.primitives import serialization
+
+            loaded = serialization.load_pem_public_key(data)
+            return load_public_key(loaded)
+        try:
+            raw = bytes.fromhex(data.strip().decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            raw = b""
+        if len(raw) != 32:
+            raise ValueError(f"{key}: expected a PEM public key or 64 hex digits")
+        return raw
+    if not isinstance(key, (str, bytes, bytearray, os.PathLike)):
+        ed = _ed25519()
+        if isinstance(key, ed.Ed25519PublicKey):
+            from cryptography.hazmat.primitives import serialization
+
+            return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    raise ValueError(f"not an ed25519 public key: expected 32 bytes, 64 hex characters, a "
+                     f"key object or an existing .pub file (got {key!r:.80})")
+
+
+def write_keypair(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """Write a new key pair: the private seed as hex at ``path`` (mode 0600) and the public
+    key as hex at ``path + ".pub"``. Refuses to overwrite an existing private key."""
+    path = os.fspath(path)
+    seed = generate_private_key()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(seed.hex() + "\n")
+    public_path = path + ".pub"
+    with open(public_path, "w") as f:
+        f.write(public_key_bytes(seed).hex() + "\n")
+    return path, public_path
+
+
+def sign_digest(private: object, body_digest: bytes) -> tuple[bytes, bytes]:
+    """(public key, signature) for an artifact whose body hashes to ``body_digest``."""
+    key = load_private_key(private)
+    return public_key_bytes(key), key.sign(signed_message(body_digest))
+
+
+def verify_digest(public_key: bytes, signature: bytes, body_digest: bytes,
+                  trusted_keys: Iterable[object]) -> None:
+    """Raise SignatureError unless ``public_key`` is trusted and ``signature`` verifies."""
+    trusted = [load_public_key(k) for k in trusted_keys]
+    if bytes(public_key) not in trusted:
+        ids = ", ".join(key_id(k) for k in trusted) or "none"
+        raise SignatureError(f"artifact is signed by key {key_id(public_key)}, which is not "
+                             f"trusted (trusted: {ids})")
+    ed = _ed25519()
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        ed.Ed25519PublicKey.from_public_bytes(bytes(public_key)).verify(
+            bytes(signature), signed_message(body_digest))
+    except InvalidSignature:
+        raise SignatureError(f"signature by key {key_id(public_key)} does not verify: the "
+                             f"artifact was modified after signing") from None
+    except ValueError as exc:
+        raise SignatureError(f"signature by key {key_id(public_key)} is malformed: {exc}") from None

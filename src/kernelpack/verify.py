@@ -1,0 +1,310 @@
+"""Structural verification of kernelpack FlatBuffers, before any generated accessor runs.
+
+The FlatBuffers Python runtime trusts the buffer completely: a bad offset gives an IndexError, a
+garbage length a huge slice, a bad string a UnicodeDecodeError. So every buffer is first walked
+here, with explicit bounds checks, against :data:`TABLES` — a compact description of
+``schema/kernelpack.fbs`` (``tests/test_verify.py`` parses the schema and fails if the two
+drift apart). Checked: root offset, file identifier, every vtable (size, alignment, bounds),
+every field (inside its table, aligned), every offset target (inside the buffer, aligned, and
+referenced only once: no shared sub-objects, so the work is linear in the buffer size and the
+decoder can never be made to loop), every vector (length limit, bounds, alignment), every
+string (bounds, NUL terminator, UTF-8, length limit), every enum value, every bool, and the
+table nesting depth. Any failure is a :class:`~kernelpack.errors.FormatError` naming the field,
+the offset and what was expected.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Union
+
+from .errors import CompatibilityError, FormatError
+from .limits import (DIGEST_SIZE, FILE_IDENTIFIER, FORMAT_MAJOR, MAX_ARGS, MAX_BLOBS,
+                     MAX_CONSTRAINTS, MAX_EXPR_OPS, MAX_FILE_SIZE, MAX_IMAGE_SIZE,
+                     MAX_IMAGES_PER_MODULE, MAX_KERNELS, MAX_LAUNCHES, MAX_MODULES,
+                     MAX_NAME_LENGTH, MAX_PARAMS, MAX_PROGRAMS, MAX_RANK, MAX_SCRATCH,
+                     MAX_SYMBOLS, MAX_TABLE_DEPTH, MAX_TEXT_LENGTH, MAX_VARIANTS)
+
+__all__ = ["ENUMS", "STRUCTS", "TABLES", "SCALARS", "DEFAULTS", "Buffer", "verify_buffer",
+           "read_format_version", "BODY_ALIGNMENT"]
+
+Buffer = Union[bytes, bytearray, memoryview]
+
+# scalar type -> (size, struct code)
+SCALARS: dict[str, tuple[int, str]] = {
+    "bool": (1, "B"), "u8": (1, "B"), "u16": (2, "H"), "u32": (4, "I"), "i32": (4, "i"),
+    "u64": (8, "Q"), "i64": (8, "q"),
+}
+# enum -> number of values (valid values are 0 .. n-1); all enums are ubyte.
+ENUMS: dict[str, int] = {
+    "ImageKind": 3, "Codec": 2, "ArchSuffix": 3, "ParamKind": 2, "Role": 3, "ArgKind": 3,
+    "DType": 16,
+}
+# struct -> (size, alignment, fields as (name, scalar type))
+STRUCTS: dict[str, tuple[int, int, tuple[tuple[str, str], ...]]] = {
+    "Dim3": (12, 4, (("x", "u32"), ("y", "u32"), ("z", "u32"))),
+    "Version": (2, 1, (("major", "u8"), ("minor", "u8"))),
+}
+N, T = MAX_NAME_LENGTH, MAX_TEXT_LENGTH
+# table -> fields in slot order: (name, type, limit). Types: a scalar, an enum, a struct, a
+# table, "str", or "[elem]" for a vector of scalars, strings ("[str]") or tables. The limit
+# is the maximum string length or vector count (0 for scalars, structs and tables).
+TABLES: dict[str, tuple[tuple[str, str, int], ...]] = {
+    "Blob": (("data", "[u8]", MAX_IMAGE_SIZE),),
+    "Signature": (("public_key", "[u8]", 32), ("signature", "[u8]", 64)),
+    "Pack": (("format_major", "u16", 0), ("format_minor", "u16", 0),
+             ("body", "[u8]", MAX_FILE_SIZE), ("body_digest", "[u8]", DIGEST_SIZE),
+             ("blobs", "[Blob]", MAX_BLOBS), ("signature", "Signature", 0)),
+    "Body": (("generator", "str", T), ("programs", "[Program]", MAX_PROGRAMS),
+             ("modules", "[Module]", MAX_MODULES)),
+    "Module": (("name", "str", N), ("kernels", "[str]", MAX_KERNELS),
+               ("images", "[ImageMeta]", MAX_IMAGES_PER_MODULE)),
+    "ImageMeta": (("kind", "ImageKind", 0), ("arch_major", "u8", 0), ("arch_minor", "u8", 0),
+                  ("arch_suffix", "ArchSuffix", 0), ("ptx_isa", "Version", 0),
+                  ("cuda_version", "u32", 0), ("toolchain", "str", T), ("codec", "Codec", 0),
+                  ("raw_size", "u64", 0), ("digest", "[u8]", DIGEST_SIZE),
+                  ("raw_digest", "[u8]", DIGEST_SIZE), ("blob", "u32", 0)),
+    "Program": (("name", "str", N), ("symbols", "[str]", MAX_SYMBOLS),
+                ("ops", "[u8]", MAX_EXPR_OPS), ("imms", "[i64]", MAX_EXPR_OPS),
+                ("params", "[Param]", MAX_PARAMS), ("constraints", "[Constraint]", MAX_CONSTRAINTS),
+                ("variants", "[Variant]", MAX_VARIANTS)),
+    "Param": (("kind", "ParamKind", 0), ("name", "str", N), ("dtype", "DType", 0),
+              ("role", "Role", 0), ("zero_init", "bool", 0), ("shape", "[u32]", MAX_RANK),
+              ("value", "i32", 0)),
+    "Constraint": (("predicate", "u32", 0), ("message", "str", T)),
+    "Scratch": (("name", "str", N), ("dtype", "DType", 0), ("shape", "[u32]", MAX_RANK),
+                ("zero_init", "bool", 0)),
+    "Arg": (("kind", "ArgKind", 0), ("name", "str", N), ("value", "u32", 0),
+            ("dtype", "DType", 0)),
+    "Launch": (("kernel", "str", N), ("module", "str", N), ("grid", "Dim3", 0),
+               ("block", "Dim3", 0), ("shared_mem", "u32", 0), ("count", "i32", 0),
+               ("loop", "str", N), ("args", "[Arg]", MAX_ARGS)),
+    "Variant": (("predicate", "i32", 0), ("scratch", "[Scratch]", MAX_SCRATCH),
+                ("launches", "[Launch]", MAX_LAUNCHES)),
+}
+del N, T
+# Non-zero schema defaults of scalar fields (absent field -> this value).
+DEFAULTS: dict[tuple[str, str], int] = {
+    ("Param", "value"): -1, ("Launch", "count"): -1, ("Variant", "predicate"): -1,
+}
+
+# The nested body must start 8-aligned in the file so its int64 vectors stay aligned.
+BODY_ALIGNMENT = 8
+
+_U16 = struct.Struct("<H").unpack_from
+_U32 = struct.Struct("<I").unpack_from
+_I32 = struct.Struct("<i").unpack_from
+
+# Per field, precomputed: (name, category, size, align, extra, limit). Categories:
+# "s" scalar (extra: struct code), "e" enum (extra: count), "b" bool, "S" struct,
+# "str" string, "v" scalar vector (extra: elem size), "vs" string vector, "vt" table vector
+# (extra: table name), "t" table (extra: table name).
+_Plan = tuple[tuple[str, str, int, int, object, int], ...]
+
+
+def _compile(fields: tuple[tuple[str, str, int], ...]) -> _Plan:
+    out = []
+    for name, ftype, limit in fields:
+        if ftype in SCALARS:
+            size, code = SCALARS[ftype]
+            out.append((name, "b" if ftype == "bool" else "s", size, size, code, limit))
+        elif ftype in ENUMS:
+            out.append((name, "e", 1, 1, ENUMS[ftype], limit))
+        elif ftype in STRUCTS:
+            size, align, _ = STRUCTS[ftype]
+            out.append((name, "S", size, align, ftype, limit))
+        elif ftype == "str":
+            out.append((name, "str", 4, 4, None, limit))
+        elif ftype.startswith("["):
+            elem = ftype[1:-1]
+            if elem in SCALARS:
+                out.append((name, "v", 4, 4, SCALARS[elem][0], limit))
+            elif elem == "str":
+                out.append((name, "vs", 4, 4, None, limit))
+            else:
+                out.append((name, "vt", 4, 4, elem, limit))
+        else:
+            out.append((name, "t", 4, 4, ftype, limit))
+    return tuple(out)
+
+
+_PLANS: dict[str, _Plan] = {name: _compile(fields) for name, fields in TABLES.items()}
+
+
+class _Walker:
+    """One verification pass over one buffer (the file, or the nested body)."""
+
+    def __init__(self, buf: Buffer, what: str) -> None:
+        self.buf = buf
+        self.n = len(buf)
+        self.what = what
+        self.seen: set[int] = set()
+
+    def fail(self, where: str, message: str) -> FormatError:
+        return FormatError(f"{self.what}: {where}: {message}")
+
+    def need(self, pos: int, size: int, where: str) -> None:
+        if pos < 0 or size < 0 or pos + size > self.n:
+            raise self.fail(where, f"{size} bytes at offset {pos} run past the end of the "
+                                   f"{self.n}-byte buffer")
+
+    def deref(self, pos: int, where: str) -> int:
+        """Follow the uoffset at ``pos``: the target must be inside, aligned, and new."""
+        off = _U32(self.buf, pos)[0]
+        target = pos + off
+        if off == 0 or target % 4:
+            raise self.fail(where, f"offset {off} at {pos} points to {target}, expected a "
+                                   f"non-zero offset to a 4-aligned position")
+        self.need(target, 4, where)
+        if target in self.seen:
+            raise self.fail(where, f"object at {target} is referenced twice (shared "
+                                   f"sub-objects are not allowed)")
+        self.seen.add(target)
+        return target
+
+    def vtable(self, pos: int, where: str) -> tuple[int, int, int]:
+        """Check the table at ``pos`` and its vtable; returns (vtable, vtable size, table size)."""
+        if pos % 4:
+            raise self.fail(where, f"table at {pos} is not 4-aligned")
+        self.need(pos, 4, where)
+        vt = pos - _I32(self.buf, pos)[0]
+        if vt % 2 or vt < 0 or vt + 4 > self.n:
+            raise self.fail(where, f"vtable of the table at {pos} is at {vt}, outside the "
+                                   f"buffer or misaligned")
+        vt_size, t_size = _U16(self.buf, vt)[0], _U16(self.buf, vt + 2)[0]
+        if vt_size < 4 or vt_size % 2:
+            raise self.fail(where, f"vtable at {vt} has size {vt_size}, expected an even "
+                                   f"size >= 4")
+        self.need(vt, vt_size, where + " vtable")
+        if t_size < 4:
+            raise self.fail(where, f"table at {pos} has size {t_size}, expected >= 4")
+        self.need(pos, t_size, where)
+        return vt, vt_size, t_size
+
+    def string(self, target: int, limit: int, where: str) -> None:
+        length = _U32(self.buf, target)[0]
+        if length > limit:
+            raise self.fail(where, f"string of {length} bytes exceeds the limit {limit}")
+        self.need(target + 4, length + 1, where)
+        if self.buf[target + 4 + length] != 0:
+            raise self.fail(where, f"string at {target} is not NUL-terminated")
+        try:
+            bytes(self.buf[target + 4:target + 4 + length]).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self.fail(where, f"string at {target} is not valid UTF-8 ({exc.reason} at "
+                                   f"byte {exc.start})") from None
+
+    def vector(self, target: int, elem_size: int, limit: int, where: str) -> int:
+        count = _U32(self.buf, target)[0]
+        if count > limit:
+            raise self.fail(where, f"vector of {count} elements exceeds the limit {limit}")
+        self.need(target + 4, count * elem_size, where)
+        if (target + 4) % min(elem_size, 8):
+            raise self.fail(where, f"vector data at {target + 4} is not aligned to {elem_size}")
+        return count
+
+    def table(self, pos: int, tname: str, depth: int, where: str) -> None:
+        if depth > MAX_TABLE_DEPTH:
+            raise self.fail(where, f"tables nested deeper than {MAX_TABLE_DEPTH}")
+        vt, vt_size, t_size = self.vtable(pos, where)
+        buf = self.buf
+        nslots = (vt_size - 4) // 2
+        for slot, (name, cat, size, align, extra, limit) in enumerate(_PLANS[tname]):
+            if slot >= nslots:
+                break  # written by an older minor version: absent fields take defaults
+            voff = _U16(buf, vt + 4 + 2 * slot)[0]
+            if voff == 0:
+                continue
+            fwhere = f"{where}.{name}"
+            if voff < 4 or voff + size > t_size:
+                raise self.fail(fwhere, f"field at table offset {voff} ({size} bytes) lies "
+                                        f"outside the {t_size}-byte table at {pos}")
+            fpos = pos + voff
+            if fpos % align:
+                raise self.fail(fwhere, f"field at {fpos} is not aligned to {align}")
+            if cat == "s" or cat == "S":
+                continue
+            if cat == "e":
+                value = buf[fpos]
+                if value >= extra:  # type: ignore[operator]
+                    raise self.fail(fwhere, f"enum value {value} is not one of 0..{extra - 1}")  # type: ignore[operator]
+                continue
+            if cat == "b":
+                if buf[fpos] > 1:
+                    raise self.fail(fwhere, f"bool value {buf[fpos]}, expected 0 or 1")
+                continue
+            target = self.deref(fpos, fwhere)
+            if cat == "str":
+                self.string(target, limit, fwhere)
+            elif cat == "v":
+                self.vector(target, extra, limit, fwhere)  # type: ignore[arg-type]
+                if tname == "Pack" and name == "body" and (target + 4) % BODY_ALIGNMENT:
+                    raise self.fail(fwhere, f"nested body at {target + 4} is not "
+                                            f"{BODY_ALIGNMENT}-aligned")
+            elif cat == "t":
+                self.table(target, extra, depth + 1, fwhere)  # type: ignore[arg-type]
+            else:
+                count = self.vector(target, 4, limit, fwhere)
+                for i in range(count):
+                    ewhere = f"{fwhere}[{i}]"
+                    elem = self.deref(target + 4 + 4 * i, ewhere)
+                    if cat == "vs":
+                        self.string(elem, MAX_NAME_LENGTH, ewhere)  # all are names
+                    else:
+                        self.table(elem, extra, depth + 1, ewhere)  # type: ignore[arg-type]
+
+    def root(self, identifier: bytes | None) -> int:
+        if self.n > MAX_FILE_SIZE:
+            raise self.fail("size", f"{self.n} bytes exceed the limit {MAX_FILE_SIZE}")
+        header = 8 if identifier is not None else 4
+        if self.n < header:
+            raise self.fail("header", f"{self.n} bytes, expected at least {header}")
+        if identifier is not None and bytes(self.buf[4:8]) != identifier:
+            raise self.fail("file identifier", f"expected {identifier!r}, got "
+                                               f"{bytes(self.buf[4:8])!r}")
+        root = _U32(self.buf, 0)[0]
+        if root < header or root % 4:
+            raise self.fail("root offset", f"{root}, expected a 4-aligned offset >= {header}")
+        self.need(root, 4, "root table")
+        return root
+
+
+def verify_buffer(buf: Buffer, root_type: str, *, identifier: bytes | None,
+                  what: str = "file") -> int:
+    """Walk ``buf`` as a ``root_type`` FlatBuffer; returns the root table position.
+
+    Raises FormatError naming the field path (``Pack.blobs[3].data``), offset and expectation.
+    """
+    walker = _Walker(buf, what)
+    root = walker.root(identifier)
+    walker.seen.add(root)
+    walker.table(root, root_type, 0, root_type)
+    return root
+
+
+def read_format_version(buf: Buffer) -> tuple[int, int]:
+    """Read ``Pack.format_major/minor`` with just enough checking to trust the two numbers,
+    and refuse a newer major *before* anything else of the file is interpreted.
+
+    Raises FormatError (not a kernelpack file) or CompatibilityError (newer major).
+    """
+    walker = _Walker(buf, "file")
+    root = walker.root(FILE_IDENTIFIER)
+    vt, vt_size, t_size = walker.vtable(root, "Pack")
+    values = []
+    for slot, name in enumerate(("format_major", "format_minor")):
+        voff = _U16(buf, vt + 4 + 2 * slot)[0] if 4 + 2 * slot < vt_size else 0
+        if voff == 0:
+            values.append(0)
+            continue
+        if voff < 4 or voff + 2 > t_size or (root + voff) % 2:
+            raise walker.fail(f"Pack.{name}", f"field at table offset {voff} is outside the "
+                                              f"{t_size}-byte root table or misaligned")
+        values.append(_U16(buf, root + voff)[0])
+    major, minor = values
+    if major > FORMAT_MAJOR:
+        raise CompatibilityError(f"file format {major}.{minor} is newer than this reader "
+                                 f"(reads {FORMAT_MAJOR}.x): upgrade kernelpack")
+    if major < 1:
+        raise FormatError(f"file: Pack.format_major is {major}, expected 1..{FORMAT_MAJOR}")
+    return major, minor

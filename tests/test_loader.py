@@ -1,0 +1,144 @@
+"""kp.load and the Pack / Program / ModuleInfo / ImageInfo handles."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import kernelpack as kp
+from kernelpack import loader
+from kernelpack.errors import FormatError, IntegrityError
+from kernelpack.targets import Arch
+
+import kp_samples
+
+
+@pytest.fixture(scope="module")
+def data() -> bytes:
+    return kp.save([kp_samples.axpy(), kp_samples.rich()])
+
+
+def test_sources(data: bytes, tmp_path: Path) -> None:
+    path = tmp_path / "a.kpack"
+    path.write_bytes(data)
+    for source in (data, bytearray(data), memoryview(data), path, str(path)):
+        pack = kp.load(source)
+        assert pack.programs == ["axpy", "rowsum"] and pack.nbytes == len(data)
+    with pytest.raises(TypeError, match="path or bytes"):
+        kp.load(12)
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    (tmp_path / "e.kpack").write_bytes(b"")
+    with pytest.raises(FormatError, match="0 bytes"):
+        kp.load(tmp_path / "e.kpack")
+
+
+def test_file_size_checked_before_mapping(data: bytes, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "a.kpack"
+    path.write_bytes(data)
+    monkeypatch.setattr(loader, "MAX_FILE_SIZE", 100)
+    with pytest.raises(FormatError, match=f"{len(data)} bytes exceed MAX_FILE_SIZE 100"):
+        kp.load(path)
+    with pytest.raises(FormatError, match="exceed MAX_FILE_SIZE"):
+        kp.load(data)
+
+
+def test_mapping_interface(data: bytes) -> None:
+    pack = kp.load(data)
+    assert len(pack) == 2 and "axpy" in pack and "nope" not in pack
+    assert list(pack) == pack.programs
+    assert pack["axpy"] is pack["axpy"]
+    with pytest.raises(KeyError, match="no program 'nope' in this pack \\(has: axpy, rowsum\\)"):
+        pack["nope"]
+    assert pack.format_version == (1, 0)
+    assert pack.generator == f"kernelpack {kp.__version__}"
+    assert pack.signature is None
+    assert "2 programs" in repr(pack)
+
+
+def test_program_handle(data: bytes) -> None:
+    pack = kp.load(data)
+    program = pack["rowsum"]
+    assert program._summary is None  # decoded lazily
+    assert program.summary == kp_samples.rich().summary
+    assert program.name == "rowsum"
+    assert list(program.modules) == ["red"]
+    plan = program.plan(x=(3, 7), m=7, scale=0.5)
+    assert isinstance(plan, kp.Plan) and plan.allocations["out"].shape == (3,)
+
+
+def test_modules_and_images(data: bytes) -> None:
+    pack = kp.load(data)
+    module = pack.modules["axpy"]
+    assert module.name == "axpy" and module.kernels == ("axpy",)
+    assert [i.target for i in module.images] == ["sm_80", "sm_90", "compute_80"]
+    cubin, _, ptx = module.images
+    source = {i.target: i for i in kp_samples.axpy().modules[0].images}
+    assert cubin.kind == "cubin" and cubin.arch == Arch(8, 0) and cubin.codec == "zstd"
+    assert cubin.raw_size == len(source["sm_80"].data) and cubin.stored_size < cubin.raw_size
+    assert cubin.raw_digest == hashlib.sha256(source["sm_80"].data).hexdigest()
+    assert (cubin.toolchain, cubin.cuda_version, cubin.ptx_isa) == ("fake-toolchain 1.0", 12080,
+                                                                    None)
+    assert ptx.kind == "ptx" and ptx.ptx_isa == (8, 0)
+    assert cubin.read() == source["sm_80"].data
+    assert cubin.read() is cubin.read()  # cached
+    assert pack.modules["red"].images[1].arch == Arch(9, 0, "a")
+
+
+def test_compiled_round_trip(data: bytes) -> None:
+    pack = kp.load(data)
+    compiled = pack.compiled("axpy")
+    assert compiled.summary == kp_samples.axpy().summary
+    assert compiled.modules == kp_samples.axpy().modules
+    assert compiled.origin == "disk"
+
+
+def test_verify_reads_every_image(data: bytes) -> None:
+    pack = kp.load(data)
+    pack.verify()
+    assert all(i._data is not None for m in pack.modules.values() for i in m.images)
+
+
+def test_image_corruption_is_lazy(data: bytes) -> None:
+    from kernelpack._fbread import Table
+    bad = bytearray(data)
+    blob = Table.root(data, "Pack").get("blobs")[0]
+    bad[blob.target("data") + 8] ^= 0x40
+    pack = kp.load(bytes(bad))  # metadata is intact: load succeeds
+    assert pack["axpy"].summary is not None
+    with pytest.raises(IntegrityError, match="module 'axpy' image sm_80: stored bytes"):
+        pack.modules["axpy"].images[0].read()
+    with pytest.raises(IntegrityError):
+        pack.verify()
+
+
+def test_call_delegates_to_the_runtime(data: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    fake = types.ModuleType("kernelpack.runtime")
+    fake.call_program = lambda program, *a, **k: seen.append((program.name, a, k)) or "done"
+    monkeypatch.setitem(sys.modules, "kernelpack.runtime", fake)
+    pack = kp.load(data)
+    assert pack["axpy"](1, 2, a=3) == "done"
+    assert seen == [("axpy", (1, 2), {"a": 3})]
+
+
+def test_loading_stays_light(data: bytes, tmp_path: Path) -> None:
+    path = tmp_path / "a.kpack"
+    path.write_bytes(data)
+    code = (f"import sys, json, kernelpack as kp\np = kp.load({str(path)!r})\n"
+            "p.verify(); p['rowsum'].plan((2, 3), 3, 1.0)\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, timeout=120).stdout
+    modules = json.loads(out.splitlines()[-1])
+    heavy = [m for m in modules if m.split(".")[0] in ("numpy", "flatbuffers", "cryptography",
+                                                      "llvmlite", "torch")]
+    assert heavy == []

@@ -1,0 +1,184 @@
+"""Planning: symbol binding, checks with named errors, variants, repeats, launch limits."""
+
+from __future__ import annotations
+
+import pytest
+
+import kernelpack as kp
+from kernelpack.errors import ConstraintError, ExpressionError
+from kernelpack.limits import MAX_LAUNCH_REPEAT
+from kernelpack.planner import Allocation, Plan, PlannedLaunch, Planner
+from kernelpack.summary import (Arg, Constraint, KernelSummary, Launch, Scalar, Scratch, Tensor,
+                                Variant)
+
+import kp_samples
+
+n, m = kp.sym("n"), kp.sym("m")
+
+
+def program(params, grid=(1,), block=(1,), shared_mem=0, count=None, loop="", args=(),
+            constraints=(), variants=None, scratch=()) -> Planner:
+    launch = Launch("k", "mod", grid, block, tuple(args), shared_mem, count, loop)
+    variants = variants or (Variant((launch,), tuple(scratch)),)
+    return Planner(KernelSummary("p", tuple(params), tuple(variants), tuple(constraints)))
+
+
+def test_axpy_plan() -> None:
+    planner = Planner(kp_samples.axpy_summary())
+    plan = planner.plan(x=(1000,), y=(1000,), a=2.0)
+    assert plan == Plan("axpy", 0, {"n": 1000, "n32": 1000}, {}, (
+        PlannedLaunch("axpy", "axpy", (4, 1, 1), (256, 1, 1), 0,
+                      (("buffer", "x"), ("buffer", "y"), ("scalar", "a"), ("scalar", "n32"))),))
+    assert planner.plan_shapes([(1000,), (1000,)], [2.0]) == plan
+    assert planner.plan((1000,), (1000,), 2.0) == plan
+
+
+def test_objects_with_shape() -> None:
+    class Arr:
+        shape = (257,)
+    plan = Planner(kp_samples.axpy_summary()).plan(Arr(), Arr(), 1.0)
+    assert plan.launches[0].grid == (2, 1, 1)
+
+
+def test_mismatch_names_parameter_dim_and_origin() -> None:
+    planner = Planner(kp_samples.rich().summary)
+    with pytest.raises(ConstraintError, match=r"scalar m is 5 but m = 4 from x.shape\[1\]"):
+        planner.plan((3, 4), 5, 1.0)
+    p = program([Tensor("x", kp.f32, ("a", "n")), Tensor("y", kp.f32, ("n",))])
+    with pytest.raises(ConstraintError, match=r"y.shape\[0\] is 5 but n = 4 from x.shape\[1\]"):
+        p.plan((2, 4), (5,))
+
+
+def test_rank_int_and_expression_dims() -> None:
+    p = program([Tensor("x", kp.f32, ("n", 3)), Tensor("y", kp.f32, (2 * n,))],
+                grid=(n,))
+    assert p.plan((4, 3), (8,)).launches[0].grid == (4, 1, 1)
+    with pytest.raises(ConstraintError, match=r"x has rank 1 \(shape \(4,\)\), expected rank 2"):
+        p.plan((4,), (8,))
+    with pytest.raises(ConstraintError, match=r"x.shape\[1\] is 4, expected 3"):
+        p.plan((4, 4), (8,))
+    with pytest.raises(ConstraintError, match=r"y.shape\[0\] is 9, expected n \* 2 = 8"):
+        p.plan((4, 3), (9,))
+    with pytest.raises(ConstraintError, match=r"x.shape\[0\] is -1, a negative size"):
+        p.plan((-1, 3), (8,))
+    with pytest.raises(TypeError, match=r"x.shape\[0\] must be an integer"):
+        p.plan((4.5, 3), (8,))
+
+
+def test_scalars() -> None:
+    p = program([Tensor("x", kp.f32, ("n",)), Scalar("k", kp.i32), Scalar("f", kp.f32)],
+                grid=(n + kp.sym("k"),))
+    assert p.plan((4,), 3, 1.5).launches[0].grid == (7, 1, 1)
+    assert p.plan((4,), 3, 1.5).symbols == {"n": 4, "k": 3}
+    with pytest.raises(TypeError, match="scalar k must be an integer"):
+        p.plan((4,), 1.5, 1.0)
+    with pytest.raises(ConstraintError, match="scalar k = 2147483648 is outside its dtype range"):
+        p.plan((4,), 1 << 31, 1.0)
+
+
+def test_argument_mapping_errors() -> None:
+    p = Planner(kp_samples.axpy_summary())
+    with pytest.raises(TypeError, match="has no input 'z'"):
+        p.plan(x=(1,), y=(1,), a=1, z=2)
+    with pytest.raises(TypeError, match="missing input\\(s\\) \\['a'\\]"):
+        p.plan((1,), (1,))
+    with pytest.raises(TypeError, match="input 'x' given twice"):
+        p.plan((1,), x=(1,))
+    with pytest.raises(TypeError, match="takes 3 inputs"):
+        p.plan((1,), (1,), 1, 2)
+    with pytest.raises(TypeError, match="tensor x must be a shape"):
+        p.plan(5, (1,), 1)
+
+
+def test_constraints_and_variants() -> None:
+    planner = Planner(kp_samples.rich().summary)
+    assert planner.plan((2, 1024), 1024, 1.0).variant == 0
+    assert planner.plan((2, 1025), 1025, 1.0).variant == 1
+    with pytest.raises(ConstraintError, match="constraint failed: need at least one row"):
+        planner.plan((0, 10), 10, 1.0)
+    guarded = Variant((Launch("k", "mod", (1,), (1,), ()),), predicate=n > 10)
+    p = program([Tensor("x", kp.f32, ("n",))], variants=[guarded])
+    with pytest.raises(ConstraintError, match="no variant applies to n=3"):
+        p.plan((3,))
+
+
+def test_allocations() -> None:
+    planner = Planner(kp_samples.rich().summary)
+    plan = planner.plan((3, 5000), 5000, 1.0)
+    assert plan.allocations == {
+        "out": Allocation("out", "output", kp.f32, (3,), 12, True),
+        "ws": Allocation("ws", "scratch", kp.f32, (3, 5), 60, True)}
+    neg = program([Tensor("x", kp.f32, ("n",)), Tensor("o", kp.f32, (n - 5,), role="out")])
+    with pytest.raises(ConstraintError, match=r"output o.shape\[0\] = -2 is negative"):
+        neg.plan((3,))
+    huge = program([Tensor("x", kp.f32, ("n",)), Tensor("o", kp.f64, (n, n, n), role="out")])
+    with pytest.raises(ConstraintError, match="more than int64"):
+        huge.plan((1 << 20,))
+
+
+def test_repeated_launches_expand_in_order() -> None:
+    p = program([Tensor("x", kp.f32, ("n",))], grid=(kp.shl(1, "s"),), count=n, loop="s",
+                args=[Arg.of(kp.sym("s") * 10, kp.i32)])
+    plan = p.plan((4,))
+    assert [ln.grid[0] for ln in plan.launches] == [1, 2, 4, 8]
+    assert [ln.args[0][1] for ln in plan.launches] == [0, 10, 20, 30]
+    assert p.plan((0,)).launches == ()
+    with pytest.raises(ConstraintError, match=f"count = {MAX_LAUNCH_REPEAT + 1}"):
+        program([Tensor("x", kp.f32, ("n",))], count=n).plan((MAX_LAUNCH_REPEAT + 1,))
+
+
+@pytest.mark.parametrize("kw, shape, match", [
+    ({"block": (n,)}, 0, r"block \(0, 1, 1\) outside the limits"),
+    ({"block": (n,)}, 1025, r"block \(1025, 1, 1\)"),
+    ({"block": (n, 2)}, 600, r"block \(600, 2, 1\)"),
+    ({"grid": (n,)}, 1 << 31, r"grid \(2147483648, 1, 1\) outside the limits"),
+    ({"grid": (1, n)}, 65536, r"grid \(1, 65536, 1\)"),
+    ({"grid": (n,)}, -0, None),
+    ({"shared_mem": n - 1}, 0, "shared_mem = -1"),
+    ({"args": [Arg.of(n, kp.u8)]}, 256, "value argument 0 = 256 does not fit uint8"),
+])
+def test_launch_limits(kw, shape, match) -> None:
+    p = program([Tensor("x", kp.f32, ("n",))], **kw)
+    if match is None:
+        assert p.plan((shape,)).launches[0].grid == (0, 1, 1)  # zero grid: legal
+        return
+    with pytest.raises(ConstraintError, match=match):
+        p.plan((shape,))
+
+
+def test_checked_arithmetic() -> None:
+    p = program([Tensor("x", kp.f32, ("n",))], grid=(kp.cdiv(1 << 40, n),))
+    with pytest.raises(ExpressionError, match="division by zero"):
+        p.plan((0,))
+    over = program([Tensor("x", kp.f32, ("n",))], grid=(n * n * n,))
+    with pytest.raises(ExpressionError, match="overflow"):
+        over.plan((1 << 30,))
+
+
+def test_scalar_and_dim_share_a_name() -> None:
+    p = program([Tensor("x", kp.f32, ("k",)), Scalar("k", kp.i64)], grid=(kp.sym("k"),))
+    assert p.plan((5,), 5).launches[0].grid == (5, 1, 1)
+    with pytest.raises(ConstraintError, match=r"scalar k is 6 but k = 5 from x.shape\[0\]"):
+        p.plan((5,), 6)
+
+
+def test_constant_false_variant_is_skipped() -> None:
+    never = Variant((Launch("k", "mod", (1,), (1,), ()),), predicate=kp.lt(1, 0))
+    always = Variant((Launch("k", "mod", (2,), (1,), ()),))
+    p = program([Tensor("x", kp.f32, ("n",))], variants=[never, always])
+    assert p.plan((3,)).variant == 1
+
+
+def test_repeated_shapes_hit_the_plan_cache() -> None:
+    p = Planner(kp_samples.axpy_summary())
+    first = p.plan((10,), (10,), 1.0)
+    assert p.plan((10,), (10,), 2.0) is first  # float scalars do not change a plan
+    assert p.plan((11,), (11,), 1.0) is not first
+    off = Planner(kp_samples.axpy_summary(), cache_size=0)
+    assert off.plan((10,), (10,), 1.0) == first and off._cache == {}
+
+
+def test_plan_is_frozen() -> None:
+    plan = Planner(kp_samples.axpy_summary()).plan((3,), (3,), 1.0)
+    with pytest.raises(AttributeError):
+        plan.variant = 2  # type: ignore[misc]

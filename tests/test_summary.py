@@ -1,0 +1,164 @@
+"""The summary model: the dataclasses validate themselves, with messages naming the culprit."""
+
+from __future__ import annotations
+
+import pytest
+
+import kernelpack as kp
+from kernelpack.summary import (Arg, Compiled, Constraint, Image, KernelSummary, Launch, Module,
+                                Scalar, Scratch, Tensor, Variant)
+from kernelpack.targets import Arch
+
+X = Tensor("x", kp.f32, ["n"])
+Y = Tensor("y", kp.f32, ["n"], role="out")
+
+
+def _launch(*args: Arg, **kw: object) -> Launch:
+    fields: dict = dict(kernel="k", module="m", grid=kp.cdiv("n", 256), block=256,
+                        args=args or (Arg.buffer("x"), Arg.buffer("y")))
+    fields.update(kw)
+    return Launch(**fields)
+
+
+def _summary(params=(X, Y), launches=None, **kw: object) -> KernelSummary:
+    variant = kw.pop("variant", None) or Variant(launches or (_launch(),))
+    return KernelSummary("prog", tuple(params), (variant,), **kw)  # type: ignore[arg-type]
+
+
+# ---- a valid summary and its derived facts -----------------------------------------------------
+def test_valid_summary_and_derived_facts() -> None:
+    s = _summary((X, Scalar("alpha", kp.f32), Scalar("k", kp.i32), Y,
+                  Scalar("n32", kp.u32, value="n")))
+    assert s.bound_symbols() == ["n", "k"]  # float scalars are no symbols
+    assert [p.name for p in s.inputs] == ["x", "alpha", "k"]
+    assert [p.name for p in s.outputs] == ["y"]
+    assert s.param("alpha").dtype is kp.f32
+    with pytest.raises(KeyError):
+        s.param("nope")
+
+
+def test_normalisation() -> None:
+    t = Tensor("t", "float16", ("b", 4, kp.sym("n") * 2))
+    assert t.dtype is kp.f16 and t.shape == (kp.sym("b"), kp.Expr("const", (), 4), kp.sym("n") * 2)
+    launch = _launch(grid=(4, "n"), block=(32, 8))
+    assert launch.grid[2] == kp.Expr("const", (), 1) and len(launch.block) == 3
+
+
+def test_loop_symbol_is_usable_in_its_launch() -> None:
+    launch = _launch(Arg.buffer("x"), Arg.of(kp.shl(1, "s"), kp.i32), count="n", loop="s",
+                     grid=kp.cdiv("n", kp.shl(1, "s")))
+    s = _summary(launches=(launch,))
+    assert s.loop_symbols() == ["s"]
+
+
+# ---- validation errors -------------------------------------------------------------------------
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: Tensor("1x", kp.f32, ["n"]), ValueError, "tensor name must be an identifier"),
+    (lambda: Tensor("x", kp.f32, "n"), TypeError, "shape must be a sequence"),
+    (lambda: Tensor("x", kp.f32, ["n"] * 17), ValueError, "rank 17 exceeds"),
+    (lambda: Tensor("x", kp.f32, ["n"], role="output"), ValueError, "role must be one of"),
+    (lambda: Tensor("x", kp.f32, ["n"], zero_init=True), ValueError, "zero_init applies to"),
+    (lambda: Tensor("x", "float128", ["n"]), TypeError, "not a kernelpack dtype"),
+    (lambda: Scalar("c", kp.c64), ValueError, "complex scalars"),
+    (lambda: Scalar("c", kp.f32, value="n"), ValueError, "computed scalar must have an integer"),
+    (lambda: Arg("pointer", "x"), ValueError, "argument kind must be"),
+    (lambda: Arg("buffer", "x", value=kp.sym("n")), ValueError, "takes no value"),
+    (lambda: Arg("value", value=kp.sym("n")), ValueError, "needs value= and dtype="),
+    (lambda: Arg.of("n", kp.f32), ValueError, "integer dtype"),
+    (lambda: Arg("value", "x", value=kp.sym("n"), dtype=kp.i32), ValueError, "has no name"),
+    (lambda: _launch(kernel=""), ValueError, "non-empty entry name"),
+    (lambda: _launch(grid=(1, 1, 1, 1)), ValueError, "grid takes 1 to 3"),
+    (lambda: _launch(block=()), ValueError, "block takes 1 to 3"),
+    (lambda: _launch(loop="s"), ValueError, "given without count"),
+    (lambda: _launch(*[Arg.buffer("x")] * 513), ValueError, "513 arguments exceed"),
+    (lambda: KernelSummary("p", (X,), ()), ValueError, "needs 1 to"),
+])
+def test_dataclass_validation(make, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        make()
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: _summary((X, Tensor("x", kp.f32, ["n"], role="out"))), "parameter 'x' appears twice"),
+    (lambda: _summary((X, Tensor("y", kp.f32, ["m"], role="out"))),
+     r"y.shape\[0\] reads unbound symbol\(s\) \['m'\]"),
+    (lambda: _summary((Tensor("x", kp.f32, [kp.sym("n") * 2]), Y)),
+     "reads unbound symbol"),  # a compound dim binds nothing
+    (lambda: _summary((X, Y, Scalar("c", kp.i32, value="q"))), r"scalar c reads unbound.*'q'"),
+    (lambda: _summary(constraints=(Constraint(kp.sym("z") > 0),)), "a constraint reads unbound"),
+    (lambda: _summary(launches=(_launch(grid=kp.cdiv("m", 256)),)),
+     r"variant 0 launch 0 \(k\) reads unbound symbol\(s\) \['m'\]"),
+    (lambda: _summary(launches=(_launch(Arg.buffer("x"), Arg.buffer("z")),)),
+     "buffer argument 'z' is neither a tensor parameter nor a scratch buffer"),
+    (lambda: _summary(launches=(_launch(Arg.scalar("x")),)),
+     "scalar argument 'x' is not a scalar parameter"),
+    (lambda: _summary(launches=(_launch(Arg.of("s", kp.i32)),)), "reads unbound symbol"),
+    (lambda: _summary(launches=(_launch(count=4, loop="n"),)),
+     "loop symbol 'n' shadows a bound symbol"),
+    (lambda: _summary(launches=(_launch(count="m", loop="s"),)), "count reads unbound"),
+    (lambda: _summary(variant=Variant((_launch(),), scratch=(Scratch("x", kp.f32, [4]),))),
+     "scratch 'x' clashes with another name"),
+    (lambda: _summary(variant=Variant((_launch(),), scratch=(Scratch("w", kp.f32, ["m"]),))),
+     r"scratch w.shape\[0\] reads unbound"),
+    (lambda: _summary(variant=Variant((_launch(),), predicate=kp.sym("m") > 4)),
+     "variant 0 predicate reads unbound"),
+])
+def test_summary_consistency_errors(build, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_scratch_buffer_can_be_an_argument() -> None:
+    variant = Variant((_launch(Arg.buffer("x"), Arg.buffer("w"), Arg.buffer("y")),),
+                      scratch=(Scratch("w", kp.f32, [kp.cdiv("n", 256)], zero_init=True),))
+    assert _summary(variant=variant).variants[0].scratch[0].name == "w"
+
+
+def test_output_dims_may_be_expressions_of_bound_symbols() -> None:
+    s = _summary((X, Tensor("y", kp.f32, [kp.cdiv("n", 2)], role="out")))
+    assert s.outputs[0].shape[0] == kp.cdiv("n", 2)
+
+
+# ---- images, modules, compiled -----------------------------------------------------------------
+def test_image_targets_and_validation() -> None:
+    assert Image("cubin", "sm_90", b"\x7fELF").target == "sm_90"
+    assert Image("ptx", Arch(8, 0), b".version 8.0").target == "compute_80"
+    assert Image("host", "sm_90", b"o").target == "host-sm_90"
+    with pytest.raises(ValueError, match="image kind must be one of"):
+        Image("fatbin", "sm_90", b"")
+    with pytest.raises(TypeError, match="image data must be bytes"):
+        Image("cubin", "sm_90", "text")  # type: ignore[arg-type]
+    assert "ELF" not in repr(Image("cubin", "sm_90", b"\x7fELF"))  # data stays out of reprs
+
+
+def test_module_sorts_images_and_rejects_duplicates() -> None:
+    images = (Image("ptx", "sm_80", b"p"), Image("cubin", "sm_90", b"b"),
+              Image("cubin", "sm_80", b"a"))
+    mod = Module("m", ("k", "j", "k"), images)
+    assert mod.kernels == ("j", "k")
+    assert [i.target for i in mod.images] == ["sm_80", "sm_90", "compute_80"]
+    with pytest.raises(ValueError, match="two images for one target"):
+        Module("m", ("k",), (Image("cubin", "sm_90", b"a"), Image("cubin", "sm_90", b"b")))
+    with pytest.raises(ValueError, match="has no image"):
+        Module("m", ("k",), ())
+    with pytest.raises(ValueError, match="module name"):
+        Module("m-1", ("k",), images)
+
+
+def test_compiled_checks_modules_and_kernels() -> None:
+    mod = Module("m", ("k",), (Image("cubin", "sm_90", b"a"),))
+    compiled = Compiled(_summary(), (mod,))
+    assert compiled.name == "prog" and compiled.origin == "compiled"
+    with pytest.raises(ValueError, match="names module 'm', which is not included"):
+        Compiled(_summary(), (Module("other", ("k",), mod.images),))
+    with pytest.raises(ValueError, match=r"module 'm' has no kernel 'k' \(has \['j'\]\)"):
+        Compiled(_summary(), (Module("m", ("j",), mod.images),))
+
+
+def test_tensor_annotation() -> None:
+    ann = kp.Tensor[kp.f32, "b", 4]
+    assert ann.dtype is kp.f32 and ann.dims == ("b", 4)
+    with pytest.raises(TypeError, match="names or ints"):
+        kp.Tensor[kp.f32, 1.5]
+    with pytest.raises(ValueError, match=">= 0"):
+        kp.Tensor[kp.f32, -1]
