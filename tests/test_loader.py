@@ -127,7 +127,21 @@ def test_call_delegates_to_the_runtime(data: bytes, monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(sys.modules, "kernelpack.runtime", fake)
     pack = kp.load(data)
     assert pack["axpy"](1, 2, a=3) == "done"
-    assert seen == [("axpy", (1, 2), {"a": 3})]
+    assert seen == [("axpy", (1, 2), {"a": 3, "out": None, "stream": None})]
+
+
+def test_warm_call_goes_straight_to_the_bound_launcher(data: bytes) -> None:
+    calls = []
+
+    class Bound:
+        def call(self, args, out, stream):  # the runtime's BoundProgram.call signature
+            calls.append((args, out, stream))
+            return "launched"
+
+    program = kp.load(data)["axpy"]
+    program._kp_bound = Bound()
+    assert program(1, 2, 3, out="o", stream=7) == "launched"
+    assert calls == [((1, 2, 3), "o", 7)]
 
 
 def test_loading_stays_light(data: bytes, tmp_path: Path) -> None:

@@ -222,10 +222,24 @@ class Program:
         Tensors are shapes (tuples) or objects with ``.shape``. Raises ConstraintError."""
         return self.planner.plan(*args, **kwargs)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    # Set by kernelpack.runtime on first call: the bound launcher (parameter block, compiled
+    # plan, loaded kernels). Checked here first so a warm call skips the runtime's entry layer.
+    _kp_bound: Any = None
+
+    def __call__(self, *args: Any, out: Any = None, stream: Any = None, **kwargs: Any) -> Any:
+        """Launch on the GPU (see :func:`kernelpack.runtime.call_program`)."""
+        bound = self._kp_bound
+        if bound is not None and not kwargs:
+            return bound.call(args, out, stream)
         from .runtime import call_program
 
-        return call_program(self, *args, **kwargs)
+        return call_program(self, *args, out=out, stream=stream, **kwargs)
+
+    def warmup(self, devices: Iterable[int] | None = None) -> None:
+        """Load this program's modules on ``devices`` (default: the current device) now."""
+        from .runtime import warmup
+
+        warmup(self, devices)
 
     def __repr__(self) -> str:
         return f"<kernelpack Program {self.name!r}>"
@@ -316,6 +330,13 @@ class Pack:
         program = self[name]
         modules = tuple(info.module() for info in program.modules.values())
         return Compiled(program.summary, modules, origin="disk")
+
+    def warmup(self, devices: Iterable[int] | None = None) -> None:
+        """Load every program's chosen images on ``devices`` (default: the current device) now,
+        so that servers pay the loading cost at start-up instead of on the first request."""
+        from .runtime import warmup
+
+        warmup(self, devices)
 
     def verify(self) -> None:
         """Check everything load() leaves for later: every summary decodes, every launch's

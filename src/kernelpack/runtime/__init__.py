@@ -1,0 +1,115 @@
+"""kernelpack's GPU side: the only package that imports the CUDA driver bindings.
+
+``call_program`` launches a loaded program (what ``pack["name"](...)`` does); ``warmup``
+loads a pack's modules onto devices ahead of the first call. Image selection
+(:mod:`.selection`) is pure Python and usable without a GPU. Importing this package does not
+import ``cuda.bindings``; the first launch does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from .selection import PTX_ISA_BY_CUDA, Selection, explain, max_ptx_isa, select_image
+
+__all__ = ["call_program", "warmup", "select_image", "explain", "Selection", "max_ptx_isa",
+           "PTX_ISA_BY_CUDA", "DeviceBuffer"]
+
+
+def call_program(program: Any, *args: Any, out: Any = None, stream: Any = None,
+                 **kwargs: Any) -> Any:
+    """Launch ``program`` (a loaded ``Program`` or a ``kp.Compiled``) on the device of its
+    tensor arguments.
+
+    Parameters
+    ----------
+    program:
+        What ``pack[name]`` returns (or a :class:`kernelpack.Compiled`).
+    *args, **kwargs:
+        The program's inputs in ``summary.inputs`` order (or by name): torch tensors, cupy
+        arrays, objects with ``__cuda_array_interface__``/``__dlpack__``, and Python scalars.
+    out:
+        Preallocated outputs: one array, a tuple/list in output order, or ``{name: array}``.
+    stream:
+        A torch/cupy stream, a ``CUstream`` or an int handle; default: the current stream of
+        the caller's framework (the NULL stream without one).
+
+    Returns
+    -------
+    The output (one), a tuple (several), or None (none), in the inputs' framework: torch in,
+    torch out; cupy in, cupy out; otherwise :class:`DeviceBuffer`.
+
+    Raises
+    ------
+    LaunchError
+        Wrong dtype, rank, device or layout of an argument (message names it), or a driver
+        failure (chained to the CUresult). DeviceError when there is no GPU or driver.
+    ConstraintError
+        Shapes or scalars violate the summary.
+    CompatibilityError
+        No image of a module fits this device and driver.
+    """
+    bound = getattr(program, "_kp_bound", None)
+    if bound is None:
+        from .launcher import bind
+
+        bound = bind(program)
+    if kwargs:
+        args = _merge_kwargs(bound, args, kwargs)
+    return bound.call(args, out, stream)
+
+
+def _merge_kwargs(bound: Any, args: tuple, kwargs: dict) -> tuple:
+    names = bound._input_names
+    if len(args) > len(names):
+        raise TypeError(f"{bound.name} takes {len(names)} inputs {names} (got {len(args)})")
+    values = list(args) + [_MISSING] * (len(names) - len(args))
+    for key, value in kwargs.items():
+        if key not in names:
+            raise TypeError(f"{bound.name} has no input {key!r} (inputs: {names})")
+        i = names.index(key)
+        if values[i] is not _MISSING:
+            raise TypeError(f"{bound.name}: input {key!r} given twice")
+        values[i] = value
+    missing = [n for n, v in zip(names, values) if v is _MISSING]
+    if missing:
+        raise TypeError(f"{bound.name}: missing input(s) {missing}")
+    return tuple(values)
+
+
+_MISSING = object()
+
+
+def warmup(pack: Any, devices: Iterable[int] | None = None) -> None:
+    """Load every program's modules of ``pack`` onto ``devices`` now (default: the device of
+    the calling thread's current context, else 0), including the per-context function load,
+    so that the first call pays no loading cost. ``pack`` is a loaded ``Pack``, a single
+    program, or an iterable of programs / ``kp.Compiled``.
+
+    Raises CompatibilityError, CompileError, LaunchError or DeviceError as a call would.
+    """
+    from .device import current_device_ordinal
+    from .launcher import bind
+
+    if devices is None:
+        devices = [current_device_ordinal()]
+    devices = [int(d) for d in devices]
+    if hasattr(pack, "programs") and hasattr(pack, "__getitem__") and \
+            isinstance(getattr(pack, "programs"), list):
+        programs = [pack[name] for name in pack.programs]
+    elif hasattr(pack, "summary"):
+        programs = [pack]
+    else:
+        programs = list(pack)
+    for program in programs:
+        bound = bind(program)
+        for ordinal in devices:
+            bound.warmup(ordinal)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DeviceBuffer":  # lazily: it pulls in the driver module (not the bindings)
+        from .buffer import DeviceBuffer
+
+        return DeviceBuffer
+    raise AttributeError(name)

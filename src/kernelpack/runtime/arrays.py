@@ -1,0 +1,300 @@
+"""Arrays in, arrays out: PyTorch and CuPy fast paths, a generic fallback, and output allocation.
+
+Reading an argument gives a tuple ``(ptr, shape, dtype token, device ordinal (-1: host memory,
+-2: unknown), contiguous)`` without DLPack round trips for ``torch.Tensor`` and ``cupy.ndarray``
+(their own attributes), and through ``__cuda_array_interface__`` or ``__dlpack__`` for anything
+else. Frameworks are never imported by kernelpack: an adapter exists only when the caller's
+module is already in ``sys.modules``.
+
+Outputs (and scratch buffers) are allocated by the caller's framework — torch in, torch out;
+cupy in, cupy out — so they are stream-ordered by that framework's caching allocator; callers
+with neither get a :class:`~kernelpack.runtime.buffer.DeviceBuffer`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from typing import Any, Callable
+
+from ..dtypes import DType, as_dtype
+from ..errors import LaunchError
+from .buffer import DeviceBuffer
+
+__all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "adapter_for",
+           "stream_handle", "GENERIC", "hold", "release_held"]
+
+ArrayFacts = tuple  # (ptr, shape, dtype token, device ordinal (-1: host), contiguous)
+
+
+class Adapter:
+    """How one framework's arrays are read, allocated and which stream is current."""
+
+    name = "generic"
+
+    def read(self, obj: Any, what: str, stream: int) -> ArrayFacts:  # pragma: no cover
+        raise NotImplementedError
+
+    def dtype_token(self, dtype: DType) -> Any:
+        """What :meth:`read` returns as dtype for a kernelpack dtype (compared with ``is``/==)."""
+        return dtype
+
+    def dtype_name(self, token: Any) -> str:
+        return str(token).removeprefix("torch.")
+
+    def empty(self, shape: tuple[int, ...], dtype: DType, device: int, stream: int) -> tuple[Any, int]:
+        """Allocate a C-contiguous array; returns (array, device pointer)."""
+        buf = DeviceBuffer.empty(shape, dtype, device, stream)
+        return buf, buf.ptr
+
+    def current_stream(self, device: int) -> int:
+        return 0
+
+
+class GenericAdapter(Adapter):
+    """``__cuda_array_interface__`` (v2/v3) first, then ``__dlpack__``."""
+
+    name = "generic"
+
+    def read(self, obj: Any, what: str, stream: int) -> ArrayFacts:
+        cai = getattr(obj, "__cuda_array_interface__", None)
+        if cai is not None:
+            return _read_cai(cai, what, stream)
+        if hasattr(obj, "__dlpack__"):
+            return _read_dlpack(obj, what, stream)
+        raise LaunchError(f"argument {what!r}: expected a CUDA array (torch.Tensor, "
+                          f"cupy.ndarray, or an object with __cuda_array_interface__ or "
+                          f"__dlpack__), got {type(obj).__name__}")
+
+
+GENERIC = GenericAdapter()
+
+
+def _typestr_dtype(typestr: str) -> DType | None:
+    kind, size = typestr[1:2], typestr[2:]
+    names = {"b": "bool", "i": "int", "u": "uint", "f": "float", "c": "complex"}
+    if kind not in names or not size.isdigit():
+        return None
+    try:
+        return as_dtype("bool" if kind == "b" else names[kind] + str(int(size) * 8))
+    except TypeError:
+        return None
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    out = []
+    acc = itemsize
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+def _contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int) -> bool:
+    """C-contiguity, ignoring the strides of size-1 dims (as PyTorch does) and anything of a
+    size-0 array."""
+    if strides is None:
+        return True
+    if 0 in shape:
+        return True
+    expect = itemsize
+    for d, s in zip(reversed(shape), reversed(strides)):
+        if d != 1 and s != expect:
+            return False
+        expect *= d
+    return True
+
+
+def _pointer_device(ptr: int) -> int:
+    """The device ordinal owning ``ptr`` (-1 when it is not device memory)."""
+    from . import driver as _drv
+
+    drv = _drv.init()
+    attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    err, value = drv.cuPointerGetAttribute(attr, ptr)
+    return int(value) if not err else -1
+
+
+def _read_cai(cai: dict, what: str, stream: int) -> ArrayFacts:
+    try:
+        shape = tuple(int(d) for d in cai["shape"])
+        ptr = int(cai["data"][0] or 0)
+        dtype = _typestr_dtype(str(cai["typestr"]))
+        strides = cai.get("strides")
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise LaunchError(f"argument {what!r}: malformed __cuda_array_interface__ ({exc})") from None
+    contiguous = _contiguous(shape, tuple(strides) if strides is not None else None,
+                             dtype.itemsize if dtype else 1)
+    producer = cai.get("stream")
+    if producer is not None and ptr:
+        producer = int(producer)
+        consumer = 0 if stream in (1, 2) else stream
+        producer = 0 if producer in (1, 2) else producer
+        if producer != consumer:
+            from .buffer import _order_after
+            _order_after(_pointer_device(ptr), producer, consumer)
+    device = _pointer_device(ptr) if ptr else -2
+    return ptr, shape, dtype, device, contiguous
+
+
+def _read_dlpack(obj: Any, what: str, stream: int) -> ArrayFacts:
+    from .dlpack import KDL_CUDA, KDL_CUDA_MANAGED, read_capsule
+
+    try:
+        capsule = obj.__dlpack__(stream=stream if stream else 1)
+    except TypeError:
+        capsule = obj.__dlpack__()
+    view = read_capsule(capsule, what)
+    if view.device_type not in (KDL_CUDA, KDL_CUDA_MANAGED):
+        return view.ptr, view.shape, view.dtype, -1, True
+    itemsize = view.dtype.itemsize if view.dtype else 1
+    strides = tuple(s * itemsize for s in view.strides) if view.strides is not None else None
+    hold(view)  # the capsule must live until the launch is queued
+    return view.ptr, view.shape, view.dtype, view.device_id, _contiguous(view.shape, strides,
+                                                                         itemsize)
+
+
+_held = threading.local()
+
+
+def hold(obj: Any) -> None:
+    """Keep ``obj`` (a DLPack capsule view) alive until :func:`release_held` on this thread."""
+    views = getattr(_held, "views", None)
+    if views is None:
+        views = _held.views = []
+    views.append(obj)
+
+
+def release_held() -> None:
+    """Drop what :func:`hold` kept (called when a general-path call has queued its work)."""
+    views = getattr(_held, "views", None)
+    if views:
+        views.clear()
+
+
+class TorchAdapter(Adapter):
+    """``torch.Tensor``: ``data_ptr()``, ``shape``, ``dtype``, ``get_device()``."""
+
+    name = "torch"
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self._devices: dict[int, Any] = {}
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._raw_stream: Callable[[int], int] | None = raw
+
+    def read(self, t: Any, what: str, stream: int) -> ArrayFacts:
+        return t.data_ptr(), t.shape, t.dtype, t.get_device(), t.is_contiguous()
+
+    def dtype_token(self, dtype: DType) -> Any:
+        return getattr(self.torch, dtype.name, None)
+
+    def empty(self, shape: tuple[int, ...], dtype: DType, device: int, stream: int) -> tuple[Any, int]:
+        dev = self._devices.get(device)
+        if dev is None:
+            dev = self._devices[device] = self.torch.device("cuda", device)
+        t = self.torch.empty(shape, dtype=self.dtype_token(dtype), device=dev)
+        if stream and stream != self.current_stream(device):
+            # Allocated on the current stream but used on another: tell the caching allocator.
+            t.record_stream(self.torch.cuda.ExternalStream(stream, device=dev))
+        return t, t.data_ptr()
+
+    def current_stream(self, device: int) -> int:
+        if self._raw_stream is not None:
+            return self._raw_stream(device)
+        return int(self.torch.cuda.current_stream(device).cuda_stream)
+
+
+class CupyAdapter(Adapter):
+    """``cupy.ndarray``: ``data.ptr``, ``shape``, ``dtype``, ``data.device_id``."""
+
+    name = "cupy"
+
+    def __init__(self, cupy: Any) -> None:
+        self.cupy = cupy
+        self._np_dtypes: dict[str, Any] = {}
+
+    def read(self, a: Any, what: str, stream: int) -> ArrayFacts:
+        data = a.data
+        return data.ptr, a.shape, a.dtype, data.device_id, a.flags.c_contiguous
+
+    def dtype_token(self, dtype: DType) -> Any:
+        import numpy
+
+        try:
+            return numpy.dtype(dtype.name)
+        except TypeError:
+            return None  # bfloat16: NumPy has none, so no cupy array can match it
+
+    def dtype_name(self, token: Any) -> str:
+        return str(token)
+
+    def empty(self, shape: tuple[int, ...], dtype: DType, device: int, stream: int) -> tuple[Any, int]:
+        cp = self.cupy
+        token = self.dtype_token(dtype)
+        if token is None:
+            raise LaunchError(f"cupy has no {dtype} arrays; pass out= buffers for this output")
+        if cp.cuda.runtime.getDevice() == device and (not stream
+                                                       or stream == self.current_stream(device)):
+            a = cp.empty(shape, dtype=token)
+            return a, a.data.ptr
+        # Another device, or another stream than cupy's current one: allocate there, so the
+        # memory pool orders the block on the stream that will use it.
+        with contextlib.ExitStack() as scope:
+            scope.enter_context(cp.cuda.Device(device))
+            if stream:
+                scope.enter_context(cp.cuda.ExternalStream(stream, device))
+            a = cp.empty(shape, dtype=token)
+        return a, a.data.ptr
+
+    def current_stream(self, device: int) -> int:
+        return int(self.cupy.cuda.get_current_stream(device).ptr)
+
+
+_adapters: dict[type, Adapter] = {}
+
+
+def adapter_for(obj: Any) -> Adapter:
+    """The adapter for ``obj``'s type (cached per type): torch, cupy or generic."""
+    cls = type(obj)
+    found = _adapters.get(cls)
+    if found is not None:
+        return found
+    torch = sys.modules.get("torch")
+    cupy = sys.modules.get("cupy")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        found = next((a for a in _adapters.values() if isinstance(a, TorchAdapter)), None) \
+            or TorchAdapter(torch)
+    elif cupy is not None and isinstance(obj, cupy.ndarray):
+        found = next((a for a in _adapters.values() if isinstance(a, CupyAdapter)), None) \
+            or CupyAdapter(cupy)
+    else:
+        found = GENERIC
+    _adapters[cls] = found
+    return found
+
+
+def stream_handle(stream: Any) -> int:
+    """A raw ``CUstream`` handle from ``stream=``: an int, a torch stream (``cuda_stream``), a
+    cupy stream (``ptr``), or anything with ``__cuda_stream__`` (the CUDA stream protocol)."""
+    if stream is None:
+        raise TypeError("stream_handle needs a stream (got None)")
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        if stream < 0:
+            raise ValueError(f"stream handle must be >= 0 (got {stream})")
+        return stream
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        value = proto() if callable(proto) else proto
+        return int(value[1])
+    for attr in ("cuda_stream", "ptr", "handle"):
+        value = getattr(stream, attr, None)
+        if isinstance(value, int):
+            return value
+    try:
+        return int(stream)  # cuda.bindings CUstream and similar handle objects
+    except (TypeError, ValueError):
+        raise TypeError(f"stream= takes a torch/cupy stream, a CUstream or an int handle "
+                        f"(got {type(stream).__name__})") from None
+

@@ -1,0 +1,101 @@
+"""Devices: compute capability, the primary context, and making it current.
+
+kernelpack works in each device's *primary* context, the one PyTorch, CuPy and the CUDA
+runtime share, so pointers and streams from those frameworks are valid in our launches. A
+:class:`Device` is created once per ordinal per process (thread-safe) and never released: the
+primary context lives as long as the process, like the frameworks' own.
+"""
+
+from __future__ import annotations
+
+import threading
+from ..errors import DeviceError
+from ..targets import Arch
+from . import driver as _drv
+
+__all__ = ["Device", "get_device", "device_count", "current_device_ordinal"]
+
+
+class Device:
+    """One GPU: ``ordinal``, ``arch`` (compute capability), ``name``, and its primary context.
+
+    ``ctx`` is the ``CUcontext``; ``ctx_id`` its integer handle, compared on the hot path to
+    skip ``cuCtxSetCurrent`` when the context is already current.
+    """
+
+    __slots__ = ("ordinal", "handle", "arch", "name", "ctx", "ctx_id", "driver_version")
+
+    def __init__(self, ordinal: int) -> None:
+        drv = _drv.init()
+        count = device_count()
+        if not 0 <= ordinal < count:
+            raise DeviceError(f"CUDA device {ordinal} does not exist (this machine has {count} "
+                              f"device{'s' if count != 1 else ''})")
+        check = _drv.check
+        self.ordinal = ordinal
+        self.handle = check(drv.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
+        attr = drv.CUdevice_attribute
+        major = check(drv.cuDeviceGetAttribute(
+            attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.handle),
+            "reading the compute capability")
+        minor = check(drv.cuDeviceGetAttribute(
+            attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.handle),
+            "reading the compute capability")
+        self.arch = Arch(int(major), int(minor))
+        raw = check(drv.cuDeviceGetName(256, self.handle), "cuDeviceGetName")
+        self.name = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+        self.driver_version = _drv.driver_version()
+        self.ctx = check(drv.cuDevicePrimaryCtxRetain(self.handle),
+                         f"retaining the primary context of device {ordinal}")
+        self.ctx_id = int(self.ctx)
+
+    def make_current(self) -> None:
+        """Make this device's primary context current on the calling thread (if it is not)."""
+        drv = _drv.bindings()
+        current = _drv.check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if current is None or int(current) != self.ctx_id:
+            _drv.check(drv.cuCtxSetCurrent(self.ctx),
+                       f"making device {self.ordinal}'s context current")
+
+    def __repr__(self) -> str:
+        return f"<Device {self.ordinal}: {self.name} ({self.arch.sm})>"
+
+
+_devices: dict[int, Device] = {}
+_lock = threading.Lock()
+_count: int | None = None
+
+
+def device_count() -> int:
+    """Number of CUDA devices; DeviceError (with a plain explanation) when there are none."""
+    global _count
+    if _count is None:
+        drv = _drv.init()
+        count = int(_drv.check(drv.cuDeviceGetCount(), "cuDeviceGetCount"))
+        if count == 0:
+            raise DeviceError("no CUDA device is visible to this process (check "
+                              "CUDA_VISIBLE_DEVICES and nvidia-smi)")
+        _count = count
+    return _count
+
+
+def get_device(ordinal: int) -> Device:
+    """The :class:`Device` for ``ordinal``, created once per process."""
+    dev = _devices.get(ordinal)
+    if dev is None:
+        with _lock:
+            dev = _devices.get(ordinal)
+            if dev is None:
+                dev = _devices[ordinal] = Device(ordinal)
+    return dev
+
+
+def current_device_ordinal() -> int:
+    """The device of the calling thread's current context, or 0 when none is current (the
+    default for callers that pass no device arrays)."""
+    drv = _drv.init()
+    ctx = _drv.check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if ctx is None or int(ctx) == 0:
+        return 0
+    return int(_drv.check(drv.cuCtxGetDevice(), "cuCtxGetDevice"))
+

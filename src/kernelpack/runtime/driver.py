@@ -1,0 +1,151 @@
+"""The one door to the CUDA driver: import it, initialize it, and check every result.
+
+Every ``CUresult`` goes through :func:`check`, which turns a failure into a named kernelpack
+error (``DeviceError`` when there is no usable GPU or driver, ``CompatibilityError`` when the
+driver refuses an image, ``LaunchError`` otherwise) chained with ``raise ... from`` to a
+:class:`CudaResultError` carrying the raw code, so nothing is ever silently ignored and the
+driver's own name for the failure is always in the message.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..errors import CompatibilityError, DeviceError, KernelPackError, LaunchError
+
+__all__ = ["CudaResultError", "bindings", "check", "error_for", "init", "driver_version"]
+
+# CUresult values that mean "no usable GPU or driver" and "the driver refuses this code".
+_DEVICE_CODES = {
+    3: "CUDA_ERROR_NOT_INITIALIZED", 4: "CUDA_ERROR_DEINITIALIZED",
+    35: "CUDA_ERROR_INSUFFICIENT_DRIVER", 46: "CUDA_ERROR_DEVICES_UNAVAILABLE",
+    100: "CUDA_ERROR_NO_DEVICE", 101: "CUDA_ERROR_INVALID_DEVICE",
+    999: "CUDA_ERROR_UNKNOWN", 804: "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+    803: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+}
+_COMPAT_CODES = {
+    200: "CUDA_ERROR_INVALID_IMAGE", 209: "CUDA_ERROR_NO_BINARY_FOR_GPU",
+    218: "CUDA_ERROR_INVALID_PTX", 222: "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+    221: "CUDA_ERROR_JIT_COMPILER_NOT_FOUND", 223: "CUDA_ERROR_JIT_COMPILATION_DISABLED",
+}
+
+
+class CudaResultError(Exception):
+    """The raw failure: a CUresult code, its name and the driver's description. Always the
+    ``__cause__`` of the kernelpack error raised for it."""
+
+    def __init__(self, code: int, name: str, text: str) -> None:
+        super().__init__(f"{name} ({code}): {text}")
+        self.code = code
+        self.name = name
+
+
+_lock = threading.Lock()
+_driver: Any = None
+_init_error: KernelPackError | None = None
+
+
+def bindings() -> Any:
+    """``cuda.bindings.driver``, imported on first use; DeviceError if it cannot be."""
+    global _driver
+    if _driver is not None:
+        return _driver
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise DeviceError("launching needs the CUDA driver bindings: pip install "
+                          "cuda-bindings (part of kernelpack's dependencies)") from exc
+    _driver = driver
+    return driver
+
+
+def _describe(code: int) -> tuple[str, str]:
+    drv = bindings()
+    try:
+        name = drv.CUresult(code).name
+    except ValueError:
+        name = f"CUresult {code}"
+    try:
+        err, text = drv.cuGetErrorString(drv.CUresult(code))
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        if err:
+            text = "no description"
+    except Exception:  # describing an error must never hide it
+        text = "no description"
+    return name, text
+
+
+def error_for(code: int, what: str) -> KernelPackError:
+    """The kernelpack error for a failed CUresult ``code`` while doing ``what``; its
+    ``__cause__`` is set to a :class:`CudaResultError`."""
+    code = int(code)
+    name, text = _describe(code)
+    cause = CudaResultError(code, name, text)
+    message = f"{what} failed: {name}: {text}"
+    if code in _DEVICE_CODES:
+        exc: KernelPackError = DeviceError(message + " (is an NVIDIA GPU present and its driver "
+                                           "loaded? see nvidia-smi)")
+    elif code in _COMPAT_CODES:
+        exc = CompatibilityError(message)
+    else:
+        exc = LaunchError(message)
+    exc.__cause__ = cause
+    return exc
+
+
+def check(result: Any, what: str) -> Any:
+    """Check a cuda.bindings return tuple ``(CUresult, *values)``.
+
+    Returns None, the single value, or the tuple of values; raises the error from
+    :func:`error_for` (chained to a :class:`CudaResultError`) on failure.
+    """
+    err = result[0]
+    if err:
+        exc = error_for(err, what)
+        raise exc from exc.__cause__
+    if len(result) == 1:
+        return None
+    if len(result) == 2:
+        return result[1]
+    return result[1:]
+
+
+def init() -> Any:
+    """Import the bindings and ``cuInit(0)`` once per process. Returns the driver module.
+
+    Raises DeviceError with a plain explanation when there is no driver library or no GPU; a
+    failure is remembered, so later calls fail the same way without retrying the driver.
+    """
+    global _init_error
+    drv = _driver
+    if drv is not None and _initialized.is_set():
+        return drv
+    with _lock:
+        if _init_error is not None:
+            raise _init_error
+        if _initialized.is_set():
+            return _driver
+        try:
+            drv = bindings()
+            try:
+                result = drv.cuInit(0)
+            except Exception as exc:  # the driver library itself is missing (no libcuda.so)
+                raise DeviceError("no CUDA driver found on this machine (libcuda.so could not be "
+                                  "loaded): kernelpack can inspect and plan artifacts here, but "
+                                  "launching needs an NVIDIA GPU and its driver") from exc
+            check(result, "cuInit (initializing the CUDA driver)")
+        except KernelPackError as exc:
+            _init_error = exc
+            raise
+        _initialized.set()
+        return drv
+
+
+_initialized = threading.Event()
+
+
+def driver_version() -> int:
+    """``cuDriverGetVersion``: the CUDA version the driver supports (13000 = 13.0)."""
+    drv = init()
+    return int(check(drv.cuDriverGetVersion(), "cuDriverGetVersion"))

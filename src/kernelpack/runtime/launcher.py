@@ -1,0 +1,276 @@
+"""The launch path: a program bound once, then per call shapes → numbers → slots → launch.
+
+Binding (first call on a device) lays out the parameter blocks (:mod:`.binding`), loads the
+modules for that device (:mod:`.library`) and casts each ``CUkernel`` to the ``CUfunction``
+``cuLaunchKernel`` takes. A call then reads the arguments (framework fast paths), binds and
+checks the symbols, evaluates the few non-constant expressions, allocates outputs in the
+caller's framework (or takes ``out=``), writes every slot with one ``struct.pack_into`` and
+calls ``cuLaunchKernel`` with the prebuilt ``kernelParams`` address.
+
+Any check that fails on the hot path is re-diagnosed by the loader's
+:class:`~kernelpack.planner.Planner`, so errors read the same as ``program.plan(...)``'s.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from typing import Any, Sequence
+
+from ..errors import ConstraintError, KernelPackError, LaunchError
+from . import driver as _drv
+from .arrays import GENERIC, Adapter, adapter_for, release_held, stream_handle
+from .binding import ARG_BUFFER, DIM_BIND, DIM_CONST, DIM_SAME, BoundSummary, scalar_range
+from .device import Device, current_device_ordinal, get_device
+from .library import load_module, preload
+from .execute import run
+from .fastpath import make_fast_path
+from .scalars import convert_scalar
+
+__all__ = ["BoundProgram", "bind"]
+
+_adapters_by_type: dict[type, Adapter] = {}
+
+
+class _DeviceState:
+    """What a bound program needs on one device: the device and one function per launch."""
+
+    __slots__ = ("device", "funcs", "libraries")
+
+    def __init__(self, device: Device, funcs: list[list[Any]], libraries: list[Any]) -> None:
+        self.device = device
+        self.funcs = funcs
+        self.libraries = libraries
+
+
+class BoundProgram:
+    """A program ready to launch; made once per program by :func:`bind`."""
+
+    def __init__(self, program: Any) -> None:
+        self.program = program
+        self.name = program.summary.name
+        self.bound = BoundSummary(program.summary)
+        self.modules = _modules_of(program)
+        self._states: dict[int, _DeviceState] = {}
+        self._lock = threading.Lock()
+        bs = self.bound
+        self._input_names = [s.name for s in bs.inputs]
+        self._ranges = [scalar_range(s.dtype) if not s.is_tensor else None for s in bs.inputs]
+        self._tokens: dict[Adapter, list[Any]] = {}
+        self._nbuf = max(v.buffer_count for v in bs.variants)
+        self._nvals = self._nbuf + bs.n_scalars + len(bs.computed)
+        for v in bs.variants:
+            for ls in v.launches:
+                if ls.simple:
+                    idx = [(r if k == ARG_BUFFER else self._nbuf + r) for k, r in ls.args]
+                    ls.getter = (operator.itemgetter(*idx) if len(idx) > 1 else
+                                 (lambda vals, i=idx[0]: (vals[i],)) if idx else
+                                 (lambda vals: ()))
+                dims = (*ls.grid, *ls.block, ls.shared_mem)
+                ls.dims = dims if all(x.__class__ is int for x in dims) else None
+        self._planner: Any = None
+        # What call_program invokes: the general path until the first device is bound, then
+        # the torch/cupy fast path when the program fits one (see fastpath.py).
+        self.call: Any = self.__call__
+        self._fast_for: frozenset[str] = frozenset()
+
+    # ---- per device ------------------------------------------------------------------------
+    def state(self, ordinal: int) -> _DeviceState:
+        st = self._states.get(ordinal)
+        if st is not None:
+            return st
+        with self._lock:
+            st = self._states.get(ordinal)
+            if st is None:
+                device = get_device(ordinal)
+                libs: dict[str, Any] = {}
+                for name, module in self.modules.items():
+                    libs[name] = load_module(module, device)[1]
+                drv = _drv.bindings()
+                funcs = [[drv.CUfunction(int(libs[ls.module].kernels[ls.kernel]))
+                          for ls in v.launches] for v in self.bound.variants]
+                st = self._states[ordinal] = _DeviceState(device, funcs, list(libs.values()))
+                self._refresh_fast_path()
+        return st
+
+    def _refresh_fast_path(self) -> None:
+        """(Re)build the fast path, covering every framework imported by now."""
+        fast, self._fast_for = make_fast_path(self, self.__call__)
+        self.call = fast or self.__call__
+
+    def warmup(self, ordinal: int) -> None:
+        st = self.state(ordinal)
+        for lib in st.libraries:
+            preload(lib, st.device)
+
+    def planner(self) -> Any:
+        if self._planner is None:
+            planner = getattr(self.program, "planner", None)
+            if planner is None:
+                from ..planner import Planner
+                planner = Planner(self.program.summary)
+            self._planner = planner
+        return self._planner
+
+    def _diagnose(self, shapes: list, scalars: list, fallback: KernelPackError) -> KernelPackError:
+        """The planner's error for these inputs (same wording as ``plan()``), else ``fallback``."""
+        try:
+            self.planner().plan_shapes(shapes, scalars)
+        except (KernelPackError, TypeError) as exc:
+            return exc  # type: ignore[return-value]
+        return fallback
+
+    def _tokens_for(self, adapter: Adapter) -> list[Any]:
+        toks = self._tokens.get(adapter)
+        if toks is None:
+            toks = self._tokens[adapter] = [adapter.dtype_token(s.dtype) if s.is_tensor else None
+                                            for s in self.bound.inputs]
+        return toks
+
+    # ---- the call ----------------------------------------------------------------------------
+    def __call__(self, args: Sequence[Any], out: Any = None, stream: Any = None) -> Any:
+        """The general path: any array type, any stream, every check with its own message."""
+        try:
+            return self._call(args, out, stream)
+        finally:
+            release_held()  # DLPack capsules read for this call: the work is queued
+
+    def _call(self, args: Sequence[Any], out: Any, stream: Any) -> Any:
+        bs = self.bound
+        inputs = bs.inputs
+        if len(args) != len(inputs):
+            raise TypeError(f"{self.name} takes {len(inputs)} inputs {self._input_names} "
+                            f"(got {len(args)})")
+        syms = bs.symbol_template.copy()
+        vals: list[Any] = [0] * self._nvals
+        shapes: list[Any] = []
+        scalars: list[Any] = []
+        explicit = None if stream is None else stream_handle(stream)
+        sh = explicit or 0
+        adapter: Adapter | None = None
+        tokens: list[Any] = []
+        device = -2
+        for i, spec in enumerate(inputs):
+            arg = args[i]
+            if spec.is_tensor:
+                ad = _adapters_by_type.get(arg.__class__)
+                if ad is None:
+                    ad = _adapters_by_type[arg.__class__] = adapter_for(arg)
+                if ad is not adapter:
+                    if adapter is None or ad is not GENERIC:
+                        adapter = ad
+                    tokens = self._tokens_for(ad)
+                ptr, shape, dt, dev, contiguous = ad.read(arg, spec.name, sh)
+                if dt is not tokens[i] and dt != tokens[i]:
+                    raise LaunchError(f"{self.name}: argument {spec.name!r} has dtype "
+                                      f"{ad.dtype_name(dt)}, expected {spec.dtype}")
+                dims = spec.dims
+                shapes.append(shape)
+                if len(shape) != len(dims):
+                    raise self._diagnose_inputs(args, LaunchError(
+                        f"{self.name}: argument {spec.name!r} has rank {len(shape)}, expected "
+                        f"{len(dims)}"))
+                for (kind, a), n in zip(dims, shape):
+                    if kind == DIM_BIND:
+                        syms[a] = n
+                    elif kind == DIM_SAME:
+                        if syms[a] != n:
+                            raise self._diagnose_inputs(args, ConstraintError(
+                                f"{self.name}: argument {spec.name!r} shape {tuple(shape)} "
+                                f"disagrees with an earlier dimension"))
+                    elif kind == DIM_CONST and n != a:
+                        raise self._diagnose_inputs(args, ConstraintError(
+                            f"{self.name}: argument {spec.name!r} shape {tuple(shape)}: a dim "
+                            f"must be {a}"))
+                if dev == -1:
+                    raise LaunchError(f"{self.name}: argument {spec.name!r} is in host memory; "
+                                      f"move it to a CUDA device first")
+                if dev != device:
+                    if device == -2:
+                        device = dev
+                    elif dev != -2:
+                        raise LaunchError(f"{self.name}: argument {spec.name!r} is on device "
+                                          f"{dev}, earlier arguments on device {device}")
+                if not contiguous:
+                    raise LaunchError(f"{self.name}: argument {spec.name!r} is not "
+                                      f"C-contiguous (pass .contiguous() / a packed copy)")
+                vals[spec.slot] = ptr
+            else:
+                value = convert_scalar(arg, spec.dtype, self._ranges[i], spec.name, self.name)
+                vals[self._nbuf + spec.slot] = value
+                scalars.append(value)
+                if spec.symbol >= 0:
+                    if spec.same_symbol and syms[spec.symbol] != int(value):
+                        raise self._diagnose_inputs(args, ConstraintError(
+                            f"{self.name}: scalar {spec.name} = {value} disagrees with the "
+                            f"dimension named {spec.name!r}"))
+                    syms[spec.symbol] = int(value)
+        if device < 0:  # no tensor argument says (only scalars, or size-0 arrays)
+            device = _out_device(out) if out is not None else current_device_ordinal()
+        if adapter is None:
+            adapter = _out_adapter(out) or GENERIC
+        if explicit is None:
+            sh = adapter.current_stream(device)
+        st = self._states.get(device) or self.state(device)
+        result = run(self, st, device, sh, adapter, syms, vals, shapes, scalars, out)
+        if adapter.name not in self._fast_for and adapter.name in ("torch", "cupy"):
+            with self._lock:  # a framework imported after binding: cover it too
+                self._refresh_fast_path()
+        return result
+
+    def _diagnose_inputs(self, args: Sequence[Any], fallback: KernelPackError) -> KernelPackError:
+        shapes, scalars = [], []
+        for spec, arg in zip(self.bound.inputs, args):
+            if spec.is_tensor:
+                shapes.append(tuple(getattr(arg, "shape", ())))
+            else:
+                scalars.append(arg)
+        return self._diagnose(shapes, scalars, fallback)
+
+
+def _modules_of(program: Any) -> dict[str, Any]:
+    """name -> module (the loader's ``ModuleInfo`` or a :class:`kernelpack.Module`)."""
+    modules = getattr(program, "modules", None)
+    if isinstance(modules, dict):
+        return modules
+    if isinstance(modules, (tuple, list)):
+        return {m.name: m for m in modules}
+    raise TypeError(f"cannot find the modules of {program!r}: pass a loaded Program or a "
+                    f"kp.Compiled")
+
+
+def _out_device(out: Any) -> int:
+    first = next(iter(out.values())) if isinstance(out, dict) else (
+        out[0] if isinstance(out, (tuple, list)) else out)
+    ad = adapter_for(first)
+    return ad.read(first, "out", 0)[3]
+
+
+def _out_adapter(out: Any) -> Adapter | None:
+    if out is None:
+        return None
+    first = next(iter(out.values())) if isinstance(out, dict) else (
+        out[0] if isinstance(out, (tuple, list)) else out)
+    return adapter_for(first)
+
+
+_bound: dict[int, tuple[Any, BoundProgram]] = {}
+_bind_lock = threading.Lock()
+
+
+def bind(program: Any) -> BoundProgram:
+    """The :class:`BoundProgram` of ``program`` (built once; cached on the program object, or
+    by identity for objects that cannot hold attributes such as frozen ``kp.Compiled``)."""
+    bp = getattr(program, "_kp_bound", None)
+    if bp is not None:
+        return bp
+    with _bind_lock:
+        hit = _bound.get(id(program))
+        if hit is not None and hit[0] is program:
+            return hit[1]
+        bp = BoundProgram(program)
+        try:
+            program._kp_bound = bp
+        except (AttributeError, TypeError):
+            _bound[id(program)] = (program, bp)
+    return bp

@@ -1,0 +1,224 @@
+"""Loading modules: choose the image for a device, compile PTX locally, ``cuLibraryLoadData``.
+
+A library is loaded once per process per chosen image (``cuLibraryLoadData`` is
+context-independent, so devices of the same architecture share it; devices that choose
+different images get different libraries), on first use, under a lock. Only the chosen image's
+bytes are read from the artifact. PTX is never handed to the driver's JIT on every start: it is
+compiled with nvJitLink for the device and the cubin kept in the cache directory
+(``<cache>/runtime-ptx/``), written atomically. Only when nvJitLink is missing (or newer in
+major than the driver) does the driver JIT it, with a warning.
+
+Error guarantee: a failed load leaves nothing loaded — a library whose kernels cannot all be
+found is unloaded before the error propagates, and nothing is recorded in the registry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CompileError, KernelPackError
+from .device import Device
+from . import driver as _drv
+from .selection import Selection, image_label, select_image
+
+__all__ = ["LoadedLibrary", "load_module", "preload", "image_bytes", "ptx_cache_path",
+           "loaded_libraries"]
+
+
+@dataclass
+class LoadedLibrary:
+    """A loaded ``CUlibrary`` and its kernels (``CUkernel`` by entry name)."""
+
+    key: tuple
+    handle: Any
+    kernels: dict[str, Any]
+    image: str
+    source: str  # "cubin", "ptx->cubin (cached)", "ptx->cubin (nvJitLink)", "ptx (driver JIT)"
+    loaded_on: set[int] = field(default_factory=set)  # device ordinals where functions were loaded
+
+
+_libraries: dict[tuple, LoadedLibrary] = {}
+_selections: dict[tuple, tuple[Selection, LoadedLibrary]] = {}
+_lock = threading.RLock()
+
+
+def loaded_libraries() -> list[LoadedLibrary]:
+    """The libraries this process has loaded (for tests and diagnostics)."""
+    with _lock:
+        return list(_libraries.values())
+
+
+def image_bytes(image: Any) -> bytes:
+    """The raw bytes of an image: the loader's ``read()`` (digest-checked, decompressed) or a
+    :class:`kernelpack.Image`'s ``data``."""
+    read = getattr(image, "read", None)
+    data = read() if callable(read) else getattr(image, "data", None)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"image {image_label(image)} has no bytes (got {type(data).__name__})")
+    return bytes(data)
+
+
+def _image_key(image: Any) -> tuple:
+    digest = getattr(image, "digest", None)
+    if isinstance(digest, (bytes, bytearray)):
+        digest = bytes(digest).hex()
+    if not digest:
+        digest = hashlib.sha256(image_bytes(image)).hexdigest()
+    return (image.kind, image_label(image), str(digest))
+
+
+def ptx_cache_path(ptx: bytes, arch_sm: str, toolchain: str) -> Path:
+    """Where the cubin compiled from ``ptx`` for ``arch_sm`` by ``toolchain`` is kept."""
+    from ..config import cache_dir
+
+    key = hashlib.sha256(b"kernelpack-ptx-cubin-v1\0" + toolchain.encode() + b"\0"
+                         + arch_sm.encode() + b"\0" + ptx).hexdigest()
+    return cache_dir() / "runtime-ptx" / key[:2] / f"{key[2:]}.cubin"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """tmp file + ``os.replace``: readers see the whole cubin or none. Best effort: a cache
+    that cannot be written costs a recompile next time, never a failed launch."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        return
+
+
+def _ptx_code(ptx: bytes, device: Device) -> tuple[bytes, str, Path | None]:
+    """Compile PTX for ``device`` with nvJitLink through the cache; returns (code, source, the
+    cache path to evict if the driver rejects it)."""
+    from ..targets import Arch
+
+    arch = Arch(device.arch.major, device.arch.minor)
+    try:
+        from ..toolchain import nvjitlink
+        jit_version = nvjitlink.version()
+    except (ImportError, CompileError) as exc:
+        warnings.warn(f"nvJitLink is unavailable ({exc}); the driver will JIT the PTX for "
+                      f"{arch.sm} (slow at every start). Install nvidia-nvjitlink to compile "
+                      f"once and cache the cubin.", RuntimeWarning, stacklevel=3)
+        return ptx.rstrip(b"\0") + b"\0", "ptx (driver JIT)", None
+    if jit_version[0] > device.driver_version // 1000:
+        warnings.warn(f"nvJitLink {jit_version[0]}.{jit_version[1]} is a newer major than the "
+                      f"driver (CUDA {device.driver_version // 1000}); the driver will JIT the "
+                      f"PTX for {arch.sm} instead", RuntimeWarning, stacklevel=3)
+        return ptx.rstrip(b"\0") + b"\0", "ptx (driver JIT)", None
+    path = ptx_cache_path(ptx, arch.sm, nvjitlink.toolchain_id())
+    try:
+        cached = path.read_bytes()
+    except OSError:
+        cached = b""
+    if cached[:4] == b"\x7fELF":
+        return cached, "ptx->cubin (cached)", path
+    cubin = nvjitlink.ptx_to_cubin(ptx, arch, name="kernelpack-runtime.ptx")
+    _write_atomic(path, cubin)
+    return cubin, "ptx->cubin (nvJitLink)", path
+
+
+def _load_library(code: bytes, kernels: tuple[str, ...], what: str) -> tuple[Any, dict[str, Any]]:
+    """``cuLibraryLoadData`` then ``cuLibraryGetKernel`` for every entry; all or nothing."""
+    drv = _drv.bindings()
+    handle = _drv.check(drv.cuLibraryLoadData(code, None, None, 0, None, None, 0),
+                        f"cuLibraryLoadData of {what}")
+    try:
+        found: dict[str, Any] = {}
+        for name in kernels:
+            found[name] = _drv.check(drv.cuLibraryGetKernel(handle, name.encode()),
+                                     f"cuLibraryGetKernel({name!r}) in {what}")
+        return handle, found
+    except BaseException:
+        drv.cuLibraryUnload(handle)  # best effort: the original error is what matters
+        raise
+
+
+def load_module(module: Any, device: Device) -> tuple[Selection, LoadedLibrary]:
+    """Select the image of ``module`` for ``device`` and load it (once per process).
+
+    ``module`` has ``name``, ``kernels`` and ``images`` (the loader's ``ModuleInfo`` or a
+    :class:`kernelpack.Module`). Returns the selection and the loaded library.
+
+    Raises
+    ------
+    CompatibilityError
+        No image fits the device/driver (the message lists every image with its reason), or the
+        driver refuses the chosen one.
+    CompileError
+        nvJitLink failed on the PTX image (its log attached).
+    LaunchError
+        Another driver failure (named, chained to the CUresult).
+    """
+    sel_key = (id(module), module.name, device.ordinal)
+    with _lock:
+        hit = _selections.get(sel_key)
+        if hit is not None and any(img is hit[0].chosen for img in module.images):
+            return hit
+        what = f"module {module.name!r}"
+        selection = select_image(module.images, device.arch, device.driver_version, what)
+        image = selection.chosen
+        key = _image_key(image)
+        if image.kind == "ptx":
+            key = (*key, device.arch.sm)
+        lib = _libraries.get(key)
+        if lib is None:
+            lib = _load_chosen(module, image, key, device, what)
+            _libraries[key] = lib
+        missing = [k for k in module.kernels if k not in lib.kernels]
+        if missing:  # same image bytes reached through a module declaring more kernels
+            drv = _drv.bindings()
+            for name in missing:
+                lib.kernels[name] = _drv.check(drv.cuLibraryGetKernel(lib.handle, name.encode()),
+                                               f"cuLibraryGetKernel({name!r}) in {what}")
+        _selections[sel_key] = (selection, lib)
+        return selection, lib
+
+
+def _load_chosen(module: Any, image: Any, key: tuple, device: Device, what: str) -> LoadedLibrary:
+    label = f"{what} ({image_label(image)} for device {device.ordinal}, {device.arch.sm})"
+    data = image_bytes(image)
+    device.make_current()
+    if image.kind == "cubin":
+        handle, kernels = _load_library(data, tuple(module.kernels), label)
+        return LoadedLibrary(key, handle, kernels, image_label(image), "cubin")
+    code, source, path = _ptx_code(data, device)
+    try:
+        handle, kernels = _load_library(code, tuple(module.kernels), label)
+    except KernelPackError:
+        if source != "ptx->cubin (cached)" or path is None:
+            raise
+        # A cached cubin the driver refuses (truncated by a crash elsewhere, older format):
+        # evict it and compile again, once.
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        code, source, path = _ptx_code(data, device)
+        handle, kernels = _load_library(code, tuple(module.kernels), label)
+    return LoadedLibrary(key, handle, kernels, image_label(image), source)
+
+
+def preload(lib: LoadedLibrary, device: Device) -> None:
+    """Force the library's kernels into ``device``'s context now (``cuKernelGetFunction`` +
+    ``cuFuncLoad``), so the first launch pays nothing: what ``warmup`` is for."""
+    if device.ordinal in lib.loaded_on:
+        return
+    drv = _drv.bindings()
+    device.make_current()
+    for name, kernel in lib.kernels.items():
+        func = _drv.check(drv.cuKernelGetFunction(kernel),
+                          f"cuKernelGetFunction({name!r}) on device {device.ordinal}")
+        load = getattr(drv, "cuFuncLoad", None)
+        if load is not None:
+            _drv.check(load(func), f"cuFuncLoad({name!r}) on device {device.ordinal}")
+    lib.loaded_on.add(device.ordinal)
+

@@ -1,0 +1,75 @@
+"""Caller scalars → the values a kernel parameter slot takes.
+
+Python ``int``/``float`` (and anything with ``__index__``/``__float__``, such as NumPy scalars)
+are converted to the parameter's dtype with range checks, so a value that does not fit is a
+:class:`~kernelpack.errors.ConstraintError` naming the parameter instead of a silently wrapped
+integer. A float given for an integer parameter is a TypeError: truncating it is a bug.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import struct
+from typing import Any
+
+from ..dtypes import DType
+from ..errors import ConstraintError
+
+__all__ = ["convert_scalar", "bfloat16_bits"]
+
+_F32_MAX = 3.4028234663852886e38
+_F16_MAX = 65504.0
+_BF16_MAX = 3.3895313892515355e38
+_f32 = struct.Struct("<f")
+_u32 = struct.Struct("<I")
+
+
+def bfloat16_bits(value: float) -> int:
+    """The bfloat16 bit pattern of ``value`` (round to nearest even, NaN kept quiet)."""
+    if math.isnan(value):
+        return 0x7FC0
+    bits = _u32.unpack(_f32.pack(value))[0]
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def convert_scalar(value: Any, dtype: DType, rng: tuple[int, int] | None, name: str,
+                   program: str) -> Any:
+    """Convert ``value`` for a scalar parameter ``name`` of ``dtype``; ``rng`` is the integer
+    range (None for floating types). Returns an int or a float (bfloat16: its bit pattern)."""
+    if rng is not None:
+        if value.__class__ is int:
+            v = value
+        else:
+            if isinstance(value, float) or (not hasattr(value, "__index__")
+                                            and hasattr(value, "__float__")):
+                raise TypeError(f"{program}: scalar {name!r} is {dtype}; pass an integer "
+                                f"(got {type(value).__name__} {value!r})")
+            try:
+                v = operator.index(value)
+            except TypeError:
+                raise TypeError(f"{program}: scalar {name!r} is {dtype}; pass an integer "
+                                f"(got {type(value).__name__})") from None
+        if not rng[0] <= v <= rng[1]:
+            raise ConstraintError(f"{program}: scalar {name!r} = {v} does not fit {dtype} "
+                                  f"({rng[0]}..{rng[1]})")
+        return v
+    if value.__class__ is float:
+        v = value
+    else:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"{program}: scalar {name!r} is {dtype}; pass a number "
+                            f"(got {type(value).__name__})") from None
+    if dtype.name == "float32":
+        if abs(v) > _F32_MAX and math.isfinite(v):
+            raise ConstraintError(f"{program}: scalar {name!r} = {v} overflows float32")
+    elif dtype.name == "float16":
+        if abs(v) > _F16_MAX and math.isfinite(v):
+            raise ConstraintError(f"{program}: scalar {name!r} = {v} overflows float16")
+    elif dtype.name == "bfloat16":
+        if abs(v) > _BF16_MAX and math.isfinite(v):
+            raise ConstraintError(f"{program}: scalar {name!r} = {v} overflows bfloat16")
+        return bfloat16_bits(v)
+    return v

@@ -1,0 +1,255 @@
+"""A fake ``cuda.bindings.driver`` for CPU tests of the launch path.
+
+"Device memory" is host memory (``cuMemAlloc`` returns the address of a ctypes buffer), and
+``cuLaunchKernel`` reads the parameter block through the ``kernelParams`` address exactly as
+the driver would, then runs a Python implementation of the kernel registered by name. So a
+test checks the real slot layout, the pointers, the scalars and the launch dimensions without
+a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import struct
+from typing import Any, Callable
+
+
+class CUresult(enum.IntEnum):
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_INVALID_VALUE = 1
+    CUDA_ERROR_NO_DEVICE = 100
+    CUDA_ERROR_INVALID_IMAGE = 200
+    CUDA_ERROR_INVALID_CONTEXT = 201
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209
+    CUDA_ERROR_NOT_FOUND = 500
+
+
+class _Handle:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __int__(self) -> int:
+        return self.value
+
+
+class CUfunction(_Handle):
+    pass
+
+
+class CUstream(_Handle):
+    pass
+
+
+class CUcontext(_Handle):
+    pass
+
+
+class CUdevice_attribute(enum.IntEnum):
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+
+
+class CUpointer_attribute(enum.IntEnum):
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+
+
+# A kernel implementation: (grid, block, shared_mem, raw parameter bytes at each slot address)
+KernelImpl = Callable[[tuple, tuple, int, list], None]
+
+
+class FakeDriver:
+    """Records every call; kernels are Python functions over the parameter pointers."""
+
+    CUresult = CUresult
+    CUfunction = CUfunction
+    CUstream = CUstream
+    CUdevice_attribute = CUdevice_attribute
+    CUpointer_attribute = CUpointer_attribute
+
+    def __init__(self, arch: tuple[int, int] = (9, 0), version: int = 13000, devices: int = 1,
+                 kernels: dict[str, tuple[str, KernelImpl]] | None = None) -> None:
+        self.arch = arch
+        self.version = version
+        self.devices = devices
+        self.kernels = kernels or {}   # entry -> (param struct format, impl)
+        self.calls: list[tuple] = []
+        self.current = 0
+        self.memory: dict[int, Any] = {}
+        self.libraries: dict[int, bytes] = {}
+        self.launch_error = 0
+        self.load_error = 0
+        self._next = 1000
+
+    def _id(self) -> int:
+        self._next += 1
+        return self._next
+
+    # ---- init / devices ------------------------------------------------------------------
+    def cuInit(self, flags: int) -> tuple:
+        return (CUresult(0),) if self.devices else (CUresult.CUDA_ERROR_NO_DEVICE,)
+
+    def cuDriverGetVersion(self) -> tuple:
+        return CUresult(0), self.version
+
+    def cuDeviceGetCount(self) -> tuple:
+        return CUresult(0), self.devices
+
+    def cuDeviceGet(self, ordinal: int) -> tuple:
+        return CUresult(0), ordinal
+
+    def cuDeviceGetAttribute(self, attr: Any, dev: int) -> tuple:
+        major = attr == CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+        return CUresult(0), self.arch[0] if major else self.arch[1]
+
+    def cuDeviceGetName(self, n: int, dev: int) -> tuple:
+        return CUresult(0), b"Fake GPU\0"
+
+    def cuDevicePrimaryCtxRetain(self, dev: int) -> tuple:
+        return CUresult(0), CUcontext(0x100 + dev)
+
+    def cuCtxGetCurrent(self) -> tuple:
+        return CUresult(0), CUcontext(self.current)
+
+    def cuCtxSetCurrent(self, ctx: Any) -> tuple:
+        self.calls.append(("cuCtxSetCurrent", int(ctx)))
+        self.current = int(ctx)
+        return (CUresult(0),)
+
+    def cuCtxPushCurrent(self, ctx: Any) -> tuple:
+        self.stack = getattr(self, "stack", []) + [self.current]
+        self.current = int(ctx)
+        return (CUresult(0),)
+
+    def cuCtxPopCurrent(self) -> tuple:
+        previous = self.current
+        self.current = self.stack.pop()
+        return CUresult(0), CUcontext(previous)
+
+    def cuCtxGetDevice(self) -> tuple:
+        return CUresult(0), self.current - 0x100
+
+    def cuGetErrorString(self, code: Any) -> tuple:
+        return CUresult(0), f"fake description of {CUresult(code).name}".encode()
+
+    # ---- libraries -----------------------------------------------------------------------
+    def cuLibraryLoadData(self, code: bytes, *rest: Any) -> tuple:
+        self.calls.append(("cuLibraryLoadData", bytes(code)))
+        if self.load_error:
+            return (self.load_error, None)
+        handle = self._id()
+        self.libraries[handle] = bytes(code)
+        return CUresult(0), handle
+
+    def cuLibraryGetKernel(self, lib: int, name: bytes) -> tuple:
+        entry = name.decode()
+        if entry not in self.kernels:
+            return CUresult.CUDA_ERROR_NOT_FOUND, None
+        return CUresult(0), _Handle(hash(entry) & 0xFFFFFF)
+
+    def cuLibraryUnload(self, lib: int) -> tuple:
+        self.calls.append(("cuLibraryUnload", lib))
+        self.libraries.pop(lib, None)
+        return (CUresult(0),)
+
+    def cuKernelGetFunction(self, kernel: Any) -> tuple:
+        return CUresult(0), CUfunction(int(kernel))
+
+    def cuFuncLoad(self, func: Any) -> tuple:
+        self.calls.append(("cuFuncLoad", int(func)))
+        return (CUresult(0),)
+
+    # ---- memory --------------------------------------------------------------------------
+    def cuMemAlloc(self, nbytes: int) -> tuple:
+        buf = ctypes.create_string_buffer(nbytes)
+        addr = ctypes.addressof(buf)
+        self.memory[addr] = buf
+        return CUresult(0), addr
+
+    def cuMemAllocAsync(self, nbytes: int, stream: Any) -> tuple:
+        self.calls.append(("cuMemAllocAsync", nbytes, int(stream)))
+        return self.cuMemAlloc(nbytes)
+
+    def cuMemFreeAsync(self, ptr: int, stream: Any) -> tuple:
+        self.calls.append(("cuMemFreeAsync", int(ptr), int(stream)))
+        return self.cuMemFree(ptr)
+
+    def cuMemFree(self, ptr: int) -> tuple:
+        self.memory.pop(int(ptr), None)
+        return (CUresult(0),)
+
+    def cuMemsetD8Async(self, ptr: int, value: int, n: int, stream: Any) -> tuple:
+        self.calls.append(("cuMemsetD8Async", int(ptr), n))
+        ctypes.memset(int(ptr), value, n)
+        return (CUresult(0),)
+
+    def cuPointerGetAttribute(self, attr: Any, ptr: int) -> tuple:
+        return CUresult(0), 0
+
+    def cuStreamSynchronize(self, stream: Any) -> tuple:
+        return (CUresult(0),)
+
+    def cuMemcpyDtoH(self, dst: bytearray, src: int, n: int) -> tuple:
+        dst[:n] = ctypes.string_at(int(src), n)
+        return (CUresult(0),)
+
+    # ---- launch --------------------------------------------------------------------------
+    def cuLaunchKernel(self, f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
+                       shmem: int, stream: Any, params: int, extra: int) -> tuple:
+        for v in (gx, gy, gz, bx, by, bz, shmem):
+            if not 0 <= v < (1 << 32):
+                raise OverflowError(f"value {v} out of range for unsigned int")
+        if self.launch_error:
+            return (self.launch_error,)
+        entry = next(k for k in self.kernels if hash(k) & 0xFFFFFF == int(f))
+        fmt, impl = self.kernels[entry]
+        codes = fmt
+        values = []
+        addrs = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        for i, code in enumerate(codes):
+            size = struct.calcsize(code)
+            values.append(struct.unpack(code, ctypes.string_at(addrs[i], size))[0])
+        self.calls.append(("cuLaunchKernel", entry, (gx, gy, gz), (bx, by, bz), shmem,
+                           int(stream), tuple(values)))
+        impl((gx, gy, gz), (bx, by, bz), shmem, values)
+        return (CUresult(0),)
+
+
+def install(monkeypatch: Any, fake: FakeDriver) -> FakeDriver:
+    """Make kernelpack.runtime use ``fake`` (and forget devices/libraries of earlier tests)."""
+    from kernelpack.runtime import device, driver, execute, library
+
+    monkeypatch.setattr(driver, "_driver", fake)
+    monkeypatch.setattr(driver, "_init_error", None)
+    driver._initialized.clear()
+    monkeypatch.setattr(device, "_devices", {})
+    monkeypatch.setattr(device, "_count", None)
+    monkeypatch.setattr(library, "_libraries", {})
+    monkeypatch.setattr(library, "_selections", {})
+    monkeypatch.setattr(execute, "_drv_mod", None)
+    monkeypatch.setattr(execute, "_streams", {})
+    return fake
+
+
+class HostArray:
+    """A minimal array exporting ``__cuda_array_interface__`` over host memory (the fake
+    driver's "device" memory)."""
+
+    def __init__(self, values: list, fmt: str = "f", shape: tuple | None = None,
+                 typestr: str = "<f4") -> None:
+        self.fmt = fmt
+        self.n = len(values)
+        self.buf = ctypes.create_string_buffer(struct.pack(f"<{self.n}{fmt}", *values),
+                                               max(1, struct.calcsize(fmt) * self.n))
+        self.shape = shape if shape is not None else (self.n,)
+        self.typestr = typestr
+        self.strides = None
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "typestr": self.typestr,
+                "data": (ctypes.addressof(self.buf), False), "strides": self.strides,
+                "version": 3}
+
+    def values(self) -> list:
+        return list(struct.unpack(f"<{self.n}{self.fmt}", self.buf.raw[:struct.calcsize(self.fmt) * self.n]))

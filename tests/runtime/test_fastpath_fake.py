@@ -1,0 +1,212 @@
+"""The PyTorch fast path on CPU: a stand-in ``torch`` module over host memory and the fake
+driver. Checks that the fast path is taken, computes the same as the general path, and falls
+back (with the general path's errors) whenever a call does not fit it."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from kernelpack.errors import ConstraintError, LaunchError
+from kernelpack.runtime import call_program
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_driver import FakeDriver, install  # noqa: E402
+from test_launch_fake import _axpby_impl, axpby  # noqa: E402
+
+
+class FakeDtype:
+    def __init__(self, name: str, fmt: str) -> None:
+        self.name, self.fmt = name, fmt
+
+    def __repr__(self) -> str:
+        return f"torch.{self.name}"
+
+
+class Tensor:
+    def __init__(self, values: list, dtype: FakeDtype, shape: tuple | None = None,
+                 contiguous: bool = True, device: int = 0) -> None:
+        self.dtype = dtype
+        self.shape = tuple(shape if shape is not None else (len(values),))
+        self._buf = ctypes.create_string_buffer(struct.pack(f"<{len(values)}{dtype.fmt}", *values),
+                                                max(1, 4 * len(values)))
+        self._contiguous = contiguous
+        self._device = device
+
+    def data_ptr(self) -> int:
+        return ctypes.addressof(self._buf)
+
+    def get_device(self) -> int:
+        return self._device
+
+    def is_contiguous(self) -> bool:
+        return self._contiguous
+
+    def record_stream(self, stream: object) -> None:
+        self.recorded = stream
+
+    def values(self) -> list:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return list(struct.unpack(f"<{n}{self.dtype.fmt}", self._buf.raw[:4 * n]))
+
+
+@pytest.fixture
+def torch(monkeypatch):
+    mod = types.ModuleType("torch")
+    mod.float32, mod.int32 = FakeDtype("float32", "f"), FakeDtype("int32", "i")
+    mod.Tensor = Tensor
+    mod.empty = lambda shape, dtype, device: Tensor([0] * _prod(shape), dtype, tuple(shape))
+    mod.empty_like = lambda t: Tensor([0] * _prod(t.shape), t.dtype, t.shape, device=t._device)
+    mod.device = lambda kind, index: (kind, index)
+    mod._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: 0)
+    mod.cuda = types.SimpleNamespace(ExternalStream=lambda handle, device=None: ("ext", handle))
+    monkeypatch.setitem(sys.modules, "torch", mod)
+    from kernelpack.runtime import arrays, launcher
+    monkeypatch.setattr(arrays, "_adapters", {})
+    monkeypatch.setattr(launcher, "_adapters_by_type", {})
+    return mod
+
+
+def _prod(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    return install(monkeypatch, FakeDriver(kernels={"axpby": ("QQQfI", _axpby_impl)}))
+
+
+def test_fast_path_is_taken_and_correct(fake, torch) -> None:
+    prog = axpby()
+    x, y = Tensor([1.0, 2.0, 3.0], torch.float32), Tensor([1.0, 1.0, 1.0], torch.float32)
+    first = call_program(prog, x, y, 2.0)          # general path, binds device 0
+    from kernelpack.runtime.launcher import bind
+    bound = bind(prog)
+    assert bound.call != bound.__call__             # the fast path is installed
+    second = call_program(prog, x, y, 2.0)
+    assert first.values() == second.values() == [3.0, 5.0, 7.0]
+    assert isinstance(second, Tensor) and second.shape == (3,)
+    z = Tensor([0.0] * 3, torch.float32)
+    assert call_program(prog, x, y, -1.0, out=z) is z and z.values() == [0.0, -1.0, -2.0]
+    class Stream:
+        cuda_stream = 0x77
+
+    assert call_program(prog, x, y, 1.0, out=z, stream=Stream()) is z   # fast path too
+    assert z.values() == [2.0, 3.0, 4.0]
+    launches = [c for c in fake.calls if c[0] == "cuLaunchKernel"]
+    assert len(launches) == 4 and all(c[2] == (1, 1, 1) for c in launches)
+    assert launches[-1][5] == 0x77
+
+
+def test_fast_path_falls_back_with_the_general_errors(fake, torch) -> None:
+    prog = axpby()
+    x, y = Tensor([1.0, 2.0], torch.float32), Tensor([1.0, 1.0], torch.float32)
+    call_program(prog, x, y, 1.0)
+    with pytest.raises(LaunchError, match="'y' has dtype int32, expected float32"):
+        call_program(prog, x, Tensor([1, 2], torch.int32), 1.0)
+    with pytest.raises(LaunchError, match="'x' is not C-contiguous"):
+        call_program(prog, Tensor([1.0, 2.0], torch.float32, contiguous=False), y, 1.0)
+    with pytest.raises(ConstraintError, match="y"):
+        call_program(prog, x, Tensor([1.0, 2.0, 3.0], torch.float32), 1.0)
+    with pytest.raises(LaunchError, match="out 'z' has shape"):
+        call_program(prog, x, y, 1.0, out=Tensor([0.0] * 5, torch.float32))
+    with pytest.raises(LaunchError, match="device 1, earlier arguments on device 0"):
+        call_program(prog, x, Tensor([1.0, 2.0], torch.float32, device=1), 1.0)
+    # an int for a float scalar and an explicit stream take the general path and still work
+    z = call_program(prog, x, y, 3, stream=5)
+    assert z.values() == [4.0, 7.0] and z.recorded == ("ext", 5)
+    assert [c[5] for c in fake.calls if c[0] == "cuLaunchKernel"][-1] == 5
+
+
+# ---- cupy ----------------------------------------------------------------------------------
+class _Mem:
+    def __init__(self, ptr: int, device_id: int) -> None:
+        self.ptr, self.device_id = ptr, device_id
+
+
+class NDArray:
+    def __init__(self, values: list, dtype: str = "float32", shape: tuple | None = None,
+                 contiguous: bool = True) -> None:
+        import numpy
+
+        self.dtype = numpy.dtype(dtype)
+        self.shape = tuple(shape if shape is not None else (len(values),))
+        fmt = self.dtype.char
+        self._fmt = fmt
+        self._buf = ctypes.create_string_buffer(struct.pack(f"<{len(values)}{fmt}", *values),
+                                                max(1, 4 * len(values)))
+        self.data = _Mem(ctypes.addressof(self._buf), 0)
+        self.flags = types.SimpleNamespace(c_contiguous=contiguous)
+
+    def values(self) -> list:
+        return list(struct.unpack(f"<{_prod(self.shape)}{self._fmt}",
+                                  self._buf.raw[:4 * _prod(self.shape)]))
+
+
+@pytest.fixture
+def cupy(monkeypatch):
+    return _install_cupy(monkeypatch)
+
+
+def _install_cupy(monkeypatch):
+    mod = types.ModuleType("cupy")
+    mod.ndarray = NDArray
+    mod.empty = lambda shape, dtype: NDArray([0] * _prod(shape), str(dtype), tuple(shape))
+    mod.empty_like = lambda a: NDArray([0] * _prod(a.shape), str(a.dtype), a.shape)
+    stream = types.SimpleNamespace(ptr=0)
+    mod.cuda = types.SimpleNamespace(get_current_stream=lambda device=None: stream,
+                                     runtime=types.SimpleNamespace(getDevice=lambda: 0))
+    monkeypatch.setitem(sys.modules, "cupy", mod)
+    from kernelpack.runtime import arrays, launcher
+    monkeypatch.setattr(arrays, "_adapters", {})
+    monkeypatch.setattr(launcher, "_adapters_by_type", {})
+    return mod
+
+
+def test_cupy_fast_path(fake, cupy) -> None:
+    prog = axpby()
+    x, y = NDArray([1.0, 2.0]), NDArray([10.0, 20.0])
+    first = call_program(prog, x, y, 2.0)
+    from kernelpack.runtime.launcher import bind
+    bound = bind(prog)
+    assert bound.call != bound.__call__
+    second = call_program(prog, x, y, 2.0)
+    assert isinstance(second, NDArray) and first.values() == second.values() == [12.0, 24.0]
+    z = NDArray([0.0, 0.0])
+    assert call_program(prog, x, y, 1.0, out=z) is z and z.values() == [11.0, 22.0]
+    with pytest.raises(LaunchError, match="'x' has dtype int32"):
+        call_program(prog, NDArray([1, 2], "int32"), y, 1.0)
+    with pytest.raises(LaunchError, match="'y' is not C-contiguous"):
+        call_program(prog, x, NDArray([1.0, 2.0], contiguous=False), 1.0)
+
+
+def test_framework_imported_after_binding_gets_a_fast_path(fake, torch, monkeypatch) -> None:
+    from kernelpack.runtime.launcher import bind
+
+    prog = axpby()
+    call_program(prog, Tensor([1.0], torch.float32), Tensor([1.0], torch.float32), 1.0)
+    assert bind(prog)._fast_for == {"torch"}
+    cupy_mod = _install_cupy(monkeypatch)  # "cupy" is imported only now
+    assert cupy_mod is sys.modules["cupy"]
+    c = call_program(prog, NDArray([1.0]), NDArray([2.0]), 1.0)  # general path, then rebuild
+    assert c.values() == [3.0] and bind(prog)._fast_for == {"torch", "cupy"}
+    assert call_program(prog, NDArray([2.0]), NDArray([2.0]), 1.0).values() == [4.0]
+
+
+def test_both_frameworks_dispatch(fake, torch, cupy) -> None:
+    prog = axpby()
+    t = call_program(prog, Tensor([1.0], torch.float32), Tensor([1.0], torch.float32), 1.0)
+    c = call_program(prog, NDArray([1.0]), NDArray([2.0]), 1.0)
+    t2 = call_program(prog, Tensor([2.0], torch.float32), Tensor([1.0], torch.float32), 1.0)
+    assert (t.values(), c.values(), t2.values()) == ([2.0], [3.0], [3.0])
+    assert isinstance(c, NDArray) and isinstance(t2, Tensor)
