@@ -19,7 +19,53 @@ from .expr import (Expr, cdiv, emax, emin, eq, ge, gt, land, le, lnot, lor, lt, 
 from .summary import (Arg, Compiled, Constraint, Image, KernelSummary, Launch, Module, Scalar,
                       Scratch, Tensor, Variant)
 
+# Imported eagerly on purpose: kernelpack/external.py imports only light modules (nvJitLink is
+# imported inside the call), and a lazy wrapper named like its submodule would be replaced by
+# the module object the first time anything imports ``kernelpack.external``.
+from .external import external
+from .planner import Plan
+# The fusion DSL is pure Python (no llvmlite); kp.compile imports the lowering on first call.
+from .fusion import (abs, arange, ceil, complex, cos, erf, exp, exp2, floor, fusion, imag, iota,
+                     log, log2, max, maximum, min, minimum, pad, pow, real, rsqrt, sigmoid, sin,
+                     sqrt, tan, tanh, where)
+
+
+def compile(f, targets=("sm_80", "sm_90", "ptx"), *, static=None, cache=None,  # type: ignore[no-untyped-def]
+            **options):
+    """Lower a ``@kp.fusion`` to PTX and cubins with a derived summary → :class:`Compiled`
+    (see :func:`kernelpack.lowering.compile_fusion`; imports llvmlite on first call)."""
+    from .lowering import compile_fusion
+    return compile_fusion(f, targets, static=static, cache=cache, **options)
+
+
+def save(items, path_or_file=None, *, sign_with=None) -> bytes:  # type: ignore[no-untyped-def]
+    """Serialize programs into one artifact (see :func:`kernelpack.serializer.save`)."""
+    from .serializer import save as _save
+    return _save(items, path_or_file, sign_with=sign_with)
+
+
+def load(path_or_bytes, *, trusted_keys=None):  # type: ignore[no-untyped-def]
+    """Open and verify an artifact → ``Pack`` (see :func:`kernelpack.loader.load`)."""
+    from .loader import load as _load
+    return _load(path_or_bytes, trusted_keys=trusted_keys)
+
+
 __version__ = "0.1.0"
+
+_LAZY = {"Cache": "cache", "CacheKey": "cache", "make_key": "cache",
+         "Pack": "loader"}  # Pack: the loader module stays out of ``import kernelpack``
+
+
+def __getattr__(name: str) -> object:
+    """``kp.Cache`` / ``kp.CacheKey`` / ``kp.make_key``, imported on first use (PEP 562) so that
+    ``import kernelpack`` does not pay for the cache modules."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kernelpack' has no attribute {name!r}")
 
 __all__ = [
     "__version__",
@@ -38,4 +84,14 @@ __all__ = [
     # summary model
     "Tensor", "Scalar", "Constraint", "Scratch", "Arg", "Launch", "Variant", "KernelSummary",
     "Image", "Module", "Compiled",
+    # external kernels
+    "external",
+    # artifacts
+    "save", "load", "Pack", "Plan",
+    # compile-or-load cache
+    "Cache", "CacheKey", "make_key",
+    # fusion DSL and compilation
+    "fusion", "compile", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan",
+    "tanh", "erf", "sigmoid", "floor", "ceil", "abs", "pow", "where", "minimum", "maximum",
+    "min", "max", "arange", "iota", "complex", "real", "imag", "pad",
 ]

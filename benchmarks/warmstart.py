@@ -1,0 +1,340 @@
+"""Warm start: a fresh process needs 50 distinct kernels; how long until all are loaded?
+
+Scenarios, each a fresh ``python`` subprocess (CPU side; no GPU is touched):
+
+- cold:        empty disk cache, empty Redis: every kernel is compiled (and put through);
+- warm disk:   the same disk cache again;
+- warm Redis:  an empty disk cache, Redis filled by the cold run (signed entries);
+- Triton warm: the same count of Triton kernels with a warm TRITON_CACHE_DIR, if triton is
+               importable (otherwise reported as not measured).
+
+Workload: the lowering's ``kp.compile`` of ``@kp.fusion`` functions over several shapes and
+dtypes when ``kp.compile`` works here, else ``kp.external`` PTX variants (the output says
+which). Prints the times and ratios and adds a table (machine, date, load) to its section of
+benchmarks/RESULTS.md, keeping the last five runs.
+
+    python benchmarks/warmstart.py [--kernels 50] [--repeat 3] [--workload auto] [--no-results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import inspect
+import itertools
+import json
+import os
+import platform
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+
+PTX_TEMPLATE = """\
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry k{i}(.param .u64 x, .param .u64 y, .param .f32 a, .param .u32 n)
+{{
+  .reg .pred p; .reg .b32 r<6>; .reg .b64 rd<8>; .reg .f32 f<4>;
+  ld.param.u64 rd1, [x]; ld.param.u64 rd2, [y]; ld.param.f32 f1, [a]; ld.param.u32 r1, [n];
+  mul.f32 f1, f1, 0F{scale:08X};
+  mov.u32 r2, %ctaid.x; mov.u32 r3, %ntid.x; mov.u32 r4, %tid.x; mad.lo.s32 r5, r2, r3, r4;
+  setp.ge.u32 p, r5, r1; @p bra DONE;
+  cvta.to.global.u64 rd3, rd1; cvta.to.global.u64 rd4, rd2; mul.wide.u32 rd5, r5, 4;
+  add.s64 rd6, rd3, rd5; add.s64 rd7, rd4, rd5; ld.global.f32 f2, [rd6]; ld.global.f32 f3, [rd7];
+  fma.rn.f32 f3, f1, f2, f3; st.global.f32 [rd7], f3;
+DONE: ret;
+}}
+"""
+
+# ---- workloads -------------------------------------------------------------------------------
+def _kp():  # the benchmark's own process imports kernelpack only where needed
+    import kernelpack
+    return kernelpack
+
+
+def _softmax(x, s):
+    z = x * s
+    e = _kp().exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _axpby(x, y, s):
+    return s * x + y
+
+
+def _gelu(x, s):
+    return 0.5 * x * (1.0 + _kp().erf(x * s))
+
+
+def _rownorm(x, s):
+    m = x.mean(axis=1, keepdims=True)
+    d = x - m
+    return d / _kp().sqrt((d * d).mean(axis=1, keepdims=True) + s)
+
+
+def _relu_sum(x, s):
+    return _kp().where(x > 0, x, x * s).sum(axis=1)
+
+
+def _tanh_mul(x, y, s):
+    return _kp().tanh(x * s) * y
+
+
+# (name, body, tensor rank, tensor inputs); every body ends with a scalar `s`.
+FUSIONS = [("softmax", _softmax, 2, 1), ("axpby", _axpby, 1, 2), ("gelu", _gelu, 1, 1),
+           ("rownorm", _rownorm, 2, 1), ("relu_sum", _relu_sum, 2, 1),
+           ("tanh_mul", _tanh_mul, 1, 2)]
+DTYPES = ["f32", "f64", "f16"]
+SHAPES = [None, 1024, 4096]  # None: fully symbolic; else n is fixed (static=)
+
+
+def fusion_jobs(n: int) -> list:
+    """``n`` distinct (fusion, static shapes) pairs: 6 fusions x 3 dtypes x 3 shapes."""
+    import kernelpack as kp
+
+    out = []
+    for (fname, fn, rank, ntens), dname, size in itertools.product(FUSIONS, DTYPES, SHAPES):
+        dt = getattr(kp, dname)
+        dims = ("b", "n") if rank == 2 else ("n",)
+
+        def body(*a, _fn=fn):  # type: ignore[no-untyped-def]
+            return _fn(*a)
+
+        names = ["x", "y"][:ntens] + ["s"]
+        params = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in names]
+        body.__signature__ = inspect.Signature(params)
+        ann = {p: kp.Tensor[(dt,) + dims] for p in names[:-1]}
+        ann["s"] = dt
+        body.__annotations__ = ann
+        f = kp.fusion(body, name=f"{fname}_{dname}")
+        out.append((f, {} if size is None else {"n": size}))
+        if len(out) == n:
+            break
+    return out
+
+
+CHILD = r'''
+import json, os, sys, time
+t0 = time.perf_counter()
+import kernelpack as kp
+t_import = time.perf_counter() - t0
+cfg = json.loads(sys.argv[1])
+import kernelpack.cache as kpc
+decode_s = [0.0]
+_decode = kpc.Cache._decode
+def timed_decode(*a):  # how much of a warm start is kp.load + Pack.compiled (verification)
+    t = time.perf_counter()
+    try:
+        return _decode(*a)
+    finally:
+        decode_s[0] += time.perf_counter() - t
+kpc.Cache._decode = staticmethod(timed_decode)
+cache = kp.Cache(cfg["disk"], remote=cfg["remote"] or False, sign_with=cfg["key"],
+                 trusted_keys=[cfg["pub"]])
+origins = {}
+t1 = time.perf_counter()
+if cfg["workload"] == "fusion":
+    sys.path.insert(0, cfg["here"])
+    from warmstart import fusion_jobs
+    for f, static in fusion_jobs(cfg["kernels"]):
+        c = kp.compile(f, targets=["sm_80", "sm_90", "ptx"], static=static, cache=cache)
+        origins[c.origin] = origins.get(c.origin, 0) + 1
+else:
+    params = [kp.Tensor("x", kp.f32, ["n"]), kp.Tensor("y", kp.f32, ["n"], role="inout"),
+              kp.Scalar("a", kp.f32), kp.Scalar("n", kp.u32)]
+    for i, ptx in enumerate(cfg["ptx"]):
+        c = cache.external(f"k{i}", f"k{i}", params, grid=kp.cdiv("n", 256), block=256,
+                           ptx=ptx, targets=["sm_80", "sm_90", "ptx"])
+        origins[c.origin] = origins.get(c.origin, 0) + 1
+t_work = time.perf_counter() - t1
+print(json.dumps({"import_s": t_import, "work_s": t_work, "origins": origins,
+                  "decode_s": decode_s[0],
+                  "stats": cache.stats()}))
+'''
+
+
+def _ptx_variants(n: int) -> list[str]:
+    out = []
+    for i in range(n):
+        scale = struct.unpack(">I", struct.pack(">f", 1.0 + i / 64))[0]
+        out.append(PTX_TEMPLATE.format(i=i, scale=scale))
+    return out
+
+
+def _fusion_works() -> bool:
+    """True when kp.compile of a fusion workload succeeds in a subprocess."""
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "import kernelpack as kp\n"
+            "from warmstart import fusion_jobs\n"
+            "f, static = next(iter(fusion_jobs(1)))\n"
+            "kp.compile(f, targets=['sm_80'], static=static)\n") % str(HERE)
+    try:
+        r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True,
+                           timeout=300)
+    except subprocess.TimeoutExpired:
+        return False
+    return r.returncode == 0
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(SRC) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    for name in ("KERNELPACK_CACHE_DIR", "KERNELPACK_REMOTE_CACHE"):
+        env.pop(name, None)
+    return env
+
+
+def _child(cfg: dict) -> dict:
+    start = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], env=_env(),
+                       capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - start
+    if r.returncode != 0:
+        raise SystemExit(f"child failed:\n{r.stderr}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["wall_s"] = wall
+    return out
+
+
+class _Redis:
+    def __init__(self, workdir: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as c:
+                    c.sendall(b"PING\r\n")
+                    if c.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise SystemExit("redis-server did not start")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _triton_warm(n: int, workdir: Path) -> str:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "not measured (triton is not importable here)"
+    return "not measured (triton is importable but needs a GPU to compile; run on a GPU host)"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", type=int, default=50)
+    ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
+    ap.add_argument("--repeat", type=int, default=3, help="warm runs per scenario (fastest kept)")
+    ap.add_argument("--workload", choices=("auto", "fusion", "external"), default="auto")
+    opts = ap.parse_args()
+    sys.path.insert(0, str(SRC))
+    from kernelpack.signing import write_keypair
+
+    workload = opts.workload
+    if workload == "auto":
+        workload = "fusion" if _fusion_works() else "external"
+    tmp = Path(tempfile.mkdtemp(prefix="kp-warmstart-"))
+    redis = _Redis(tmp) if shutil.which("redis-server") else None
+    try:
+        private, public = write_keypair(tmp / "fleet.key")
+        base = {"remote": redis.url if redis else None, "key": private,
+                "pub": Path(public).read_text().strip(), "workload": workload,
+                "kernels": opts.kernels, "here": str(HERE),
+                "ptx": _ptx_variants(opts.kernels) if workload == "external" else []}
+        runs = {"cold": _child({**base, "disk": str(tmp / "disk-a")})}
+        # Warm runs are short and this may be a shared machine: keep the fastest of a few.
+        runs["warm disk"] = min((_child({**base, "disk": str(tmp / "disk-a")})
+                                 for _ in range(opts.repeat)), key=lambda r: r["work_s"])
+        if redis:  # a fresh, empty disk cache each time: everything comes from Redis
+            runs["warm Redis"] = min((_child({**base, "disk": str(tmp / f"disk-b{k}")})
+                                      for k in range(opts.repeat)), key=lambda r: r["work_s"])
+        triton = _triton_warm(opts.kernels, tmp)
+    finally:
+        if redis:
+            redis.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    _report(runs, workload, opts.kernels, triton, not opts.no_results, opts.repeat)
+
+
+def _report(runs: dict, workload: str, n: int, triton: str, write: bool, repeat: int) -> None:
+    cold = runs["cold"]["work_s"]
+    what = ("kp.compile of @kp.fusion workloads" if workload == "fusion"
+            else "kp.external PTX variants (sm_80 + sm_90 cubins + PTX each)")
+    lines = [f"workload: {n} kernels, {what}",
+             f"{'scenario':<11} {'work (ms)':>10} {'+import (ms)':>13} {'process (ms)':>13} "
+             f"{'cold/this':>10} {'load+verify':>12}  origins"]
+    for name, r in runs.items():
+        lines.append(f"{name:<11} {1000 * r['work_s']:>10.1f} "
+                     f"{1000 * (r['work_s'] + r['import_s']):>13.1f} {1000 * r['wall_s']:>13.1f} "
+                     f"{cold / r['work_s']:>9.0f}x {1000 * r['decode_s']:>10.1f}ms  "
+                     f"{r['origins']}")
+    if "warm Redis" not in runs:
+        lines.append("warm Redis: not measured (no redis-server binary)")
+    lines.append(f"Triton warm: {triton}")
+    lines.append("work = from after `import kernelpack` to all kernels loaded (verified) in the "
+                 "child; warm rows are the fastest of --repeat runs")
+    print("\n".join(lines))
+    if not write:
+        return
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
+               f"{platform.python_version()}, load average {load} (a shared machine: cold "
+               f"times, and so the ratios, move with the load)")
+    table = [f"### {stamp}", "", f"{machine}. Workload: {lines[0].split(': ', 1)[1]}.", "",
+             "| scenario | work (ms) | of which kp.load + verify (ms) | work + import (ms) "
+             "| process wall (ms) | cold / this |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, r in runs.items():
+        table.append(f"| {name} | {1000 * r['work_s']:.1f} | {1000 * r['decode_s']:.1f} | "
+                     f"{1000 * (r['work_s'] + r['import_s']):.1f} | {1000 * r['wall_s']:.1f} | "
+                     f"{cold / r['work_s']:.0f}x |")
+    if "warm Redis" not in runs:
+        table.append("\nwarm Redis: not measured (no redis-server binary)")
+    table += ["", f"Triton warm: {triton}. Work = from after `import kernelpack` to all "
+              f"kernels loaded and verified, in a fresh process; warm rows: fastest of "
+              f"{repeat}.", ""]
+    _write_section("\n".join(table))
+
+
+def _write_section(entry: str, keep: int = 5) -> None:
+    """Add ``entry`` at the top of this script's section of RESULTS.md (other scripts own
+    other sections), keeping the newest ``keep`` runs."""
+    begin, end = "<!-- benchmarks/warmstart.py: begin -->", "<!-- benchmarks/warmstart.py: end -->"
+    path = HERE / "RESULTS.md"
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    head = "## Warm start: 50 kernels in a fresh process (`benchmarks/warmstart.py`)\n\n"
+    if begin in text and end in text:
+        before, rest = text.split(begin, 1)
+        body, after = rest.split(end, 1)
+        runs = ["### " + r for r in body.split("\n### ")[1:]]
+    else:
+        before, after, runs = text.rstrip("\n") + "\n\n", "\n", []
+    runs = [entry.rstrip("\n") + "\n"] + [r.rstrip("\n") + "\n" for r in runs][: keep - 1]
+    path.write_text(before + begin + "\n" + head + "\n".join(runs) + end + after)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,435 @@
+"""Compile-or-load: a disk tier, an optional Redis tier, and the compiler as the last resort.
+
+``cache.fetch_or_compile(key, build)`` looks on disk, then in Redis, then calls ``build()``
+and writes the result through to both. Every hit is an artifact that goes back through
+``kp.load`` — digests, bounds, and for remote entries a trusted ed25519 signature — because a
+cache is untrusted input. A broken entry is quarantined and recompiled; a Redis that is down,
+slow or returns garbage is a :class:`CacheWarning` and a local compile. The only exceptions
+that escape are the ones ``build()`` raises and misuse of the API.
+
+Concurrency: N processes (or threads) missing one key on one machine compile it once (a
+per-key ``flock``); N machines missing it compile it once when Redis is reachable (``SET NX
+PX`` lock; the others poll, then load).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import threading
+import time
+import warnings
+from typing import Any, Callable, Iterable
+
+from .. import config
+from ..errors import KernelPackError
+from ..summary import Compiled
+from .disk import DiskStore, check_digest
+from .keys import CacheKey, make_key
+
+__all__ = ["Cache", "CacheKey", "CacheWarning", "make_key", "DiskStore", "STAT_NAMES"]
+
+
+
+def _log() -> Any:
+    """The ``kernelpack.cache`` logger; ``logging`` (~5 ms) is imported only when something is
+    logged, never on a warm start's hit path."""
+    import logging
+
+    return logging.getLogger("kernelpack.cache")
+
+STAT_NAMES = ("disk_hits", "disk_misses", "remote_hits", "remote_misses", "compiles", "refused",
+              "quarantined", "errors", "remote_errors", "remote_waits", "remote_too_large",
+              "puts", "remote_puts")
+_REMOTE_BACKOFF_S = 30.0
+
+
+class CacheWarning(UserWarning):
+    """A cache tier failed (disk unwritable, Redis down, an entry refused); work goes on."""
+
+
+class Cache:
+    """A compile-or-load cache.
+
+    Parameters
+    ----------
+    path:
+        Disk cache root (default :func:`kernelpack.config.cache_dir`).
+    remote:
+        ``"redis://host:port/db"``, a store object with ``get``/``put``, or None (then
+        ``$KERNELPACK_REMOTE_CACHE`` if set; pass ``remote=False`` for none at all).
+    trusted_keys:
+        Public keys (anything :func:`kernelpack.signing.load_public_key` takes) whose signed
+        remote entries are accepted. Default: the key of ``sign_with`` alone, if given.
+    sign_with:
+        Private key signing what this process puts (artifact and remote envelope).
+    max_bytes:
+        Disk size cap (LRU); default ``$KERNELPACK_CACHE_MAX_BYTES`` (10 GiB).
+    require_signed_remote:
+        When True (the default) a remote entry without a trusted signature is refused and
+        counted; with no trusted key at all the remote is only written, never read.
+    ttl_s, max_entry_bytes, timeout_s:
+        Redis entry lifetime, the largest entry put there, and the socket timeout.
+    lock_ttl_s, wait_s:
+        Fleet-wide compile lock lifetime, and how long a process waits for another machine's
+        compile before compiling itself.
+    explain_misses:
+        Log (INFO, logger ``kernelpack.cache``) which key parts differ from the nearest
+        recorded key on every compile; default ``$KERNELPACK_CACHE_EXPLAIN``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, remote: Any = None,
+                 trusted_keys: Iterable[object] | None = None, sign_with: object = None,
+                 max_bytes: int | None = None, *, require_signed_remote: bool = True,
+                 ttl_s: int = 7 * 86400, max_entry_bytes: int = 64 << 20,
+                 timeout_s: float = 1.0, lock_ttl_s: float = 120.0, wait_s: float = 30.0,
+                 explain_misses: bool | None = None) -> None:
+        self.disk = DiskStore(config.cache_dir() if path is None else path,
+                              config.cache_max_bytes() if max_bytes is None else max_bytes)
+        if remote is None:
+            remote = config.remote_cache_url()
+        if isinstance(remote, str):
+            from .remote import RedisStore
+
+            remote = RedisStore(remote, ttl_s=ttl_s, max_entry_bytes=max_entry_bytes,
+                                timeout_s=timeout_s)
+        elif remote is False:
+            remote = None
+        elif remote is not None and not (hasattr(remote, "get") and hasattr(remote, "put")):
+            raise TypeError(f"remote must be a redis:// URL or a store with get/put "
+                            f"(got {type(remote).__name__})")
+        self.remote = remote
+        self._trusted_arg = None if trusted_keys is None else list(trusted_keys)
+        self.sign_with = sign_with
+        self.require_signed_remote = bool(require_signed_remote)
+        self.lock_ttl_s = float(lock_ttl_s)
+        self.wait_s = float(wait_s)
+        self.explain_misses = (config.explain_cache_misses() if explain_misses is None
+                               else bool(explain_misses))
+        self._trusted: list[bytes] | None = None
+        self._stats = dict.fromkeys(STAT_NAMES, 0)
+        self._stats_lock = threading.Lock()
+        self._remote_down_until = 0.0
+        if sign_with is not None or (self.remote is not None and self._trusted_arg):
+            # Misconfigured keys are API misuse: fail here, not at the first miss. (This
+            # imports cryptography, which only signing or a remote needs.)
+            from ..signing import load_private_key
+
+            if sign_with is not None:
+                load_private_key(sign_with)
+            _ = self.trusted_keys
+        if self.remote is not None and self.require_signed_remote and \
+                self._trusted_arg is None and sign_with is None:
+            warnings.warn("remote cache has no trusted_keys and no sign_with: remote entries "
+                          "will be written but never read", CacheWarning, stacklevel=2)
+
+    def __repr__(self) -> str:
+        return f"Cache(path={str(self.disk.root)!r}, remote={self.remote!r})"
+
+    # ---- counters ----------------------------------------------------------------------------
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._stats_lock:
+            self._stats[name] += n
+
+    def stats(self) -> dict[str, int]:
+        """This process's counters: hits and misses per tier, compiles, refused (untrusted or
+        unsigned remote entries), quarantined (bad disk entries), errors, waits."""
+        with self._stats_lock:
+            return dict(self._stats)
+
+    # ---- trust and codecs --------------------------------------------------------------------
+    @property
+    def trusted_keys(self) -> list[bytes] | None:
+        """Raw public keys accepted for remote entries (None: none, remote never read)."""
+        if self._trusted is None:
+            from ..signing import load_public_key, public_key_bytes
+
+            if self._trusted_arg is not None:
+                self._trusted = [load_public_key(k) for k in self._trusted_arg]
+            elif self.sign_with is not None:
+                self._trusted = [public_key_bytes(self.sign_with)]
+        return self._trusted
+
+    @staticmethod
+    def _decode(data: bytes, trusted_keys: list[bytes] | None, origin: str) -> Compiled:
+        from ..loader import load
+
+        pack = load(bytes(data), trusted_keys=trusted_keys)
+        names = list(pack.programs)
+        if len(names) != 1:
+            raise KernelPackError(f"a cache entry must hold exactly 1 program (holds "
+                                  f"{len(names)}: {names[:5]})")
+        return dataclasses.replace(pack.compiled(names[0]), origin=origin)
+
+    def _encode(self, compiled: Compiled) -> bytes:
+        from ..serializer import save
+
+        return save(compiled, sign_with=self.sign_with)
+
+    # ---- tiers -------------------------------------------------------------------------------
+    def _warn(self, message: str) -> None:
+        _log().warning(message)
+        warnings.warn(message, CacheWarning, stacklevel=3)
+
+    def _from_disk(self, key: CacheKey | str, count_miss: bool = True) -> Compiled | None:
+        digest = check_digest(key)
+        try:
+            found = self.disk.read(digest)
+        except OSError as exc:
+            self._count("errors")
+            self._warn(f"disk cache read of {digest[:16]} failed: {exc}")
+            return None
+        if found is None:
+            if count_miss:
+                self._count("disk_misses")
+            return None
+        data, seen = found
+        try:
+            compiled = self._decode(data, None, "disk")
+        except KernelPackError as exc:  # the bytes are bad (the loader's promise)
+            moved = self.disk.quarantine(digest, seen)
+            where = f"moved to {moved}" if moved else "already replaced by another process"
+            self._count("quarantined")
+            self._warn(f"disk cache entry {digest[:16]} is invalid ({type(exc).__name__}: "
+                       f"{exc}); {where}; recompiling")
+            return None
+        except Exception as exc:  # the loader itself failed (a bug, a missing module): the
+            self._count("errors")  # entry may be fine, so keep it; never crash on a hit
+            self._warn(f"loading disk cache entry {digest[:16]} failed "
+                       f"({type(exc).__name__}: {exc}); recompiling")
+            return None
+        self._count("disk_hits")
+        return compiled
+
+    def _remote_ok(self) -> bool:
+        return self.remote is not None and time.monotonic() >= self._remote_down_until
+
+    def _remote_failed(self, what: str, exc: BaseException) -> None:
+        self._count("remote_errors")
+        self._remote_down_until = time.monotonic() + _REMOTE_BACKOFF_S
+        self._warn(f"remote cache {what} failed ({type(exc).__name__}: {exc}); using the "
+                   f"local cache and compiler for {_REMOTE_BACKOFF_S:.0f} s")
+
+    def _readable_remote(self) -> bool:
+        return self._remote_ok() and (not self.require_signed_remote or
+                                      self.trusted_keys is not None)
+
+    def _from_remote(self, key: CacheKey | str, count_miss: bool = True) -> Compiled | None:
+        return self._lookup_remote(key, count_miss)[0]
+
+    def _lookup_remote(self, key: CacheKey | str,
+                       count_miss: bool = True) -> tuple[Compiled | None, str]:
+        """(a verified hit or None, ``"hit" | "miss" | "refused" | "error"``)."""
+        digest = check_digest(key)
+        try:
+            data = self.remote.get(digest)
+        except Exception as exc:
+            self._remote_failed("read", exc)
+            return None, "error"
+        if data is None:
+            if count_miss:
+                self._count("remote_misses")
+            return None, "miss"
+        trusted = self.trusted_keys if self.require_signed_remote else None
+        try:
+            from .remote import unwrap_entry
+
+            artifact = unwrap_entry(digest, data, trusted)
+            # The envelope signature (a trusted key, over this key and the artifact's SHA-256)
+            # already vouches for every byte: the loader checks digests, not the signer again.
+            compiled = self._decode(artifact, None, "remote")
+        except Exception as exc:
+            self._count("refused")
+            self._warn(f"remote cache entry {digest[:16]} refused ({type(exc).__name__}: "
+                       f"{exc}); compiling locally")
+            return None, "refused"
+        self._count("remote_hits")
+        # Refetchable and verified on every read: no fsync; the remote keeps the key record.
+        self._put_disk(key, artifact, sync=False, record=False)
+        return compiled, "hit"
+
+    def _put_disk(self, key: CacheKey | str, data: bytes, sync: bool = True,
+                  record: bool = True) -> None:
+        try:
+            self.disk.put(key, data, sync=sync)
+            if record and isinstance(key, CacheKey):
+                self.disk.record_parts(key)
+            self._count("puts")
+        except (OSError, KernelPackError) as exc:
+            self._count("errors")
+            self._warn(f"disk cache write of {check_digest(key)[:16]} failed: {exc}")
+
+    def _put_remote(self, key: CacheKey | str, data: bytes) -> None:
+        if not self._remote_ok():
+            return
+        from .remote import wrap_entry
+
+        digest = check_digest(key)
+        try:
+            if self.remote.put(digest, wrap_entry(digest, data, self.sign_with)) is False:
+                self._count("remote_too_large")
+                return
+            if isinstance(key, CacheKey) and hasattr(self.remote, "put_parts"):
+                self.remote.put_parts(key, json.dumps({"parts": key.parts}).encode())
+            self._count("remote_puts")
+        except Exception as exc:
+            self._remote_failed("write", exc)
+
+    # ---- fleet-wide single flight --------------------------------------------------------------
+    def _remote_lock(self, key: str) -> tuple[Compiled | None, str | None]:
+        """Take the fleet lock, or wait for whoever holds it. Returns (a hit, None) when the
+        holder's entry arrived, (None, token) when we hold the lock, (None, None) otherwise."""
+        if not hasattr(self.remote, "try_lock"):
+            return None, None
+        ttl_ms = int(self.lock_ttl_s * 1000)
+        deadline = time.monotonic() + self.wait_s
+        delay = 0.01
+        waited = False
+        try:
+            while True:
+                token = self.remote.try_lock(key, ttl_ms)
+                if token is not None:
+                    # Another process may have put the entry and released the lock between
+                    # our miss and our lock: look once more before compiling.
+                    hit = self._from_remote(key, count_miss=False)
+                    if hit is not None:
+                        self.remote.unlock(key, token)
+                        return hit, None
+                    return None, token
+                if not waited:
+                    waited = True
+                    self._count("remote_waits")
+                while time.monotonic() < deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 1.5, 0.2)
+                    hit, status = self._lookup_remote(key, count_miss=False)
+                    if status != "miss":  # a hit; or an entry we refuse, or an outage:
+                        return hit, None  # waiting longer would not change that
+                    if not self.remote.is_locked(key):
+                        break  # the holder gave up or died: try to take the lock
+                else:
+                    self._warn(f"waited {self.wait_s:.0f} s for another process to compile "
+                               f"{key[:16]}; compiling here")
+                    return None, None
+        except Exception as exc:
+            self._remote_failed("lock", exc)
+            return None, None
+
+    # ---- the API -------------------------------------------------------------------------------
+    def load(self, key: CacheKey | str) -> Compiled | None:
+        """A verified hit from disk or the remote (put through to disk), or None."""
+        hit = self._from_disk(key)
+        if hit is None and self._readable_remote():
+            hit = self._from_remote(key)
+        return hit
+
+    def store(self, key: CacheKey | str, compiled: Compiled) -> bytes | None:
+        """Serialize ``compiled`` and write it to disk and the remote; the artifact bytes, or
+        None when it cannot be serialized (a warning, counted as an error)."""
+        try:
+            data = self._encode(compiled)
+        except Exception as exc:
+            self._count("errors")
+            self._warn(f"cannot serialize {compiled.name!r} for the cache: {exc}")
+            return None
+        self._put_disk(key, data)
+        if self.remote is not None:
+            self._put_remote(key, data)
+        return data
+
+    def fetch_or_compile(self, key: CacheKey | str, build: Callable[[], Compiled]) -> Compiled:
+        """The compiled program for ``key``: from disk, else the remote, else ``build()``.
+
+        Returns a :class:`~kernelpack.Compiled` whose ``origin`` is ``"disk"``, ``"remote"``
+        or ``"compiled"``. Raises only what ``build()`` raises (and TypeError if it returns
+        something that is not a Compiled).
+        """
+        digest = check_digest(key)
+        hit = self._from_disk(digest)
+        if hit is not None:
+            return hit
+        # The remote before the local lock: a hit needs no lock (concurrent put-throughs of
+        # one entry are atomic and identical), and a warm start from Redis skips 50 flocks.
+        status = "off"
+        if self._readable_remote():
+            hit, status = self._lookup_remote(key)
+            if hit is not None:
+                return hit
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self.disk.lock(digest))
+            except (OSError, KernelPackError) as exc:
+                self._count("errors")
+                self._warn(f"cannot take the disk lock for {digest[:16]} ({exc}); compiling "
+                           f"without single-flight")
+            hit = self._from_disk(digest, count_miss=False)  # filled while we waited?
+            if hit is not None:
+                return hit
+            token = None
+            # Only a plain miss waits for the fleet: after a refused entry (which our
+            # put-through will overwrite) or an outage, compile here at once. _remote_lock
+            # looks at the remote again once it holds the fleet lock.
+            if status == "miss" and self._remote_ok():
+                hit, token = self._remote_lock(digest)
+                if hit is not None:
+                    return hit
+            if token is not None:
+                stack.callback(self._unlock_remote, digest, token)
+            if self.explain_misses and isinstance(key, CacheKey):
+                _log().info("cache miss: %s", self.explain_miss(key))
+            compiled = build()
+            if not isinstance(compiled, Compiled):
+                raise TypeError(f"build() must return a kp.Compiled (got "
+                                f"{type(compiled).__name__})")
+            self._count("compiles")
+            self.store(key, compiled)
+            return dataclasses.replace(compiled, origin="compiled")
+
+    def _unlock_remote(self, digest: str, token: str) -> None:
+        try:
+            self.remote.unlock(digest, token)
+        except Exception as exc:
+            self._remote_failed("unlock", exc)
+
+    def external(self, *args: Any, **kwargs: Any) -> Compiled:
+        """``kp.external(...)`` through the cache: same arguments, keyed by the source bytes
+        (PTX, LLVM IR or cubins) and every other argument (see
+        :func:`kernelpack.cache.external_key.external_key`)."""
+        from .external_key import external_key
+
+        key, build = external_key(args, kwargs)
+        return self.fetch_or_compile(key, build)
+
+    # ---- inspection ----------------------------------------------------------------------------
+    def key_record(self, digest: str) -> CacheKey | None:
+        """The recorded parts of ``digest`` (disk record, else remote), or None."""
+        from .explain import key_record
+
+        remote = self.remote if self._remote_ok() else None
+        return key_record(self.disk, remote, check_digest(digest))
+
+    def explain(self, key: CacheKey | str) -> str:
+        """The parts of a key, and whether the disk holds it."""
+        from .explain import explain
+
+        record = key if isinstance(key, CacheKey) else self.key_record(check_digest(key))
+        return explain(self.disk, check_digest(key), record)
+
+    def explain_miss(self, key: CacheKey) -> str:
+        """Why ``key`` missed: the parts that differ from the nearest recorded key."""
+        from .explain import explain_miss
+
+        return explain_miss(self.disk, key)
+
+    def prune(self, max_bytes: int | None = None) -> tuple[int, int]:
+        """Evict down to ``max_bytes`` (default: the cap) and remove stale temporary files;
+        returns ``(entries removed, bytes freed)``."""
+        self.disk.prune_temps()
+        cap = self.disk.max_bytes if max_bytes is None else max_bytes
+        return self.disk.evict(cap) if cap is not None else (0, 0)
+
+    def clear(self) -> int:
+        """Remove every disk entry (not the remote's); returns how many."""
+        return self.disk.clear()

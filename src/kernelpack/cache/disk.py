@@ -1,0 +1,328 @@
+"""The disk tier: one file per entry, written atomically, shared safely by many processes.
+
+Layout under the cache root::
+
+    entries/ab/<key>.kpack     the artifact itself (bytes from kp.save); nothing else is needed
+    keys/ab/<key>.json         the key's parts, for ``kernelpack cache explain`` (optional)
+    locks/<key>.lock           per-key single-flight lock (flock), removed after use
+    quarantine/<key>.<ns>.kpack entries that failed verification, moved aside
+
+Guarantees, and how:
+
+- **All or nothing.** An entry is written to a temporary file in its final directory, fsynced,
+  then ``os.replace``d onto its name: a reader sees the old state or the whole new entry, and a
+  writer killed mid-write leaves only a ``.tmp`` file (ignored, removed by ``prune``).
+  A single-file entry cannot be torn across files (Triton's group files, JAX's -cache/-atime).
+- **Many processes.** Readers never lock; an entry disappearing under a reader (eviction,
+  ``clear``) is a miss, never an exception.
+- **Single-flight.** :meth:`DiskStore.lock` takes ``flock`` on a per-key lock file; the kernel
+  releases it if the holder dies. The file is unlinked by the holder before releasing, and an
+  acquirer re-checks that the path still names the inode it locked, so deleting lock files
+  cannot let two holders in.
+- **Bounded.** With ``max_bytes``, least-recently-used entries (by mtime, refreshed on a hit at
+  most once a minute to spare network filesystems) are removed down to 90% of the cap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import CacheError
+from ..limits import MAX_FILE_SIZE
+from .keys import CacheKey
+
+__all__ = ["DiskStore", "EntryInfo", "check_digest", "TOUCH_INTERVAL_S", "LOW_WATER",
+           "MAX_QUARANTINED"]
+
+TOUCH_INTERVAL_S = 60.0
+MAX_QUARANTINED = 32
+LOW_WATER = 0.9
+_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+_SUFFIX = ".kpack"
+
+
+def check_digest(key: str | CacheKey) -> str:
+    """The key's hex digest; ValueError for anything else (a path, a prefix, upper case)."""
+    digest = key.digest if isinstance(key, CacheKey) else key
+    if not isinstance(digest, str) or not _DIGEST_RE.match(digest):
+        raise ValueError(f"cache key must be 64 lowercase hex digits (got {digest!r})")
+    return digest
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """One entry on disk."""
+
+    digest: str
+    size: int
+    mtime: float
+    path: Path
+
+
+class DiskStore:
+    """The disk tier: ``get(key) -> bytes | None`` and ``put(key, data)`` over one directory."""
+
+    def __init__(self, root: str | os.PathLike[str], max_bytes: int | None = None) -> None:
+        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):
+            raise ValueError(f"max_bytes must be a non-negative int or None (got {max_bytes!r})")
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self._written_since_evict: int | None = None  # None: never evicted in this process
+
+    # ---- paths ---------------------------------------------------------------------------------
+    def path(self, key: str | CacheKey) -> Path:
+        digest = check_digest(key)
+        return self.root / "entries" / digest[:2] / (digest + _SUFFIX)
+
+    def _parts_path(self, digest: str) -> Path:
+        return self.root / "keys" / digest[:2] / (digest + ".json")
+
+    # ---- the storage interface -----------------------------------------------------------------
+    def get(self, key: str | CacheKey) -> bytes | None:
+        """The entry's bytes, or None when absent. Refreshes its LRU time (coarsely)."""
+        found = self.read(key)
+        return None if found is None else found[0]
+
+    def read(self, key: str | CacheKey) -> tuple[bytes, tuple[int, int]] | None:
+        """``(bytes, identity)`` of the entry, or None; ``identity`` (inode, mtime) lets
+        :meth:`quarantine` move aside exactly the file that was read and not a good entry
+        another process wrote since."""
+        path = self.path(key)
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if st.st_size > MAX_FILE_SIZE:
+                    return b"", (st.st_ino, st.st_mtime_ns)  # can never verify: quarantined
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        now = time.time()
+        if now - st.st_mtime > TOUCH_INTERVAL_S:
+            with contextlib.suppress(OSError):  # read-only cache dirs still serve hits
+                os.utime(path, (now, now))
+        return data, (st.st_ino, st.st_mtime_ns)
+
+    def put(self, key: str | CacheKey, data: bytes, *, sync: bool = True) -> None:
+        """Write the entry atomically (temp file, fsync, rename), then evict if over the cap.
+
+        ``sync=False`` skips the fsync, for entries that are cheap to fetch again (copies of
+        remote entries): a crash can then at worst leave an entry that fails verification,
+        which is quarantined and refetched.
+        Raises OSError when the disk refuses (full, read-only); the cache turns that into a
+        warning.
+        """
+        path = self.path(key)
+        _write_atomic(path, bytes(data), sync=sync)
+        if self.max_bytes is not None:
+            pending = (self._written_since_evict or 0) + len(data)
+            # Scanning the directory on every put would be O(entries); evict on the first put
+            # of a process and then after every 1/16 of the cap written.
+            if self._written_since_evict is None or pending > self.max_bytes // 16:
+                self.evict(self.max_bytes)
+                self._written_since_evict = 0
+            else:
+                self._written_since_evict = pending
+
+    # ---- key records (for explain) -------------------------------------------------------------
+    def record_parts(self, key: CacheKey) -> None:
+        path = self._parts_path(key.digest)
+        if not path.exists():
+            _write_atomic(path, json.dumps({"digest": key.digest, "parts": key.parts},
+                                           indent=1).encode(), sync=False)
+
+    def read_parts(self, digest: str) -> CacheKey | None:
+        """The recorded key, or None when there is no record or it does not reproduce
+        ``digest`` (a tampered or foreign record is not trusted)."""
+        try:
+            record = json.loads(self._parts_path(check_digest(digest)).read_bytes())
+            key = CacheKey.from_parts(record["parts"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return key if key.digest == digest else None
+
+    def recorded_keys(self) -> Iterator[CacheKey]:
+        for path in sorted((self.root / "keys").glob("??/*.json")):
+            key = self.read_parts(path.stem)
+            if key is not None:
+                yield key
+
+    # ---- single-flight -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, key: str | CacheKey) -> Iterator[None]:
+        """Hold the per-key lock: one process (and one thread) at a time compiles ``key``."""
+        digest = check_digest(key)
+        lock_dir = self.root / "locks"
+        path = lock_dir / (digest + ".lock")
+        while True:
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+            except FileNotFoundError:
+                lock_dir.mkdir(parents=True, exist_ok=True)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    same = os.stat(path).st_ino == os.fstat(fd).st_ino
+                except FileNotFoundError:
+                    same = False
+            except BaseException:
+                os.close(fd)
+                raise
+            if same:
+                break
+            os.close(fd)  # the holder before us unlinked it: lock the new file instead
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            os.close(fd)  # closing releases the flock
+
+    # ---- maintenance ---------------------------------------------------------------------------
+    def quarantine(self, key: str | CacheKey, seen: tuple[int, int] | None = None) -> Path | None:
+        """Move a bad entry aside (kept for inspection); None when it is already gone, or
+        when it is no longer the file identified by ``seen`` (from :meth:`read`)."""
+        digest = check_digest(key)
+        qdir = self.root / "quarantine"
+        qdir.mkdir(parents=True, exist_ok=True)
+        target = qdir / f"{digest}.{time.time_ns()}{_SUFFIX}"
+        try:
+            if seen is not None:
+                st = os.stat(self.path(digest))
+                if (st.st_ino, st.st_mtime_ns) != seen:
+                    return None  # replaced by a fresh entry since we read it: leave it
+            os.replace(self.path(digest), target)
+        except FileNotFoundError:
+            return None
+        for old in self.quarantined()[:-MAX_QUARANTINED]:  # keep evidence, but bounded
+            with contextlib.suppress(OSError):
+                old.unlink()
+        return target
+
+    def entries(self) -> list[EntryInfo]:
+        """Every complete entry (temporary files excluded), oldest first."""
+        out: list[EntryInfo] = []
+        base = self.root / "entries"
+        if not base.is_dir():
+            return out
+        for shard in os.scandir(base):
+            if not shard.is_dir():
+                continue
+            for item in os.scandir(shard.path):
+                name = item.name
+                if not name.endswith(_SUFFIX) or not _DIGEST_RE.match(name[:-len(_SUFFIX)]):
+                    continue
+                try:
+                    st = item.stat()
+                except FileNotFoundError:
+                    continue
+                out.append(EntryInfo(name[:-len(_SUFFIX)], st.st_size, st.st_mtime,
+                                     Path(item.path)))
+        out.sort(key=lambda e: (e.mtime, e.digest))
+        return out
+
+    def evict(self, max_bytes: int) -> tuple[int, int]:
+        """Remove least-recently-used entries until the total is at most ``max_bytes`` (to
+        ``LOW_WATER`` of it when over). Returns ``(entries removed, bytes freed)``; does
+        nothing when another process is already evicting."""
+        lock_dir = self.root / "locks"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_dir / "evict", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    return 0, 0
+                raise
+            entries = self.entries()
+            total = sum(e.size for e in entries)
+            if total <= max_bytes:
+                return 0, 0
+            goal = int(max_bytes * LOW_WATER)
+            removed = freed = 0
+            for e in entries:
+                if total <= goal:
+                    break
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(e.path)
+                    removed += 1
+                    freed += e.size
+                total -= e.size
+                with contextlib.suppress(OSError):
+                    os.unlink(self._parts_path(e.digest))
+            return removed, freed
+        finally:
+            os.close(fd)
+
+    def prune_temps(self, older_than_s: float = 3600.0) -> int:
+        """Remove temporary files left by killed writers (older than ``older_than_s``)."""
+        removed = 0
+        cutoff = time.time() - older_than_s
+        for path in self.root.glob("*/??/.*.tmp"):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed += 1
+        return removed
+
+    def quarantined(self) -> list[Path]:
+        """Quarantined files, oldest first."""
+        paths = list((self.root / "quarantine").glob("*" + _SUFFIX))
+        return sorted(paths, key=lambda p: (int(p.name.split(".")[1]), p.name))
+
+    def clear(self) -> int:
+        """Remove every entry, key record and quarantined file; returns the entries removed."""
+        count = 0
+        for e in self.entries():
+            with contextlib.suppress(FileNotFoundError):
+                e.path.unlink()
+                count += 1
+        for pattern in ("keys/??/*.json", "quarantine/*" + _SUFFIX):
+            for path in self.root.glob(pattern):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        return count
+
+
+def _write_atomic(path: Path, data: bytes, sync: bool = True) -> None:
+    """Temp file in the target's directory, (fsync), ``os.replace``: all or nothing.
+
+    Without ``sync`` a crash may leave a truncated file under the final name on some
+    filesystems; callers use it only for data that is verified on every read (and then
+    quarantined) or that is advisory (key records).
+    """
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileNotFoundError:  # first entry of its shard: create the folder (rarely needed)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(f"cache directory {str(path.parent)!r} cannot be created: "
+                             f"{exc.strerror}") from exc
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if sync:
+            os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

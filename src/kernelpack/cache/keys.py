@@ -1,0 +1,287 @@
+"""Cache keys: a stable digest of every input that can change a compiled artifact.
+
+The key is SHA-256 over length-prefixed, labelled parts, in a fixed order:
+
+``format`` (artifact major.minor), ``kernelpack`` (version), ``kind``, ``source`` (digest of the
+canonical source bytes: the lowering's canonical fusion serialization, or the PTX/cubin bytes
+of an external kernel), ``options`` (canonical, type-tagged, sorted), ``targets`` (normalized,
+sorted), ``llvm``, ``nvjitlink``, ``libdevice`` (toolchain identity) and ``env`` (every codegen
+knob declared in :mod:`kernelpack.config`).
+
+What is deliberately *not* in it: ``id()``, Python ``hash()`` (salted per process), absolute
+paths and device indices — each made Triton or Inductor keys unstable across processes, hosts
+or ranks. A toolchain probe that fails is recorded as ``unavailable:<ExceptionClass>``: the key
+still changes when the toolchain appears or disappears (fail closed, never a stale hit).
+
+Toolchain identity is computed once per process and kept cheap, because a warm start pays for
+it: package versions come from installed distribution metadata (a wheel pins its library
+builds) and the library is loaded and asked only when no distribution provides it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import struct
+import sys
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from .. import config
+from ..limits import FORMAT_MAJOR, FORMAT_MINOR
+
+__all__ = ["CacheKey", "make_key", "canonical_options", "toolchain_identity", "digest_parts",
+           "KEY_LABELS"]
+
+KEY_LABELS = ("format", "kernelpack", "kind", "source", "options", "targets", "llvm",
+              "nvjitlink", "libdevice", "env")
+_DOMAIN = b"kernelpack-cache-key/1\0"
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """A cache key: ``digest`` (64 hex chars; the entry's name everywhere) and the ``parts``
+    it was computed from, as ``(label, text)`` pairs, kept so a miss can be explained."""
+
+    digest: str
+    parts: tuple[tuple[str, str], ...]
+
+    def __str__(self) -> str:
+        return self.digest
+
+    def part(self, label: str) -> str:
+        for name, value in self.parts:
+            if name == label:
+                return value
+        raise KeyError(label)
+
+    def explain(self) -> str:
+        """The parts, one per line, as ``kernelpack cache explain`` prints them."""
+        width = max(len(label) for label, _ in self.parts)
+        lines = [f"key {self.digest}"]
+        lines += [f"  {label:<{width}}  {value}" for label, value in self.parts]
+        return "\n".join(lines)
+
+    def diff(self, other: "CacheKey") -> list[tuple[str, str, str]]:
+        """``(label, mine, theirs)`` for every part that differs: why ``other`` is not a hit."""
+        mine, theirs = dict(self.parts), dict(other.parts)
+        return [(label, mine.get(label, "<absent>"), theirs.get(label, "<absent>"))
+                for label in sorted(set(mine) | set(theirs), key=_label_order)
+                if mine.get(label) != theirs.get(label)]
+
+    @staticmethod
+    def from_parts(parts: Sequence[Sequence[str]]) -> "CacheKey":
+        """Rebuild a key from recorded parts (a sidecar); the digest is recomputed, so a
+        tampered record cannot pass for another key."""
+        items = tuple((str(label), str(value)) for label, value in parts)
+        return CacheKey(digest_parts(items), items)
+
+
+def _label_order(label: str) -> tuple[int, str]:
+    return (KEY_LABELS.index(label) if label in KEY_LABELS else len(KEY_LABELS), label)
+
+
+def digest_parts(parts: Sequence[tuple[str, str]]) -> str:
+    """SHA-256 over the domain tag and each ``label``/``value`` pair, every field prefixed by
+    its 8-byte length, so no two different part lists can produce the same byte stream."""
+    h = hashlib.sha256(_DOMAIN)
+    for label, value in parts:
+        for field in (label.encode(), value.encode()):
+            h.update(struct.pack(">Q", len(field)))
+            h.update(field)
+    return h.hexdigest()
+
+
+# ---- options -----------------------------------------------------------------------------------
+def _encode(value: object, where: str) -> str:
+    """A type-tagged canonical text for an option value: 1, 1.0, True and "1" all differ."""
+    from ..dtypes import DType  # light module; imported here to keep this file's header short
+
+    if value is None:
+        return "n"
+    if isinstance(value, bool):
+        return "b1" if value else "b0"
+    if isinstance(value, int):
+        return f"i{value}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "fnan"  # every NaN is one option value; float.hex would keep the payload
+        return "f" + value.hex()
+    if isinstance(value, str):
+        return f"s{len(value)}:{value}"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        return f"y{len(data)}:{data.hex()}"
+    if isinstance(value, DType):
+        return f"t{value.name}"
+    if isinstance(value, (list, tuple)):
+        return f"l{len(value)}[" + ",".join(_encode(v, f"{where}[{i}]")
+                                           for i, v in enumerate(value)) + "]"
+    if isinstance(value, (set, frozenset)):
+        items = sorted(_encode(v, where + "{}") for v in value)
+        return f"e{len(items)}{{" + ",".join(items) + "}"
+    if isinstance(value, Mapping):
+        return _encode_mapping(value, where)
+    raise TypeError(f"cache key option {where} must be None, bool, int, float, str, bytes, a "
+                    f"kp dtype, or a list/tuple/set/dict of those (got {type(value).__name__})")
+
+
+def _encode_mapping(value: Mapping, where: str) -> str:
+    items = []
+    for k in value:
+        if not isinstance(k, str):
+            raise TypeError(f"cache key option names must be str (got {k!r} in {where})")
+    for k in sorted(value):
+        items.append(_encode(k, where) + "=" + _encode(value[k], f"{where}.{k}"))
+    return f"d{len(items)}{{" + ",".join(items) + "}"
+
+
+def canonical_options(options: Mapping[str, object]) -> str:
+    """The canonical text of an options dict (sorted names, type-tagged values)."""
+    if not isinstance(options, Mapping):
+        raise TypeError(f"options must be a dict (got {type(options).__name__})")
+    return _encode_mapping(options, "options")
+
+
+def _canonical_targets(targets: Sequence[str]) -> str:
+    if isinstance(targets, str) or not isinstance(targets, Sequence):
+        raise TypeError(f"targets must be a list such as ['sm_80', 'ptx'] (got {targets!r})")
+    names = []
+    for t in targets:
+        if not isinstance(t, str) or not t.strip():
+            raise TypeError(f"each target must be a non-empty str (got {t!r})")
+        names.append(t.strip().lower())
+    # The image set does not depend on the order targets are listed in (parse_target_list
+    # sorts them), so neither does the key: ["sm_90", "sm_80"] hits ["sm_80", "sm_90"].
+    return ",".join(sorted(set(names)))
+
+
+# ---- toolchain identity ------------------------------------------------------------------------
+_DIST_INFO = re.compile(r"^([A-Za-z0-9_.]+)-([^-]+?)\.(?:dist-info|egg-info)$")
+
+
+def _installed() -> dict[str, str]:
+    """``{normalized distribution name: version}`` from the ``*.dist-info`` folders on
+    ``sys.path`` — what ``importlib.metadata`` reads, without its ~30 ms import, since a warm
+    start pays for every key's toolchain probe. The first folder on the path wins, as for
+    imports."""
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            match = _DIST_INFO.match(name)
+            if match:
+                found.setdefault(_normalize(match.group(1)), match.group(2))
+    return found
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _dist_version(*names: str) -> str | None:
+    installed = _installed()
+    for name in names:
+        version = installed.get(_normalize(name))
+        if version is not None:
+            return f"{name} {version}"
+    return None
+
+
+def _probe_llvm() -> str:
+    found = _dist_version("llvmlite")
+    if found:
+        return found  # an llvmlite wheel statically links one LLVM build
+    try:
+        import llvmlite.binding as llvm  # a source build: ask the library itself
+
+        return "LLVM " + ".".join(str(v) for v in llvm.llvm_version_info)
+    except Exception as exc:
+        return f"unavailable:{type(exc).__name__}"
+
+
+def _probe_nvjitlink() -> str:
+    found = _dist_version("nvidia-nvjitlink", "nvidia-nvjitlink-cu13", "nvidia-nvjitlink-cu12")
+    bindings = _dist_version("cuda-bindings") or "cuda-bindings ?"
+    if found:
+        return f"{found}; {bindings}"
+    try:
+        from ..toolchain import nvjitlink
+
+        major, minor = nvjitlink.version()
+        return f"nvJitLink {major}.{minor}; {bindings}"
+    except Exception as exc:
+        return f"unavailable:{type(exc).__name__}"
+
+
+def _probe_libdevice() -> str:
+    """The digest of the very file the lowering links (its locator, not a copy of it)."""
+    try:
+        from ..toolchain import libdevice
+
+        return libdevice.digest()
+    except Exception as exc:
+        return f"unavailable:{type(exc).__name__}"
+
+
+_TOOLCHAIN: tuple[tuple[str, str], ...] | None = None
+
+
+def toolchain_identity(refresh: bool = False) -> tuple[tuple[str, str], ...]:
+    """``(("llvm", ...), ("nvjitlink", ...), ("libdevice", ...))``, computed once per process
+    (a few milliseconds: no shared library is loaded when wheels provide the tools)."""
+    global _TOOLCHAIN
+    if _TOOLCHAIN is None or refresh:
+        _TOOLCHAIN = (("llvm", _probe_llvm()), ("nvjitlink", _probe_nvjitlink()),
+                      ("libdevice", _probe_libdevice()))
+    return _TOOLCHAIN
+
+
+# ---- the key -----------------------------------------------------------------------------------
+def make_key(kind: str, source: bytes | str, options: Mapping[str, object] | None = None,
+             targets: Sequence[str] = ()) -> CacheKey:
+    """The cache key of one compilation.
+
+    Parameters
+    ----------
+    kind:
+        What ``source`` is: ``"fusion"`` (the lowering's canonical bytes), ``"external"``
+        (PTX or cubin bytes), or another producer's name.
+    source:
+        Canonical source bytes (a str is UTF-8 encoded). Must not contain paths or ids.
+    options:
+        Everything else the producer's output depends on (entry names, summaries in canonical
+        form, block sizes, ...): None, bool, int, float, str, bytes, dtypes, and containers.
+    targets:
+        The requested targets (order does not matter).
+
+    Raises
+    ------
+    TypeError
+        A part has a type that has no canonical form (an object would hash by identity).
+    """
+    from .. import __version__
+
+    if not isinstance(kind, str) or not kind.isidentifier():
+        raise TypeError(f"kind must be an identifier such as 'fusion' or 'external' (got {kind!r})")
+    if isinstance(source, str):
+        source = source.encode()
+    if not isinstance(source, (bytes, bytearray, memoryview)):
+        raise TypeError(f"source must be bytes (got {type(source).__name__})")
+    data = bytes(source)
+    parts = (
+        ("format", f"{FORMAT_MAJOR}.{FORMAT_MINOR}"),
+        ("kernelpack", __version__),
+        ("kind", kind),
+        ("source", f"sha256:{hashlib.sha256(data).hexdigest()} ({len(data)} bytes)"),
+        ("options", canonical_options(options or {})),
+        ("targets", _canonical_targets(targets)),
+        *toolchain_identity(),
+        ("env", ";".join(f"{n}={v}" for n, v in config.codegen_env())),
+    )
+    return CacheKey(digest_parts(parts), parts)

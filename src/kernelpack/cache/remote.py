@@ -1,0 +1,194 @@
+"""The remote tier: Redis, shared by a fleet, and treated as hostile.
+
+A remote entry is executable code that any process with write access to Redis could have
+planted, so what is stored is an *envelope* binding the artifact to its key::
+
+    b"KPCE" | version (1 byte) | key digest (32) | public key (32) | signature (64) | artifact
+
+The ed25519 signature covers ``"kernelpack-cache-entry-v1\\0" + key digest + sha256(artifact)``,
+so a trusted signed artifact cannot be replayed under another key, and the artifact inside
+carries its own kernelpack signature, checked again by ``kp.load(trusted_keys=...)``.
+
+``redis://`` URLs are served by :mod:`kernelpack.cache.resp` (six commands, no heavy import);
+``rediss://`` and ``unix://`` by the ``redis`` package, imported on first use. Every call has a
+socket timeout; the cache above turns any failure into a warning and a local compile (see
+:class:`kernelpack.cache.Cache`).
+Keys: ``kernelpack:1:entry:<digest>``, ``...:lock:<digest>``, ``...:parts:<digest>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import struct
+from typing import Any, Iterable
+
+from ..errors import CacheError, SignatureError
+from .disk import check_digest
+from .keys import CacheKey
+
+__all__ = ["RedisStore", "wrap_entry", "unwrap_entry", "ENTRY_MAGIC", "ENTRY_DOMAIN"]
+
+ENTRY_MAGIC = b"KPCE"
+ENTRY_VERSION = 1
+ENTRY_DOMAIN = b"kernelpack-cache-entry-v1\0"
+_HEADER = struct.Struct(">4sB32s32s64s")
+_UNLOCK = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
+           "else return 0 end")
+
+
+def _message(digest: str, artifact: bytes) -> bytes:
+    return ENTRY_DOMAIN + bytes.fromhex(digest) + hashlib.sha256(artifact).digest()
+
+
+def wrap_entry(digest: str, artifact: bytes, sign_with: object | None) -> bytes:
+    """The envelope for ``artifact`` under key ``digest``; unsigned (zero key and signature)
+    when ``sign_with`` is None."""
+    check_digest(digest)
+    if sign_with is None:
+        public, signature = bytes(32), bytes(64)
+    else:
+        from ..signing import load_private_key, public_key_bytes
+
+        private = load_private_key(sign_with)
+        public, signature = public_key_bytes(private), private.sign(_message(digest, artifact))
+    return _HEADER.pack(ENTRY_MAGIC, ENTRY_VERSION, bytes.fromhex(digest), public,
+                        signature) + artifact
+
+
+def unwrap_entry(digest: str, data: bytes, trusted_keys: Iterable[object] | None) -> bytes:
+    """The artifact inside an envelope, after checking it is for ``digest`` and, unless
+    ``trusted_keys`` is None, signed by one of them.
+
+    Raises
+    ------
+    CacheError
+        Not an envelope (garbage, truncated, other version) or made for another key.
+    SignatureError
+        Unsigned, signed by an untrusted key, or a signature that does not verify.
+    """
+    check_digest(digest)
+    if not isinstance(data, (bytes, bytearray)) or len(data) < _HEADER.size:
+        raise CacheError(f"remote entry {digest[:16]}: {len(data) if data else 0} bytes is "
+                         f"shorter than the {_HEADER.size}-byte envelope header")
+    magic, version, key, public, signature = _HEADER.unpack_from(data)
+    if magic != ENTRY_MAGIC or version != ENTRY_VERSION:
+        raise CacheError(f"remote entry {digest[:16]}: not a kernelpack cache envelope "
+                         f"(magic {magic!r} version {version}, expected {ENTRY_MAGIC!r} "
+                         f"version {ENTRY_VERSION})")
+    if key.hex() != digest:
+        raise CacheError(f"remote entry {digest[:16]}: envelope is for key {key.hex()[:16]}")
+    artifact = bytes(data[_HEADER.size:])
+    if trusted_keys is None:
+        return artifact
+    if public == bytes(32):
+        raise SignatureError(f"remote entry {digest[:16]} is unsigned; trusted keys are required")
+    # Not signing.verify_digest: an entry signature has its own domain (ENTRY_DOMAIN), so an
+    # artifact signature can never be passed off as an entry signature or the reverse.
+    from ..signing import key_id, load_public_key
+
+    trusted = [load_public_key(k) for k in trusted_keys]
+    if public not in trusted:
+        raise SignatureError(f"remote entry {digest[:16]} is signed by key {key_id(public)}, "
+                             f"which is not trusted")
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    try:
+        ed25519.Ed25519PublicKey.from_public_bytes(public).verify(signature,
+                                                                   _message(digest, artifact))
+    except InvalidSignature:
+        raise SignatureError(f"remote entry {digest[:16]}: signature by key {key_id(public)} "
+                             f"does not verify (entry modified or replayed)") from None
+    return artifact
+
+
+class RedisStore:
+    """``get(key) -> bytes | None`` / ``put(key, data)`` over Redis, plus a fleet-wide lock.
+
+    Every method may raise the ``redis`` package's exceptions (connection refused, timeout);
+    the caller decides what a failure means.
+    """
+
+    def __init__(self, url: str, *, ttl_s: int = 7 * 86400, max_entry_bytes: int = 64 << 20,
+                 timeout_s: float = 1.0, namespace: str = "kernelpack:1",
+                 client: str = "resp") -> None:
+        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"remote must be a redis://host:port/db URL (got {url!r})")
+        if not isinstance(ttl_s, int) or ttl_s <= 0:
+            raise ValueError(f"ttl_s must be a positive int (got {ttl_s!r})")
+        if not isinstance(max_entry_bytes, int) or max_entry_bytes <= 0:
+            raise ValueError(f"max_entry_bytes must be a positive int (got {max_entry_bytes!r})")
+        self.url = url
+        self.ttl_s = ttl_s
+        self.max_entry_bytes = max_entry_bytes
+        self.timeout_s = float(timeout_s)
+        self.namespace = namespace
+        if client not in ("resp", "redis-py"):
+            raise ValueError(f"client must be 'resp' or 'redis-py' (got {client!r})")
+        self.client_kind = client
+        self._client: Any = None
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.url!r})"
+
+    @property
+    def client(self) -> Any:
+        """The connection: kernelpack's own RESP client for ``redis://`` (no 130 ms ``import
+        redis``), the ``redis`` package for ``rediss://`` (TLS), ``unix://``, or when asked
+        with ``client="redis-py"``."""
+        if self._client is None:
+            if self.url.startswith("redis://") and self.client_kind == "resp":
+                from .resp import RespClient
+
+                # Never download more than an entry may be (plus the envelope header).
+                self._client = RespClient(self.url, self.timeout_s,
+                                          max_reply_bytes=self.max_entry_bytes + _HEADER.size)
+                return self._client
+            try:
+                import redis
+            except ImportError as exc:
+                raise CacheError(f"remote {self.url!r} needs the 'redis' package: install "
+                                 f"kernelpack[redis]") from exc
+            self._client = redis.Redis.from_url(
+                self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s,
+                retry_on_timeout=False, health_check_interval=0)
+        return self._client
+
+    def _name(self, what: str, key: str | CacheKey) -> str:
+        return f"{self.namespace}:{what}:{check_digest(key)}"
+
+    def get(self, key: str | CacheKey) -> bytes | None:
+        value = self.client.get(self._name("entry", key))
+        return None if value is None else bytes(value)
+
+    def put(self, key: str | CacheKey, data: bytes) -> bool:
+        """Store with the TTL; False (nothing stored) when over ``max_entry_bytes``."""
+        if len(data) > self.max_entry_bytes:
+            return False
+        self.client.set(self._name("entry", key), bytes(data), ex=self.ttl_s)
+        return True
+
+    def put_parts(self, key: CacheKey, record: bytes) -> None:
+        self.client.set(self._name("parts", key), record, ex=self.ttl_s)
+
+    def get_parts(self, key: str) -> bytes | None:
+        value = self.client.get(self._name("parts", key))
+        return None if value is None else bytes(value)
+
+    def try_lock(self, key: str | CacheKey, ttl_ms: int) -> str | None:
+        """Take the fleet-wide compile lock (``SET NX PX``); a token to unlock with, or None
+        when another process holds it."""
+        token = secrets.token_hex(16)
+        ok = self.client.set(self._name("lock", key), token, nx=True, px=int(ttl_ms))
+        return token if ok else None
+
+    def is_locked(self, key: str | CacheKey) -> bool:
+        return bool(self.client.exists(self._name("lock", key)))
+
+    def unlock(self, key: str | CacheKey, token: str) -> None:
+        """Release the lock only if it is still ours (compare-and-delete in one script)."""
+        self.client.eval(_UNLOCK, 1, self._name("lock", key), token)
+
+    def delete(self, key: str | CacheKey) -> None:
+        self.client.delete(self._name("entry", key), self._name("parts", key))

@@ -1,0 +1,158 @@
+"""The one place kernelpack reads environment variables.
+
+Every variable kernelpack looks at is *declared* here as a :class:`Knob`: its name, default,
+documentation, and whether it can change generated code. Knobs that can (``codegen=True``) are
+folded into every cache key by :func:`codegen_env`, so flipping one can never produce a stale
+cache hit (Triton's lesson: its C++ allowlist of "cache-invalidating" variables). A test scans
+``src/kernelpack`` and fails when code reads a variable through anything but :func:`get`, or
+reads one that is not declared.
+
+Other modules add their knobs with :func:`declare` at import time of *this* module (append to
+the list at the bottom), so the registry is complete before anything reads it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+__all__ = [
+    "Knob", "declare", "knob", "knobs", "get", "codegen_env",
+    "cache_dir", "cache_max_bytes", "remote_cache_url", "explain_cache_misses",
+    "libdevice_override", "cuda_home",
+]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A declared environment variable.
+
+    ``codegen`` is True when its value can change the bytes of a compiled artifact; such knobs
+    are part of every cache key. Paths that select a toolchain file (``KERNELPACK_LIBDEVICE``)
+    are *not* codegen knobs: the key holds the file's digest instead, since an absolute path in
+    a key would make identical machines miss.
+    """
+
+    name: str
+    default: str | None
+    codegen: bool
+    doc: str
+
+
+_REGISTRY: dict[str, Knob] = {}
+
+
+def declare(name: str, default: str | None = None, *, codegen: bool, doc: str) -> Knob:
+    """Register a knob; declaring the same name twice with different facts is a ValueError."""
+    if not isinstance(name, str) or not name or not name.replace("_", "").isalnum():
+        raise ValueError(f"knob name must be an environment variable name (got {name!r})")
+    new = Knob(name, default, bool(codegen), doc)
+    old = _REGISTRY.get(name)
+    if old is not None and old != new:
+        raise ValueError(f"knob {name!r} is already declared differently ({old} vs {new})")
+    _REGISTRY[name] = new
+    return new
+
+
+def knob(name: str) -> Knob:
+    """The declaration of ``name``; KeyError naming the known knobs when it is undeclared."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"environment variable {name!r} is not declared in kernelpack.config "
+                       f"(declared: {sorted(_REGISTRY)})") from None
+
+
+def knobs() -> Iterator[Knob]:
+    """All declared knobs, sorted by name."""
+    for name in sorted(_REGISTRY):
+        yield _REGISTRY[name]
+
+
+def get(name: str) -> str | None:
+    """The value of declared knob ``name``: the environment's if set and non-empty, else its
+    default. Reading an undeclared name raises KeyError, which is the point."""
+    decl = knob(name)
+    value = os.environ.get(name)
+    return value if value else decl.default
+
+
+def codegen_env() -> tuple[tuple[str, str], ...]:
+    """``(name, value)`` of every codegen knob, sorted, for cache keys. An unset knob is
+    recorded as ``"<unset>"`` so that setting it to its default still changes nothing only when
+    the value is literally the same."""
+    return tuple((k.name, get(k.name) or "<unset>") for k in knobs() if k.codegen)
+
+
+# ---- accessors ---------------------------------------------------------------------------------
+def cache_dir() -> Path:
+    """The disk cache root: ``$KERNELPACK_CACHE_DIR``, else ``$XDG_CACHE_HOME/kernelpack``, else
+    ``~/.cache/kernelpack`` (never /tmp, which is often tmpfs and lost on reboot)."""
+    explicit = get("KERNELPACK_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):  # the XDG spec says relative values are to be ignored
+        return Path(xdg) / "kernelpack"
+    return Path.home() / ".cache" / "kernelpack"
+
+
+def cache_max_bytes() -> int | None:
+    """The disk cache size cap in bytes (``$KERNELPACK_CACHE_MAX_BYTES``; ``0`` or ``none``
+    means unbounded). ValueError naming the variable when it is not a number."""
+    value = (get("KERNELPACK_CACHE_MAX_BYTES") or "").strip().lower()
+    if value in ("", "0", "none"):
+        return None
+    try:
+        parsed = int(value)
+    except ValueError:
+        raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be a byte count "
+                         f"(got {value!r})") from None
+    if parsed < 0:
+        raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be >= 0 (got {parsed})")
+    return parsed
+
+
+def remote_cache_url() -> str | None:
+    """``$KERNELPACK_REMOTE_CACHE`` (e.g. ``redis://host:6379/0``), used when ``kp.Cache`` is
+    given no ``remote=``."""
+    return get("KERNELPACK_REMOTE_CACHE")
+
+
+def explain_cache_misses() -> bool:
+    """``$KERNELPACK_CACHE_EXPLAIN=1``: log why every cache miss missed (the nearest recorded
+    key and the parts that differ), without changing code."""
+    return (get("KERNELPACK_CACHE_EXPLAIN") or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def libdevice_override() -> Path | None:
+    """An explicit libdevice bitcode file (``$KERNELPACK_LIBDEVICE``)."""
+    value = get("KERNELPACK_LIBDEVICE")
+    return Path(value).expanduser() if value else None
+
+
+def cuda_home() -> Path | None:
+    """A CUDA toolkit root from ``$CUDA_HOME`` or ``$CUDA_PATH`` (in that order)."""
+    value = get("CUDA_HOME") or get("CUDA_PATH")
+    return Path(value).expanduser() if value else None
+
+
+# ---- the registry ------------------------------------------------------------------------------
+declare("KERNELPACK_CACHE_DIR", None, codegen=False,
+        doc="Disk cache root; overrides $XDG_CACHE_HOME/kernelpack.")
+declare("KERNELPACK_CACHE_MAX_BYTES", str(10 << 30), codegen=False,
+        doc="Disk cache size cap in bytes (LRU eviction); 0 or 'none' for no cap.")
+declare("XDG_CACHE_HOME", None, codegen=False,
+        doc="Base of per-user caches (XDG); the disk cache lives in its 'kernelpack' folder.")
+declare("KERNELPACK_REMOTE_CACHE", None, codegen=False,
+        doc="Remote cache URL (redis://host:port/db) used when kp.Cache gets no remote=.")
+declare("KERNELPACK_CACHE_EXPLAIN", None, codegen=False,
+        doc="1: log, for every cache miss, the key parts that differ from the nearest entry.")
+declare("KERNELPACK_LIBDEVICE", None, codegen=False,
+        doc="Path of libdevice.10.bc; cache keys hold the file's digest, not the path.")
+declare("CUDA_HOME", None, codegen=False,
+        doc="CUDA toolkit root, searched for libdevice when no wheel provides it.")
+declare("CUDA_PATH", None, codegen=False,
+        doc="Alternative spelling of CUDA_HOME (Windows convention).")

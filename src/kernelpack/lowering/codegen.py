@@ -1,0 +1,400 @@
+"""Expression codegen: the value of any graph node at a multi-index, as LLVM IR.
+
+Every kernel schedule (:mod:`kernelpack.lowering.kernels`) reduces to "compute node N at index
+(i0, i1, ...)". :meth:`Emitter.value` does that recursively: elementwise nodes compute their
+inputs at the broadcast-mapped index, views remap axes, loads compute an offset (the flat
+index itself when shapes agree, so plain pointwise kernels do no div/mod per input), and a
+reduction either returns the value its schedule already computed for this row or loops over
+the reduced indices itself (the general fallback). Dims are i64 kernel arguments; all index
+math is 64-bit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence
+
+from llvmlite import ir
+
+from ..dtypes import DType, float64, int64
+from ..errors import CompileError
+from ..expr import Expr
+from ..fusion import COMPARE, Graph, Node
+from .irutil import (I64, Loops, Val, component, const_of, convert, storage_type,
+                     to_compute, to_storage)
+
+__all__ = ["Ctx", "Emitter", "NotRowSchedulable", "acc_dtype", "ZERO"]
+
+ZERO = ir.Constant(I64, 0)
+_LIBM = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
+         "floor", "ceil"}
+
+
+class NotRowSchedulable(Exception):
+    """A reduction cached per row was read at another row: use the general schedule."""
+
+
+class Ctx(NamedTuple):
+    """Where a value is computed: the node's shape, one i64 index per axis, and the flat
+    row-major index when it is known (None after a broadcast)."""
+
+    shape: tuple[Expr, ...]
+    comps: tuple[ir.Value, ...]
+    linear: ir.Value | None
+
+
+def acc_dtype(kind: str, dt: DType) -> DType:
+    """Reductions of narrow floats accumulate in float64 (NumPy-level accuracy for long rows)."""
+    if kind in ("sum", "mean", "prod") and dt.kind == "f" and dt.itemsize < 8:
+        return float64
+    if kind in ("sum", "mean", "prod") and dt.kind == "c" and dt.itemsize == 8:
+        return dt  # complex64 sums stay complex64 (rare; accuracy is the caller's choice)
+    return dt
+
+
+def _same(a: ir.Value, b: ir.Value) -> bool:
+    if a is b:
+        return True
+    return (isinstance(a, ir.Constant) and isinstance(b, ir.Constant)
+            and a.constant == b.constant)
+
+
+class Emitter:
+    """Builds one kernel function. ``buffers``/``scalars`` are the kernel's pointer and value
+    parameters (name, dtype) in order; ``symbols`` the i64 dim parameters that follow."""
+
+    def __init__(self, module: ir.Module, graph: Graph, name: str,
+                 buffers: Sequence[tuple[str, DType]], scalars: Sequence[tuple[str, DType]],
+                 symbols: Sequence[str]) -> None:
+        self.module, self.graph = module, graph
+        types = [ir.PointerType()] * len(buffers) + [component(d) for _, d in scalars] \
+            + [I64] * len(symbols)
+        self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), types), name)
+        self.fn.calling_convention = "ptx_kernel"
+        args = list(self.fn.args)
+        self.buffers = {n: (a, d) for (n, d), a in zip(buffers, args)}
+        self.scalars = {n: (a, d) for (n, d), a in zip(scalars, args[len(buffers):])}
+        self.dims = dict(zip(symbols, args[len(buffers) + len(scalars):]))
+        for arg, (n, _) in zip(args, list(buffers) + list(scalars)):
+            arg.name = n
+        for n, a in self.dims.items():
+            a.name = "dim_" + n
+        entry = self.fn.append_basic_block("entry")
+        self.body = self.fn.append_basic_block("body")
+        self.entry = ir.IRBuilder(entry)
+        self.b = ir.IRBuilder(self.body)
+        self.loops = Loops(self.b, self.entry)
+        self.scopes: list[dict] = [{}]
+        self.exprs: dict[Expr, ir.Value] = {}
+        self.rowcache: dict[int, tuple[Val, tuple[ir.Value, ...]]] = {}
+        self.uses_libdevice = False
+        self.vec_lane: int | None = None  # lane within a 16-byte group (vectorized loops)
+        self.touched: set[str] = set()    # buffers accessed as 16-byte groups
+        self.guard: ir.Value | None = None  # i1: loads happen only where it holds (else 0)
+        for n, (a, d) in self.buffers.items():
+            a.add_attribute("noalias")
+
+    def aligned16(self) -> ir.Value:
+        """i1 (in the entry block): every buffer accessed in 16-byte groups is 16-byte
+        aligned. Call after emitting the vectorized body."""
+        e = self.entry
+        bits: ir.Value = ir.Constant(I64, 0)
+        for name in sorted(self.touched):
+            bits = e.or_(bits, e.ptrtoint(self.buffers[name][0], I64))
+        return e.icmp_unsigned("==", e.and_(bits, ir.Constant(I64, 15)), ir.Constant(I64, 0))
+
+    def finish(self) -> None:
+        self.entry.branch(self.body)
+        self.b.ret_void()
+
+    # ---- integer expressions over dims (emitted once, in the entry block) ---------------------
+    def expr(self, e: Expr) -> ir.Value:
+        hit = self.exprs.get(e)
+        if hit is not None:
+            return hit
+        b = self.entry
+        if e.op == "const":
+            out: ir.Value = ir.Constant(I64, int(e.value))  # type: ignore[arg-type]
+        elif e.op == "sym":
+            if e.value not in self.dims:
+                raise CompileError(f"dim {e.value!r} is not bound by any input tensor shape")
+            out = self.dims[e.value]  # type: ignore[index]
+        else:
+            a = [self.expr(x) for x in e.args]
+            out = _int_op(b, e.op, a)
+        self.exprs[e] = out
+        return out
+
+    def numel(self, shape: Sequence[Expr]) -> ir.Value:
+        total: Expr | int = 1
+        for d in shape:
+            total = total * d
+        return self.expr(total if isinstance(total, Expr) else Expr("const", (), total))
+
+    def unravel(self, i: ir.Value, shape: Sequence[Expr]) -> tuple[ir.Value, ...]:
+        comps: list[ir.Value] = []
+        rest = i
+        for d in reversed(shape[1:]):
+            if d.is_const and d.value == 1:
+                comps.append(ZERO)
+                continue
+            dv = self.expr(d)
+            comps.append(self.b.urem(rest, dv))
+            rest = self.b.udiv(rest, dv)
+        if shape:
+            comps.append(ZERO if shape[0].is_const and shape[0].value == 1 else rest)
+        return tuple(reversed(comps))
+
+    def ravel(self, comps: Sequence[ir.Value], shape: Sequence[Expr]) -> ir.Value:
+        off: ir.Value = ZERO
+        for c, d in zip(comps, shape):
+            if d.is_const and d.value == 1:
+                continue
+            off = self.b.add(self.b.mul(off, self.expr(d)), c) if off is not ZERO else c
+        return off
+
+    # ---- memory ------------------------------------------------------------------------------
+    def _align(self, buf: str, dt: DType, part: int, contiguous: bool) -> int | None:
+        """Alignment of an access in a vectorized lane: ``gcd(16, byte offset in the 16-byte
+        group)`` (LLVM's load/store vectorizer then emits ld/st.v2/.v4); None elsewhere."""
+        if self.vec_lane is None or not contiguous:
+            return None
+        self.touched.add(buf)
+        comp = dt.itemsize // 2 if dt.is_complex else dt.itemsize
+        return math.gcd(16, self.vec_lane * dt.itemsize + part * comp) or 16
+
+    def load(self, buf: str, dt: DType, offset: ir.Value, contiguous: bool = False) -> Val:
+        ptr, _ = self.buffers[buf]
+        st = storage_type(dt)
+        b = self.b
+        if dt.is_complex:
+            base = b.mul(offset, ir.Constant(I64, 2))
+            re = b.load(b.gep(ptr, [base], inbounds=True, source_etype=st), typ=st,
+                        align=self._align(buf, dt, 0, contiguous))
+            im = b.load(b.gep(ptr, [b.add(base, ir.Constant(I64, 1))], inbounds=True,
+                              source_etype=st), typ=st, align=self._align(buf, dt, 1, contiguous))
+            return (re, im)
+        return to_compute(b, b.load(b.gep(ptr, [offset], inbounds=True, source_etype=st),
+                                    typ=st, align=self._align(buf, dt, 0, contiguous)), dt)
+
+    def store(self, buf: str, dt: DType, offset: ir.Value, v: Val,
+              contiguous: bool = False) -> None:
+        ptr, _ = self.buffers[buf]
+        st = storage_type(dt)
+        b = self.b
+        if dt.is_complex:
+            base = b.mul(offset, ir.Constant(I64, 2))
+            b.store(v[0], b.gep(ptr, [base], inbounds=True, source_etype=st),
+                    align=self._align(buf, dt, 0, contiguous))
+            b.store(v[1], b.gep(ptr, [b.add(base, ir.Constant(I64, 1))], inbounds=True,
+                                source_etype=st), align=self._align(buf, dt, 1, contiguous))
+            return
+        b.store(to_storage(b, v, dt), b.gep(ptr, [offset], inbounds=True, source_etype=st),
+                align=self._align(buf, dt, 0, contiguous))
+
+    # ---- node values -------------------------------------------------------------------------
+    def push(self) -> None:
+        self.scopes.append({})
+
+    def pop(self) -> None:
+        self.scopes.pop()
+
+    def child_ctx(self, ctx: Ctx, shape: tuple[Expr, ...]) -> Ctx:
+        if shape == ctx.shape:
+            return ctx
+        r, rc = len(ctx.shape), len(shape)
+        comps = tuple(ZERO if d.is_const and d.value == 1 else ctx.comps[r - rc + k]
+                      for k, d in enumerate(shape))
+        return Ctx(shape, comps, None)
+
+    def value(self, nid: int, ctx: Ctx) -> Val:
+        key = (nid, tuple(id(c) for c in ctx.comps), id(ctx.linear))
+        for scope in reversed(self.scopes):
+            if key in scope:
+                return scope[key]
+        out = self._compute(self.graph.nodes[nid], ctx)
+        self.scopes[-1][key] = out
+        return out
+
+    def operand(self, nid: int, ctx: Ctx, dt: DType) -> Val:
+        node = self.graph.nodes[nid]
+        return convert(self.b, self.value(nid, self.child_ctx(ctx, node.shape)), node.dtype, dt)
+
+    def _compute(self, node: Node, ctx: Ctx) -> Val:
+        op, dt, b = node.op, node.dtype, self.b
+        if op == "input":
+            if ctx.linear is not None:
+                load = lambda: self.load(node.attrs[0], dt, ctx.linear, contiguous=True)  # noqa: E731
+            else:
+                off = self.ravel(ctx.comps, node.shape)
+                load = lambda: self.load(node.attrs[0], dt, off)  # noqa: E731
+            return load() if self.guard is None else self.guarded(dt, load)
+        if op == "scalar":
+            return self.scalars[node.attrs[0]][0]
+        if op == "const":
+            return const_of(dt, node.attrs[0])
+        if op == "dim":
+            return convert(b, self.expr(node.attrs[0]), int64, dt)
+        if op == "iota":
+            return convert(b, ctx.comps[node.attrs[0]], int64, dt)
+        if op == "cast":
+            return self.operand(node.inputs[0], ctx, dt)
+        if op == "view":
+            (mapping,) = node.attrs
+            src = self.graph.nodes[node.inputs[0]]
+            comps = [ZERO] * len(src.shape)
+            for out_axis, in_axis in enumerate(mapping):
+                if in_axis is not None:
+                    comps[in_axis] = ctx.comps[out_axis]
+            return self.value(src.id, Ctx(src.shape, tuple(comps), ctx.linear))
+        if op == "where":
+            c = self.operand(node.inputs[0], ctx, node_dtype(self.graph, node.inputs[0]))
+            x, y = (self.operand(i, ctx, dt) for i in node.inputs[1:])
+            if dt.is_complex:
+                return (b.select(c, x[0], y[0]), b.select(c, x[1], y[1]))
+            return b.select(c, x, y)
+        if op == "pad":
+            return self._pad(node, ctx)
+        if op == "reduce":
+            return self._reduce(node, ctx)
+        from .mathops import binary, unary
+
+        if len(node.inputs) == 1:
+            src = self.graph.nodes[node.inputs[0]]
+            in_dt = src.dtype if op in ("real", "imag", "abs") else dt
+            return unary(self, op, self.operand(src.id, ctx, in_dt), in_dt, dt)
+        da, db_ = (node_dtype(self.graph, i) for i in node.inputs)
+        common = operand_dtype(op, da, db_, dt)
+        x, y = (self.operand(i, ctx, common) for i in node.inputs)
+        return binary(self, op, x, y, common)
+
+    def guarded(self, dt: DType, load) -> Val:  # type: ignore[no-untyped-def]
+        """``load()`` where ``self.guard`` holds, zero elsewhere (register-cached rows
+        compute a few slots past the row's end)."""
+        return self.zero_unless(self.guard, dt, load)
+
+    def zero_unless(self, cond: ir.Value, dt: DType, compute) -> Val:  # type: ignore[no-untyped-def]
+        """``compute()`` emitted under ``if cond`` (its values stay inside), zero otherwise."""
+        b = self.b
+        zero = const_of(dt, 0)
+        parts = zero if isinstance(zero, tuple) else (zero,)
+        slots = [self.loops.alloca(component(dt)) for _ in parts]
+        for s, z in zip(slots, parts):
+            b.store(z, s)
+        with b.if_then(cond):
+            self.push()
+            v = compute()
+            for s, p in zip(slots, v if isinstance(v, tuple) else (v,)):
+                b.store(p, s)
+            self.pop()
+        loaded = tuple(b.load(s, typ=component(dt)) for s in slots)
+        return loaded if dt.is_complex else loaded[0]
+
+    def _pad(self, node: Node, ctx: Ctx) -> Val:
+        (axis,) = node.attrs
+        src = self.graph.nodes[node.inputs[0]]
+        inside = self.b.icmp_signed("<", ctx.comps[axis], self.expr(src.shape[axis]))
+        return self.zero_unless(inside, node.dtype,
+                                lambda: self.value(src.id, Ctx(src.shape, ctx.comps, None)))
+
+    def _reduce(self, node: Node, ctx: Ctx) -> Val:
+        if node.id in self.rowcache:
+            val, outer = self.rowcache[node.id]
+            if not all(_same(a, c) for a, c in zip(ctx.comps[:len(outer)], outer)):
+                raise NotRowSchedulable(f"reduction {node.id} read at another row")
+            return val
+        kind, axes = node.attrs
+        src = self.graph.nodes[node.inputs[0]]
+        dims = [src.shape[a] for a in axes]
+        acc_dt = acc_dtype(kind, node.dtype)
+        from .mathops import combine, finalize, identity
+
+        slots = self.acc_slots(acc_dt, identity(kind, acc_dt))
+        self.push()
+        with self.loops.range(ZERO, self.numel(dims), ir.Constant(I64, 1), "r") as k:
+            comps = list(ctx.comps)
+            for a, c in zip(axes, self.unravel(k, dims)):
+                comps[a] = c
+            v = convert(self.b, self.value(src.id, Ctx(src.shape, tuple(comps), None)),
+                        src.dtype, acc_dt)
+            self.acc_store(slots, combine(self, kind, acc_dt, self.acc_load(slots, acc_dt), v))
+        self.pop()
+        total = self.acc_load(slots, acc_dt)
+        return convert(self.b, finalize(self, kind, acc_dt, total, self.numel(dims)), acc_dt,
+                       node.dtype)
+
+    # accumulators in entry-block allocas (SROA makes them registers)
+    def acc_slots(self, dt: DType, init: Val) -> tuple[ir.Value, ...]:
+        parts = init if isinstance(init, tuple) else (init,)
+        slots = tuple(self.loops.alloca(component(dt)) for _ in parts)
+        for s, p in zip(slots, parts):
+            self.b.store(p, s)
+        return slots
+
+    def acc_load(self, slots: tuple[ir.Value, ...], dt: DType) -> Val:
+        vals = tuple(self.b.load(s, typ=component(dt)) for s in slots)
+        return vals if dt.is_complex else vals[0]
+
+    def acc_store(self, slots: tuple[ir.Value, ...], v: Val) -> None:
+        for s, p in zip(slots, v if isinstance(v, tuple) else (v,)):
+            self.b.store(p, s)
+
+    def libcall(self, name: str, ret: ir.Type, args: Sequence[ir.Value]) -> ir.Value:
+        fn = self.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ret, [a.type for a in args]), name)
+        if name.startswith("__nv_"):
+            self.uses_libdevice = True
+        return self.b.call(fn, list(args))
+
+
+def node_dtype(graph: Graph, nid: int) -> DType:
+    return graph.nodes[nid].dtype
+
+
+_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+
+
+def operand_dtype(op: str, da: DType, db: DType, out: DType) -> DType:
+    """The dtype both operands are converted to before ``op``."""
+    if op == "complex":
+        return out.real
+    if op in COMPARE or op in ("and", "or", "xor"):
+        if da == db:
+            return da
+        return da if _RANK[da.kind] >= _RANK[db.kind] else db
+    return out
+
+
+def _int_op(b: ir.IRBuilder, op: str, a: list[ir.Value]) -> ir.Value:
+    """An Expr operator on i64 values (the evaluator's semantics for valid inputs)."""
+    one = ir.Constant(I64, 1)
+    if op == "add": return b.add(a[0], a[1])
+    if op == "sub": return b.sub(a[0], a[1])
+    if op == "mul": return b.mul(a[0], a[1])
+    if op == "neg": return b.sub(ZERO, a[0])
+    if op == "floordiv":
+        q, r = b.sdiv(a[0], a[1]), b.srem(a[0], a[1])
+        fix = b.and_(b.icmp_signed("!=", r, ZERO),
+                     b.icmp_signed("<", b.xor(r, a[1]), ZERO))
+        return b.sub(q, b.zext(fix, I64))
+    if op == "ceildiv":
+        return b.sub(ZERO, _int_op(b, "floordiv", [b.sub(ZERO, a[0]), a[1]]))
+    if op == "mod":
+        r = b.srem(a[0], a[1])
+        fix = b.and_(b.icmp_signed("!=", r, ZERO), b.icmp_signed("<", b.xor(r, a[1]), ZERO))
+        return b.select(fix, b.add(r, a[1]), r)
+    if op == "min": return b.select(b.icmp_signed("<=", a[0], a[1]), a[0], a[1])
+    if op == "max": return b.select(b.icmp_signed(">=", a[0], a[1]), a[0], a[1])
+    if op == "shl": return b.shl(a[0], a[1])
+    if op == "shr": return b.ashr(a[0], a[1])
+    if op in ("eq", "ne", "lt", "le", "gt", "ge"):
+        sign = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[op]
+        return b.zext(b.icmp_signed(sign, a[0], a[1]), I64)
+    if op == "and":
+        return b.zext(b.and_(b.icmp_signed("!=", a[0], ZERO), b.icmp_signed("!=", a[1], ZERO)), I64)
+    if op == "or":
+        return b.zext(b.or_(b.icmp_signed("!=", a[0], ZERO), b.icmp_signed("!=", a[1], ZERO)), I64)
+    if op == "not": return b.zext(b.icmp_signed("==", a[0], ZERO), I64)
+    if op == "select": return b.select(b.icmp_signed("!=", a[0], ZERO), a[1], a[2])
+    raise CompileError(f"unsupported dim expression operator {op!r}")

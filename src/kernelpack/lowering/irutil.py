@@ -1,0 +1,177 @@
+"""Small helpers over ``llvmlite.ir``: types per dtype, conversions, loops, NVPTX intrinsics.
+
+Pure Python (``llvmlite.ir`` builds text, it never calls LLVM). A *value* here is an
+``ir.Value``, or a ``(re, im)`` pair of them for complex dtypes, which are stored interleaved.
+float16/bfloat16 are computed in float32 and converted at loads and stores, like CUDA's
+``__half`` arithmetic on architectures without native half math.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Union
+
+from llvmlite import ir
+
+from ..dtypes import DType
+
+__all__ = ["I1", "I8", "I32", "I64", "F32", "F64", "Val", "compute_type", "storage_type",
+           "component", "const_of", "convert", "to_compute", "to_storage", "Loops", "sreg"]
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+I16, F16, F32, F64 = ir.IntType(16), ir.HalfType(), ir.FloatType(), ir.DoubleType()
+Val = Union[ir.Value, tuple]
+
+
+def component(dt: DType) -> ir.Type:
+    """The LLVM type one scalar (or one complex part) of ``dt`` is computed in."""
+    if dt.kind == "b":
+        return I1
+    if dt.kind in "iu":
+        return ir.IntType(8 * dt.itemsize)
+    if dt.kind == "c":
+        return F32 if dt.itemsize == 8 else F64
+    return F64 if dt.itemsize == 8 else F32
+
+
+compute_type = component
+
+
+def storage_type(dt: DType) -> ir.Type:
+    """The LLVM type one element (or one complex part) is stored as in memory."""
+    if dt.kind == "b":
+        return I8
+    if dt.name == "float16":
+        return F16
+    if dt.name == "bfloat16":
+        return I16  # llvmlite.ir has no bfloat: convert by bit manipulation
+    return component(dt)
+
+
+def to_compute(b: ir.IRBuilder, v: ir.Value, dt: DType) -> ir.Value:
+    """A loaded element (storage type) in its compute type."""
+    if dt.kind == "b":
+        return b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
+    if dt.name == "float16":
+        return b.fpext(v, F32)
+    if dt.name == "bfloat16":
+        return b.bitcast(b.shl(b.zext(v, I32), ir.Constant(I32, 16)), F32)
+    return v
+
+
+def to_storage(b: ir.IRBuilder, v: ir.Value, dt: DType) -> ir.Value:
+    """A computed element in its storage type (bfloat16: round to nearest even, NaN kept)."""
+    if dt.kind == "b":
+        return b.zext(v, I8)
+    if dt.name == "float16":
+        return b.fptrunc(v, F16)
+    if dt.name == "bfloat16":
+        bits = b.bitcast(v, I32)
+        lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
+        rounded = b.lshr(b.add(bits, b.add(lsb, ir.Constant(I32, 0x7FFF))), ir.Constant(I32, 16))
+        isnan = b.fcmp_unordered("uno", v, v)
+        return b.trunc(b.select(isnan, ir.Constant(I32, 0x7FC0), rounded), I16)
+    return v
+
+
+def const_of(dt: DType, value: object) -> Val:
+    """A constant of ``dt`` (complex: the real part is ``value``, the imaginary part 0)."""
+    t = component(dt)
+    if dt.kind == "b":
+        return ir.Constant(I1, int(bool(value)))
+    if dt.kind in "iu":
+        v = int(value)  # type: ignore[arg-type]
+        bits = 8 * dt.itemsize
+        return ir.Constant(t, v & ((1 << bits) - 1) if v < 0 and dt.kind == "u" else v)
+    if dt.kind == "c":
+        return (ir.Constant(t, float(value)), ir.Constant(t, 0.0))  # type: ignore[arg-type]
+    return ir.Constant(t, float(value))  # type: ignore[arg-type]
+
+
+def convert(b: ir.IRBuilder, v: Val, src: DType, dst: DType) -> Val:
+    """NumPy ``astype`` semantics between compute representations."""
+    if src == dst:
+        return v
+    if src.kind == "c":
+        if dst.kind == "c":
+            return (convert(b, v[0], src.real, dst.real), convert(b, v[1], src.real, dst.real))
+        if dst.kind == "b":
+            return b.or_(_truth(b, v[0], src.real), _truth(b, v[1], src.real))
+        return convert(b, v[0], src.real, dst)
+    if dst.kind == "c":
+        re = convert(b, v, src, dst.real)
+        return (re, ir.Constant(re.type, 0.0))
+    st, dt_ = component(src), component(dst)
+    if dst.kind == "b":
+        return _truth(b, v, src)
+    if src.kind == "b":
+        return b.zext(v, dt_) if dst.kind in "iu" else b.uitofp(v, dt_)
+    if src.kind in "iu" and dst.kind in "iu":
+        if st.width == dt_.width:
+            return v
+        if st.width > dt_.width:
+            return b.trunc(v, dt_)
+        return b.sext(v, dt_) if src.kind == "i" else b.zext(v, dt_)
+    if src.kind in "iu":
+        return b.sitofp(v, dt_) if src.kind == "i" else b.uitofp(v, dt_)
+    if dst.kind in "iu":
+        return b.fptosi(v, dt_) if dst.kind == "i" else b.fptoui(v, dt_)
+    if st == dt_:
+        return v
+    return b.fpext(v, dt_) if isinstance(dt_, ir.DoubleType) else b.fptrunc(v, dt_)
+
+
+def _truth(b: ir.IRBuilder, v: ir.Value, src: DType) -> ir.Value:
+    if src.kind == "b":
+        return v
+    if src.kind in "iu":
+        return b.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
+    return b.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0))
+
+
+_SREG = {"tid": "tid.x", "ctaid": "ctaid.x", "nctaid": "nctaid.x", "ntid": "ntid.x"}
+
+
+def sreg(b: ir.IRBuilder, module: ir.Module, name: str) -> ir.Value:
+    """A special register (``tid``, ``ctaid``, ``nctaid``, ``ntid``) zero-extended to i64."""
+    fname = f"llvm.nvvm.read.ptx.sreg.{_SREG[name]}"
+    fn = module.globals.get(fname) or ir.Function(module, ir.FunctionType(I32, []), fname)
+    return b.zext(b.call(fn, []), I64)
+
+
+class Loops:
+    """Structured loops and branches over one builder. Counters live in allocas of the entry
+    block (LLVM's SROA turns them into SSA), which keeps this code free of phi bookkeeping."""
+
+    def __init__(self, b: ir.IRBuilder, entry: ir.IRBuilder) -> None:
+        self.b = b
+        self.entry = entry
+
+    def alloca(self, t: ir.Type, name: str = "") -> ir.Value:
+        return self.entry.alloca(t, name=name)
+
+    @contextmanager
+    def range(self, start: ir.Value, stop: ir.Value, step: ir.Value,
+              name: str = "i") -> Iterator[ir.Value]:
+        """``for (i = start; i < stop; i += step)`` over signed i64."""
+        b = self.b
+        slot = self.alloca(I64, name + ".slot")
+        b.store(start, slot)
+        head = b.append_basic_block(name + ".head")
+        body = b.append_basic_block(name + ".body")
+        done = b.append_basic_block(name + ".done")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.load(slot, typ=I64)
+        b.cbranch(b.icmp_signed("<", i, stop), body, done)
+        b.position_at_end(body)
+        yield i
+        b.store(b.add(b.load(slot, typ=I64), step), slot)
+        b.branch(head)
+        b.position_at_end(done)
+
+    @contextmanager
+    def when(self, cond: ir.Value, name: str = "if") -> Iterator[None]:
+        """A one-armed branch."""
+        with self.b.if_then(cond):
+            yield

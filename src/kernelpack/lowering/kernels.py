@@ -1,0 +1,161 @@
+"""Kernel templates: the loops of each schedule around :meth:`Emitter.value`.
+
+- ``pointwise``: ``for i in grid-stride(total)``: store every output at ``i``.
+- ``row``: see :mod:`kernelpack.lowering.rows`.
+- ``partial``: each block reduces ``CHUNK`` consecutive elements into one workspace entry.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from llvmlite import ir
+
+from ..dtypes import DType
+from ..fusion import Graph
+from .codegen import ZERO, Ctx, Emitter, acc_dtype
+from .groups import block_reduce
+from .irutil import I64, convert, sreg
+from .mathops import combine, identity
+from .rows import row
+from .schedule import CHUNK, UNROLL, KernelSpec
+
+__all__ = ["signature", "emit"]
+
+
+def signature(graph: Graph, spec: KernelSpec, scratch: dict[str, DType]
+              ) -> tuple[list[tuple[str, DType]], list[tuple[str, DType]]]:
+    """(buffers, scalars) of a kernel, in parameter order: its outputs (or workspace), the
+    workspaces it reads, every input tensor, every scalar. Dims (i64) follow them."""
+    buffers: list[tuple[str, DType]] = []
+    for name, nid in spec.outputs:
+        buffers.append((name, scratch[name] if name in scratch else graph.nodes[nid].dtype))
+    for ws in spec.scratch:
+        if all(ws != n for n, _ in buffers):
+            buffers.append((ws, scratch[ws]))
+    for pname, kind, dt, _ in graph.params:
+        if kind == "tensor":
+            buffers.append((pname, dt))
+    scalars = [(pname, dt) for pname, kind, dt, _ in graph.params if kind == "scalar"]
+    return buffers, scalars
+
+
+def emit(module: ir.Module, graph: Graph, spec: KernelSpec, scratch: dict[str, DType],
+         symbols: Sequence[str]) -> Emitter:
+    buffers, scalars = signature(graph, spec, scratch)
+    em = Emitter(module, graph, spec.name, buffers, scalars, symbols)
+    {"pointwise": _pointwise, "row": row, "partial": _partial}[spec.kind](em, spec)
+    em.finish()
+    return em
+
+
+def _pointwise(em: Emitter, spec: KernelSpec) -> None:
+    """Grid-stride loop; with ``spec.vec > 1`` a first loop handles groups of ``vec``
+    elements (16 bytes of the widest tensor) when every buffer it touches is 16-byte aligned
+    (checked in the kernel), and the scalar loop takes the rest."""
+    b, m = em.b, em.module
+    tid, bid, nb = sreg(b, m, "tid"), sreg(b, m, "ctaid"), sreg(b, m, "nctaid")
+    blk = ir.Constant(I64, spec.block)
+    gid, stride, total = b.add(b.mul(bid, blk), tid), b.mul(nb, blk), em.numel(spec.shape)
+    start = em.loops.alloca(I64, "start")
+    b.store(ZERO, start)
+    if spec.vec > 1:
+        flag = em.loops.alloca(ir.IntType(1), "aligned")
+        vec = ir.Constant(I64, spec.vec)
+        nvec = b.udiv(total, vec)
+        with b.if_then(b.load(flag, typ=ir.IntType(1))):
+            with em.loops.range(gid, nvec, stride, "v") as v:
+                base = b.mul(v, vec)
+                em.push()
+                # every load first, then the math, then every store: LLVM's load/store
+                # vectorizer merges only accesses it can see side by side
+                lanes = []
+                for k in range(spec.vec):
+                    em.vec_lane = k
+                    i = b.add(base, ir.Constant(I64, k)) if k else base
+                    ctx = Ctx(spec.shape, em.unravel(i, spec.shape), i)
+                    for leaf in _same_shape_inputs(em.graph, spec):
+                        em.value(leaf, ctx)
+                    lanes.append((k, i, ctx))
+                pending = []
+                for k, i, ctx in lanes:
+                    em.vec_lane = k
+                    pending += [(k, name, nid, i, em.value(nid, ctx)) for name, nid in spec.outputs]
+                for k, name, nid, i, val in pending:
+                    em.vec_lane = k
+                    em.store(name, em.graph.nodes[nid].dtype, i, val, contiguous=True)
+                em.vec_lane = None
+                em.pop()
+            b.store(b.mul(nvec, vec), start)
+        em.entry.store(em.aligned16(), flag)
+    with em.loops.range(b.add(b.load(start, typ=I64), gid), total, stride) as i:
+        em.push()
+        _store_outputs(em, spec, i)
+        em.pop()
+
+
+def _same_shape_inputs(graph, spec: KernelSpec) -> list[int]:
+    seen: set[int] = set()
+    stack = [nid for _, nid in spec.outputs]
+    leaves = []
+    while stack:
+        nid = stack.pop()
+        if nid in seen:
+            continue
+        seen.add(nid)
+        node = graph.nodes[nid]
+        if node.op == "input" and node.shape == spec.shape:
+            leaves.append(nid)
+        stack.extend(node.inputs)
+    return sorted(leaves)
+
+
+def _store_outputs(em: Emitter, spec: KernelSpec, i: ir.Value) -> None:
+    ctx = Ctx(spec.shape, em.unravel(i, spec.shape), i)
+    for name, nid in spec.outputs:
+        em.store(name, em.graph.nodes[nid].dtype, i, em.value(nid, ctx), contiguous=True)
+
+
+def _partial(em: Emitter, spec: KernelSpec) -> None:
+    """One block reduces ``CHUNK`` consecutive elements into ``ws[block]``. Each thread keeps
+    ``UNROLL`` independent accumulators (loads in flight together, no serial FP add chain),
+    then the block combines them."""
+    b, m, g = em.b, em.module, em.graph
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    tid, bid = sreg(b, m, "tid"), sreg(b, m, "ctaid")
+    ((ws, r),) = spec.outputs
+    node = g.nodes[r]
+    src = g.nodes[node.inputs[0]]
+    kind, _ = node.attrs
+    acc_dt = acc_dtype(kind, node.dtype)
+    total = em.numel(spec.shape)
+    start = b.mul(bid, c(CHUNK))
+    end_ = b.add(start, c(CHUNK))
+    end = b.select(b.icmp_signed("<", end_, total), end_, total)
+    accs = [em.acc_slots(acc_dt, identity(kind, acc_dt)) for _ in range(UNROLL)]
+
+    def add(slots: tuple, j: ir.Value) -> None:
+        v = convert(b, em.value(src.id, Ctx(spec.shape, em.unravel(j, spec.shape), j)),
+                    src.dtype, acc_dt)
+        em.acc_store(slots, combine(em, kind, acc_dt, em.acc_load(slots, acc_dt), v))
+
+    # A full chunk is a whole number of UNROLL·block strides: no bounds checks inside, so the
+    # UNROLL loads of an iteration are all in flight together. The last chunk loops simply.
+    with b.if_else(b.icmp_signed("<=", end_, total)) as (full, tail):
+        with full:
+            with em.loops.range(b.add(start, tid), end_, c(spec.block * UNROLL)) as i:
+                em.push()
+                for k, slots in enumerate(accs):
+                    add(slots, b.add(i, c(k * spec.block)) if k else i)
+                em.pop()
+        with tail:
+            with em.loops.range(b.add(start, tid), end, c(spec.block)) as i:
+                em.push()
+                add(accs[0], i)
+                em.pop()
+    acc = em.acc_load(accs[0], acc_dt)
+    for slots in accs[1:]:
+        acc = combine(em, kind, acc_dt, acc, em.acc_load(slots, acc_dt))
+    acc = block_reduce(em, kind, acc_dt, acc, tid, spec.block)
+    with b.if_then(b.icmp_unsigned("==", tid, ZERO)):
+        em.store(ws, acc_dt, bid, acc)

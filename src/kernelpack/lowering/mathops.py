@@ -1,0 +1,220 @@
+"""Scalar semantics of the DSL's operators in LLVM IR: NumPy's, for every dtype kind.
+
+Floats follow IEEE with NaN propagation where NumPy propagates (``maximum``/``minimum``, max/min
+reductions); integer ``//`` and ``%`` round toward negative infinity like Python; shifts by the
+type width or more give 0 (or the sign for arithmetic right shifts) instead of LLVM poison.
+Transcendentals call libdevice (``__nv_expf`` ...), whose accuracy matches CUDA's math library.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llvmlite import ir
+
+from ..dtypes import DType
+from ..errors import CompileError
+from .irutil import I1, Val, component, const_of
+
+if TYPE_CHECKING:
+    from .codegen import Emitter
+
+__all__ = ["unary", "binary", "combine", "identity", "finalize", "libm", "sincos"]
+
+_FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+def libm(em: "Emitter", name: str, dt: DType, *args: ir.Value) -> ir.Value:
+    """Call libdevice's ``__nv_<name>[f]`` for float32/float64."""
+    t = component(dt)
+    suffix = "f" if isinstance(t, ir.FloatType) else ""
+    return em.libcall(f"__nv_{name}{suffix}", t, args)
+
+
+def sincos(em: "Emitter", dt: DType, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """``(sin x, cos x)`` from one libdevice ``sincos`` call (one argument reduction), shared by
+    every ``sin``/``cos`` of the same value in scope: the encodings compute both per element."""
+    key = ("sincos", id(x))
+    for scope in reversed(em.scopes):
+        if key in scope:
+            return scope[key]
+    t = component(dt)
+    s_slot, c_slot = em.loops.alloca(t, "sin"), em.loops.alloca(t, "cos")
+    suffix = "f" if isinstance(t, ir.FloatType) else ""
+    em.libcall(f"__nv_sincos{suffix}", ir.VoidType(), [x, s_slot, c_slot])
+    out = (em.b.load(s_slot, typ=t), em.b.load(c_slot, typ=t))
+    em.scopes[-1][key] = out
+    em.scopes[-1][("keep", id(x))] = x  # keeps id(x) from being reused while the entry lives
+    return out
+
+
+def unary(em: "Emitter", op: str, x: Val, dt: DType, out: DType) -> Val:
+    b = em.b
+    if dt.is_complex:
+        if op == "neg":
+            return (b.fneg(x[0]), b.fneg(x[1]))
+        if op == "real":
+            return x[0]
+        if op == "imag":
+            return x[1]
+        if op == "abs":
+            return libm(em, "hypot", dt.real, x[0], x[1])
+        if op == "exp":
+            mag = libm(em, "exp", dt.real, x[0])
+            return (b.fmul(mag, libm(em, "cos", dt.real, x[1])),
+                    b.fmul(mag, libm(em, "sin", dt.real, x[1])))
+        raise CompileError(f"{op} of a complex tensor is not supported by the lowering")
+    if dt.kind in "iub":
+        if op == "neg":
+            return b.sub(ir.Constant(x.type, 0), x)
+        if op == "abs":
+            if dt.kind == "u":
+                return x
+            return b.select(b.icmp_signed("<", x, ir.Constant(x.type, 0)),
+                            b.sub(ir.Constant(x.type, 0), x), x)
+        if op == "invert":
+            return b.xor(x, ir.Constant(x.type, -1 if dt.kind != "b" else 1))
+        if op in ("real",):
+            return x
+        raise CompileError(f"{op} of an integer tensor reached codegen (dtype {dt})")
+    if op == "neg":
+        return b.fneg(x)
+    if op == "abs":
+        return libm(em, "fabs", dt, x)
+    if op == "sigmoid":
+        one = ir.Constant(x.type, 1.0)
+        return b.fdiv(one, b.fadd(one, libm(em, "exp", dt, b.fneg(x))))
+    if op in ("real",):
+        return x
+    if op in ("sin", "cos"):
+        s, c = sincos(em, dt, x)
+        return s if op == "sin" else c
+    if op in ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tan", "tanh", "erf",
+              "floor", "ceil"):
+        return libm(em, op, dt, x)
+    raise CompileError(f"unsupported unary operator {op!r} for {dt}")
+
+
+def binary(em: "Emitter", op: str, x: Val, y: Val, dt: DType) -> Val:
+    b = em.b
+    if op == "complex":
+        return (x, y)
+    if dt.is_complex:
+        return _complex_binary(em, op, x, y, dt)
+    if dt.kind in "iub":
+        return _int_binary(b, op, x, y, dt)
+    if op == "add": return b.fadd(x, y)
+    if op == "sub": return b.fsub(x, y)
+    if op == "mul": return b.fmul(x, y)
+    if op == "div": return b.fdiv(x, y)
+    if op == "pow": return libm(em, "pow", dt, x, y)
+    if op == "floordiv": return libm(em, "floor", dt, b.fdiv(x, y))
+    if op == "mod":
+        r = b.frem(x, y)
+        zero = ir.Constant(x.type, 0.0)
+        fix = b.and_(b.fcmp_ordered("!=", r, zero),
+                     b.icmp_unsigned("!=", b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", y, zero)))
+        return b.select(fix, b.fadd(r, y), r)
+    if op in ("max", "min"):
+        return _fminmax(b, op, x, y)
+    if op in _FCMP:
+        if op == "ne":
+            return b.fcmp_unordered("!=", x, y)
+        return b.fcmp_ordered(_FCMP[op], x, y)
+    raise CompileError(f"unsupported operator {op!r} for {dt}")
+
+
+def _fminmax(b: ir.IRBuilder, op: str, x: ir.Value, y: ir.Value) -> ir.Value:
+    better = b.fcmp_ordered(">" if op == "max" else "<", x, y)
+    return b.select(b.or_(better, b.fcmp_unordered("uno", x, x)), x, y)
+
+
+def _int_binary(b: ir.IRBuilder, op: str, x: ir.Value, y: ir.Value, dt: DType) -> ir.Value:
+    signed = dt.kind == "i"
+    zero = ir.Constant(x.type, 0)
+    if op == "add": return b.add(x, y)
+    if op == "sub": return b.sub(x, y)
+    if op == "mul": return b.mul(x, y)
+    if op == "and": return b.and_(x, y)
+    if op == "or": return b.or_(x, y)
+    if op == "xor": return b.xor(x, y)
+    if op in _FCMP:
+        sign = _FCMP[op]
+        return b.icmp_signed(sign, x, y) if signed else b.icmp_unsigned(sign, x, y)
+    if op in ("max", "min"):
+        cmp = (b.icmp_signed if signed else b.icmp_unsigned)(">" if op == "max" else "<", x, y)
+        return b.select(cmp, x, y)
+    if op in ("floordiv", "mod"):
+        if not signed:
+            return b.udiv(x, y) if op == "floordiv" else b.urem(x, y)
+        q, r = b.sdiv(x, y), b.srem(x, y)
+        fix = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("<", b.xor(r, y), zero))
+        if op == "floordiv":
+            return b.sub(q, b.zext(fix, x.type))
+        return b.select(fix, b.add(r, y), r)
+    if op in ("shl", "shr"):
+        width = ir.Constant(x.type, x.type.width)
+        too_far = b.icmp_unsigned(">=", y, width)  # also catches negative counts
+        if op == "shl":
+            return b.select(too_far, zero, b.shl(x, y))
+        if signed:
+            return b.ashr(x, b.select(too_far, ir.Constant(x.type, x.type.width - 1), y))
+        return b.select(too_far, zero, b.lshr(x, y))
+    if op == "pow":
+        raise CompileError("integer ** with a tensor exponent is not supported; use floats")
+    raise CompileError(f"unsupported operator {op!r} for {dt}")
+
+
+def _complex_binary(em: "Emitter", op: str, x: tuple, y: tuple, dt: DType) -> Val:
+    b = em.b
+    (a, c), (d, e) = x, y
+    if op == "add": return (b.fadd(a, d), b.fadd(c, e))
+    if op == "sub": return (b.fsub(a, d), b.fsub(c, e))
+    if op == "mul": return (b.fsub(b.fmul(a, d), b.fmul(c, e)), b.fadd(b.fmul(a, e), b.fmul(c, d)))
+    if op == "div":
+        den = b.fadd(b.fmul(d, d), b.fmul(e, e))
+        return (b.fdiv(b.fadd(b.fmul(a, d), b.fmul(c, e)), den),
+                b.fdiv(b.fsub(b.fmul(c, d), b.fmul(a, e)), den))
+    if op == "eq":
+        return b.and_(b.fcmp_ordered("==", a, d), b.fcmp_ordered("==", c, e))
+    if op == "ne":
+        return b.or_(b.fcmp_unordered("!=", a, d), b.fcmp_unordered("!=", c, e))
+    raise CompileError(f"operator {op!r} is not supported for {dt}")
+
+
+# ---- reductions ---------------------------------------------------------------------------------
+def identity(kind: str, dt: DType) -> Val:
+    if kind in ("sum", "mean"):
+        return const_of(dt, 0)
+    if kind == "prod":
+        return const_of(dt, 1)
+    big = kind == "min"
+    if dt.kind == "f":
+        return ir.Constant(component(dt), float("inf") if big else float("-inf"))
+    if dt.kind == "b":
+        return ir.Constant(I1, 1 if big else 0)
+    bits = 8 * dt.itemsize
+    if dt.kind == "u":
+        return ir.Constant(component(dt), (1 << bits) - 1 if big else 0)
+    return ir.Constant(component(dt), (1 << (bits - 1)) - 1 if big else -(1 << (bits - 1)))
+
+
+def combine(em: "Emitter", kind: str, dt: DType, acc: Val, v: Val) -> Val:
+    if kind in ("sum", "mean"):
+        return binary(em, "add", acc, v, dt)
+    if kind == "prod":
+        return binary(em, "mul", acc, v, dt)
+    if dt.kind == "b":
+        return (em.b.and_ if kind == "min" else em.b.or_)(acc, v)
+    return binary(em, kind, acc, v, dt)
+
+
+def finalize(em: "Emitter", kind: str, dt: DType, acc: Val, count: ir.Value) -> Val:
+    """``mean`` divides by the element count (0/0 gives NaN, as NumPy's mean of nothing)."""
+    if kind != "mean":
+        return acc
+    t = component(dt)
+    n = em.b.sitofp(count, t)
+    if isinstance(acc, tuple):
+        return (em.b.fdiv(acc[0], n), em.b.fdiv(acc[1], n))
+    return em.b.fdiv(acc, n)

@@ -1,0 +1,242 @@
+"""The compile pipeline as data: an ordered tuple of small stages over one frozen record.
+
+``fusion → graph → schedule → LLVM IR → PTX → images → summary → Compiled``. Each stage is a
+function ``Build -> Build`` that fills in one more field; :func:`run` can start from any
+stage given a partly filled record (tests inspect the IR or the PTX of a fusion this way).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from ..dtypes import DType, int64
+from ..errors import TraceError
+from ..expr import sym
+from ..fusion import Fusion, Graph
+from ..summary import (Arg, Compiled, Image, KernelSummary, Launch, Module, Scalar, Tensor,
+                       Variant)
+from ..targets import Arch, parse_target_list
+from .schedule import Stage, plan, variants
+
+__all__ = ["Options", "Build", "STAGES", "run", "compile_fusion"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """Lowering options (all part of the cache key). ``opt``: LLVM optimization level."""
+
+    opt: int = 3
+
+    @staticmethod
+    def parse(options: Mapping[str, object]) -> "Options":
+        known = {f.name for f in dataclasses.fields(Options)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"unknown kp.compile option(s) {unknown} (known: {sorted(known)})")
+        opt = options.get("opt", 3)
+        if not isinstance(opt, int) or not 0 <= opt <= 3:
+            raise ValueError(f"opt must be 0..3 (got {opt!r})")
+        return Options(opt=opt)
+
+    def as_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Build:
+    """Everything known about one compilation so far."""
+
+    fusion: Fusion
+    archs: tuple[Arch, ...]
+    want_ptx: bool
+    static: tuple[tuple[str, int], ...] = ()
+    options: Options = Options()
+    graph: Graph | None = None
+    stages: tuple[Stage, ...] = ()
+    general: frozenset[int] = frozenset()
+    scratch: tuple[tuple[str, DType], ...] = ()
+    ir: str = ""
+    kernels: tuple[str, ...] = ()
+    libdevice: bool = False
+    ptx: bytes = b""
+    images: tuple[Image, ...] = ()
+    summary: KernelSummary | None = None
+    meta: dict = field(default_factory=dict, compare=False)
+
+
+def trace(b: Build) -> Build:
+    return dataclasses.replace(b, graph=b.fusion.trace(dict(b.static)))
+
+
+def schedule(b: Build) -> Build:
+    stages = tuple(plan(b.graph, b.general))  # type: ignore[arg-type]
+    scratch: dict[str, DType] = {}
+    for st in stages:
+        for alt in st.alternatives:
+            for s in alt.scratch:
+                scratch[s.name] = s.dtype
+    return dataclasses.replace(b, stages=stages, scratch=tuple(scratch.items()))
+
+
+def symbols_of(graph: Graph) -> list[str]:
+    """Dim symbols bound by the input tensors, in binding order (the summary's order)."""
+    names: list[str] = []
+    for _, kind, _, shape in graph.params:
+        if kind == "tensor":
+            for d in shape:
+                if d.is_sym and d.value not in names:
+                    names.append(str(d.value))
+    for pname, kind, dt, _ in graph.params:  # integer scalars are symbols too (kp.arange(1 << q))
+        if kind == "scalar" and dt.kind in "iub" and pname not in names:
+            names.append(pname)
+    return names
+
+
+def llvm_ir(b: Build) -> Build:
+    from llvmlite import ir
+
+    from ..toolchain.llvm import TRIPLE, data_layout
+    from .codegen import NotRowSchedulable
+    from .kernels import emit
+
+    graph = b.graph
+    assert graph is not None
+    module = ir.Module(name=graph.name)
+    module.triple = TRIPLE
+    module.data_layout = data_layout()
+    names: list[str] = []
+    uses_libdevice = False
+    for gi, st in enumerate(b.stages):
+        for alt in st.alternatives:
+            for spec in alt.kernels:
+                if spec.name in names:
+                    continue
+                try:
+                    em = emit(module, graph, spec, dict(b.scratch), symbols_of(graph))
+                except NotRowSchedulable:
+                    # rebuild with this group on the general schedule (rare broadcast patterns)
+                    again = dataclasses.replace(b, general=b.general | {gi})
+                    return llvm_ir(schedule(again))
+                names.append(spec.name)
+                uses_libdevice |= em.uses_libdevice
+    module.add_named_metadata("llvm.module.flags",
+                              [ir.Constant(ir.IntType(32), 4), ir.MetaDataString(module, "nvvm-reflect-ftz"),
+                               ir.Constant(ir.IntType(32), 0)])
+    return dataclasses.replace(b, ir=str(module), kernels=tuple(names), libdevice=uses_libdevice)
+
+
+def ptx(b: Build) -> Build:
+    from ..toolchain.llvm import emit_ptx
+
+    lowest = min(b.archs)
+    cpu = f"sm_{lowest.major}{lowest.minor}{lowest.suffix}"
+    return dataclasses.replace(b, ptx=emit_ptx(b.ir, cpu, b.kernels, b.libdevice))
+
+
+def toolchain_string(libdevice: bool) -> str:
+    from .. import __version__
+    from ..toolchain import nvjitlink
+    from ..toolchain.llvm import llvm_version
+
+    parts = [f"kernelpack {__version__}", llvm_version(), nvjitlink.toolchain_id()]
+    if libdevice:
+        from ..toolchain.libdevice import digest
+
+        parts.append(f"libdevice {digest()}")
+    return "; ".join(parts)
+
+
+def images(b: Build) -> Build:
+    from ..toolchain import nvjitlink
+
+    tool = toolchain_string(b.libdevice)
+    cuda = nvjitlink.cuda_version()
+    out = [Image("cubin", arch, nvjitlink.ptx_to_cubin(b.ptx, arch, name=f"{b.fusion.name}.ptx"),
+                 toolchain=tool, cuda_version=cuda) for arch in b.archs]
+    if b.want_ptx:
+        img = nvjitlink.ptx_image(b.ptx, toolchain=tool)
+        out.append(dataclasses.replace(img, cuda_version=cuda))
+    return dataclasses.replace(b, images=tuple(out))
+
+
+def summarize(b: Build) -> Build:
+    graph = b.graph
+    assert graph is not None
+    params: list = []
+    for pname, kind, dt, shape in graph.params:
+        params.append(Tensor(pname, dt, shape) if kind == "tensor" else Scalar(pname, dt))
+    for oname, nid in graph.outputs:
+        node = graph.nodes[nid]
+        params.append(Tensor(oname, node.dtype, node.shape, role="out"))
+    syms = symbols_of(graph)
+    scratch = dict(b.scratch)
+    from .kernels import signature
+
+    out_variants = []
+    for pred, chosen in variants(list(b.stages)):
+        launches, ws = [], []
+        for alt in chosen:
+            ws.extend(alt.scratch)
+            for spec in alt.kernels:
+                bufs, scalars = signature(graph, spec, scratch)
+                args = [Arg.buffer(n) for n, _ in bufs] + [Arg.scalar(n) for n, _ in scalars] \
+                    + [Arg.of(sym(s), int64) for s in syms]
+                launches.append(Launch(spec.name, graph.name, (spec.grid,), (spec.block,),
+                                       tuple(args)))
+        out_variants.append(Variant(tuple(launches), tuple(ws), pred))
+    try:
+        summary = KernelSummary(graph.name, tuple(params), tuple(out_variants))
+    except ValueError as exc:
+        raise TraceError(f"fusion {graph.name}: {exc}") from None
+    return dataclasses.replace(b, summary=summary)
+
+
+STAGES: tuple[tuple[str, Callable[[Build], Build]], ...] = (
+    ("trace", trace), ("schedule", schedule), ("llvm_ir", llvm_ir), ("ptx", ptx),
+    ("images", images), ("summary", summarize),
+)
+
+
+def run(b: Build, start: str = "trace", stop: str | None = None) -> Build:
+    """Run the stages from ``start`` through ``stop`` (inclusive; None: to the end)."""
+    names = [n for n, _ in STAGES]
+    if start not in names or (stop is not None and stop not in names):
+        raise ValueError(f"stage names are {names} (got start={start!r}, stop={stop!r})")
+    for name, fn in STAGES[names.index(start):]:
+        b = fn(b)
+        if name == stop:
+            break
+    return b
+
+
+def new_build(f: Fusion, targets: Sequence[str], static: Mapping[str, int] | None,
+              options: Mapping[str, object]) -> Build:
+    if not isinstance(f, Fusion):
+        raise TypeError(f"kp.compile takes a @kp.fusion function (got {f!r})")
+    archs, want_ptx = parse_target_list(tuple(targets))
+    stat = tuple(sorted((str(k), int(v)) for k, v in (static or {}).items()))
+    return Build(f, tuple(archs), want_ptx, stat, Options.parse(options))
+
+
+def compile_fusion(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,
+                   static: Mapping[str, int] | None = None, cache: object = None,
+                   **options: object) -> Compiled:
+    """Lower a fusion to PTX and cubins; see :func:`kernelpack.compile`."""
+    b = new_build(f, targets, static, options)
+
+    def build() -> Compiled:
+        done = run(b)
+        assert done.summary is not None
+        module = Module(f.name, done.kernels, done.images)
+        return Compiled(summary=done.summary, modules=(module,), origin="compiled")
+
+    if cache is None:
+        return build()
+    from ..cache import make_key
+
+    key = make_key(kind="fusion", source=f.canonical_bytes(dict(b.static)),
+                   options=b.options.as_dict(), targets=list(targets))
+    return cache.fetch_or_compile(key, build)  # type: ignore[attr-defined]
+

@@ -1,0 +1,211 @@
+"""The issue's workloads on a GPU: compile → save → load → launch, against NumPy in float64.
+
+Outputs are preallocated and poisoned with NaN (or an int pattern) first, so an element the
+kernel forgets to write fails the comparison. Tolerance: normwise relative error (max |got -
+ref| / max |ref|) <= 1e-5 for float32 and 1e-12 for float64 results.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+import kernelpack as kp
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch", reason="the GPU tests launch through torch tensors")
+if not torch.cuda.is_available():  # pragma: no cover - depends on the machine
+    pytest.skip("no CUDA GPU visible to torch", allow_module_level=True)
+
+from kernelpack.lowering.workloads import SCALARS, SHAPES, make  # noqa: E402
+
+TOL = {kp.float32: 1e-5, kp.float64: 1e-12}
+_TORCH = {"float32": torch.float32, "float64": torch.float64, "complex64": torch.complex64,
+          "complex128": torch.complex128, "int64": torch.int64, "bool": torch.bool}
+
+
+@pytest.fixture(scope="module")
+def packs():
+    """Every workload for float32 and float64, in one artifact, loaded back."""
+    out = {}
+    for dt in (kp.float32, kp.float64):
+        compiled = [kp.compile(f, targets=["sm_80", "sm_90", "ptx"]) for f in make(dt).values()]
+        out[dt] = kp.load(kp.save(compiled))
+    return out
+
+
+def _inputs(name: str, shapes: dict, dt: kp.DType, rng: np.random.Generator) -> dict:
+    npdt = np.float32 if dt == kp.float32 else np.float64
+    vals: dict = {}
+    for key, shape in shapes.items():
+        if key == "mask":
+            vals[key] = rng.random(shape) < 0.6
+        elif key == "j":
+            n = shapes["n"]
+            vals[key] = rng.integers(0, 1 << n, size=shape, dtype=np.int64)
+        elif key == "n":
+            vals[key] = int(shape)
+        elif name in ("phase", "angle", "total"):
+            vals[key] = rng.random(shape).astype(npdt)
+        else:
+            vals[key] = rng.standard_normal(shape).astype(npdt)
+    for key in ("a", "eps"):
+        if name in ("axpy",) and key == "a" or name == "layernorm" and key == "eps":
+            vals[key] = SCALARS[key]
+    return vals
+
+
+def _call(program, summary_inputs, vals: dict):
+    args = []
+    for p in summary_inputs:
+        v = vals[p.name]
+        args.append(torch.from_numpy(np.ascontiguousarray(v)).cuda() if isinstance(v, np.ndarray)
+                    else v)
+    return args
+
+
+def _check(got: np.ndarray, ref: np.ndarray, tol: float, what: str) -> None:
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    if ref.size == 0:
+        return
+    nan_ref = np.isnan(ref)
+    assert np.array_equal(np.isnan(got), nan_ref), f"{what}: NaN positions differ"
+    got, ref = got[~nan_ref], ref[~nan_ref]
+    if ref.size == 0:
+        return
+    scale = max(float(np.max(np.abs(ref))), 1e-300)
+    err = float(np.max(np.abs(got.astype(ref.dtype) - ref))) / scale
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e}"
+
+
+CASES = [(name, dt, shapes) for dt in (kp.float32, kp.float64) for name in SHAPES
+         for shapes in SHAPES[name]]
+
+
+@pytest.mark.parametrize("name,dt,shapes", CASES,
+                         ids=[f"{n}-{d.name}-{'x'.join(map(str, next(iter(s.values()))))}"
+                              if not isinstance(next(iter(s.values())), int) else f"{n}-{d.name}"
+                              for n, d, s in CASES])
+def test_workload_matches_numpy(packs, name, dt, shapes):
+    from kernelpack.lowering.workloads import REFERENCES
+
+    rng = np.random.default_rng(zlib.crc32(f"{name} {dt.name} {shapes}".encode()))
+    program = packs[dt][f"{name}_{dt.name}"]
+    summary = program.summary
+    vals = _inputs(name, shapes, dt, rng)
+    args = _call(program, summary.inputs, vals)
+    plan = program.plan(*args)
+    outs = []
+    for t in summary.outputs:
+        shape = plan.allocations[t.name].shape
+        o = torch.empty(shape, dtype=_TORCH[t.dtype.name], device="cuda")
+        o.fill_(float("nan"))
+        outs.append(o)
+    result = program(*args, out=outs[0] if len(outs) == 1 else tuple(outs))
+    torch.cuda.synchronize()
+    got = (result if len(outs) == 1 else result[0]).cpu().numpy()
+    ref_inputs = [vals[p.name].astype(np.float64) if isinstance(vals[p.name], np.ndarray)
+                  and vals[p.name].dtype.kind == "f" else vals[p.name] for p in summary.inputs]
+    ref = np.asarray(REFERENCES[name](*ref_inputs))
+    _check(got, ref, TOL[dt], f"{name} {dt} {shapes} (variant {plan.variant})")
+
+
+def _run(fusion, *arrays):
+    c = kp.compile(fusion, targets=["sm_90"])
+    prog = kp.load(kp.save([c]))[c.name]
+    args = [torch.from_numpy(a).cuda() for a in arrays]
+    out = prog(*args)
+    torch.cuda.synchronize()
+    return out.cpu().numpy()
+
+
+def test_broadcasting_of_size_one_and_new_axes():
+    @kp.fusion
+    def bcast(x: kp.Tensor[kp.f64, "b", "n"], y: kp.Tensor[kp.f64, 1, "n"],
+              z: kp.Tensor[kp.f64, "b"]):
+        return x * y + z[:, None]
+
+    rng = np.random.default_rng(1)
+    for b, n in ((1, 1), (3, 1), (5, 17), (31, 257)):
+        x, y, z = rng.standard_normal((b, n)), rng.standard_normal((1, n)), rng.standard_normal(b)
+        _check(_run(bcast, x, y, z), x * y + z[:, None], 1e-12, f"bcast {b}x{n}")
+
+
+def test_general_reductions_over_leading_and_middle_axes():
+    @kp.fusion
+    def colstats(x: kp.Tensor[kp.f64, "a", "b", "c"]):
+        return x.sum(axis=0)[None] - x.max(axis=1, keepdims=True)
+
+    rng = np.random.default_rng(2)
+    for shape in ((1, 1, 1), (3, 4, 5), (17, 2, 33)):
+        x = rng.standard_normal(shape)
+        _check(_run(colstats, x), x.sum(0)[None] - x.max(axis=1, keepdims=True), 1e-12,
+               f"colstats {shape}")
+
+
+def test_integer_bit_ops_and_casts():
+    @kp.fusion
+    def bits(i: kp.Tensor[kp.i64, "n"], k: kp.Tensor[kp.i32, "n"]):
+        return ((i >> k.astype(kp.i64)) & 1) + (i % 7) - (i // 3) + (i << 2)
+
+    rng = np.random.default_rng(3)
+    i = rng.integers(-1000, 1000, size=1001, dtype=np.int64)
+    k = rng.integers(0, 70, size=1001).astype(np.int32)
+    kk = k.astype(np.int64)
+    expect = (np.where(kk >= 64, np.where(i < 0, -1, 0), i >> np.minimum(kk, 63)) & 1) \
+        + (i % 7) - (i // 3) + (i << 2)
+    assert np.array_equal(_run(bits, i, k), expect)
+
+
+def test_unaligned_views_take_the_scalar_path():
+    @kp.fusion
+    def saxpy(x: kp.Tensor[kp.f32, "n"], y: kp.Tensor[kp.f32, "n"]):
+        return 3.0 * x + y
+
+    c = kp.compile(saxpy, targets=["sm_90"])
+    prog = kp.load(kp.save([c]))["saxpy"]
+    base = torch.randn(10_001, device="cuda")
+    for n in (1, 4, 5, 4099):
+        x, y = base[1:n + 1], base[2:n + 2]  # 4 and 8 bytes past a 16-byte boundary
+        out = torch.full((n,), float("nan"), device="cuda")
+        prog(x, y, out=out)
+        ref = 3.0 * x.double() + y.double()
+        _check(out.cpu().numpy(), ref.cpu().numpy(), 1e-6, f"unaligned n={n}")
+
+
+def test_half_and_bfloat16_round_trip():
+    @kp.fusion
+    def halves(x: kp.Tensor[kp.f16, "n"], y: kp.Tensor[kp.bf16, "n"]):
+        return (x * 2.0 + y.astype(kp.f16)), (y * 0.5).astype(kp.f32), x.astype(kp.bf16)
+
+    c = kp.compile(halves, targets=["sm_90"])
+    prog = kp.load(kp.save([c]))["halves"]
+    x = torch.randn(1003, device="cuda").half()
+    y = torch.randn(1003, device="cuda").bfloat16()
+    a, b, h = prog(x, y)
+    torch.cuda.synchronize()
+    assert torch.equal(a, x * 2.0 + y.half())
+    assert torch.equal(b, (y * 0.5).float())
+    assert torch.equal(h, x.bfloat16())
+
+
+def test_complex_parts_products_and_magnitude():
+    @kp.fusion
+    def cplx(x: kp.Tensor[kp.f64, "n"], y: kp.Tensor[kp.f64, "n"]):
+        z = kp.complex(x, y)
+        w = z * z / (z + 1.0)
+        return w.real, w.imag, kp.abs(z), kp.exp(z), z.sum()
+
+    c = kp.compile(cplx, targets=["sm_90"])
+    prog = kp.load(kp.save([c]))["cplx"]
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal(777), rng.standard_normal(777)
+    outs = [o.cpu().numpy() for o in prog(torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda())]
+    z = x + 1j * y
+    w = z * z / (z + 1.0)
+    for got, ref, what in zip(outs, (w.real, w.imag, np.abs(z), np.exp(z), z.sum()),
+                              ("real", "imag", "abs", "exp", "sum")):
+        _check(np.asarray(got), np.asarray(ref), 1e-12, what)

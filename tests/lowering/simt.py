@@ -1,0 +1,185 @@
+"""A tiny SIMT emulator: run the lowering's kernels on the CPU, so CI (no GPU) checks numerics.
+
+The kernels' LLVM IR (before PTX) is retargeted to the host: special registers, warp shuffles
+and barriers become calls into Python, shared memory a plain global, libdevice functions the
+host's libm. Every GPU thread of a block runs as an OS thread (ctypes releases the GIL while
+JIT-compiled code runs), so shuffles and ``bar.sync`` have their real cooperative semantics.
+Only small launches are practical; that is all tests need.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import math
+import re
+import threading
+from functools import lru_cache
+
+import llvmlite.binding as llvm
+import numpy as np
+
+import kernelpack as kp
+from kernelpack.lowering import pipeline
+from kernelpack.planner import Planner
+
+__all__ = ["run_fusion", "Kernels"]
+
+_NP = {"bool": np.bool_, "int8": np.int8, "int16": np.int16, "int32": np.int32,
+       "int64": np.int64, "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32,
+       "uint64": np.uint64, "float16": np.float16, "bfloat16": np.uint16,
+       "float32": np.float32, "float64": np.float64, "complex64": np.complex64,
+       "complex128": np.complex128}
+_CT = {"bool": ctypes.c_bool, "int8": ctypes.c_int8, "int16": ctypes.c_int16,
+       "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint8": ctypes.c_uint8,
+       "uint16": ctypes.c_uint16, "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64,
+       "float32": ctypes.c_float, "float64": ctypes.c_double}
+
+_state = threading.local()
+_I32 = ctypes.CFUNCTYPE(ctypes.c_int32)
+
+
+def _sreg(name: str):
+    return _I32(lambda: getattr(_state, name))
+
+
+@ctypes.CFUNCTYPE(None)
+def _barrier():
+    _state.block_barrier.wait()
+
+
+@ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32)
+def _shfl(mask, value, lanemask, clamp):
+    warp = _state.warp
+    lane = _state.tid % 32
+    warp.values[lane] = value
+    warp.barrier.wait()
+    other = warp.values[lane ^ lanemask]
+    warp.barrier.wait()
+    return other
+
+
+@ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_float)
+def _rsqrtf(x):
+    return float(np.float32(1.0) / np.sqrt(np.float32(x))) if x > 0 else (
+        math.inf if x == 0 else math.nan)
+
+
+@ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_double)
+def _rsqrt(x):
+    return 1.0 / math.sqrt(x) if x > 0 else (math.inf if x == 0 else math.nan)
+
+
+_CALLBACKS = {"kp_tid": _sreg("tid"), "kp_ctaid": _sreg("ctaid"), "kp_ntid": _sreg("ntid"),
+              "kp_nctaid": _sreg("nctaid"), "kp_shfl": _shfl, "kp_barrier": _barrier,
+              "__nv_rsqrtf": _rsqrtf, "__nv_rsqrt": _rsqrt}
+_LIBM = ("exp", "exp2", "log", "log2", "sqrt", "sin", "cos", "tan", "tanh", "erf", "pow",
+         "floor", "ceil", "fabs", "hypot", "sincos")
+
+
+@lru_cache(maxsize=1)
+def _host():
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    for name in _LIBM:
+        for suffix in ("f", ""):
+            llvm.add_symbol(f"__nv_{name}{suffix}",
+                            ctypes.cast(getattr(libm, name + suffix), ctypes.c_void_p).value)
+    for name, cb in _CALLBACKS.items():
+        llvm.add_symbol(name, ctypes.cast(cb, ctypes.c_void_p).value)
+    return True
+
+
+def _to_host(ir_text: str) -> str:
+    text = re.sub(r'target (triple|datalayout) = "[^"]*"\n', "", ir_text)
+    for reg in ("tid", "ctaid", "ntid", "nctaid"):
+        text = text.replace(f'"llvm.nvvm.read.ptx.sreg.{reg}.x"', f'"kp_{reg}"')
+    text = text.replace('"llvm.nvvm.shfl.sync.bfly.i32"', '"kp_shfl"')
+    text = text.replace('"llvm.nvvm.barrier0"', '"kp_barrier"')
+    text = text.replace("ptx_kernel ", "").replace(" addrspace(3)", "")
+    return text.replace("addrspacecast", "bitcast")
+
+
+class _Warp:
+    def __init__(self) -> None:
+        self.values = [0] * 32
+        self.barrier = threading.Barrier(32)
+
+
+class Kernels:
+    """The kernels of one compiled fusion, JIT-compiled for the host."""
+
+    def __init__(self, fusion: kp.fusion, static: dict | None = None) -> None:
+        build = pipeline.run(pipeline.new_build(fusion, ["sm_80"], static, {}), stop="llvm_ir")
+        self.summary = pipeline.summarize(build).summary
+        self.planner = Planner(self.summary)
+        _host()
+        # the engine owns its target machine; host features (F16C) convert halves inline
+        tm = llvm.Target.from_default_triple().create_target_machine(
+            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten())
+        module = llvm.parse_assembly(_to_host(build.ir))
+        module.verify()
+        self.engine = llvm.create_mcjit_compiler(module, tm)
+        self.engine.finalize_object()
+        self.functions = {}
+        self.params = {}
+        for name in build.kernels:
+            fn = module.get_function(name)
+            self.params[name] = len(list(fn.arguments))
+            self.functions[name] = self.engine.get_function_address(name)
+
+    def __call__(self, *inputs: object) -> list[np.ndarray]:
+        values = dict(zip((p.name for p in self.summary.inputs), inputs))
+        plan = self.planner.plan(*[v.shape if isinstance(v, np.ndarray) else v for v in inputs])
+        buffers = {k: np.ascontiguousarray(v) for k, v in values.items()
+                   if isinstance(v, np.ndarray)}
+        for alloc in plan.allocations.values():
+            arr = np.empty(alloc.shape, _NP[alloc.dtype.name])
+            if arr.dtype.kind in "fc":
+                arr.fill(np.nan)
+            buffers[alloc.name] = arr
+        for launch in plan.launches:
+            self._launch(launch, buffers, values)
+        return [buffers[t.name] for t in self.summary.outputs]
+
+    def _launch(self, launch, buffers: dict, values: dict) -> None:
+        argtypes, argv = [], []
+        for arg in launch.args:
+            if arg[0] == "buffer":
+                argtypes.append(ctypes.c_void_p)
+                argv.append(buffers[arg[1]].ctypes.data)
+            elif arg[0] == "scalar":
+                dt = self.summary.param(arg[1]).dtype
+                argtypes.append(_CT[dt.name])
+                argv.append(values[arg[1]])
+            else:
+                argtypes.append(_CT[arg[2].name])
+                argv.append(arg[1])
+        fn = ctypes.CFUNCTYPE(None, *argtypes)(self.functions[launch.kernel])
+        grid, block = launch.grid[0], launch.block[0]
+        for ctaid in range(grid):
+            barrier = threading.Barrier(block)
+            warps = [_Warp() for _ in range((block + 31) // 32)]
+            errors: list[BaseException] = []
+
+            def body(tid: int) -> None:
+                _state.tid, _state.ctaid, _state.ntid, _state.nctaid = tid, ctaid, block, grid
+                _state.block_barrier, _state.warp = barrier, warps[tid // 32]
+                try:
+                    fn(*argv)
+                except BaseException as exc:  # pragma: no cover - surfaced below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=body, args=(t,)) for t in range(block)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                raise errors[0]
+
+
+def run_fusion(fusion: kp.fusion, *inputs: object) -> list[np.ndarray]:
+    """Compile ``fusion`` for the host emulator and run it on NumPy inputs."""
+    return Kernels(fusion)(*inputs)

@@ -1,0 +1,212 @@
+"""kp.compile on CPU: images nvJitLink accepts, a derived summary that plans right, determinism."""
+
+from __future__ import annotations
+
+import pytest
+
+import kernelpack as kp
+from kernelpack.external import cubin_entries
+from kernelpack.expr import cdiv, emin, le, shl, sym
+from kernelpack.lowering import pipeline
+from kernelpack.lowering.workloads import make
+
+T = kp.Tensor
+F32 = make(kp.float32)
+F64 = make(kp.float64)
+
+
+@kp.fusion
+def axpy(x: T[kp.f32, "n"], y: T[kp.f32, "n"], a: kp.f32):
+    return a * x + y
+
+
+@pytest.fixture(scope="module")
+def axpy_compiled() -> kp.Compiled:
+    return kp.compile(axpy, targets=["sm_80", "sm_90", "ptx"])
+
+
+def test_axpy_images_and_provenance(axpy_compiled):
+    (module,) = axpy_compiled.modules
+    assert axpy_compiled.origin == "compiled"
+    assert [i.target for i in module.images] == ["sm_80", "sm_90", "compute_80"]
+    for image in module.images:
+        assert "LLVM " in image.toolchain and "nvJitLink " in image.toolchain
+        assert image.cuda_version >= 12000
+    ptx = module.images[-1]
+    assert ptx.kind == "ptx" and ptx.ptx_isa == (8, 0)
+    for cubin in module.images[:2]:
+        assert cubin_entries(cubin.data) == ["axpy_0_pointwise"]
+
+
+def test_axpy_summary_is_derived(axpy_compiled):
+    s = axpy_compiled.summary
+    assert [p.name for p in s.inputs] == ["x", "y", "a"]
+    (out,) = s.outputs
+    assert out.shape == (sym("n"),) and out.dtype == kp.f32
+    (variant,) = s.variants
+    (launch,) = variant.launches
+    assert launch.grid[0] == emin(cdiv("n", 1024), 65535)  # 4 floats (16 bytes) per thread
+    assert launch.args[-1] == kp.Arg.of("n", kp.i64)
+
+
+@pytest.mark.parametrize("n,grid", [(0, 0), (1, 1), (1000, 1), (4097, 5), (65537, 65), (1 << 40, 65535)])
+def test_axpy_plans_through_save_and_load(axpy_compiled, n, grid):
+    pack = kp.load(kp.save([axpy_compiled]))
+    plan = pack["axpy"].plan(x=(n,), y=(n,), a=2.0)
+    assert plan.launches[0].grid == (grid, 1, 1)
+    assert plan.allocations["out"].shape == (n,)
+    assert plan.allocations["out"].nbytes == 4 * n
+
+
+def test_pointwise_loads_and_stores_16_bytes_at_a_time():
+    b = pipeline.run(pipeline.new_build(F32["gelu"], ["sm_80"], None, {}), stop="ptx")
+    text = b.ptx.decode()
+    assert "ld.global.v4.b32" in text and "st.global.v4.b32" in text
+    b = pipeline.run(pipeline.new_build(F64["axpy"], ["sm_80"], None, {}), stop="ptx")
+    assert "ld.global.v2.b64" in b.ptx.decode() or "ld.global.nc.v2.b64" in b.ptx.decode()
+
+
+def test_math_links_only_what_it_uses():
+    b = pipeline.run(pipeline.new_build(F32["gelu"], ["sm_80"], None, {}), stop="ptx")
+    text = b.ptx.decode()
+    assert b.libdevice and "__nvvm_reflect" not in text and ".extern" not in text
+    assert text.count(".func") <= 1 and len(b.ptx) < 16_000
+    plain = pipeline.run(pipeline.new_build(axpy, ["sm_80"], None, {}), stop="ptx")
+    assert not plain.libdevice and ".func" not in plain.ptx.decode()
+
+
+def test_compile_is_deterministic():
+    first = kp.compile(F32["softmax"])
+    second = kp.compile(F32["softmax"])
+    assert [i.data for i in first.modules[0].images] == [i.data for i in second.modules[0].images]
+    assert kp.save([first]) == kp.save([second])
+
+
+def test_row_reduction_variants_and_predicates():
+    c = kp.compile(F32["softmax"], targets=["sm_90"])
+    s = c.summary
+    assert [v.predicate for v in s.variants] == [le("n", 256), le("n", 4096), None]
+    assert [int(v.launches[0].block[0]) for v in s.variants] == [256, 512, 512]
+    assert [v.launches[0].kernel for v in s.variants] == [
+        "softmax_float32_0_rowwarp8", "softmax_float32_0_rowblock8", "softmax_float32_0_rowblock"]
+    prog = kp.load(kp.save([c]))["softmax_float32"]
+    assert prog.plan(x=(4096, 100)).variant == 0
+    assert prog.plan(x=(4096, 100)).launches[0].grid == (512, 1, 1)   # 8 rows (warps) per block
+    assert prog.plan(x=(4096, 1000)).variant == 1
+    assert prog.plan(x=(4096, 1000)).launches[0].grid == (4096, 1, 1)
+    assert prog.plan(x=(7, 100_000)).variant == 2
+    assert prog.plan(x=(7, 100_000)).launches[0].grid == (7, 1, 1)
+
+
+def test_reduce_only_rows_pick_thread_warp_or_block():
+    s = kp.compile(F32["masked_mean"], targets=["sm_90"]).summary
+    assert [v.predicate for v in s.variants] == [le("n", 32), le("n", 4096), None]
+    assert [v.launches[0].kernel.rsplit("_", 1)[1] for v in s.variants] == [
+        "rowthread", "rowwarp", "rowblock"]
+
+
+def test_full_reduction_uses_two_launches_and_a_workspace():
+    c = kp.compile(F64["total"], targets=["sm_80"])
+    (variant,) = c.summary.variants
+    assert len(variant.launches) == 2
+    (ws,) = variant.scratch
+    assert ws.shape == (cdiv("n", 16384),) and ws.dtype == kp.f64
+    plan = kp.load(kp.save([c]))["total_float64"].plan(x=(40_000,))
+    assert [l.grid[0] for l in plan.launches] == [3, 1]
+    assert plan.allocations[ws.name].shape == (3,)
+    assert plan.allocations["out"].shape == ()
+    assert kp.load(kp.save([c]))["total_float64"].plan(x=(0,)).launches[0].grid[0] == 0
+
+
+def test_quantum_encodings_have_exponential_output_dims():
+    pack = kp.load(kp.save([kp.compile(F32[n], targets=["sm_90"])
+                            for n in ("phase", "angle", "basis", "amplitude")]))
+    for name in ("phase", "angle"):
+        prog = pack[f"{name}_float32"]
+        assert prog.summary.outputs[0].shape == (sym("b"), shl(1, "n"))
+        plan = prog.plan(x=(128, 14))
+        assert plan.allocations["out"].shape == (128, 1 << 14)
+        assert plan.variant == 0 and plan.launches[0].grid == (8192, 1, 1)
+    assert pack["phase_float32"].summary.outputs[0].dtype == kp.complex64
+    assert pack["angle_float32"].summary.outputs[0].dtype == kp.float32
+    assert pack["basis_float32"].plan(j=(3,), n=20).allocations["out"].nbytes == 3 * 8 << 20
+    assert pack["amplitude_float32"].plan(v=(2, 1000), n=10).allocations["out"].shape == (2, 1024)
+
+
+@pytest.mark.parametrize("name", sorted(F64))
+def test_every_workload_compiles_for_sm80_sm90_and_ptx(name):
+    c = kp.compile(F64[name])
+    kinds = sorted(i.target for i in c.modules[0].images)
+    assert kinds == ["compute_80", "sm_80", "sm_90"]
+    for image in c.modules[0].images:
+        if image.kind == "cubin":
+            assert set(cubin_entries(image.data)) == set(c.modules[0].kernels)
+
+
+def test_reduction_read_across_rows_falls_back_to_the_general_schedule():
+    @kp.fusion
+    def cross(x: T[kp.f32, "n", "n"]):
+        return x * x.sum(axis=1)[None, :]
+
+    c = kp.compile(cross, targets=["sm_80"])
+    (variant,) = c.summary.variants
+    assert [l.kernel for l in variant.launches] == ["cross_0_pointwise"]
+
+
+def test_unbound_dim_is_a_trace_error():
+    @kp.fusion
+    def bad(x: T[kp.f32, "n"]):
+        return kp.arange(sym("m")).astype(kp.f32)
+
+    with pytest.raises(kp.TraceError, match="unbound symbol"):
+        kp.compile(bad, targets=["sm_80"])
+
+
+def test_bad_options_and_targets():
+    with pytest.raises(TypeError, match="unknown kp.compile option"):
+        kp.compile(axpy, targets=["sm_80"], bogus=1)
+    with pytest.raises(ValueError, match="not a GPU architecture"):
+        kp.compile(axpy, targets=["sm80"])
+    with pytest.raises(TypeError, match="@kp.fusion"):
+        kp.compile(lambda x: x)
+
+
+def test_pipeline_stages_are_an_ordered_list():
+    assert [n for n, _ in pipeline.STAGES] == ["trace", "schedule", "llvm_ir", "ptx", "images",
+                                               "summary"]
+    b = pipeline.run(pipeline.new_build(axpy, ["sm_80"], None, {}), stop="llvm_ir")
+    assert "define ptx_kernel void @\"axpy_0_pointwise\"" in b.ir and not b.ptx
+    done = pipeline.run(b, start="ptx")
+    assert done.summary is not None and b".entry axpy_0_pointwise" in done.ptx
+
+
+def test_static_dims_specialize_the_code():
+    c = kp.compile(axpy, targets=["sm_80"], static={"n": 1000})
+    assert c.summary.inputs[0].shape == (kp.Expr("const", (), 1000),)
+    assert c.summary.variants[0].launches[0].grid[0] == kp.Expr("const", (), 1)
+
+
+def test_cache_round_trip(tmp_path):
+    cache = kp.Cache(path=tmp_path)
+    first = kp.compile(axpy, targets=["sm_80"], cache=cache)
+    again = kp.compile(axpy, targets=["sm_80"], cache=cache)
+    assert first.origin == "compiled" and again.origin in ("disk", "memory")
+    assert again.modules[0].images[0].data == first.modules[0].images[0].data
+
+
+def test_llvm_failures_are_compile_errors_with_the_log():
+    from kernelpack.toolchain.llvm import emit_ptx
+
+    bad = 'define ptx_kernel void @k(ptr %p) {\n  store i32 1, ptr %q\n  ret void\n}\n'
+    with pytest.raises(kp.CompileError, match="LLVM rejected the generated IR") as info:
+        emit_ptx(bad, "sm_80", ("k",), libdevice=False)
+    assert "%q" in info.value.log
+
+
+def test_libdevice_is_found_and_recorded():
+    from kernelpack.toolchain import libdevice
+
+    assert libdevice.find().name == "libdevice.10.bc"
+    assert libdevice.digest().startswith("sha256:") and len(libdevice.digest()) == 71
+    c = kp.compile(F32["gelu"], targets=["sm_80"])
+    assert libdevice.digest() in c.modules[0].images[0].toolchain

@@ -1,0 +1,165 @@
+"""The fusion DSL front: tracing, symbolic shapes, typing rules, trace errors, canonical bytes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import kernelpack as kp
+from kernelpack.expr import shl, sym
+from kernelpack.fusion import Fusion
+
+T = kp.Tensor
+
+
+def test_decorator_traces_symbolic_shapes_and_outputs():
+    @kp.fusion
+    def f(x: T[kp.f32, "b", "n"], s: kp.f32):
+        return {"y": x * s, "m": x.max(axis=1)}
+
+    g = f.trace()
+    assert isinstance(f, Fusion) and f.name == "f"
+    assert [p[0] for p in g.params] == ["x", "s"]
+    shapes = {name: g.nodes[nid].shape for name, nid in g.outputs}
+    assert shapes == {"y": (sym("b"), sym("n")), "m": (sym("b"),)}
+    assert g.nodes[dict(g.outputs)["y"]].dtype == kp.f32
+
+
+def test_arange_of_a_shifted_dim_gives_shl_shapes():
+    @kp.fusion
+    def f(x: T[kp.f64, "b", "n"]):
+        idx = kp.arange(1 << x.shape[1])
+        return idx[None, :].astype(kp.f64) + x.sum(axis=1, keepdims=True)
+
+    g = f.trace()
+    (name, nid), = g.outputs
+    assert g.nodes[nid].shape == (sym("b"), shl(1, "n"))
+
+
+def test_integer_scalar_is_usable_as_a_size():
+    @kp.fusion
+    def f(j: T[kp.i64, "b"], n: kp.i64):
+        return kp.arange(1 << n)[None, :] == j[:, None]
+
+    g = f.trace()
+    assert g.nodes[g.outputs[0][1]].shape == (sym("b"), shl(1, "n"))
+    assert g.nodes[g.outputs[0][1]].dtype == kp.bool_
+
+
+def test_weak_python_scalars_keep_the_tensor_dtype():
+    @kp.fusion
+    def f(x: T[kp.f32, "n"], i: T[kp.i32, "n"]):
+        return 2.5 * x + 1, i * 3, i * 0.5
+
+    g = f.trace()
+    dts = [g.nodes[nid].dtype for _, nid in g.outputs]
+    assert dts == [kp.f32, kp.i32, kp.f64]
+
+
+def test_reductions_keepdims_axes_and_accumulator_dtypes():
+    @kp.fusion
+    def f(x: T[kp.f32, "a", "b", "c"], m: T[kp.bool_, "a", "b", "c"]):
+        return (x.sum(axis=(0, 2)), x.mean(axis=-1, keepdims=True), m.sum(), x.max())
+
+    g = f.trace()
+    outs = [g.nodes[nid] for _, nid in g.outputs]
+    assert outs[0].shape == (sym("b"),)
+    assert outs[1].shape == (sym("a"), sym("b"), kp.Expr("const", (), 1))
+    assert outs[2].shape == () and outs[2].dtype == kp.i64
+    assert outs[3].shape == () and outs[3].dtype == kp.f32
+
+
+def test_static_dims_are_substituted():
+    @kp.fusion
+    def f(x: T[kp.f32, "b", "n"]):
+        return x + 1
+
+    g = f.trace(static={"n": 128})
+    assert g.params[0][3][1].is_const and int(g.params[0][3][1]) == 128
+
+
+@pytest.mark.parametrize("body,match", [
+    (lambda x, y: x + y, r"add: dtype mismatch float32\[n\] and float64\[m\]"),
+    (lambda x, y: x + y.astype(kp.f32), r"add: shapes \(n,\) and \(m,\) do not broadcast"),
+    (lambda x, y: x << 1, r"shl: needs integer"),
+    (lambda x, y: x.sum(axis=3), r"sum: axis 3 out of range"),
+    (lambda x, y: x[0], r"only ':'"),
+    (lambda x, y: kp.where(x, x, y), r"where: condition must be bool"),
+])
+def test_trace_errors_name_the_op_and_shapes(body, match):
+    @kp.fusion
+    def f(x: T[kp.f32, "n"], y: T[kp.f64, "m"]):
+        return body(x, y)
+
+    with pytest.raises(kp.TraceError, match=match):
+        f.trace()
+
+
+def test_annotations_are_required():
+    with pytest.raises(kp.TraceError, match="parameter 'x' needs an annotation"):
+        @kp.fusion
+        def f(x):
+            return x
+
+
+def test_calling_a_fusion_directly_is_a_clear_type_error():
+    @kp.fusion
+    def f(x: T[kp.f32, "n"]):
+        return x
+
+    with pytest.raises(TypeError, match="kp.compile"):
+        f(1)
+
+
+def test_canonical_bytes_are_stable_across_processes():
+    code = ("import kernelpack as kp\n"
+            "@kp.fusion\n"
+            "def f(x: kp.Tensor[kp.f32, 'b', 'n'], s: kp.f32):\n"
+            "    e = kp.exp(x * s - (x * s).max(axis=1, keepdims=True))\n"
+            "    return e / e.sum(axis=1, keepdims=True)\n"
+            "import sys; sys.stdout.buffer.write(f.canonical_bytes(options={'opt': 3}))\n")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, check=True,
+                           env=_env()).stdout for _ in range(2)}
+    assert len(runs) == 1
+    assert b"0x" not in next(iter(runs))  # no addresses
+
+
+def test_canonical_bytes_change_with_the_graph_and_options():
+    @kp.fusion
+    def f(x: T[kp.f32, "n"]):
+        return x + 1.0
+
+    @kp.fusion(name="f")
+    def g(x: T[kp.f32, "n"]):
+        return x + 2.0
+
+    assert f.canonical_bytes() != g.canonical_bytes()
+    assert f.canonical_bytes() != f.canonical_bytes(options={"opt": 2})
+    assert f.canonical_bytes(static={"n": 4}) != f.canonical_bytes()
+
+
+def test_expr_fallbacks_for_plain_ints():
+    assert kp.max(3, sym("n")) == kp.emax(3, "n")
+    assert kp.min(2, 5) == kp.emin(2, 5)
+    assert kp.where(sym("n") > 0, 1, 2) == kp.select(sym("n") > 0, 1, 2)
+    assert kp.abs(-4) == 4
+
+
+def test_import_kernelpack_does_not_import_llvmlite():
+    out = subprocess.run([sys.executable, "-c", "import sys, kernelpack as kp; "
+                          "kp.fusion; print('llvmlite' in sys.modules, "
+                          "'kernelpack.lowering' in sys.modules)"],
+                         capture_output=True, text=True, check=True, env=_env()).stdout
+    assert out.split() == ["False", "False"]
+
+
+def _env() -> dict:
+    import os
+    from pathlib import Path
+
+    env = dict(os.environ)
+    src = str(Path(kp.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
