@@ -6,12 +6,18 @@ interleaved so that clock drift hits all of them alike. Every method's result is
 against torch before anything is timed.
 
 Methods: raw ``cuLaunchKernel`` with a prepacked parameter block (the floor), kernelpack with
-``out=``, kernelpack allocating its output (torch in, torch out), CuPy ``RawModule`` kernel
-(the same cubin), a Triton kernel, and the torch op ``torch.add(y, x, alpha=a)``.
+``out=``, kernelpack allocating its output (torch in, torch out), the same two calls made on
+the runtime's entry (``program._kp_bound.call``, i.e. without ``Program.__call__``), the
+``out=`` call asking the driver for the current context on every call (what the fast path
+does with several GPUs), kernelpack with cupy arrays, CuPy ``RawModule`` kernel (the same
+cubin), a Triton kernel, and the torch op ``torch.add(y, x, alpha=a)``. It also prints the
+cost of the pieces of a call (torch attribute reads, allocation forms, a lock, ...).
 
-Usage: ``python benchmarks/launch.py [--reps 25] [--launches 1000] [--results FILE]``; prints a
-table and ratios and appends a markdown table (device, driver, date) to ``--results``
-(default ``benchmarks/RESULTS.md``).
+Usage: ``python benchmarks/launch.py [--reps 25] [--launches 1000] [--results FILE]
+[--compare FASTPATH_PY]``; prints a table and ratios and appends a markdown table (device,
+driver, date) to ``--results`` (default ``benchmarks/RESULTS.md``). ``--compare`` times another
+version of ``runtime/fastpath.py`` in the same run (rows "before: ..."), e.g.
+``git show REV:src/kernelpack/runtime/fastpath.py > /tmp/before.py``.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ def raw_launcher(pack, x, y, z):  # type: ignore[no-untyped-def]
         launch(func, grid, 1, 1, 256, 1, 1, 0, stream, addr, 0)
 
     run.keep = (block, params, lib)  # type: ignore[attr-defined]
+    run.parts = (func, grid, stream, addr)  # type: ignore[attr-defined]
     return run
 
 
@@ -135,22 +142,50 @@ def measure(fns: dict[str, Callable[[], None]], sync: Callable[[], None], launch
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def breakdown(torch, x) -> list[str]:  # type: ignore[no-untyped-def]
+def breakdown(torch, x, floor) -> list[str]:  # type: ignore[no-untyped-def]
     """Costs of the pieces of a call (µs), to see where host time goes."""
+    import threading
     import timeit
 
     from cuda.bindings import driver as drv
 
     raw = torch._C._cuda_getCurrentRawStream
+    dev = torch.device("cuda", x.get_device())
+    f32, T, shape = torch.float32, torch.Tensor, x.shape
+    local = threading.local()
+    local.ts = 1
+    lock = threading.Lock()
+    block = ctypes.create_string_buffer(32)
+    fmt = struct.Struct("@QQQfI")
+    func, grid, stream, addr = floor.parts
+    launch = drv.cuLaunchKernel
+
+    def locked() -> None:
+        with lock:
+            pass
+
     pieces = {
         "cuCtxGetCurrent": lambda: drv.cuCtxGetCurrent(),
         "x.data_ptr()": x.data_ptr, "x.shape": lambda: x.shape, "x.dtype": lambda: x.dtype,
+        "x.__class__ is T": lambda: x.__class__ is T,
         "x.get_device()": x.get_device, "x.is_contiguous()": x.is_contiguous,
         "torch raw current stream": lambda: raw(0),
-        "torch.empty(n)": lambda: torch.empty(N, dtype=torch.float32, device=x.device),
-        "torch.empty((n,), int device)": lambda: torch.empty((N,), dtype=torch.float32, device=0),
-        "x.new_empty((n,))": lambda: x.new_empty((N,)),
+        "threading.local read": lambda: local.ts, "lock acquire+release": locked,
+        "Struct.pack_into 5 values": lambda: fmt.pack_into(block, 0, 1, 2, 3, 2.0, 4),
+        "empty lambda (timing floor)": lambda: None,
+        "cuLaunchKernel(CUfunction, CUstream obj)":
+            lambda: launch(func, grid, 1, 1, 256, 1, 1, 0, stream, addr, 0),
+        "cuLaunchKernel(CUfunction, int stream)":
+            lambda: launch(func, grid, 1, 1, 256, 1, 1, 0, 0, addr, 0),
+        "torch.empty(n, dtype, device=x.device)": lambda: torch.empty(N, dtype=f32, device=x.device),
+        "torch.empty((n,), dtype, int device)": lambda: torch.empty((N,), dtype=f32, device=0),
+        "torch.empty(shape, dtype, cached device)": lambda: torch.empty(shape, dtype=f32, device=dev),
+        "x.new_empty(shape)": lambda: x.new_empty(shape),
         "torch.empty_like(x)": lambda: torch.empty_like(x),
+        "torch.empty(n, dtype, cached device)": lambda: torch.empty(N, dtype=f32, device=dev),
+        "torch.empty(*shape, dtype, cached device)": lambda: torch.empty(*shape, dtype=f32,
+                                                                         device=dev),
+        "torch._C._cuda_getDevice()": torch._C._cuda_getDevice,
     }
     out = []
     for name, fn in pieces.items():
@@ -160,11 +195,23 @@ def breakdown(torch, x) -> list[str]:  # type: ignore[no-untyped-def]
     return out
 
 
+def _load_fastpath(path: str):  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kernelpack.runtime._fastpath_compare", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--launches", type=int, default=1000)
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"))
+    ap.add_argument("--compare", help="another version of runtime/fastpath.py (e.g. from git "
+                    "show): its fast path is timed in the same run as 'before' rows")
     opts = ap.parse_args()
 
     import torch
@@ -184,6 +231,21 @@ def main() -> int:
     direct = prog._kp_bound.call  # what Program.__call__ reaches, minus its own frames
     args = (x, y, A)
     fns["kernelpack out= (runtime entry only)"] = lambda: direct(args, z, None)
+    fns["kernelpack allocating (runtime entry only)"] = lambda: direct(args, None, None)
+    from kernelpack.runtime import fastpath
+    trust, fastpath._trust_thread_context = fastpath._trust_thread_context, lambda: False
+    try:  # the same fast path, asking the driver for the current context on every call
+        asking = fastpath.make_fast_path(prog._kp_bound, prog._kp_bound.__call__)[0]
+    finally:
+        fastpath._trust_thread_context = trust
+    fns["kernelpack out= (runtime entry, cuCtxGetCurrent each call)"] = \
+        lambda: asking(args, z, None)
+    if opts.compare:
+        before = _load_fastpath(opts.compare).make_fast_path(prog._kp_bound,
+                                                             prog._kp_bound.__call__)[0]
+        fns["before: kernelpack out= (runtime entry only)"] = lambda: before(args, z, None)
+        fns["before: kernelpack allocating (runtime entry only)"] = \
+            lambda: before(args, None, None)
     try:
         run_cp, zc, xc, yc = cupy_launcher(pack, x, y)
         fns["cupy RawModule kernel"] = run_cp
@@ -205,12 +267,12 @@ def main() -> int:
         if zc is not None:
             zc.fill(0)
         torch.cuda.synchronize()
-        fn()
+        res = fn()
         torch.cuda.synchronize()
         if "cupy" in name:
             got = torch.as_tensor(zc, device="cuda")
-        elif name == "kernelpack allocating":
-            got = prog(x, y, A)
+        elif "kernelpack allocating" in name:
+            got = res
         elif name.startswith("torch"):
             got = torch.add(y, x, alpha=A)
         else:
@@ -219,7 +281,7 @@ def main() -> int:
         torch.testing.assert_close(got, want, msg=lambda m, n=name: f"{n}: {m}")
 
     result = measure(fns, torch.cuda.synchronize, opts.launches, opts.reps)
-    print("pieces:", "; ".join(breakdown(torch, x)))
+    print("pieces:", "; ".join(breakdown(torch, x, fns["raw cuLaunchKernel (floor)"])))
     floor = result["raw cuLaunchKernel (floor)"]
     dev = torch.cuda.get_device_name(0)
     from kernelpack.runtime.device import get_device

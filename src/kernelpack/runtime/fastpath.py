@@ -1,31 +1,57 @@
 """Fast paths for PyTorch and CuPy callers: per-call work reduced to what must happen.
 
 Most calls are "tensors of one framework in, one variant, plain launches". For those, a closure
-built at bind time reads each tensor's pointer, dtype, device, contiguity and shape through the
-framework's own attributes, looks the shapes up in a per-program plan cache (binding, checks
-and every expression are evaluated once per distinct shape), allocates the outputs (or checks
-``out=``), writes the slots and launches.
+built at bind time (:mod:`.fast_torch`, :mod:`.fast_cupy`) reads each tensor's pointer, dtype,
+device, contiguity and shape through the framework's own attributes, looks the shapes up in a
+per-program plan cache (binding, checks and every expression are evaluated once per distinct
+shape), allocates the outputs (or checks ``out=``), writes the slots and launches.
 
-Anything unusual (another array type, ``stream=`` without ``out=``, a failed check, a first call on a new
-device, a scalar needing conversion) falls back to the general path *before* any launch, so
-the general path both handles it and produces the error message: the fast paths never have
-to explain a failure, which keeps them short.
+Anything unusual (another array type, ``stream=`` without ``out=``, a failed check, a first
+call on a new device, a scalar needing conversion) falls back to the general path *before* any
+launch, so the general path both handles it and produces the error message: the fast paths
+never have to explain a failure, which keeps them short.
+
+This module holds what both frameworks share: the plan cache (:class:`FastCore`), the
+per-thread state (parameter blocks and the context last seen current), and the rare paths
+(making the context current, a failed launch), kept out of the hot closures.
+
+Per-thread parameter blocks: ``cuLaunchKernel`` releases the GIL while the driver reads the
+block, so a block shared by threads would need a lock around "write, launch". Each thread gets
+its own blocks instead (made on its first call), so concurrent callers never wait or mix slots.
+
+The current context: a launch on a legacy/per-thread default stream (handle < 3) goes to the
+thread's *current* context, so it must be the device's primary context. Asking the driver
+(``cuCtxGetCurrent`` through cuda.bindings, then comparing handles) costs about 0.4 µs a call
+(H200 host; a sixth of the fast path's own cost), so a thread remembers the device it last
+confirmed. With one visible device the only other states of the thread are "no context" (the
+launch then fails; :meth:`FastCore.relaunch` asks the driver, sets the context and launches
+again) or a context the caller created and made current itself with the driver API, in which
+kernelpack then launches, as torch's own kernels would. With several devices every
+default-stream launch asks the driver, because the caller may have switched the thread to
+another device (``torch.cuda.set_device``) since the last call.
 """
 
 from __future__ import annotations
 
+import ctypes
 import sys
+import threading
 from typing import Any, Callable
 
-from .arrays import stream_handle
-from .binding import DIM_BIND, DIM_CONST, DIM_SAME
+from .binding import ARG_BUFFER, DIM_BIND, DIM_CONST, DIM_SAME
 
-__all__ = ["make_fast_path"]
+__all__ = ["make_fast_path", "fits", "split_scalars", "FastCore", "ThreadState"]
 
 Call = Callable[[Any, Any, Any], Any]
 
+# Plans kept per program (distinct input shapes); cleared when full.
+PLAN_CACHE_SIZE = 256
 
-def _fits(bs: Any) -> bool:
+
+def fits(bs: Any) -> bool:
+    """Whether a program's calls can take a fast path at all (one unconditional variant, plain
+    launches, no scratch, no zero-filled outputs, no dims checked by expression, scalars that
+    need no conversion)."""
     if len(bs.variants) != 1 or bs.variants[0].predicate is not None:
         return False
     variant = bs.variants[0]
@@ -40,8 +66,37 @@ def _fits(bs: Any) -> bool:
                for s in bs.inputs)
 
 
-class _Core:
-    """The framework-independent half: the plan cache and the launch of a planned call."""
+def _trust_thread_context() -> bool:
+    """Whether a thread may skip ``cuCtxGetCurrent`` once it has seen the primary context
+    current (only with a single visible device; see the module docstring)."""
+    from .device import device_count
+
+    return device_count() == 1
+
+
+class ThreadState:
+    """One thread's state for one program: its parameter blocks (``bufs[j]`` and the
+    ``kernelParams`` address ``addrs[j]`` for launch ``j``) and ``ctx``, the device whose
+    primary context this thread was last confirmed to have current (-1: none)."""
+
+    __slots__ = ("ctx", "bufs", "addrs", "_keep")
+
+    def __init__(self, layouts: list[tuple[int, list[int]]]) -> None:
+        self.ctx = -1
+        self.bufs: list[Any] = []
+        self.addrs: list[int] = []
+        self._keep: list[Any] = []
+        for size, offsets in layouts:
+            buf = ctypes.create_string_buffer(max(size, 1))
+            base = ctypes.addressof(buf)
+            ptrs = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
+            self.bufs.append(buf)
+            self.addrs.append(ctypes.addressof(ptrs) if offsets else 0)
+            self._keep.append(ptrs)
+
+
+class FastCore:
+    """The framework-independent half: the plan cache, per-thread state and the rare paths."""
 
     def __init__(self, bp: Any, out_tokens: list[Any], in_tokens: dict[int, Any]) -> None:
         from . import driver as _drv
@@ -49,6 +104,7 @@ class _Core:
 
         bs = bp.bound
         self.bp = bp
+        self.name = bp.name
         prog = bs.program
         self.new_frame, self.value = prog.new_frame, prog.value
         self.nsym, self.nbuf = bs.nsym, bp._nbuf
@@ -57,24 +113,43 @@ class _Core:
         self.symbol_scalars = [(s.symbol, s.same_symbol) for s in bs.inputs
                                if not s.is_tensor and s.symbol >= 0]
         self.computed = [(self.nbuf + slot, spec) for slot, spec in bs.computed]
+        self.fill_from = bp._nvals - len(self.computed)
+        assert [pos for pos, _ in self.computed] == list(range(self.fill_from, bp._nvals))
         self.constraints = [spec for spec, _ in bs.constraints]
         self.outputs = [(o.slot, o.shape, tok) for o, tok in zip(bs.outputs, out_tokens)]
         self.launches = []
+        self.layouts: list[tuple[int, list[int]]] = []
+        identity = list(range(bp._nvals))
         for ls in bs.variants[0].launches:
             specs = [*ls.grid, *ls.block, ls.shared_mem]
             base = [s if s.__class__ is int else 0 for s in specs]
             dynamic = [(j, s[0], s[1]) for j, s in enumerate(specs) if s.__class__ is not int]
-            self.launches.append((ls.getter, ls.layout.pack_into, ls.param_buf, ls.params_addr,
-                                  base, dynamic))
+            # getter None: the parameters are the call's value list itself, in order (the
+            # usual case), so the block is packed from it with no intermediate tuple
+            order = [(r if k == ARG_BUFFER else self.nbuf + r) for k, r in ls.args]
+            getter = None if order == identity else ls.getter
+            self.launches.append((getter, ls.layout.pack_into, ls.kernel, base, dynamic))
+            start = ctypes.addressof(ls.param_buf)
+            offsets = [p - start for p in ls._keep] if ls.args else []
+            self.layouts.append((ls.layout.size, offsets))
         self.cache: dict[tuple, Any] = {}
+        self.local = threading.local()
+        self.trust_context = _trust_thread_context()
         drv = _drv.bindings()
         self.ctx_get, self.launch = drv.cuCtxGetCurrent, drv.cuLaunchKernel
         self.error_for = _drv.error_for
         self.streams, self.cu_stream = _streams, cu_stream
 
+    # ---- once per shape ---------------------------------------------------------------------
     def plan(self, key: tuple) -> Any:
         """Bind, check and evaluate for one key (input shapes, then integer scalars); None
-        when anything fails (the general path then explains). Cached per key."""
+        when anything fails (the general path then explains). Cached per key.
+
+        Returns ``(fills, shapes, todo, likes, one)``: the computed values (the value list's
+        last ``len(fills)`` slots, or None when there are none), output shapes,
+        the non-empty launches ``(getter, pack_into, j, gx, gy, gz, bx, by, bz, smem)``, per
+        output the index of an input it can be allocated like (-1: none), and the launch
+        when there is exactly one (else None)."""
         value = self.value
         syms: list[Any] = [None] * self.nsym
         for (_, dims), shape in zip(self.tensor_dims, key):
@@ -97,8 +172,9 @@ class _Core:
             for spec in self.constraints:
                 if not (spec if spec.__class__ is int else value(frame, spec[0], spec[1])):
                     return None
-            fills = [(pos, spec if spec.__class__ is int else value(frame, spec[0], spec[1]))
-                     for pos, spec in self.computed]
+            # computed values fill the last slots of the value list, in order
+            fills = [spec if spec.__class__ is int else value(frame, spec[0], spec[1])
+                     for _, spec in self.computed]
             shapes = []
             for _, dims, _ in self.outputs:
                 shape = tuple(s if s.__class__ is int else value(frame, s[0], s[1]) for s in dims)
@@ -106,14 +182,14 @@ class _Core:
                     return None
                 shapes.append(shape)
             todo = []
-            for j, (getter, pack, buf, addr, base, dynamic) in enumerate(self.launches):
+            for j, (getter, pack, _, base, dynamic) in enumerate(self.launches):
                 dims = base.copy()
                 for jj, root, what in dynamic:
                     dims[jj] = value(frame, root, what)
                 if any(not 0 <= v < (1 << 32) for v in dims):
                     return None
                 if dims[0] and dims[1] and dims[2]:
-                    todo.append((getter, pack, buf, addr, j, *dims))
+                    todo.append((getter, pack, j, *dims))
         except ArithmeticError:  # ExpressionError / ExprEvalError
             return None
         # An output shaped and typed like an input can be allocated "like" it, which is
@@ -122,246 +198,110 @@ class _Core:
         for (_, _, tok), shape in zip(self.outputs, shapes):
             likes.append(next((i for (i, _), ishape in zip(self.tensor_dims, key)
                                if self.in_tokens[i] is tok and tuple(ishape) == shape), -1))
-        if len(self.cache) >= 256:
+        if len(self.cache) >= PLAN_CACHE_SIZE:
             self.cache.clear()
-        entry = self.cache[key] = (fills, shapes, todo, likes)
+        one = todo[0] if len(todo) == 1 else None
+        entry = self.cache[key] = (fills or None, tuple(shapes), tuple(todo), tuple(likes),
+                                   one)
         return entry
 
-    def make_fire(self) -> Callable[[Any, int, list, list], bool]:
-        """``fire(state, stream, todo, vals)``: write the slots and launch; False (nothing
-        launched) when a value does not fit its parameter, so that the caller falls back to
-        the general path. A closure: the hot path reads cells, not attributes."""
-        ctx_get, launch, error_for = self.ctx_get, self.launch, self.error_for
-        streams, cu_stream, lock, name = self.streams, self.cu_stream, self.bp._lock, self.bp.name
+    # ---- once per thread ----------------------------------------------------------------------
+    def thread_state(self) -> ThreadState:
+        """The calling thread's :class:`ThreadState` (made on its first call)."""
+        ts = self.local.__dict__.get("ts")
+        if ts is None:
+            ts = self.local.ts = ThreadState(self.layouts)
+        return ts
 
-        def fire(st: Any, sh: int, todo: list, vals: list) -> bool:
-            if sh < 3:  # NULL / legacy / per-thread default stream: the current context decides
-                err, cur = ctx_get()
-                if err or int(cur) != st.device.ctx_id:
-                    st.device.make_current()
-            cs = streams.get(sh)
-            if cs is None:
-                cs = cu_stream(sh)
-            funcs = st.funcs[0]
-            with lock:  # the parameter blocks are shared by every caller of the program
-                try:
-                    for item in todo:
-                        item[1](item[2], 0, *item[0](vals))
-                except Exception:  # struct.error / OverflowError
-                    return False
-                for _, _, _, addr, j, gx, gy, gz, bx, by, bz, smem in todo:
-                    err, = launch(funcs[j], gx, gy, gz, bx, by, bz, smem, cs, addr, 0)
-                    if err:
-                        exc = error_for(err, f"{name}: launching kernel with grid "
-                                             f"{(gx, gy, gz)} block {(bx, by, bz)}")
-                        raise exc from exc.__cause__
-            return True
+    # ---- launching ----------------------------------------------------------------------------
+    def fire_all(self, st: Any, ts: ThreadState, device: int, sh: int, cs: Any, todo: tuple,
+                 vals: list) -> bool:
+        """Write every block, then launch them in order (a program of several launches, or
+        none); False, with nothing launched, when a value does not fit its parameter."""
+        bufs = ts.bufs
+        try:
+            for item in todo:
+                getter = item[0]
+                item[1](bufs[item[2]], 0, *(vals if getter is None else getter(vals)))
+        except Exception:  # struct.error / OverflowError: the general path explains
+            return False
+        funcs, addrs, launch = st.funcs[0], ts.addrs, self.launch
+        for item in todo:
+            _, _, j, gx, gy, gz, bx, by, bz, smem = item
+            err, = launch(funcs[j], gx, gy, gz, bx, by, bz, smem, cs, addrs[j], 0)
+            if err:
+                self.relaunch(err, st, ts, device, sh, item, cs)
+        return True
 
-        return fire
+    # ---- rare paths -------------------------------------------------------------------------
+    def ensure_context(self, st: Any, ts: ThreadState, device: int) -> None:
+        """Make ``device``'s primary context current on this thread if it is not (asking the
+        driver), and remember it when the thread may trust that (one visible device)."""
+        err, cur = self.ctx_get()
+        if err or int(cur) != st.device.ctx_id:
+            st.device.make_current()
+        if self.trust_context:
+            ts.ctx = device
+
+    def relaunch(self, err: Any, st: Any, ts: ThreadState, device: int, sh: int, item: tuple,
+                 cs: Any) -> None:
+        """Launch ``item`` failed with ``err``. On a default stream whose context this thread
+        only remembered, the context may have changed: check it, and launch again when it
+        was not the device's; otherwise raise the LaunchError for ``err``."""
+        _, _, j, gx, gy, gz, bx, by, bz, smem = item
+        if sh < 3 and ts.ctx == device:
+            ts.ctx = -1
+            cerr, cur = self.ctx_get()
+            if cerr or int(cur) != st.device.ctx_id:
+                st.device.make_current()
+                err, = self.launch(st.funcs[0][j], gx, gy, gz, bx, by, bz, smem, cs,
+                                   ts.addrs[j], 0)
+                if not err:
+                    if self.trust_context:
+                        ts.ctx = device
+                    return
+        exc = self.error_for(err, f"{self.name}: launching {self.launches[j][2]} with grid "
+                                  f"{(gx, gy, gz)} block {(bx, by, bz)} shared_mem {smem}")
+        raise exc from exc.__cause__
 
 
-def _scalar_table(bp: Any) -> list[tuple]:
-    bs = bp.bound
-    return [(i, bp._nbuf + s.slot, s.symbol >= 0, bp._ranges[i])
-            for i, s in enumerate(bs.inputs) if not s.is_tensor]
-
-
-def _torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
-    bs = bp.bound
-    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    tok = {s.name: getattr(torch, s.dtype.name, None) for s in (*bs.inputs, *bs.outputs)
-           if getattr(s, "is_tensor", True)}
-    if raw_stream is None or None in tok.values():
-        return None
-    core = _Core(bp, [tok[o.name] for o in bs.outputs],
-                 {i: tok[s.name] for i, s in enumerate(bs.inputs) if s.is_tensor})
-    Tensor, empty, empty_like, make_device = torch.Tensor, torch.empty, torch.empty_like, \
-        torch.device
-    tensors = [(i, s.slot, tok[s.name]) for i, s in enumerate(bs.inputs) if s.is_tensor]
-    scalars = _scalar_table(bp)
-    outputs = core.outputs
-    single_out = len(outputs) == 1
-    n_in, nvals, states = len(bs.inputs), bp._nvals, bp._states
-    cache, plan, fire = core.cache, core.plan, core.make_fire()
-    devices: dict[int, Any] = {}
-
-    def call(args: Any, out: Any, stream: Any) -> Any:
-        if len(args) != n_in or (stream is not None and out is None):
-            return slow(args, out, stream)  # outputs for another stream: general path
-        vals = [0] * nvals
-        key = []
-        device = -2
-        for i, slot, dt in tensors:
-            t = args[i]
-            if t.__class__ is not Tensor or t.dtype is not dt or not t.is_contiguous():
-                return slow(args, out, stream)
-            d = t.get_device()
-            if d != device:
-                if device != -2 or d < 0:
-                    return slow(args, out, stream)
-                device = d
-            key.append(t.shape)
-            vals[slot] = t.data_ptr()
-        for i, pos, is_symbol, rng in scalars:
-            v = args[i]
-            if rng is None:
-                if v.__class__ is not float:
-                    return slow(args, out, stream)
-            elif v.__class__ is not int or not rng[0] <= v <= rng[1]:
-                return slow(args, out, stream)
-            elif is_symbol:
-                key.append(v)
-            vals[pos] = v
-        st = states.get(device)
-        k = tuple(key)
-        entry = cache.get(k) or plan(k)
-        if entry is None or st is None:  # or a first call on this device: bind it there
-            return slow(args, out, stream)
-        fills, shapes, todo, likes = entry
-        for pos, v in fills:
-            vals[pos] = v
-        if out is None:
-            result = []
-            for (slot, _, dt), shape, like in zip(outputs, shapes, likes):
-                if like >= 0:
-                    t = empty_like(args[like])
-                else:
-                    dev = devices.get(device)
-                    if dev is None:
-                        dev = devices[device] = make_device("cuda", device)
-                    t = empty(shape, dtype=dt, device=dev)
-                vals[slot] = t.data_ptr()
-                result.append(t)
-        elif single_out and out.__class__ is Tensor:
-            slot, _, dt = outputs[0]
-            if (out.dtype is not dt or out.get_device() != device or not out.is_contiguous()
-                    or out.shape != shapes[0]):
-                return slow(args, out, stream)
-            vals[slot] = out.data_ptr()
-            result = [out]
+def split_scalars(bp: Any) -> tuple[tuple, tuple]:
+    """The caller's scalars as ``floats`` ``(argument index, value slot)`` and ``ints``
+    ``(argument index, value slot, lowest, highest, is a symbol)`` (``fits`` admits no other
+    kind)."""
+    floats, ints = [], []
+    for i, s in enumerate(bp.bound.inputs):
+        if s.is_tensor:
+            continue
+        rng = bp._ranges[i]
+        if rng is None:
+            floats.append((i, bp._nbuf + s.slot))
         else:
-            return slow(args, out, stream)
-        sh = raw_stream(device) if stream is None else stream_handle(stream)
-        if not fire(st, sh, todo, vals):
-            return slow(args, out, stream)
-        if single_out:
-            return result[0]
-        return tuple(result) if result else None
-
-    return call
-
-
-def _cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
-    import numpy
-
-    bs = bp.bound
-    try:
-        tok = {s.name: numpy.dtype(s.dtype.name) for s in (*bs.inputs, *bs.outputs)
-               if getattr(s, "is_tensor", True)}
-    except TypeError:  # bfloat16: no NumPy dtype
-        return None
-    core = _Core(bp, [tok[o.name] for o in bs.outputs],
-                 {i: tok[s.name] for i, s in enumerate(bs.inputs) if s.is_tensor})
-    ndarray, empty, empty_like = cupy.ndarray, cupy.empty, cupy.empty_like
-    current_stream, get_device = cupy.cuda.get_current_stream, cupy.cuda.runtime.getDevice
-    tensors = [(i, s.slot, tok[s.name]) for i, s in enumerate(bs.inputs) if s.is_tensor]
-    scalars = _scalar_table(bp)
-    outputs = core.outputs
-    single_out = len(outputs) == 1
-    n_in, nvals, states = len(bs.inputs), bp._nvals, bp._states
-    cache, plan, fire = core.cache, core.plan, core.make_fire()
-
-    def call(args: Any, out: Any, stream: Any) -> Any:
-        if len(args) != n_in or (stream is not None and out is None):
-            return slow(args, out, stream)  # outputs for another stream: general path
-        vals = [0] * nvals
-        key = []
-        device = -2
-        for i, slot, dt in tensors:
-            a = args[i]
-            if a.__class__ is not ndarray or a.dtype != dt or not a.flags.c_contiguous:
-                return slow(args, out, stream)
-            mem = a.data
-            d = mem.device_id
-            if d != device:
-                if device != -2:
-                    return slow(args, out, stream)
-                device = d
-            key.append(a.shape)
-            vals[slot] = mem.ptr
-        for i, pos, is_symbol, rng in scalars:
-            v = args[i]
-            if rng is None:
-                if v.__class__ is not float:
-                    return slow(args, out, stream)
-            elif v.__class__ is not int or not rng[0] <= v <= rng[1]:
-                return slow(args, out, stream)
-            elif is_symbol:
-                key.append(v)
-            vals[pos] = v
-        st = states.get(device)
-        k = tuple(key)
-        entry = cache.get(k) or plan(k)
-        if entry is None or st is None or get_device() != device:
-            return slow(args, out, stream)  # the general path switches devices itself
-        fills, shapes, todo, likes = entry
-        for pos, v in fills:
-            vals[pos] = v
-        if out is None:
-            result = []
-            for (slot, _, dt), shape, like in zip(outputs, shapes, likes):
-                a = empty_like(args[like]) if like >= 0 else empty(shape, dtype=dt)
-                vals[slot] = a.data.ptr
-                result.append(a)
-        elif single_out and out.__class__ is ndarray:
-            slot, _, dt = outputs[0]
-            mem = out.data
-            if (out.dtype != dt or mem.device_id != device or not out.flags.c_contiguous
-                    or out.shape != shapes[0]):
-                return slow(args, out, stream)
-            vals[slot] = mem.ptr
-            result = [out]
-        else:
-            return slow(args, out, stream)
-        sh = current_stream().ptr if stream is None else stream_handle(stream)
-        if not fire(st, sh, todo, vals):
-            return slow(args, out, stream)
-        if single_out:
-            return result[0]
-        return tuple(result) if result else None
-
-    return call
+            ints.append((i, bp._nbuf + s.slot, rng[0], rng[1], s.symbol >= 0))
+    return tuple(floats), tuple(ints)
 
 
 def make_fast_path(bp: Any, slow: Call) -> tuple[Call | None, frozenset[str]]:
-    """A ``call(args, out, stream)`` that dispatches on the first tensor argument's type to
-    the torch or cupy fast path (whichever frameworks are imported), else to ``slow``, and the
-    names of the frameworks tried (so a framework imported later triggers a rebuild); (None,
-    every name) when the program does not fit a fast path at all."""
-    if not _fits(bp.bound):
+    """A ``call(args, out, stream)`` for the frameworks imported by now, and the names of the
+    frameworks tried (so a framework imported later triggers a rebuild); (None, every name)
+    when the program does not fit a fast path at all.
+
+    With both frameworks the paths are chained: the torch path's fallback is the cupy path,
+    whose fallback is ``slow``. Each path checks every argument's type itself, so a torch call
+    pays nothing for cupy's presence, and a cupy call one failed type check."""
+    if not fits(bp.bound):
         return None, frozenset(("torch", "cupy"))  # never: do not try again
-    paths: dict[type, Call] = {}
     names: set[str] = set()
+    path: Call | None = None
     torch, cupy = sys.modules.get("torch"), sys.modules.get("cupy")
-    if torch is not None:
-        names.add("torch")
-        path = _torch_path(bp, slow, torch)
-        if path is not None:
-            paths[torch.Tensor] = path
     if cupy is not None:
+        from .fast_cupy import cupy_path
+
         names.add("cupy")
-        path = _cupy_path(bp, slow, cupy)
-        if path is not None:
-            paths[cupy.ndarray] = path
-    if not paths:
-        return None, frozenset(names)
-    if len(paths) == 1:  # each path checks every argument's type itself
-        return next(iter(paths.values())), frozenset(names)
-    get = paths.get
-    first = next(i for i, s in enumerate(bp.bound.inputs) if s.is_tensor)
+        path = cupy_path(bp, slow, cupy)
+    if torch is not None:
+        from .fast_torch import torch_path
 
-    def dispatch(args: Any, out: Any, stream: Any) -> Any:
-        path = get(args[first].__class__) if len(args) > first else None
-        return (path or slow)(args, out, stream)
-
-    return dispatch, frozenset(names)
+        names.add("torch")
+        path = torch_path(bp, path or slow, torch) or path
+    return path, frozenset(names)

@@ -1,0 +1,136 @@
+"""The CuPy fast path: ``cupy.ndarray`` in, ``cupy.ndarray`` out, in one closure.
+
+The same steps as :mod:`.fast_torch` through CuPy's attributes (``data.ptr``,
+``data.device_id``, NumPy dtypes compared by identity, then equality); CuPy allocates on its
+current device, so a call whose arrays are on another device takes the general path, which
+switches devices itself.
+
+Contiguity is read from ``ndarray._c_contiguous`` where CuPy has it (a stored flag of its
+array type): the public ``flags.c_contiguous`` builds a ``Flags`` object on every read, which
+costs more than the rest of an argument's checks.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from .arrays import stream_handle
+from .fastpath import Call, FastCore, split_scalars
+
+__all__ = ["cupy_path"]
+
+
+def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
+    """The fast ``call(args, out, stream)`` for cupy arrays, or None for programs with a
+    dtype NumPy lacks (bfloat16)."""
+    import numpy
+
+    bs = bp.bound
+    try:
+        tok = {s.name: numpy.dtype(s.dtype.name) for s in (*bs.inputs, *bs.outputs)
+               if getattr(s, "is_tensor", True)}
+    except TypeError:  # bfloat16: no NumPy dtype
+        return None
+    core = FastCore(bp, [tok[o.name] for o in bs.outputs],
+                    {i: tok[s.name] for i, s in enumerate(bs.inputs) if s.is_tensor})
+    ndarray, empty, empty_like = cupy.ndarray, cupy.empty, cupy.empty_like
+    contiguous = operator.attrgetter("_c_contiguous" if hasattr(ndarray, "_c_contiguous")
+                                     else "flags.c_contiguous")
+    current_stream, get_device = cupy.cuda.get_current_stream, cupy.cuda.runtime.getDevice
+    tensors = [(i, s.slot, tok[s.name]) for i, s in enumerate(bs.inputs) if s.is_tensor]
+    first_i, first_slot, first_dt = tensors[0]
+    rest = tuple(tensors[1:])
+    floats, ints = split_scalars(bp)
+    outputs = tuple(core.outputs)
+    single_out = len(outputs) == 1
+    out_slot, _, out_dt = outputs[0] if outputs else (0, None, None)
+    n_in, nvals, states = len(bs.inputs), bp._nvals, bp._states
+    cache, plan, local, fill_from = core.cache, core.plan, core.local, core.fill_from
+    thread_state, ensure_context, relaunch, fire_all = core.thread_state, \
+        core.ensure_context, core.relaunch, core.fire_all
+    launch, streams, cu_stream = core.launch, core.streams, core.cu_stream
+
+    def call(args: Any, out: Any, stream: Any) -> Any:
+        if len(args) != n_in or (stream is not None and out is None):
+            return slow(args, out, stream)  # outputs for another stream: general path
+        vals = [0] * nvals
+        a = args[first_i]
+        if (a.__class__ is not ndarray or (dty := a.dtype) is not first_dt and dty != first_dt
+                or not contiguous(a)):
+            return slow(args, out, stream)
+        mem = a.data
+        device = mem.device_id
+        key = [a.shape]
+        vals[first_slot] = mem.ptr
+        for i, slot, dt in rest:
+            a = args[i]
+            if (a.__class__ is not ndarray or (dty := a.dtype) is not dt and dty != dt
+                    or not contiguous(a)):
+                return slow(args, out, stream)
+            mem = a.data
+            if mem.device_id != device:
+                return slow(args, out, stream)
+            key.append(a.shape)
+            vals[slot] = mem.ptr
+        for i, pos in floats:
+            v = args[i]
+            if v.__class__ is not float:
+                return slow(args, out, stream)
+            vals[pos] = v
+        for i, pos, lo, hi, is_symbol in ints:
+            v = args[i]
+            if v.__class__ is not int or not lo <= v <= hi:
+                return slow(args, out, stream)
+            if is_symbol:
+                key.append(v)
+            vals[pos] = v
+        st = states.get(device)
+        k = tuple(key)
+        entry = cache.get(k) or plan(k)
+        if entry is None or st is None or get_device() != device:
+            return slow(args, out, stream)  # the general path switches devices itself
+        fills, shapes, todo, likes, one = entry
+        if fills is not None:
+            vals[fill_from:] = fills
+        if out is None:
+            made = []
+            for (slot, _, dt), shape, like in zip(outputs, shapes, likes):
+                a = empty_like(args[like]) if like >= 0 else empty(shape, dtype=dt)
+                vals[slot] = a.data.ptr
+                made.append(a)
+            ret = made[0] if single_out else (tuple(made) if made else None)
+        elif single_out and out.__class__ is ndarray:
+            mem = out.data
+            if ((dty := out.dtype) is not out_dt and dty != out_dt or mem.device_id != device
+                    or not contiguous(out) or out.shape != shapes[0]):
+                return slow(args, out, stream)
+            vals[out_slot] = mem.ptr
+            ret = out
+        else:
+            return slow(args, out, stream)
+        sh = current_stream().ptr if stream is None else stream_handle(stream)
+        try:
+            ts = local.ts
+        except AttributeError:
+            ts = thread_state()
+        if sh < 3 and ts.ctx != device:  # a default stream: the current context decides
+            ensure_context(st, ts, device)
+        cs = streams.get(sh)
+        if cs is None:
+            cs = cu_stream(sh)
+        if one is None:  # several launches (or none: empty grids)
+            if not fire_all(st, ts, device, sh, cs, todo, vals):
+                return slow(args, out, stream)
+            return ret
+        getter, pack, j, gx, gy, gz, bx, by, bz, smem = one
+        try:  # struct range-checks every value before anything is launched
+            pack(ts.bufs[j], 0, *(vals if getter is None else getter(vals)))
+        except Exception:  # struct.error / OverflowError: the general path explains
+            return slow(args, out, stream)
+        err, = launch(st.funcs[0][j], gx, gy, gz, bx, by, bz, smem, cs, ts.addrs[j], 0)
+        if err:
+            relaunch(err, st, ts, device, sh, one, cs)
+        return ret
+
+    return call

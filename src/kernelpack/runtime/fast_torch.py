@@ -1,0 +1,138 @@
+"""The PyTorch fast path: ``torch.Tensor`` in, ``torch.Tensor`` out, in one closure.
+
+Per call it reads, for each tensor, its type, dtype (identity with the expected ``torch``
+dtype), contiguity, device and shape, and its pointer; looks the shapes up in the plan cache;
+allocates or checks the output; writes this thread's parameter blocks and launches. The launch
+part is written out here rather than called (one Python call is a measurable part of a
+launch); the rare paths live in :class:`~kernelpack.runtime.fastpath.FastCore`. Anything that
+does not fit goes to the general path before anything is launched (see :mod:`.fastpath`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .arrays import stream_handle
+from .fastpath import Call, FastCore, split_scalars
+
+__all__ = ["torch_path"]
+
+
+def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
+    """The fast ``call(args, out, stream)`` for torch tensors, or None when this torch lacks
+    what it needs (a dtype of the program, the raw current-stream accessor)."""
+    bs = bp.bound
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    tok = {s.name: getattr(torch, s.dtype.name, None) for s in (*bs.inputs, *bs.outputs)
+           if getattr(s, "is_tensor", True)}
+    if raw_stream is None or None in tok.values():
+        return None
+    core = FastCore(bp, [tok[o.name] for o in bs.outputs],
+                    {i: tok[s.name] for i, s in enumerate(bs.inputs) if s.is_tensor})
+    Tensor, empty, empty_like, make_device = torch.Tensor, torch.empty, torch.empty_like, \
+        torch.device
+    tensors = [(i, s.slot, tok[s.name]) for i, s in enumerate(bs.inputs) if s.is_tensor]
+    first_i, first_slot, first_dt = tensors[0]
+    rest = tuple(tensors[1:])
+    floats, ints = split_scalars(bp)
+    outputs = tuple(core.outputs)
+    single_out = len(outputs) == 1
+    out_slot, _, out_dt = outputs[0] if outputs else (0, None, None)
+    n_in, nvals, states = len(bs.inputs), bp._nvals, bp._states
+    cache, plan, local, fill_from = core.cache, core.plan, core.local, core.fill_from
+    thread_state, ensure_context, relaunch, fire_all = core.thread_state, \
+        core.ensure_context, core.relaunch, core.fire_all
+    launch, streams, cu_stream = core.launch, core.streams, core.cu_stream
+    devices: dict[int, Any] = {}
+
+    def allocate(shape: tuple, dt: Any, device: int) -> Any:
+        """An output not shaped like any input (those use ``empty_like``, the cheapest form
+        measured; sizes as separate ints parse faster than a tuple)."""
+        dev = devices.get(device)
+        if dev is None:
+            dev = devices[device] = make_device("cuda", device)
+        return empty(*shape, dtype=dt, device=dev) if shape else empty((), dtype=dt, device=dev)
+
+    def call(args: Any, out: Any, stream: Any) -> Any:
+        if len(args) != n_in or (stream is not None and out is None):
+            return slow(args, out, stream)  # outputs for another stream: general path
+        vals = [0] * nvals
+        t = args[first_i]
+        if t.__class__ is not Tensor or t.dtype is not first_dt or not t.is_contiguous():
+            return slow(args, out, stream)
+        device = t.get_device()  # host tensors (-1) have no state: see ``st`` below
+        key = [t.shape]
+        vals[first_slot] = t.data_ptr()
+        for i, slot, dt in rest:
+            t = args[i]
+            if (t.__class__ is not Tensor or t.dtype is not dt or not t.is_contiguous()
+                    or t.get_device() != device):
+                return slow(args, out, stream)
+            key.append(t.shape)
+            vals[slot] = t.data_ptr()
+        for i, pos in floats:
+            v = args[i]
+            if v.__class__ is not float:
+                return slow(args, out, stream)
+            vals[pos] = v
+        for i, pos, lo, hi, is_symbol in ints:
+            v = args[i]
+            if v.__class__ is not int or not lo <= v <= hi:
+                return slow(args, out, stream)
+            if is_symbol:
+                key.append(v)
+            vals[pos] = v
+        st = states.get(device)
+        k = tuple(key)
+        entry = cache.get(k) or plan(k)
+        if entry is None or st is None:  # or a first call on this device (or host memory)
+            return slow(args, out, stream)
+        fills, shapes, todo, likes, one = entry
+        if fills is not None:
+            vals[fill_from:] = fills
+        if out is None:
+            if single_out:
+                like = likes[0]
+                ret = empty_like(args[like]) if like >= 0 else allocate(shapes[0], out_dt, device)
+                vals[out_slot] = ret.data_ptr()
+            else:
+                made = []
+                for (slot, _, dt), shape, like in zip(outputs, shapes, likes):
+                    o = empty_like(args[like]) if like >= 0 else allocate(shape, dt, device)
+                    vals[slot] = o.data_ptr()
+                    made.append(o)
+                ret = tuple(made) if made else None
+            sh = raw_stream(device)
+        elif single_out and out.__class__ is Tensor:
+            if (out.dtype is not out_dt or not out.is_contiguous() or out.shape != shapes[0]
+                    or out.get_device() != device):
+                return slow(args, out, stream)
+            vals[out_slot] = out.data_ptr()
+            ret = out
+            sh = raw_stream(device) if stream is None else stream_handle(stream)
+        else:
+            return slow(args, out, stream)
+        try:
+            ts = local.ts
+        except AttributeError:
+            ts = thread_state()
+        if sh < 3 and ts.ctx != device:  # a default stream: the current context decides
+            ensure_context(st, ts, device)
+        cs = streams.get(sh)
+        if cs is None:
+            cs = cu_stream(sh)
+        if one is None:  # several launches (or none: empty grids)
+            if not fire_all(st, ts, device, sh, cs, todo, vals):
+                return slow(args, out, stream)
+            return ret
+        getter, pack, j, gx, gy, gz, bx, by, bz, smem = one
+        try:  # struct range-checks every value before anything is launched
+            pack(ts.bufs[j], 0, *(vals if getter is None else getter(vals)))
+        except Exception:  # struct.error / OverflowError: the general path explains
+            return slow(args, out, stream)
+        err, = launch(st.funcs[0][j], gx, gy, gz, bx, by, bz, smem, cs, ts.addrs[j], 0)
+        if err:
+            relaunch(err, st, ts, device, sh, one, cs)
+        return ret
+
+    return call
