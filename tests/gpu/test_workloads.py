@@ -209,3 +209,22 @@ def test_complex_parts_products_and_magnitude():
     for got, ref, what in zip(outs, (w.real, w.imag, np.abs(z), np.exp(z), z.sum()),
                               ("real", "imag", "abs", "exp", "sum")):
         _check(np.asarray(got), np.asarray(ref), 1e-12, what)
+
+
+def test_half_precision_and_bool_scalars_reach_the_kernel_intact() -> None:
+    """Scalars of 1- and 2-byte dtypes: the kernel parameter and the runtime's packing must
+    agree on the width (a float16 scalar once reached the kernel as garbage)."""
+
+    @kp.fusion
+    def axpb16(x: kp.Tensor[kp.f16, "n"], s: kp.f16, t: kp.bf16, flag: kp.bool_):
+        return kp.where(flag, x * s + t.astype(kp.f16), x)
+
+    program = kp.load(kp.save([kp.compile(axpb16, targets=["sm_80", "sm_90", "ptx"])]))["axpb16"]
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(1000).astype(np.float16)
+    xt = torch.from_numpy(x).cuda()
+    for s, t, flag in ((1.5, -0.25, True), (-3.0, 2.0, True), (0.5, 1.0, False)):
+        got = program(xt, s, t, flag).cpu().numpy().astype(np.float64)
+        ref = x.astype(np.float64) * s + t if flag else x.astype(np.float64)
+        # float16 storage: about 3 significant decimal digits
+        assert np.max(np.abs(got - ref)) <= 2e-3 * max(1.0, float(np.max(np.abs(ref)))), (s, t, flag)

@@ -6,7 +6,7 @@ import pytest
 
 import kernelpack as kp
 from kernelpack.external import cubin_entries
-from kernelpack.expr import cdiv, emin, le, shl, sym
+from kernelpack.expr import cdiv, emin, ge, land, le, shl, sym
 from kernelpack.lowering import pipeline
 from kernelpack.lowering.workloads import make
 
@@ -85,17 +85,41 @@ def test_compile_is_deterministic():
 def test_row_reduction_variants_and_predicates():
     c = kp.compile(F32["softmax"], targets=["sm_90"])
     s = c.summary
-    assert [v.predicate for v in s.variants] == [le("n", 256), le("n", 4096), None]
-    assert [int(v.launches[0].block[0]) for v in s.variants] == [256, 512, 512]
-    assert [v.launches[0].kernel for v in s.variants] == [
-        "softmax_float32_0_rowwarp8", "softmax_float32_0_rowblock8", "softmax_float32_0_rowblock"]
+    caps = [128, 256, 512, 1024, 2048, 4096, 8192]
+    assert [v.predicate for v in s.variants] == [land(ge("n", 1), le("n", k)) for k in caps] \
+        + [None]
+    assert [int(v.launches[0].block[0]) for v in s.variants] == [256, 256, 64, 128, 256, 256,
+                                                                  256, 512]
+    assert [v.launches[0].kernel.rsplit("_", 1)[1] for v in s.variants] == [
+        "rowwarp4", "rowwarp8", "rowblock64x8", "rowblock128x8", "rowblock256x8",
+        "rowblock256x16", "rowblock256x32", "rowblock"]
     prog = kp.load(kp.save([c]))["softmax_float32"]
     assert prog.plan(x=(4096, 100)).variant == 0
     assert prog.plan(x=(4096, 100)).launches[0].grid == (512, 1, 1)   # 8 rows (warps) per block
-    assert prog.plan(x=(4096, 1000)).variant == 1
+    assert prog.plan(x=(4096, 1000)).variant == 3
     assert prog.plan(x=(4096, 1000)).launches[0].grid == (4096, 1, 1)
-    assert prog.plan(x=(7, 100_000)).variant == 2
+    assert prog.plan(x=(7, 100_000)).variant == 7
     assert prog.plan(x=(7, 100_000)).launches[0].grid == (7, 1, 1)
+    assert prog.plan(x=(7, 0)).variant == 7  # empty rows: nothing to hold in registers
+
+
+def test_register_rows_use_16_byte_accesses_without_local_memory():
+    b = pipeline.run(pipeline.new_build(F32["softmax"], ["sm_90"], None, {}), stop="ptx")
+    ptx = b.ptx.decode()
+    body = ptx[ptx.index(".entry softmax_float32_0_rowblock128x8"):]
+    body = body[:body.index("\n}\n")]
+    assert ".local" not in body and "ld.local" not in body
+    assert body.count("ld.global.v4.b32") == 2 and body.count("st.global.v4.b32") >= 2
+    assert ".maxntid 128" in body
+    # e / sum: one reciprocal per row, then multiplies (the exact division stays for rows
+    # whose 1/sum would not be a normal float): 8 divisions per body, not 16
+    assert body.count("div.rn.f32") == 16
+
+
+def test_rows_without_per_element_transcendentals_hold_more_per_thread():
+    s = kp.compile(F32["layernorm"], targets=["sm_90"]).summary
+    kernels = [v.launches[0].kernel.rsplit("_", 1)[1] for v in s.variants]
+    assert kernels[:4] == ["rowwarp4", "rowwarp8", "rowblock64x8", "rowwarp32"]
 
 
 def test_reduce_only_rows_pick_thread_warp_or_block():

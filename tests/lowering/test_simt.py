@@ -192,3 +192,42 @@ def test_half_and_bfloat16_storage():
     bits = x.astype(np.float32).view(np.uint32)
     rne = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     assert np.array_equal(h, rne)
+
+
+@pytest.mark.parametrize("n", [1, 4, 5, 127, 128, 129, 509, 1024])
+def test_register_rows_at_variant_edges(n):
+    # each register variant holds rows up to its capacity (128, 256, 512, 1024 ... floats):
+    # rows at, just past and well inside a capacity, primes and non-multiples of 4
+    k = Kernels(F32["layernorm"])
+    rng = np.random.default_rng(n)
+    x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in ((3, n), (n,), (n,)))
+    ref = REFERENCES["layernorm"](x.astype(np.float64), w.astype(np.float64),
+                                  bias.astype(np.float64), SCALARS["eps"])
+    _check(k(x, w, bias, SCALARS["eps"])[0], ref, 2e-6, f"layernorm n={n}")
+
+
+def test_register_rows_unaligned_rows_take_the_scalar_body():
+    # a view starting 4 bytes into its buffer: the 16-byte groups are off, the scalar body runs
+    base = np.random.default_rng(15).standard_normal(1 + 3 * 256).astype(np.float32)
+    x = base[1:].reshape(3, 256)
+    assert x.ctypes.data % 16 != 0
+    _check(Kernels(F32["softmax"])(x)[0], REFERENCES["softmax"](x.astype(np.float64)), 2e-6,
+           "unaligned softmax")
+
+
+def test_division_by_a_row_value_keeps_exact_results_for_extreme_divisors():
+    # x / row sum: a multiply by 1/sum where that is a normal float, the exact division for
+    # rows whose sum is tiny (subnormal) or huge (1/sum subnormal)
+    @kp.fusion
+    def share(x: T[kp.f32, "b", "n"]):
+        return x / x.sum(axis=-1, keepdims=True)
+
+    rng = np.random.default_rng(16)
+    x = (rng.random((3, 8)) + 0.5).astype(np.float32)
+    x[1] *= np.float32(1e-39)
+    x[2] *= np.float32(2e37)
+    got = Kernels(share)(x)[0]
+    xd = x.astype(np.float64)
+    ref = xd / xd.sum(-1, keepdims=True)
+    for i in range(3):
+        _check(got[i], ref[i], 1e-6 if i != 1 else 1e-5, f"row {i}")

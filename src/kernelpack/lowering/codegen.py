@@ -67,7 +67,9 @@ class Emitter:
                  buffers: Sequence[tuple[str, DType]], scalars: Sequence[tuple[str, DType]],
                  symbols: Sequence[str]) -> None:
         self.module, self.graph = module, graph
-        types = [ir.PointerType()] * len(buffers) + [component(d) for _, d in scalars] \
+        # Scalars are declared in their *storage* type (half, bf16 bits, i8 for bool): the
+        # runtime packs each one with the width of its summary dtype, so the two must agree.
+        types = [ir.PointerType()] * len(buffers) + [storage_type(d) for _, d in scalars] \
             + [I64] * len(symbols)
         self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), types), name)
         self.fn.calling_convention = "ptx_kernel"
@@ -88,9 +90,11 @@ class Emitter:
         self.exprs: dict[Expr, ir.Value] = {}
         self.rowcache: dict[int, tuple[Val, tuple[ir.Value, ...]]] = {}
         self.uses_libdevice = False
+        self.scalars = {n: (to_compute(self.entry, a, d), d) for n, (a, d) in self.scalars.items()}
         self.vec_lane: int | None = None  # lane within a 16-byte group (vectorized loops)
         self.touched: set[str] = set()    # buffers accessed as 16-byte groups
         self.guard: ir.Value | None = None  # i1: loads happen only where it holds (else 0)
+        self.recips: dict[int, ir.Value] = {}  # div node id -> 1/divisor (row-uniform divisor)
         for n, (a, d) in self.buffers.items():
             a.add_attribute("noalias")
 
@@ -207,8 +211,18 @@ class Emitter:
                       for k, d in enumerate(shape))
         return Ctx(shape, comps, None)
 
+    @staticmethod
+    def _key(nid: int, ctx: Ctx) -> tuple:
+        return (nid, tuple(id(c) for c in ctx.comps), id(ctx.linear))
+
+    def prime(self, nid: int, ctx: Ctx, v: Val) -> None:
+        """Record ``v`` as node ``nid``'s value at ``ctx`` in the current scope (the row
+        schedules load 16-byte groups themselves and hand the elements to :meth:`value`)."""
+        self.scopes[-1][self._key(nid, ctx)] = v
+        self.scopes[-1][("keep", nid, id(ctx))] = ctx  # keeps the ids in the key alive
+
     def value(self, nid: int, ctx: Ctx) -> Val:
-        key = (nid, tuple(id(c) for c in ctx.comps), id(ctx.linear))
+        key = self._key(nid, ctx)
         for scope in reversed(self.scopes):
             if key in scope:
                 return scope[key]
@@ -265,6 +279,8 @@ class Emitter:
             return unary(self, op, self.operand(src.id, ctx, in_dt), in_dt, dt)
         da, db_ = (node_dtype(self.graph, i) for i in node.inputs)
         common = operand_dtype(op, da, db_, dt)
+        if op == "div" and node.id in self.recips:  # x / (per-row y) as x · (1/y): see rows
+            return b.fmul(self.operand(node.inputs[0], ctx, common), self.recips[node.id])
         x, y = (self.operand(i, ctx, common) for i in node.inputs)
         return binary(self, op, x, y, common)
 

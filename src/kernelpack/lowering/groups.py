@@ -11,7 +11,7 @@ from llvmlite import ir
 from ..dtypes import DType
 from .codegen import ZERO, Emitter
 from .irutil import F32, F64, I32, I64, Val
-from .mathops import combine, identity
+from .mathops import combine
 
 __all__ = ["warp_reduce", "block_reduce"]
 
@@ -66,9 +66,10 @@ def _smem(em: Emitter) -> ir.GlobalVariable:
 
 
 def block_reduce(em: Emitter, kind: str, dt: DType, v: Val, tid: ir.Value, threads: int) -> Val:
-    """Warp reductions, one value per warp through shared memory, a last warp reduction; every
-    thread gets the result. Starts with a barrier so back-to-back reductions can share the
-    buffer."""
+    """Warp reductions, one value per warp through shared memory, then every thread combines
+    the warps' values itself (the same order everywhere: the same result in every thread).
+    Two barriers: the first keeps this reduction's writes from overtaking the previous one's
+    reads of the shared buffer, the second publishes the writes."""
     b = em.b
     smem = _smem(em)
     parts = warp_reduce(em, kind, dt, v)
@@ -85,19 +86,11 @@ def block_reduce(em: Emitter, kind: str, dt: DType, v: Val, tid: ir.Value, threa
         for p, part in enumerate(parts):
             b.store(part, slot(p, warp))
     _barrier(em)
-    nwarps = ir.Constant(I64, threads // 32)
-    first = b.icmp_unsigned("<", tid, nwarps)
-    clamped = b.select(first, tid, ZERO)
-    ident = identity(kind, dt)
-    ident = ident if isinstance(ident, tuple) else (ident,)
-    loaded = tuple(b.select(first, b.load(slot(p, clamped), typ=part.type), ident[p])
-                   for p, part in enumerate(parts))
-    total = warp_reduce(em, kind, dt, loaded if len(loaded) > 1 else loaded[0])
-    total = total if isinstance(total, tuple) else (total,)
-    with b.if_then(b.icmp_unsigned("==", tid, ZERO)):
-        for p, part in enumerate(total):
-            b.store(part, slot(p, ir.Constant(I64, 32)))
-    _barrier(em)
-    out = tuple(b.load(slot(p, ir.Constant(I64, 32)), typ=part.type) for p, part in enumerate(total))
-    return out if len(out) > 1 else out[0]
-
+    total: Val | None = None
+    for w in range(max(1, threads // 32)):
+        got = tuple(b.load(slot(p, ir.Constant(I64, w)), typ=part.type)
+                    for p, part in enumerate(parts))
+        one = got if len(got) > 1 else got[0]
+        total = one if total is None else combine(em, kind, dt, total, one)
+    assert total is not None
+    return total

@@ -6,8 +6,9 @@ grid-stride loop). A kernel whose reductions all reduce the trailing axes of ten
 the leading *outer* dims is a *row* kernel: a group of threads owns a row, reduces it
 cooperatively, keeps the results, and writes the row's outputs (softmax, layernorm, masked
 means, the quantum encodings). Its group size is chosen at run time from the row length by
-variant predicates: a thread per row for short rows, a warp per row up to a few thousand
-elements, a block per row beyond. Full reductions (outer dims empty) run in two launches: a
+variant predicates: a thread per row for short reduce-only rows; rows that are written back
+(softmax, layernorm) are held in registers — a warp per row up to 256 elements (float32), then
+blocks of 64..256 threads per row up to 8192 (:data:`REG_GROUPS`) — and longer rows loop. Full reductions (outer dims empty) run in two launches: a
 *partial* kernel writes one partial result per 16384 elements into a global workspace of
 ``cdiv(n, 16384)`` entries, then one block combines them. Anything else falls back to the
 general schedule: one thread per output element, looping over the reduced indices.
@@ -17,13 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..expr import Expr, cdiv, const, emin, land, le
+from ..expr import Expr, cdiv, const, emin, ge, land, le
 from ..fusion import Graph
 from ..summary import Scratch
 
 __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "reduces_of", "row_outer",
            "vector_width", "BLOCK", "UNROLL", "ROW_BLOCK", "WARP_ROWS", "CHUNK", "GRID_CAP",
-           "THREAD_ROW_MAX", "WARP_ROW_MAX", "WARP_KEEP_MAX", "REG_SLOTS"]
+           "THREAD_ROW_MAX", "WARP_ROW_MAX", "WARP_KEEP_MAX", "REG_GROUPS", "REG_GROUPS_LIGHT",
+           "MIN_THREADS_PER_SM"]
 
 BLOCK = 256            # threads per block of pointwise, thread-per-row and partial kernels
 ROW_BLOCK = 512        # threads of a block-per-row kernel
@@ -34,7 +36,21 @@ GRID_CAP = 65535       # grid-stride loops cover the rest; keeps grids launchabl
 THREAD_ROW_MAX = 32    # reduce-only rows this short: one thread per row
 WARP_ROW_MAX = 4096    # reduce-only rows up to this: one warp per row
 WARP_KEEP_MAX = 2048   # rows that are also written back (softmax): warp up to this
-REG_SLOTS = 8          # elements per thread of the register-resident row schedules
+MIN_THREADS_PER_SM = 512  # register-held rows: ptxas keeps registers within 65536 / this
+# register-held rows: (group, 16-byte chunks per thread, threads per block), in order; each
+# holds rows up to (32 or threads)·chunks·vec elements. Up to 1024 f32: 8 per thread, more
+# threads per row as rows grow (exp-heavy rows need the warps); past that, blocks stay at 256
+# threads and hold 16/32 per thread: blocks of 512/1024 fit one per SM and run in lockstep
+# (H200, float32: layernorm 8192x8192 43% -> 89% of copy bandwidth, 16384x4096 37% -> 68%,
+# softmax 8192x8192 42% -> 58%; see notes/row-perf.md)
+REG_GROUPS = (("warp", 1, BLOCK), ("warp", 2, BLOCK), ("block", 2, 64), ("block", 2, 128),
+              ("block", 2, 256), ("block", 4, 256), ("block", 8, 256))
+# rows without per-element transcendentals or divisions (layernorm): up to 32 f32 per thread,
+# more bytes in flight per register (65536 x 1024 float32 on an H200: 91% of copy bandwidth
+# for a warp per row with 32 per thread against 81% for 128 threads with 8 per thread; softmax,
+# with its exp, the other way round: 59% against 84%)
+REG_GROUPS_LIGHT = (("warp", 1, BLOCK), ("warp", 2, BLOCK), ("block", 2, 64), ("warp", 8, BLOCK),
+                    ("block", 2, 256), ("block", 4, 256), ("block", 8, 256))
 
 
 @dataclass(frozen=True)
@@ -52,8 +68,8 @@ class KernelSpec:
     reduces: tuple[int, ...] = ()
     partials: tuple[tuple[int, str, Expr], ...] = ()
     scratch: tuple[str, ...] = ()   # workspace buffers this kernel reads or writes
-    vec: int = 1                    # pointwise: elements per 16-byte group (1: no vectors)
-    slots: int = 0                  # row: elements per thread held in registers (0: loops)
+    vec: int = 1                    # elements per 16-byte group (1: no vectors)
+    slots: int = 0                  # row: 16-byte chunks per thread held in registers (0: loops)
 
 
 @dataclass(frozen=True)
@@ -190,10 +206,17 @@ def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
         options: list[tuple[str, Expr | None, int, int]] = []
         if not keeps_row:
             options.append(("thread", le(length, THREAD_ROW_MAX), 0, BLOCK))
+        vec = 1
         if uniform and (keeps_row or len(_depths(graph, reduces)) > 1):
-            # 8 registers per thread: a warp up to 256 elements, a block of 512 up to 4096
-            options += [("warp", le(length, 32 * REG_SLOTS), REG_SLOTS, BLOCK),
-                        ("block", le(length, ROW_BLOCK * REG_SLOTS), REG_SLOTS, ROW_BLOCK)]
+            # the row in registers, `slots` 16-byte chunks per thread: a warp per row (several
+            # rows per block) up to 32·vec·8 elements, then a block of 256 per row; the
+            # capacities double, so at most half of a thread's chunks lie past the row's end
+            vec = vector_width(graph, [n for _, n in outs])
+            nonempty = ge(length, 1)  # empty rows: the loop schedule (nothing to load)
+            light = not _heavy(graph, [n for _, n in outs], set(reduces))
+            for group, k, threads in (REG_GROUPS_LIGHT if light else REG_GROUPS):
+                cap = (32 if group == "warp" else threads) * vec * k
+                options.append((group, land(nonempty, le(length, cap)), k, threads))
         elif keeps_row:
             options.append(("warp", le(length, WARP_KEEP_MAX), 0, BLOCK))
         else:
@@ -207,13 +230,48 @@ def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
                 pred = None
             per_block = {"thread": block, "warp": block // 32, "block": 1}[group]
             grid = emin(cdiv(rows, per_block) if per_block > 1 else rows, GRID_CAP)
-            spec = KernelSpec(f"{base}_row{group}{slots or ''}", "row", tuple(outs), outer,
-                              block, grid, group=group, reduces=tuple(reduces), slots=slots)
+            tag = "" if not slots else (f"{slots * vec}" if group == "warp"
+                                        else f"{block}x{slots * vec}")
+            spec = KernelSpec(f"{base}_row{group}{tag}", "row",
+                              tuple(outs), outer, block, grid, group=group,
+                              reduces=tuple(reduces), slots=slots, vec=vec if slots else 1)
             alts.append(Choice((spec,), predicate=pred))
             if pred is None:
                 break
         stages.append(Stage(names, tuple(alts)))
     return stages
+
+
+_HEAVY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh",
+                    "erf", "sigmoid", "div", "pow", "floordiv", "mod"})
+
+
+def _heavy(graph: Graph, roots: list[int], reduces: set[int]) -> bool:
+    """Whether the per-element work of a row kernel includes a transcendental or a division
+    (softmax's exp): such rows want more threads per row, not more elements per thread. Work
+    on per-row values (layernorm's rsqrt of the variance) does not count."""
+    per_row: dict[int, bool] = {}
+
+    def uniform(nid: int) -> bool:
+        if nid not in per_row:
+            node = graph.nodes[nid]
+            per_row[nid] = nid in reduces or node.op in ("scalar", "const", "dim") or (
+                node.op not in ("input", "iota", "reduce", "pad") and bool(node.inputs)
+                and all(uniform(i) for i in node.inputs))
+        return per_row[nid]
+
+    seen: set[int] = set()
+    stack = list(roots) + [graph.nodes[r].inputs[0] for r in reduces]
+    while stack:
+        nid = stack.pop()
+        if nid in seen or uniform(nid):
+            continue
+        seen.add(nid)
+        node = graph.nodes[nid]
+        if node.op in _HEAVY and node.dtype.kind in "fc":
+            return True
+        stack.extend(node.inputs)
+    return False
 
 
 def _depths(graph: Graph, reduces: list[int]) -> set[int]:
