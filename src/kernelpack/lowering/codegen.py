@@ -19,7 +19,7 @@ from llvmlite import ir
 from ..dtypes import DType, float64, int64
 from ..errors import CompileError
 from ..expr import Expr
-from ..fusion import COMPARE, Graph, Node
+from ..graph import COMPARE, Graph, Node
 from .irutil import (I64, Loops, Val, component, const_of, convert, storage_type,
                      to_compute, to_storage)
 

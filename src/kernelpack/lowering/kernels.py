@@ -12,7 +12,7 @@ from typing import Sequence
 from llvmlite import ir
 
 from ..dtypes import DType
-from ..fusion import Graph
+from ..graph import Graph
 from .codegen import ZERO, Ctx, Emitter, acc_dtype
 from .groups import block_reduce
 from .irutil import I64, convert, sreg

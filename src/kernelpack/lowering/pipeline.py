@@ -14,7 +14,8 @@ from typing import Callable, Mapping, Sequence
 from ..dtypes import DType, int64
 from ..errors import TraceError
 from ..expr import sym
-from ..fusion import Fusion, Graph
+from ..fusion import Fusion
+from ..graph import Graph
 from ..summary import (Arg, Compiled, Image, KernelSummary, Launch, Module, Scalar, Tensor,
                        Variant)
 from ..targets import Arch, parse_target_list

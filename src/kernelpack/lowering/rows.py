@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ..fusion import Graph
 from ..dtypes import DType
+from ..graph import Graph
 from .codegen import ZERO, Ctx, Emitter, acc_dtype
 from .groups import block_reduce, warp_reduce
 from .irutil import (I1, I32, I64, Val, component, const_of, convert, sreg, storage_type,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..expr import Expr, cdiv, const, emin, ge, land, le
-from ..fusion import Graph
+from ..graph import Graph
 from ..summary import Scratch
 
 __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "reduces_of", "row_outer",

@@ -1,0 +1,85 @@
+"""The graph IR of a traced fusion: what ``@kp.fusion`` produces and the lowering consumes.
+
+It sits in its own module so that the lowering (:mod:`kernelpack.lowering`) depends on the data
+it reads — nodes, parameters, outputs and the op vocabulary — and not on the tracing front that
+builds it. :meth:`Graph.canonical` is the deterministic description behind
+``Fusion.canonical_bytes`` (the cache key's source), so its encoding must not change silently.
+Pure Python with no heavy imports: ``import kernelpack`` stays light.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+from .dtypes import DType
+from .expr import Expr
+
+if TYPE_CHECKING:
+    from .tracing import Value
+
+__all__ = ["Node", "Graph", "UNARY", "FLOAT_ONLY", "BINARY", "COMPARE", "BITWISE", "REDUCTIONS"]
+
+# The op vocabulary shared by the tracer (which records these names) and the lowering.
+UNARY = ("neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh",
+         "erf", "sigmoid", "floor", "ceil", "invert", "real", "imag")
+FLOAT_ONLY = frozenset({"exp2", "log2", "rsqrt", "tan", "tanh", "erf", "sigmoid", "floor", "ceil"})
+BINARY = ("add", "sub", "mul", "div", "floordiv", "mod", "pow", "max", "min", "lt", "le", "gt",
+          "ge", "eq", "ne", "and", "or", "xor", "shl", "shr", "complex")
+COMPARE = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
+BITWISE = frozenset({"and", "or", "xor", "shl", "shr"})
+REDUCTIONS = ("sum", "prod", "max", "min", "mean")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One operation of a traced graph. ``attrs`` holds plain, printable data only (strings,
+    numbers, Exprs, tuples of those) so the graph serializes deterministically."""
+
+    id: int
+    op: str
+    dtype: DType
+    shape: tuple[Expr, ...]
+    inputs: tuple[int, ...] = ()
+    attrs: tuple = ()
+
+
+@dataclass
+class Graph:
+    """A traced fusion: nodes in creation (topological) order, parameters, named outputs."""
+
+    name: str
+    nodes: list[Node] = field(default_factory=list)
+    params: list[tuple[str, str, DType, tuple[Expr, ...]]] = field(default_factory=list)
+    outputs: list[tuple[str, int]] = field(default_factory=list)
+
+    def add(self, op: str, dtype: DType, shape: Sequence[Expr], inputs: Sequence[int] = (),
+            attrs: tuple = ()) -> Value:
+        """Append a node and return the traced :class:`~kernelpack.tracing.Value` naming it."""
+        # Imported on use: tracing builds on this module, so a module-level import would be
+        # circular (by the time a graph grows, kernelpack.tracing is normally loaded already).
+        from .tracing import Value
+
+        node = Node(len(self.nodes), op, dtype, tuple(shape), tuple(inputs), attrs)
+        self.nodes.append(node)
+        return Value(self, node.id)
+
+    def canonical(self) -> dict:
+        """A JSON-ready description with no ids of Python objects: stable across processes."""
+        def enc(a: object) -> object:
+            if isinstance(a, Expr):
+                return "expr:" + str(a)
+            if isinstance(a, DType):
+                return "dtype:" + a.name
+            if isinstance(a, float):
+                return "float:" + repr(a)
+            if isinstance(a, tuple):
+                return [enc(x) for x in a]
+            return a
+        return {
+            "name": self.name,
+            "params": [[n, k, d.name, [str(s) for s in shp]] for n, k, d, shp in self.params],
+            "nodes": [[n.op, n.dtype.name, [str(s) for s in n.shape], list(n.inputs),
+                       enc(n.attrs)] for n in self.nodes],
+            "outputs": [[n, i] for n, i in self.outputs],
+        }

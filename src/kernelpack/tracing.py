@@ -1,0 +1,374 @@
+"""Traced tensor values and the typing rules every traced operation goes through.
+
+Inside a ``@kp.fusion`` trace, parameters are :class:`Value` handles: their operators record
+nodes of a :class:`~kernelpack.graph.Graph` and compute nothing. This module holds what all ops
+share — turning numbers and dims into values, dtype promotion, symbolic broadcasting, and the
+unary/binary/reduction/view builders — apart from the public op functions
+(:mod:`kernelpack.ops`) and the decorator (:mod:`kernelpack.fusion`), so the rules live in one
+place. Pure Python with no heavy imports: ``import kernelpack`` stays light.
+
+Typing rules (kept small on purpose): Python numbers are *weak* (they take the tensor's dtype);
+a value of a higher kind (bool < int < float < complex) absorbs a lower one; two tensors of the
+same kind and different widths are a :class:`~kernelpack.errors.TraceError` (cast with
+``.astype``) rather than a silent upcast.
+"""
+
+from __future__ import annotations
+
+import builtins
+from contextlib import contextmanager
+from typing import Iterator
+
+from .dtypes import DType, as_dtype, bool_, complex64, complex128, float32, float64, int64, uint64
+from .errors import TraceError
+from .expr import Expr, const, select
+from .graph import BITWISE, COMPARE, FLOAT_ONLY, Graph, Node
+
+__all__ = ["Value", "trace_value", "broadcast_shapes", "astype", "pow", "active_graph",
+           "current_graph"]
+
+_KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+
+# The graphs being traced, innermost last: ops that create a tensor from nothing but dims
+# (kp.arange, kp.iota) need to know which graph to add to.
+_CURRENT: list[Graph] = []
+
+
+@contextmanager
+def active_graph(graph: Graph) -> Iterator[Graph]:
+    """Make ``graph`` the one that dim-only ops (``kp.arange``, ``kp.iota``) add to."""
+    _CURRENT.append(graph)
+    try:
+        yield graph
+    finally:
+        _CURRENT.pop()
+
+
+def current_graph() -> Graph | None:
+    """The innermost graph being traced, or ``None`` outside any ``@kp.fusion`` trace."""
+    return _CURRENT[-1] if _CURRENT else None
+
+
+# ---- traced values ----------------------------------------------------------------------------
+class Value:
+    """A symbolic tensor inside a trace: operators record nodes; nothing is computed."""
+
+    __slots__ = ("graph", "id")
+    __array_priority__ = 1000  # NumPy scalars on the left defer to us
+
+    def __init__(self, graph: Graph, node_id: int) -> None:
+        self.graph = graph
+        self.id = node_id
+
+    @property
+    def node(self) -> Node:
+        return self.graph.nodes[self.id]
+
+    @property
+    def dtype(self) -> DType:
+        return self.node.dtype
+
+    @property
+    def shape(self) -> tuple[Expr, ...]:
+        return self.node.shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self.node.shape)
+
+    @property
+    def weak(self) -> bool:
+        return self.node.op == "const" and bool(self.node.attrs[1])
+
+    def __repr__(self) -> str:
+        dims = ", ".join(str(d) for d in self.shape)
+        return f"<traced {self.dtype}[{dims}] from {self.node.op}>"
+
+    def __bool__(self) -> bool:
+        raise TraceError("the truth of a traced tensor is unknown while tracing; use kp.where")
+
+    # arithmetic
+    def __add__(self, o): return _binary("add", self, o)
+    def __radd__(self, o): return _binary("add", o, self)
+    def __sub__(self, o): return _binary("sub", self, o)
+    def __rsub__(self, o): return _binary("sub", o, self)
+    def __mul__(self, o): return _binary("mul", self, o)
+    def __rmul__(self, o): return _binary("mul", o, self)
+    def __truediv__(self, o): return _binary("div", self, o)
+    def __rtruediv__(self, o): return _binary("div", o, self)
+    def __floordiv__(self, o): return _binary("floordiv", self, o)
+    def __rfloordiv__(self, o): return _binary("floordiv", o, self)
+    def __mod__(self, o): return _binary("mod", self, o)
+    def __rmod__(self, o): return _binary("mod", o, self)
+    def __pow__(self, o): return pow(self, o)
+    def __rpow__(self, o): return pow(o, self)
+    def __and__(self, o): return _binary("and", self, o)
+    def __rand__(self, o): return _binary("and", o, self)
+    def __or__(self, o): return _binary("or", self, o)
+    def __ror__(self, o): return _binary("or", o, self)
+    def __xor__(self, o): return _binary("xor", self, o)
+    def __rxor__(self, o): return _binary("xor", o, self)
+    def __lshift__(self, o): return _binary("shl", self, o)
+    def __rlshift__(self, o): return _binary("shl", o, self)
+    def __rshift__(self, o): return _binary("shr", self, o)
+    def __rrshift__(self, o): return _binary("shr", o, self)
+    def __neg__(self): return _unary("neg", self)
+    def __pos__(self): return self
+    def __abs__(self): return _unary("abs", self)
+    def __invert__(self): return _unary("invert", self)
+    def __lt__(self, o): return _binary("lt", self, o)
+    def __le__(self, o): return _binary("le", self, o)
+    def __gt__(self, o): return _binary("gt", self, o)
+    def __ge__(self, o): return _binary("ge", self, o)
+    def __eq__(self, o): return _binary("eq", self, o)  # type: ignore[override]
+    def __ne__(self, o): return _binary("ne", self, o)  # type: ignore[override]
+    __hash__ = None  # type: ignore[assignment]
+
+    # methods
+    def astype(self, dtype: object) -> "Value":
+        return astype(self, dtype)
+
+    @property
+    def real(self) -> "Value":
+        return _unary("real", self)  # type: ignore[return-value]
+
+    @property
+    def imag(self) -> "Value":
+        return _unary("imag", self)  # type: ignore[return-value]
+
+    def sum(self, axis=None, keepdims=False): return _reduce("sum", self, axis, keepdims)
+    def prod(self, axis=None, keepdims=False): return _reduce("prod", self, axis, keepdims)
+    def max(self, axis=None, keepdims=False): return _reduce("max", self, axis, keepdims)
+    def min(self, axis=None, keepdims=False): return _reduce("min", self, axis, keepdims)
+    def mean(self, axis=None, keepdims=False): return _reduce("mean", self, axis, keepdims)
+
+    def __getitem__(self, key: object) -> "Value":
+        """Only axis insertion: ``x[:, None]``, ``x[None]``, ``x[..., None]``."""
+        items = key if isinstance(key, tuple) else (key,)
+        if sum(1 for k in items if k is Ellipsis) > 1:
+            raise TraceError(f"index {key!r}: at most one '...'")
+        explicit = sum(1 for k in items if k is not None and k is not Ellipsis)
+        for k in items:
+            if not (k is None or k is Ellipsis or (isinstance(k, slice) and k == slice(None))):
+                raise TraceError(f"index {key!r} on {self!r}: only ':', '...' and None "
+                                 f"(new axis) are supported")
+        if explicit > self.ndim:
+            raise TraceError(f"index {key!r} has {explicit} axes, tensor has {self.ndim}")
+        if Ellipsis not in items:
+            items = items + (Ellipsis,)
+        mapping: list[int | None] = []  # output axis -> input axis (None: new unit axis)
+        src = 0
+        for k in items:
+            if k is None:
+                mapping.append(None)
+            elif k is Ellipsis:
+                for _ in range(self.ndim - explicit):
+                    mapping.append(src)
+                    src += 1
+            else:
+                mapping.append(src)
+                src += 1
+        return _view(self, tuple(mapping))
+
+
+def _graph_of(*values: object) -> Graph:
+    for v in values:
+        if isinstance(v, Value):
+            return v.graph
+    raise TraceError("kp operations need at least one traced tensor (call them inside @kp.fusion)")
+
+
+def trace_value(graph: Graph, v: object, like: DType | None = None) -> Value:
+    """Turn a Python number, an Expr (a dim) or a Value into a traced Value."""
+    if isinstance(v, Value):
+        if v.graph is not graph:
+            raise TraceError("a traced tensor from another fusion was used")
+        return v
+    if isinstance(v, Expr):
+        return graph.add("dim", int64, (), attrs=(v,))
+    if isinstance(v, bool):
+        return graph.add("const", bool_, (), attrs=(v, True))
+    if isinstance(v, int):
+        numeric = like is not None and like.kind in ("i", "u", "f", "c")
+        return graph.add("const", like if numeric else int64, (), attrs=(v, True))
+    if isinstance(v, float):
+        dt = like if like is not None and like.kind in ("f", "c") else float64
+        return graph.add("const", dt, (), attrs=(v, True))
+    index = getattr(v, "__index__", None)
+    if index is not None and not isinstance(v, (list, tuple)):
+        return trace_value(graph, int(index()), like)
+    raise TraceError(f"cannot use {v!r} ({type(v).__name__}) in a fusion: expected a traced "
+                     f"tensor, a number or a dim")
+
+
+def _const_dtype(v: Value, like: DType) -> Value:
+    """Re-type a weak constant to ``like`` (a new node; the graph keeps the old one unused)."""
+    node = v.node
+    return v.graph.add("const", like, (), attrs=(node.attrs[0], True))
+
+
+def _promote(op: str, a: Value, b: Value) -> tuple[Value, Value, DType]:
+    ka, kb = _KIND_RANK[a.dtype.kind], _KIND_RANK[b.dtype.kind]
+    if a.weak and not b.weak and ka <= kb:
+        a = _const_dtype(a, b.dtype)
+    elif b.weak and not a.weak and kb <= ka:
+        b = _const_dtype(b, a.dtype)
+    da, db = a.dtype, b.dtype
+    if da == db:
+        return a, b, da
+    ka, kb = _KIND_RANK[da.kind], _KIND_RANK[db.kind]
+    if ka != kb:
+        hi = da if ka > kb else db
+        lo = db if ka > kb else da
+        if hi.is_complex and lo.is_float and lo != hi.real:
+            raise TraceError(f"{op}: dtype mismatch {da} and {db}; cast one with .astype")
+        return a, b, hi
+    raise TraceError(f"{op}: dtype mismatch {_desc(a)} and {_desc(b)}; cast one with .astype")
+
+
+def _desc(v: Value) -> str:
+    return f"{v.dtype}[{', '.join(str(d) for d in v.shape)}]"
+
+
+def broadcast_shapes(op: str, *shapes: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    """NumPy broadcasting with symbolic dims: equal dims match, a literal 1 stretches."""
+    rank = builtins.max(len(s) for s in shapes)
+    out: list[Expr] = []
+    for axis in range(rank):
+        dim: Expr = const(1)
+        for s in shapes:
+            d = s[axis - rank + len(s)] if axis - rank + len(s) >= 0 else const(1)
+            if d == dim or (d.is_const and d.value == 1):
+                continue
+            if dim.is_const and dim.value == 1:
+                dim = d
+                continue
+            raise TraceError(f"{op}: shapes {' and '.join(_fmt(s) for s in shapes)} do not "
+                             f"broadcast (axis {axis}: {dim} vs {d})")
+        out.append(dim)
+    return tuple(out)
+
+
+def _fmt(shape: tuple[Expr, ...]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _binary(op: str, a: object, b: object) -> Value:
+    g = _graph_of(a, b)
+    like = b.dtype if isinstance(b, Value) else a.dtype if isinstance(a, Value) else None
+    va = trace_value(g, a, like if not isinstance(a, Value) else None)
+    vb = trace_value(g, b, va.dtype if not isinstance(b, Value) else None)
+    va, vb, dt = _promote(op, va, vb)
+    shape = broadcast_shapes(op, va.shape, vb.shape)
+    if op in BITWISE and dt.kind not in "iub":
+        raise TraceError(f"{op}: needs integer or bool operands (got {_desc(va)}, {_desc(vb)})")
+    if op in ("shl", "shr") and dt.kind == "b":
+        raise TraceError(f"{op}: needs integer operands (got {dt})")
+    if op == "complex":
+        if dt.kind != "f" or dt not in (float32, float64):
+            raise TraceError(f"complex: needs float32 or float64 parts (got {_desc(va)}, "
+                             f"{_desc(vb)})")
+        return g.add(op, complex64 if dt == float32 else complex128, shape, (va.id, vb.id))
+    if op in ("floordiv", "mod", "max", "min") and dt.is_complex:
+        raise TraceError(f"{op}: not defined for complex operands ({dt})")
+    if op in COMPARE:
+        if dt.is_complex and op not in ("eq", "ne"):
+            raise TraceError(f"{op}: complex numbers are not ordered")
+        return g.add(op, bool_, shape, (va.id, vb.id))
+    if op == "div" and dt.kind in "iub":
+        va, vb, dt = astype(va, float64), astype(vb, float64), float64
+    if op in ("add", "sub", "mul", "floordiv", "mod", "pow") and dt.kind == "b":
+        raise TraceError(f"{op}: arithmetic on bool tensors; cast with .astype first")
+    return g.add(op, dt, shape, (va.id, vb.id))
+
+
+def _unary(op: str, x: object) -> Value | Expr | int:
+    if not isinstance(x, Value):
+        if op == "abs" and isinstance(x, int) and not isinstance(x, bool):
+            return builtins.abs(x)
+        if op == "abs" and isinstance(x, Expr):
+            return select(x < 0, -x, x)
+        raise TraceError(f"{op}: expects a traced tensor (got {x!r}); make one from a dim "
+                         f"with kp.arange or x.astype")
+    if op in ("real", "imag"):
+        if not x.dtype.is_complex:
+            return x if op == "real" else _zeros_like(x)
+        return x.graph.add(op, x.dtype.real, x.shape, (x.id,))
+    dt = x.dtype
+    if op == "invert":
+        if dt.kind not in "iub":
+            raise TraceError(f"~: needs an integer or bool tensor (got {_desc(x)})")
+        return x.graph.add(op, dt, x.shape, (x.id,))
+    if op in ("neg", "abs"):
+        if dt.kind == "b":
+            raise TraceError(f"{op}: not defined for bool tensors")
+        return x.graph.add(op, dt.real if op == "abs" else dt, x.shape, (x.id,))
+    if dt.kind in "iub":
+        x, dt = astype(x, float64), float64
+    if dt.is_complex and op in FLOAT_ONLY | {"sin", "cos", "sqrt"}:
+        raise TraceError(f"{op}: complex arguments are not supported (got {_desc(x)})")
+    return x.graph.add(op, dt, x.shape, (x.id,))
+
+
+def _zeros_like(x: Value) -> Value:
+    zero = x.graph.add("const", x.dtype, (), attrs=(0, False))
+    return _binary("mul", zero, x)
+
+
+def _view(x: Value, mapping: tuple[int | None, ...]) -> Value:
+    shape = tuple(const(1) if m is None else x.shape[m] for m in mapping)
+    return x.graph.add("view", x.dtype, shape, (x.id,), attrs=(mapping,))
+
+
+def _axes(op: str, x: Value, axis: object) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(x.ndim))
+    items = axis if isinstance(axis, (tuple, list)) else (axis,)
+    out = []
+    for a in items:
+        if isinstance(a, bool) or not isinstance(a, int) or not -x.ndim <= a < builtins.max(x.ndim, 1):
+            raise TraceError(f"{op}: axis {a!r} out of range for {_desc(x)}")
+        out.append(a % x.ndim)
+    if len(set(out)) != len(out):
+        raise TraceError(f"{op}: repeated axis in {axis!r}")
+    return tuple(sorted(out))
+
+
+def _reduce(kind: str, x: Value, axis: object, keepdims: bool) -> Value:
+    if not isinstance(x, Value):
+        raise TraceError(f"{kind}: expects a traced tensor (got {x!r})")
+    axes = _axes(kind, x, axis)
+    dt = x.dtype
+    if kind in ("max", "min") and dt.is_complex:
+        raise TraceError(f"{kind}: complex numbers are not ordered")
+    if kind in ("sum", "prod") and dt.kind in "bi" and dt.itemsize < 8:
+        dt = int64
+    elif kind in ("sum", "prod") and dt.kind == "u":
+        dt = uint64
+    elif kind == "mean" and dt.kind in "iub":
+        x, dt = astype(x, float64), float64
+    kept = tuple(const(1) if i in axes else d for i, d in enumerate(x.shape))
+    red = x.graph.add("reduce", dt, kept, (x.id,), attrs=(kind, axes))
+    if keepdims or not axes:
+        return red
+    return _view(red, tuple(i for i in range(x.ndim) if i not in axes))
+
+
+def astype(x: Value, dtype: object) -> Value:
+    """Convert to ``dtype`` (NumPy ``astype`` semantics; complex → real keeps the real part)."""
+    dt = as_dtype(dtype)
+    if x.dtype == dt:
+        return x
+    return x.graph.add("cast", dt, x.shape, (x.id,))
+
+
+def pow(x: object, y: object) -> Value:  # noqa: A001
+    """``x ** y``; a small integer exponent becomes multiplications (exact and fast)."""
+    if isinstance(x, Value) and isinstance(y, int) and not isinstance(y, bool) and 0 <= y <= 8:
+        if y == 0:
+            return _binary("add", _zeros_like(x), 1)
+        out = x
+        for _ in range(y - 1):
+            out = _binary("mul", out, x)
+        return out
+    return _binary("pow", x, y)
