@@ -5,8 +5,13 @@ Scenarios, each a fresh ``python`` subprocess (CPU side; no GPU is touched):
 - cold:        empty disk cache, empty Redis: every kernel is compiled (and put through);
 - warm disk:   the same disk cache again;
 - warm Redis:  an empty disk cache, Redis filled by the cold run (signed entries);
-- Triton warm: the same count of Triton kernels with a warm TRITON_CACHE_DIR, if triton is
-               importable (otherwise reported as not measured).
+- Triton warm: not measured in this mode (Triton compiles only for a GPU): see --gpu.
+
+``--gpu`` (on a GPU host; see ``_warmstart_gpu.py``): each kernel is also *run once* on CUDA
+tensors, first launch included, and checked against torch: kernelpack cold vs warm disk, and
+Triton kernels for the same math, cold and with a warm TRITON_CACHE_DIR. (No Redis row: the GPU
+hosts have no redis-server.) It prints a markdown entry and writes it to $OUT/warmstart.md when
+$OUT is set; ``--add-results FILE`` adds such an entry to RESULTS.md.
 
 Workload: the lowering's ``kp.compile`` of ``@kp.fusion`` functions over several shapes and
 dtypes when ``kp.compile`` works here, else ``kp.external`` PTX variants (the output says
@@ -14,6 +19,8 @@ which). Prints the times and ratios and adds a table (machine, date, load) to it
 benchmarks/RESULTS.md, keeping the last five runs.
 
     python benchmarks/warmstart.py [--kernels 50] [--repeat 3] [--workload auto] [--no-results]
+    python benchmarks/warmstart.py --gpu [--kernels 50] [--repeat 3]
+    python benchmarks/warmstart.py --add-results warmstart.md
 """
 
 from __future__ import annotations
@@ -238,8 +245,31 @@ def _triton_warm(n: int, workdir: Path) -> str:
     try:
         import triton  # noqa: F401
     except ImportError:
-        return "not measured (triton is not importable here)"
-    return "not measured (triton is importable but needs a GPU to compile; run on a GPU host)"
+        return "not measured here (triton is not importable; see the GPU runs, --gpu)"
+    return "not measured here (Triton needs a GPU to run; see the GPU runs, --gpu)"
+
+
+def _gpu_main(n: int, repeat: int) -> None:
+    """``--gpu``: run the GPU scenarios (see ``_warmstart_gpu``), print the markdown entry and
+    write it to ``$OUT/warmstart.md`` when ``$OUT`` is set. RESULTS.md is left alone (the GPU
+    host's copy of it does not come back; use --add-results here)."""
+    sys.path.insert(0, str(HERE))
+    import _warmstart_gpu as g
+
+    tmp = Path(tempfile.mkdtemp(prefix="kp-warmstart-gpu-"))
+    try:
+        print(f"warmstart --gpu: {n} kernels, fastest of {repeat} warm runs", flush=True)
+        runs = g.run_scenarios(n, repeat, tmp, _env(),
+                               log=lambda m: print(m, flush=True))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    entry = g.gpu_report(runs, n, repeat, stamp)
+    print(entry)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "warmstart.md").write_text(entry)
+    if any("error" in r for r in runs.values()):
+        raise SystemExit(1)
 
 
 def main() -> None:
@@ -248,7 +278,17 @@ def main() -> None:
     ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
     ap.add_argument("--repeat", type=int, default=3, help="warm runs per scenario (fastest kept)")
     ap.add_argument("--workload", choices=("auto", "fusion", "external"), default="auto")
+    ap.add_argument("--gpu", action="store_true",
+                    help="run each kernel once on the GPU; kernelpack vs Triton (no Redis)")
+    ap.add_argument("--add-results", metavar="FILE",
+                    help="add a --gpu entry (its warmstart.md) to RESULTS.md and exit")
     opts = ap.parse_args()
+    if opts.add_results:
+        _write_section(Path(opts.add_results).read_text())
+        return
+    if opts.gpu:
+        _gpu_main(opts.kernels, opts.repeat)
+        return
     sys.path.insert(0, str(SRC))
     from kernelpack.signing import write_keypair
 
@@ -319,9 +359,10 @@ def _report(runs: dict, workload: str, n: int, triton: str, write: bool, repeat:
     _write_section("\n".join(table))
 
 
-def _write_section(entry: str, keep: int = 5) -> None:
-    """Add ``entry`` at the top of this script's section of RESULTS.md (other scripts own
-    other sections), keeping the newest ``keep`` runs."""
+def _write_section(entry: str, keep: int = 5, keep_gpu: int = 3) -> None:
+    """Add ``entry`` at the top of its kind in this script's section of RESULTS.md (other
+    scripts own other sections): the newest ``keep_gpu`` GPU runs (``### GPU...``, from
+    --add-results) come first, then the newest ``keep`` CPU runs."""
     begin, end = "<!-- benchmarks/warmstart.py: begin -->", "<!-- benchmarks/warmstart.py: end -->"
     path = HERE / "RESULTS.md"
     text = path.read_text() if path.exists() else "# Benchmark results\n"
@@ -329,11 +370,14 @@ def _write_section(entry: str, keep: int = 5) -> None:
     if begin in text and end in text:
         before, rest = text.split(begin, 1)
         body, after = rest.split(end, 1)
-        runs = ["### " + r for r in body.split("\n### ")[1:]]
+        runs = ["### " + r for r in ("\n" + body).split("\n### ")[1:]]
     else:
         before, after, runs = text.rstrip("\n") + "\n\n", "\n", []
-    runs = [entry.rstrip("\n") + "\n"] + [r.rstrip("\n") + "\n" for r in runs][: keep - 1]
-    path.write_text(before + begin + "\n" + head + "\n".join(runs) + end + after)
+    runs = [entry] + runs
+    gpu = [r for r in runs if r.startswith("### GPU")][:keep_gpu]
+    cpu = [r for r in runs if not r.startswith("### GPU")][:keep]
+    body = "\n".join(r.rstrip("\n") + "\n" for r in gpu + cpu)
+    path.write_text(before + begin + "\n" + head + body + end + after)
 
 
 if __name__ == "__main__":
