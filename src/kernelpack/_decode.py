@@ -24,79 +24,91 @@ ARG_KINDS = ("buffer", "scalar", "value")
 
 
 class _Ctx:
+    """Checked lookups for one program. ``where`` names the field for messages; it is given
+    in parts (joined only when something is wrong: this is the load path)."""
+
     def __init__(self, name: str, prog: ExprProgram) -> None:
         self.name = name
-        self.prog = prog
+        self.exprs = prog.exprs
         self.n = prog.root_count
 
-    def root(self, index: int, where: str) -> Expr:
-        if not 0 <= index < self.n:
-            raise FormatError(f"program {self.name!r}: {where} refers to expression root "
-                              f"{index}, but the program has {self.n} roots")
-        return self.prog.exprs[index]
+    def root(self, index: int, *where: object) -> Expr:
+        if 0 <= index < self.n:
+            return self.exprs[index]
+        raise FormatError(f"program {self.name!r}: {''.join(map(str, where))} refers to "
+                          f"expression root {index}, but the program has {self.n} roots")
 
-    def opt_root(self, index: int, where: str) -> Expr | None:
-        return None if index == -1 else self.root(index, where)
+    def opt_root(self, index: int, *where: object) -> Expr | None:
+        return None if index == -1 else self.root(index, *where)
 
-    def dtype(self, code: int, where: str) -> DType:
+    def dtype(self, code: int, *where: object) -> DType:
         dtype = dtype_from_code(code)
         if dtype is None:
-            raise FormatError(f"program {self.name!r}: {where} has dtype code {code}, which "
-                              f"is not a known dtype")
+            raise FormatError(f"program {self.name!r}: {''.join(map(str, where))} has dtype "
+                              f"code {code}, which is not a known dtype")
         return dtype
 
-    def shape(self, t: Table, where: str) -> tuple[Expr, ...]:
-        return tuple(self.root(r, f"{where}.shape[{i}]") for i, r in enumerate(t.get("shape")))
+    def shape(self, roots: tuple[int, ...], *where: object) -> tuple[Expr, ...]:
+        return tuple(self.root(r, *where, ".shape[", i, "]") for i, r in enumerate(roots))
+
+
+_PROGRAM = ("name", "symbols", "ops", "imms")
+_PARAM = ("kind", "name", "dtype", "role", "zero_init", "shape", "value")
+_ARG = ("kind", "name", "value", "dtype")
+_LAUNCH = ("kernel", "module", "grid", "block", "shared_mem", "count", "loop", "args")
+_SCRATCH = ("name", "dtype", "shape", "zero_init")
+_VARIANT = ("predicate", "scratch", "launches")
 
 
 def _params(c: _Ctx, fp: Table) -> list[Any]:
     out: list[Any] = []
     for i, p in enumerate(fp.get("params")):
-        name = p.get("name")
-        where = f"parameter {i} ({name})"
-        dtype = c.dtype(p.get("dtype"), where)
-        if p.get("kind") == 0:
-            out.append(Tensor(name, dtype, c.shape(p, where), ROLES[p.get("role")],
-                              bool(p.get("zero_init"))))
+        kind, name, code, role, zero, shape, value = p.values(_PARAM)
+        where = ("parameter ", i, " (", name, ")")
+        dtype = c.dtype(code, *where)
+        if kind == 0:
+            out.append(Tensor(name, dtype, c.shape(shape, *where), ROLES[role], bool(zero)))
         else:
-            out.append(Scalar(name, dtype, c.opt_root(p.get("value"), where + " value")))
+            out.append(Scalar(name, dtype, c.opt_root(value, *where, " value")))
     return out
 
 
 def _launch(c: _Ctx, ln: Table, where: str) -> Launch:
+    kernel, module, grid, block, smem, count, loop, fargs = ln.values(_LAUNCH)
     args = []
-    for k, a in enumerate(ln.get("args")):
-        kind = ARG_KINDS[a.get("kind")]
+    for k, a in enumerate(fargs):
+        kind, name, value, code = a.values(_ARG)
+        kind = ARG_KINDS[kind]
         if kind == "value":
-            args.append(Arg("value", value=c.root(a.get("value"), f"{where} arg {k}"),
-                            dtype=c.dtype(a.get("dtype"), f"{where} arg {k}")))
+            args.append(Arg("value", value=c.root(value, where, " arg ", k),
+                            dtype=c.dtype(code, where, " arg ", k)))
         else:
-            args.append(Arg(kind, a.get("name")))
-    grid, block = ln.get("grid"), ln.get("block")
+            args.append(Arg(kind, name))
     if grid is None or block is None:
         raise FormatError(f"program {c.name!r}: {where} has no "
                           f"{'grid' if grid is None else 'block'}")
     return Launch(
-        kernel=ln.get("kernel"), module=ln.get("module"),
-        grid=tuple(c.root(v, f"{where} grid") for v in grid),
-        block=tuple(c.root(v, f"{where} block") for v in block),
-        args=tuple(args), shared_mem=c.root(ln.get("shared_mem"), f"{where} shared_mem"),
-        count=c.opt_root(ln.get("count"), f"{where} count"), loop=ln.get("loop"))
+        kernel=kernel, module=module,
+        grid=tuple(c.root(v, where, " grid") for v in grid),
+        block=tuple(c.root(v, where, " block") for v in block),
+        args=tuple(args), shared_mem=c.root(smem, where, " shared_mem"),
+        count=c.opt_root(count, where, " count"), loop=loop)
 
 
 def _variants(c: _Ctx, fp: Table) -> list[Variant]:
     out = []
     for vi, v in enumerate(fp.get("variants")):
+        predicate, fscratch, flaunches = v.values(_VARIANT)
         scratch = []
-        for s in v.get("scratch"):
-            name = s.get("name")
-            where = f"variant {vi} scratch {name}"
-            scratch.append(Scratch(name, c.dtype(s.get("dtype"), where), c.shape(s, where),
-                                   bool(s.get("zero_init"))))
+        for s in fscratch:
+            name, code, shape, zero = s.values(_SCRATCH)
+            where = ("variant ", vi, " scratch ", name)
+            scratch.append(Scratch(name, c.dtype(code, *where), c.shape(shape, *where),
+                                   bool(zero)))
         launches = [_launch(c, ln, f"variant {vi} launch {li}")
-                    for li, ln in enumerate(v.get("launches"))]
+                    for li, ln in enumerate(flaunches)]
         out.append(Variant(tuple(launches), tuple(scratch),
-                           c.opt_root(v.get("predicate"), f"variant {vi} predicate")))
+                           c.opt_root(predicate, "variant ", vi, " predicate")))
     return out
 
 
@@ -106,11 +118,11 @@ def decode_program(fp: Table) -> KernelSummary:
     Raises FormatError for a malformed expression program, a bad root index or dtype, or a
     summary that its own dataclasses reject (names, unbound symbols, limits).
     """
-    name = fp.get("name")
+    name, symbols, ops, imms = fp.values(_PROGRAM)
     try:
-        prog = ExprProgram(EncodedExprs(tuple(fp.get("symbols")), fp.get("ops"), fp.get("imms")))
+        prog = ExprProgram(EncodedExprs(tuple(symbols), ops, imms))
         c = _Ctx(name, prog)
-        constraints = [Constraint(c.root(k.get("predicate"), f"constraint {i}"), k.get("message"))
+        constraints = [Constraint(c.root(k.get("predicate"), "constraint ", i), k.get("message"))
                        for i, k in enumerate(fp.get("constraints"))]
         return KernelSummary(name, tuple(_params(c, fp)), tuple(_variants(c, fp)),
                              tuple(constraints))

@@ -8,6 +8,7 @@ safe because :func:`verify.verify_buffer` has already proved every offset and le
 
 from __future__ import annotations
 
+import codecs
 import struct
 from typing import Any
 
@@ -18,6 +19,10 @@ __all__ = ["Table"]
 _U16 = struct.Struct("<H").unpack_from
 _U32 = struct.Struct("<I").unpack_from
 _I32 = struct.Struct("<i").unpack_from
+# called as _UTF8(data, "strict", True): final=True, so a cut-off sequence is an error too
+_UTF8 = codecs.utf_8_decode
+_LIST = object()  # absent vector of strings or tables: a fresh empty list each time
+_EMPTY = {"s": "", "b": b"", "v": (), "vs": _LIST, "vt": _LIST, "t": None, "S": None}
 
 
 def _category(ftype: str) -> tuple[str, str]:
@@ -40,29 +45,75 @@ def _category(ftype: str) -> tuple[str, str]:
     return "t", ""
 
 
-_SLOTS = {t: {name: (slot, ftype, *_category(ftype))
-              for slot, (name, ftype, _) in enumerate(fields)} for t, fields in TABLES.items()}
+def _slot(table: str, slot: int, name: str, ftype: str) -> tuple:
+    """Everything :meth:`Table.get` needs for one field: (slot, category, reader or element
+    code / table name, value when absent)."""
+    cat, code = _category(ftype)
+    if cat in ("n", "S"):
+        reader: Any = struct.Struct("<" + code).unpack_from
+    elif cat == "t":
+        reader = ftype
+    else:
+        reader = code
+    return (slot, cat, reader, DEFAULTS.get((table, name), 0) if cat == "n" else _EMPTY[cat])
+
+
+_SLOTS = {t: {name: _slot(t, slot, name, ftype) for slot, (name, ftype, _) in enumerate(fields)}
+          for t, fields in TABLES.items()}
+_NFIELDS = {t: len(fields) for t, fields in TABLES.items()}
+# a table's vtable entries in one call, one reader per field count
+_VOFFS = [struct.Struct(f"<{k}H").unpack_from for k in range(max(_NFIELDS.values()) + 1)]
+
+
+def _read(buf: Buffer, fpos: int, cat: str, reader: Any) -> Any:
+    """A present non-scalar field at ``fpos`` (see :meth:`Table.get`)."""
+    if cat == "S":
+        return reader(buf, fpos)
+    target = fpos + _U32(buf, fpos)[0]
+    if cat == "t":
+        return Table(buf, target, reader)
+    count = _U32(buf, target)[0]
+    start = target + 4
+    if cat == "s":
+        return _UTF8(buf[start:start + count], "strict", True)[0]
+    if cat == "b":
+        return bytes(buf[start:start + count])
+    if cat == "v":
+        return struct.unpack_from(f"<{count}{reader}", buf, start)
+    offsets = struct.unpack_from(f"<{count}I", buf, start)
+    if cat == "vs":
+        out = []
+        for i, off in enumerate(offsets):
+            t = start + 4 * i + off
+            out.append(_UTF8(buf[t + 4:t + 4 + _U32(buf, t)[0]], "strict", True)[0])
+        return out
+    return [Table(buf, start + 4 * i + off, reader) for i, off in enumerate(offsets)]
 
 
 class Table:
     """One verified table: ``table.get("field")`` returns a Python value by the field's type
-    (int, str, bytes, tuple for structs and scalar vectors, Table, list of Table/str)."""
+    (int, str, bytes, tuple for structs and scalar vectors, Table, list of Table/str).
 
-    __slots__ = ("buf", "pos", "name", "_vt", "_nslots")
+    The vtable is read once, when the table is made; each ``get`` is then a dict lookup and
+    one struct call (the buffer has been verified, so nothing is re-checked here).
+    """
+
+    __slots__ = ("buf", "pos", "name", "_slots", "_voffs")
 
     def __init__(self, buf: Buffer, pos: int, name: str) -> None:
         self.buf, self.pos, self.name = buf, pos, name
-        self._vt = pos - _I32(buf, pos)[0]
-        self._nslots = (_U16(buf, self._vt)[0] - 4) // 2
+        vt = pos - _I32(buf, pos)[0]
+        count = min((_U16(buf, vt)[0] - 4) // 2, _NFIELDS[name])
+        self._voffs = _VOFFS[count](buf, vt + 4)
+        self._slots = _SLOTS[name]
 
     @classmethod
     def root(cls, buf: Buffer, name: str) -> "Table":
         return cls(buf, _U32(buf, 0)[0], name)
 
     def _field(self, slot: int) -> int:
-        if slot >= self._nslots:
-            return 0
-        voff = _U16(self.buf, self._vt + 4 + 2 * slot)[0]
+        voffs = self._voffs
+        voff = voffs[slot] if slot < len(voffs) else 0
         return self.pos + voff if voff else 0
 
     def _target(self, fpos: int) -> int:
@@ -70,46 +121,44 @@ class Table:
 
     def position(self, field: str) -> int:
         """Where ``field`` is stored in the buffer (0 when absent); for tools and tests."""
-        return self._field(_SLOTS[self.name][field][0])
+        return self._field(self._slots[field][0])
 
     def target(self, field: str) -> int:
         """Where the string/vector/table that offset field ``field`` points to starts."""
         return self._target(self.position(field))
 
     def has(self, field: str) -> bool:
-        return self._field(_SLOTS[self.name][field][0]) != 0
+        return self._field(self._slots[field][0]) != 0
 
     def get(self, field: str) -> Any:
-        slot, ftype, cat, code = _SLOTS[self.name][field]
-        fpos = self._field(slot)
-        buf = self.buf
+        slot, cat, reader, default = self._slots[field]
+        voffs = self._voffs
+        voff = voffs[slot] if slot < len(voffs) else 0
+        if not voff:
+            return [] if default is _LIST else default
         if cat == "n":
-            if not fpos:
-                return DEFAULTS.get((self.name, field), 0)
-            return struct.unpack_from("<" + code, buf, fpos)[0]
-        if not fpos:
-            return {"s": "", "b": b"", "v": (), "vs": [], "vt": []}.get(cat)
-        if cat == "S":
-            return struct.unpack_from("<" + code, buf, fpos)
-        target = self._target(fpos)
-        if cat == "t":
-            return Table(buf, target, ftype)
-        count = _U32(buf, target)[0]
-        start = target + 4
-        if cat == "s":
-            return bytes(buf[start:start + count]).decode("utf-8")
-        if cat == "b":
-            return bytes(buf[start:start + count])
-        if cat == "v":
-            return struct.unpack_from(f"<{count}{code}", buf, start)
-        targets = [start + 4 * i + _U32(buf, start + 4 * i)[0] for i in range(count)]
-        if cat == "vs":
-            return [bytes(buf[t + 4:t + 4 + _U32(buf, t)[0]]).decode("utf-8") for t in targets]
-        return [Table(buf, t, code) for t in targets]
+            return reader(self.buf, self.pos + voff)[0]
+        return _read(self.buf, self.pos + voff, cat, reader)
+
+    def values(self, fields: tuple[str, ...]) -> list[Any]:
+        """``[self.get(f) for f in fields]`` in one call (the decoder's bulk read)."""
+        slots, voffs, buf, pos = self._slots, self._voffs, self.buf, self.pos
+        n = len(voffs)
+        out = []
+        for field in fields:
+            slot, cat, reader, default = slots[field]
+            voff = voffs[slot] if slot < n else 0
+            if not voff:
+                out.append([] if default is _LIST else default)
+            elif cat == "n":
+                out.append(reader(buf, pos + voff)[0])
+            else:
+                out.append(_read(buf, pos + voff, cat, reader))
+        return out
 
     def view(self, field: str) -> memoryview:
         """A ``[ubyte]`` field as a zero-copy view (image blobs, the nested body)."""
-        fpos = self._field(_SLOTS[self.name][field][0])
+        fpos = self._field(self._slots[field][0])
         if not fpos:
             return memoryview(b"")
         target = self._target(fpos)

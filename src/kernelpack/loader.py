@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import threading
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Iterable, Iterator
 
 from ._decode import decode_program
@@ -28,6 +30,14 @@ __all__ = ["load", "Pack", "Program", "ModuleInfo", "ImageInfo", "SignatureInfo"
 
 _SUFFIXES = ("", "a", "f")
 _CODECS = ("none", "zstd")
+_IMAGE_FIELDS = ("kind", "arch_major", "arch_minor", "arch_suffix", "ptx_isa", "cuda_version",
+                 "toolchain", "codec", "raw_size", "digest", "raw_digest", "blob")
+
+
+@lru_cache(maxsize=256)
+def _arch(major: int, minor: int, suffix: int) -> Arch:
+    """Arch objects are immutable and few: made (and validated) once per process."""
+    return Arch(major, minor, _SUFFIXES[suffix])
 
 
 @dataclass(frozen=True)
@@ -47,34 +57,29 @@ class ImageInfo:
 
     def __init__(self, module: str, meta: Table, blobs: list[memoryview]) -> None:
         self.module = module
-        self.kind = IMAGE_KINDS[meta.get("kind")]
+        (kind, major, minor, suffix, self.ptx_isa, self.cuda_version, self.toolchain, codec,
+         self.raw_size, digest, raw_digest, blob) = meta.values(_IMAGE_FIELDS)
+        self.kind = IMAGE_KINDS[kind]
         try:
-            self.arch = Arch(meta.get("arch_major"), meta.get("arch_minor"),
-                             _SUFFIXES[meta.get("arch_suffix")])
+            self.arch = _arch(major, minor, suffix)
         except ValueError as exc:
             raise FormatError(f"module {module!r}: image has {exc}") from None
-        self.codec = _CODECS[meta.get("codec")]
-        self.ptx_isa: tuple[int, int] | None = meta.get("ptx_isa")
-        self.toolchain: str = meta.get("toolchain")
-        self.cuda_version: int = meta.get("cuda_version")
-        self.raw_size: int = meta.get("raw_size")
-        where = f"module {module!r} image {self.target}"
-        digest, raw_digest = meta.get("digest"), meta.get("raw_digest")
+        self.codec = _CODECS[codec]
         if len(digest) != DIGEST_SIZE or len(raw_digest) != DIGEST_SIZE:
-            raise FormatError(f"{where}: digests must be {DIGEST_SIZE} bytes (got "
-                              f"{len(digest)} and {len(raw_digest)})")
+            raise FormatError(f"module {module!r} image {self.target}: digests must be "
+                              f"{DIGEST_SIZE} bytes (got {len(digest)} and {len(raw_digest)})")
         self.digest, self.raw_digest = digest.hex(), raw_digest.hex()
         if self.raw_size > MAX_IMAGE_SIZE:
-            raise FormatError(f"{where}: raw_size {self.raw_size} exceeds MAX_IMAGE_SIZE "
-                              f"{MAX_IMAGE_SIZE}")
-        blob = meta.get("blob")
+            raise FormatError(f"module {module!r} image {self.target}: raw_size "
+                              f"{self.raw_size} exceeds MAX_IMAGE_SIZE {MAX_IMAGE_SIZE}")
         if blob >= len(blobs):
-            raise FormatError(f"{where}: blob index {blob} outside 0..{len(blobs) - 1}")
+            raise FormatError(f"module {module!r} image {self.target}: blob index {blob} "
+                              f"outside 0..{len(blobs) - 1}")
         self._stored = blobs[blob]
         self.stored_size = len(self._stored)
         if self.codec == "none" and self.stored_size != self.raw_size:
-            raise IntegrityError(f"{where}: stored uncompressed as {self.stored_size} bytes but "
-                                 f"raw_size is {self.raw_size}")
+            raise IntegrityError(f"module {module!r} image {self.target}: stored uncompressed "
+                                 f"as {self.stored_size} bytes but raw_size is {self.raw_size}")
         self._data: bytes | None = None
 
     @property
@@ -113,7 +118,27 @@ class ImageInfo:
                 f"{self.raw_size} bytes)")
 
 
+_local = threading.local()
+
+
+def _decompressor() -> Any:
+    """This thread's zstd decompression context (making one costs more than a small image's
+    decompression; contexts may not be shared between threads)."""
+    dctx = getattr(_local, "dctx", None)
+    if dctx is None:
+        import zstandard
+
+        dctx = _local.dctx = zstandard.ZstdDecompressor()
+    return dctx
+
+
 def _decompress(stored: memoryview, raw_size: int, where: str) -> bytes:
+    """Decompress one zstd frame into exactly ``raw_size`` bytes.
+
+    The frame must declare its content size, and it must equal ``raw_size`` (bounded by
+    MAX_IMAGE_SIZE at load): one-shot decompression then allocates that much and no more, and
+    zstd fails if the data would produce more or fewer bytes than declared.
+    """
     import zstandard
 
     try:
@@ -123,22 +148,14 @@ def _decompress(stored: memoryview, raw_size: int, where: str) -> bytes:
     if declared != raw_size:
         raise IntegrityError(f"{where}: zstd frame declares {declared} bytes, raw_size is "
                              f"{raw_size}")
-    window = min(1 << 27, max(1 << 10, 1 << max(raw_size - 1, 1).bit_length()))
-    out = bytearray()
     try:
-        reader = zstandard.ZstdDecompressor(max_window_size=window).stream_reader(
-            stored, read_across_frames=False)
-        while len(out) <= raw_size:
-            chunk = reader.read(min(raw_size + 1 - len(out), 1 << 20))
-            if not chunk:
-                break
-            out += chunk
+        out = _decompressor().decompress(stored, max_output_size=raw_size)
     except zstandard.ZstdError as exc:
         raise IntegrityError(f"{where}: zstd decompression failed ({exc})") from None
     if len(out) != raw_size:
         raise IntegrityError(f"{where}: decompressed to {len(out)}{'+' if len(out) > raw_size else ''}"
                              f" bytes, raw_size is {raw_size}")
-    return bytes(out)
+    return out
 
 
 class ModuleInfo:
@@ -147,15 +164,14 @@ class ModuleInfo:
     __slots__ = ("name", "kernels", "images", "_module")
 
     def __init__(self, fm: Table, blobs: list[memoryview]) -> None:
-        self.name: str = fm.get("name")
+        self.name, kernels, fimages = fm.values(("name", "kernels", "images"))
         if not self.name.isidentifier():
             raise FormatError(f"module name {self.name!r} is not an identifier")
-        kernels = fm.get("kernels")
         if kernels != sorted(set(kernels)) or not all(kernels):
             raise FormatError(f"module {self.name!r}: kernel names must be non-empty, sorted "
                               f"and unique (got {kernels[:8]})")
         self.kernels = tuple(kernels)
-        images = tuple(ImageInfo(self.name, meta, blobs) for meta in fm.get("images"))
+        images = tuple(ImageInfo(self.name, meta, blobs) for meta in fimages)
         keys = [i.sort_key() for i in images]
         if not images or keys != sorted(set(keys)):
             raise FormatError(f"module {self.name!r}: images must be non-empty, sorted by "
@@ -197,7 +213,9 @@ class Program:
         """The compiled :class:`~kernelpack.planner.Planner` (built once)."""
         if self._planner is None:
             from .planner import Planner
-            self._planner = Planner(self.summary)
+            planner = Planner(self.summary)
+            self.plan = planner.plan  # type: ignore[method-assign]  # later calls skip this layer
+            self._planner = planner
         return self._planner
 
     @property

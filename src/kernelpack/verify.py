@@ -15,8 +15,9 @@ the offset and what was expected.
 
 from __future__ import annotations
 
+import codecs
 import struct
-from typing import Union
+from typing import Any, Union
 
 from .errors import CompatibilityError, FormatError
 from .limits import (DIGEST_SIZE, FILE_IDENTIFIER, FORMAT_MAJOR, MAX_ARGS, MAX_BLOBS,
@@ -92,8 +93,11 @@ DEFAULTS: dict[tuple[str, str], int] = {
 BODY_ALIGNMENT = 8
 
 _U16 = struct.Struct("<H").unpack_from
+_U16U16 = struct.Struct("<HH").unpack_from
 _U32 = struct.Struct("<I").unpack_from
 _I32 = struct.Struct("<i").unpack_from
+# called as _UTF8(data, "strict", True): final=True, so a cut-off sequence is an error too
+_UTF8 = codecs.utf_8_decode
 
 # Per field, precomputed: (name, category, size, align, extra, limit). Categories:
 # "s" scalar (extra: struct code), "e" enum (extra: count), "b" bool, "S" struct,
@@ -129,10 +133,50 @@ def _compile(fields: tuple[tuple[str, str, int], ...]) -> _Plan:
 
 
 _PLANS: dict[str, _Plan] = {name: _compile(fields) for name, fields in TABLES.items()}
+# vtable entries of a table, read in one call (one reader per field count)
+_VOFFS = [struct.Struct(f"<{k}H").unpack_from
+          for k in range(max(len(p) for p in _PLANS.values()) + 1)]
+
+
+_LAYOUTS: dict[tuple[str, bytes], Any] = {}
+_MAX_LAYOUTS = 4096  # distinct vtables remembered per process (a hostile file can make many)
+
+
+def _layout(tname: str, vt_size: int, t_size: int, voffs: tuple[int, ...]) -> Any:
+    """What a vtable alone decides for a ``tname`` table: which fields are present, that each
+    lies inside the table and is aligned (tables are 4-aligned, so only 8-byte fields depend
+    on the table's position). Returns the fields left to check per table, as (name, category,
+    table offset, extra, limit), or None when a static check fails (the walker then checks
+    that table field by field, so that the first problem is the one reported). A pure
+    function of the vtable's bytes, so the walker caches it by them: tables of one shape,
+    within a file and across files, share the work."""
+    dynamic = []
+    for (name, cat, size, align, extra, limit), voff in zip(_PLANS[tname], voffs):
+        if voff == 0:
+            continue
+        if voff < 4 or voff + size > t_size or (align < 8 and voff % align):
+            return None
+        if align == 8 or (cat != "s" and cat != "S"):
+            dynamic.append((name, "s8" if cat == "s" else cat, voff, extra, limit))
+    return tuple(dynamic)
+
+
+def _path(where: object) -> str:
+    """A field path for messages. The walker passes paths as nested tuples — ``(parent,
+    "field")`` or ``(parent, index)`` — and only formats one when it reports a failure."""
+    parts: list[str] = []
+    while isinstance(where, tuple):
+        where, last = where
+        parts.append(f"[{last}]" if isinstance(last, int) else f".{last}")
+    return str(where) + "".join(reversed(parts))
 
 
 class _Walker:
-    """One verification pass over one buffer (the file, or the nested body)."""
+    """One verification pass over one buffer (the file, or the nested body).
+
+    The hot loop (:meth:`table`) tests each condition inline and calls the slower helpers
+    only to raise their exact message; paths are formatted only on failure (see :func:`_path`).
+    """
 
     def __init__(self, buf: Buffer, what: str) -> None:
         self.buf = buf
@@ -140,29 +184,30 @@ class _Walker:
         self.what = what
         self.seen: set[int] = set()
 
-    def fail(self, where: str, message: str) -> FormatError:
-        return FormatError(f"{self.what}: {where}: {message}")
+    def fail(self, where: object, message: str) -> FormatError:
+        return FormatError(f"{self.what}: {_path(where)}: {message}")
 
-    def need(self, pos: int, size: int, where: str) -> None:
+    def need(self, pos: int, size: int, where: object) -> None:
         if pos < 0 or size < 0 or pos + size > self.n:
             raise self.fail(where, f"{size} bytes at offset {pos} run past the end of the "
                                    f"{self.n}-byte buffer")
 
-    def deref(self, pos: int, where: str) -> int:
+    def deref(self, pos: int, where: object) -> int:
         """Follow the uoffset at ``pos``: the target must be inside, aligned, and new."""
         off = _U32(self.buf, pos)[0]
         target = pos + off
         if off == 0 or target % 4:
             raise self.fail(where, f"offset {off} at {pos} points to {target}, expected a "
                                    f"non-zero offset to a 4-aligned position")
-        self.need(target, 4, where)
+        if target + 4 > self.n:
+            self.need(target, 4, where)
         if target in self.seen:
             raise self.fail(where, f"object at {target} is referenced twice (shared "
                                    f"sub-objects are not allowed)")
         self.seen.add(target)
         return target
 
-    def vtable(self, pos: int, where: str) -> tuple[int, int, int]:
+    def vtable(self, pos: int, where: object) -> tuple[int, int, int]:
         """Check the table at ``pos`` and its vtable; returns (vtable, vtable size, table size)."""
         if pos % 4:
             raise self.fail(where, f"table at {pos} is not 4-aligned")
@@ -171,87 +216,157 @@ class _Walker:
         if vt % 2 or vt < 0 or vt + 4 > self.n:
             raise self.fail(where, f"vtable of the table at {pos} is at {vt}, outside the "
                                    f"buffer or misaligned")
-        vt_size, t_size = _U16(self.buf, vt)[0], _U16(self.buf, vt + 2)[0]
+        vt_size, t_size = _U16U16(self.buf, vt)
         if vt_size < 4 or vt_size % 2:
             raise self.fail(where, f"vtable at {vt} has size {vt_size}, expected an even "
                                    f"size >= 4")
-        self.need(vt, vt_size, where + " vtable")
+        if vt + vt_size > self.n:
+            self.need(vt, vt_size, f"{_path(where)} vtable")
         if t_size < 4:
             raise self.fail(where, f"table at {pos} has size {t_size}, expected >= 4")
         self.need(pos, t_size, where)
         return vt, vt_size, t_size
 
-    def string(self, target: int, limit: int, where: str) -> None:
-        length = _U32(self.buf, target)[0]
+    def string(self, target: int, limit: int, where: object) -> None:
+        buf = self.buf
+        length = _U32(buf, target)[0]
         if length > limit:
             raise self.fail(where, f"string of {length} bytes exceeds the limit {limit}")
-        self.need(target + 4, length + 1, where)
-        if self.buf[target + 4 + length] != 0:
+        end = target + 4 + length
+        if end + 1 > self.n:
+            self.need(target + 4, length + 1, where)
+        if buf[end] != 0:
             raise self.fail(where, f"string at {target} is not NUL-terminated")
         try:
-            bytes(self.buf[target + 4:target + 4 + length]).decode("utf-8")
+            _UTF8(buf[target + 4:end], "strict", True)
         except UnicodeDecodeError as exc:
             raise self.fail(where, f"string at {target} is not valid UTF-8 ({exc.reason} at "
                                    f"byte {exc.start})") from None
 
-    def vector(self, target: int, elem_size: int, limit: int, where: str) -> int:
+    def vector(self, target: int, elem_size: int, limit: int, where: object) -> int:
         count = _U32(self.buf, target)[0]
         if count > limit:
             raise self.fail(where, f"vector of {count} elements exceeds the limit {limit}")
-        self.need(target + 4, count * elem_size, where)
-        if (target + 4) % min(elem_size, 8):
+        if target + 4 + count * elem_size > self.n:
+            self.need(target + 4, count * elem_size, where)
+        if (target + 4) % (elem_size if elem_size < 8 else 8):
             raise self.fail(where, f"vector data at {target + 4} is not aligned to {elem_size}")
         return count
 
-    def table(self, pos: int, tname: str, depth: int, where: str) -> None:
+    def table(self, pos: int, tname: str, depth: int, where: object) -> None:
         if depth > MAX_TABLE_DEPTH:
             raise self.fail(where, f"tables nested deeper than {MAX_TABLE_DEPTH}")
+        buf, n = self.buf, self.n
+        if pos % 4 or pos + 4 > n:
+            self.vtable(pos, where)  # raises the exact message
+        vt = pos - _I32(buf, pos)[0]
+        if vt % 2 or vt < 0 or vt + 4 > n:
+            self.vtable(pos, where)
+        vt_size, t_size = _U16U16(buf, vt)
+        if vt_size < 4 or vt_size % 2 or vt + vt_size > n or t_size < 4 or pos + t_size > n:
+            self.vtable(pos, where)
+        key = (tname, bytes(buf[vt:vt + vt_size]))
+        fields = _LAYOUTS.get(key, False)
+        if fields is False:
+            fields = _layout(tname, vt_size, t_size, _VOFFS[min((vt_size - 4) // 2,
+                                                               len(_PLANS[tname]))](buf, vt + 4))
+            if len(_LAYOUTS) < _MAX_LAYOUTS:
+                _LAYOUTS[key] = fields
+        if fields is None:
+            self.slow_table(pos, tname, depth, where)
+            return
+        seen = self.seen
+        for name, cat, voff, extra, limit in fields:
+            fpos = pos + voff
+            if cat == "e":  # the common cases inline; field() has them all, with messages
+                if buf[fpos] < extra:  # type: ignore[operator]
+                    continue
+            elif cat == "b":
+                if buf[fpos] <= 1:
+                    continue
+            elif cat == "str":
+                target = fpos + _U32(buf, fpos)[0]
+                if target != fpos and not target % 4 and target + 4 <= n and target not in seen:
+                    seen.add(target)
+                    length = _U32(buf, target)[0]
+                    end = target + 4 + length
+                    if length <= limit and end < n and buf[end] == 0:
+                        try:
+                            _UTF8(buf[target + 4:end], "strict", True)
+                            continue
+                        except UnicodeDecodeError:
+                            pass
+                    self.string(target, limit, (where, name))  # raises the exact message
+                    continue
+            self.field(pos, fpos, tname, name, cat, extra, limit, depth, (where, name))
+
+    def slow_table(self, pos: int, tname: str, depth: int, where: object) -> None:
+        """Every field checked in slot order; used for vtables whose fields do not all pass
+        the static checks, so that the first problem is the one reported."""
         vt, vt_size, t_size = self.vtable(pos, where)
         buf = self.buf
+        plan = _PLANS[tname]
         nslots = (vt_size - 4) // 2
-        for slot, (name, cat, size, align, extra, limit) in enumerate(_PLANS[tname]):
-            if slot >= nslots:
-                break  # written by an older minor version: absent fields take defaults
-            voff = _U16(buf, vt + 4 + 2 * slot)[0]
+        if nslots < len(plan):
+            plan = plan[:nslots]  # written by an older minor version: absent fields default
+        voffs = _VOFFS[len(plan)](buf, vt + 4)
+        for (name, cat, size, align, extra, limit), voff in zip(plan, voffs):
             if voff == 0:
                 continue
-            fwhere = f"{where}.{name}"
             if voff < 4 or voff + size > t_size:
-                raise self.fail(fwhere, f"field at table offset {voff} ({size} bytes) lies "
-                                        f"outside the {t_size}-byte table at {pos}")
+                raise self.fail((where, name), f"field at table offset {voff} ({size} bytes) "
+                                               f"lies outside the {t_size}-byte table at {pos}")
             fpos = pos + voff
             if fpos % align:
-                raise self.fail(fwhere, f"field at {fpos} is not aligned to {align}")
+                raise self.fail((where, name), f"field at {fpos} is not aligned to {align}")
             if cat == "s" or cat == "S":
                 continue
-            if cat == "e":
-                value = buf[fpos]
-                if value >= extra:  # type: ignore[operator]
-                    raise self.fail(fwhere, f"enum value {value} is not one of 0..{extra - 1}")  # type: ignore[operator]
-                continue
-            if cat == "b":
-                if buf[fpos] > 1:
-                    raise self.fail(fwhere, f"bool value {buf[fpos]}, expected 0 or 1")
-                continue
-            target = self.deref(fpos, fwhere)
-            if cat == "str":
-                self.string(target, limit, fwhere)
-            elif cat == "v":
-                self.vector(target, extra, limit, fwhere)  # type: ignore[arg-type]
-                if tname == "Pack" and name == "body" and (target + 4) % BODY_ALIGNMENT:
-                    raise self.fail(fwhere, f"nested body at {target + 4} is not "
-                                            f"{BODY_ALIGNMENT}-aligned")
-            elif cat == "t":
-                self.table(target, extra, depth + 1, fwhere)  # type: ignore[arg-type]
-            else:
-                count = self.vector(target, 4, limit, fwhere)
-                for i in range(count):
-                    ewhere = f"{fwhere}[{i}]"
-                    elem = self.deref(target + 4 + 4 * i, ewhere)
-                    if cat == "vs":
-                        self.string(elem, MAX_NAME_LENGTH, ewhere)  # all are names
-                    else:
-                        self.table(elem, extra, depth + 1, ewhere)  # type: ignore[arg-type]
+            self.field(pos, fpos, tname, name, cat, extra, limit, depth, (where, name))
+
+    def field(self, pos: int, fpos: int, tname: str, name: str, cat: str, extra: object,
+              limit: int, depth: int, fwhere: object) -> None:
+        """The value checks of one field at ``fpos`` (enum and bool values, offset targets)."""
+        buf = self.buf
+        if cat == "s8" or cat == "S":
+            if fpos % 8:
+                raise self.fail(fwhere, f"field at {fpos} is not aligned to 8")
+            return
+        if cat == "e":
+            value = buf[fpos]
+            if value >= extra:  # type: ignore[operator]
+                raise self.fail(fwhere, f"enum value {value} is not one of "
+                                               f"0..{extra - 1}")  # type: ignore[operator]
+            return
+        if cat == "b":
+            if buf[fpos] > 1:
+                raise self.fail(fwhere, f"bool value {buf[fpos]}, expected 0 or 1")
+            return
+        target = self.deref(fpos, fwhere)
+        if cat == "str":
+            self.string(target, limit, fwhere)
+        elif cat == "v":
+            self.vector(target, extra, limit, fwhere)  # type: ignore[arg-type]
+            if tname == "Pack" and name == "body" and (target + 4) % BODY_ALIGNMENT:
+                raise self.fail(fwhere, f"nested body at {target + 4} is not "
+                                        f"{BODY_ALIGNMENT}-aligned")
+        elif cat == "t":
+            self.table(target, extra, depth + 1, fwhere)  # type: ignore[arg-type]
+        else:
+            count = self.vector(target, 4, limit, fwhere)
+            start = target + 4
+            offsets = struct.unpack_from(f"<{count}I", buf, start)
+            seen = self.seen
+            n = self.n
+            for i, off in enumerate(offsets):
+                epos = start + 4 * i
+                elem = epos + off
+                if off == 0 or elem % 4 or elem + 4 > n or elem in seen:
+                    self.deref(epos, (fwhere, i))  # raises the exact message
+                seen.add(elem)
+                if cat == "vs":
+                    self.string(elem, MAX_NAME_LENGTH, (fwhere, i))  # all are names
+                else:
+                    self.table(elem, extra, depth + 1, (fwhere, i))  # type: ignore[arg-type]
 
     def root(self, identifier: bytes | None) -> int:
         if self.n > MAX_FILE_SIZE:

@@ -1,0 +1,101 @@
+"""The planner's result types and the checks both planning paths share.
+
+Split out of :mod:`kernelpack.planner` so that the fast evaluator (``planner.py``) and the
+reference evaluator (``_plan_ref.py``) build identical objects and word errors identically.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, NamedTuple, Sequence
+
+from .dtypes import DType
+from .errors import ConstraintError
+from .expr import INT64_MAX, INT64_MIN
+
+__all__ = ["Plan", "Allocation", "PlannedLaunch", "MAX_BLOCK_THREADS", "MAX_GRID_X",
+           "MAX_GRID_YZ", "check_block", "check_smem", "dim", "dim_at", "dtype_range"]
+
+MAX_BLOCK_THREADS = 1024
+MAX_GRID_X = (1 << 31) - 1
+MAX_GRID_YZ = 65535
+
+
+# Plain NamedTuples, not dataclasses: the planner makes three of these on every call, and a
+# tuple is built about five times faster than a frozen dataclass. They are just as immutable
+# (setting a field raises AttributeError), compare field by field and print the same way.
+class Allocation(NamedTuple):
+    """A buffer the caller (or runtime) must provide: an output or a scratch workspace."""
+
+    name: str
+    kind: str               # "output" | "scratch"
+    dtype: DType
+    shape: tuple[int, ...]
+    nbytes: int
+    zero_init: bool
+
+
+class PlannedLaunch(NamedTuple):
+    """One kernel launch with concrete dimensions. ``args`` items are ``("buffer", name)``,
+    ``("scalar", name)`` or ``("value", int, DType)``."""
+
+    kernel: str
+    module: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    args: tuple[tuple[Any, ...], ...]
+
+
+class Plan(NamedTuple):
+    """The evaluated summary for one call. ``symbols`` holds every bound symbol and each
+    computed scalar parameter's value; repeated launches are expanded in order."""
+
+    program: str
+    variant: int
+    symbols: dict[str, int]
+    allocations: dict[str, Allocation]
+    launches: tuple[PlannedLaunch, ...]
+
+
+def dtype_range(dtype: DType) -> tuple[int, int]:
+    """The integer values a scalar of ``dtype`` can hold (bool: 0..1)."""
+    bits = 8 * dtype.itemsize
+    if dtype.kind == "b":
+        return 0, 1
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype.is_signed else (0, (1 << bits) - 1)
+
+
+def check_block(bx: int, by: int, bz: int, where: str) -> None:
+    if not (1 <= bx <= 1024 and 1 <= by <= 1024 and 1 <= bz <= 64
+            and bx * by * bz <= MAX_BLOCK_THREADS):
+        raise ConstraintError(f"{where}: block ({bx}, {by}, {bz}) outside the limits "
+                              f"(each dim 1..1024, z 1..64, product <= {MAX_BLOCK_THREADS})")
+
+
+def check_smem(smem: int, where: str) -> None:
+    if not 0 <= smem < (1 << 32):
+        raise ConstraintError(f"{where}: shared_mem = {smem}, expected 0..2^32-1")
+
+
+def dim(value: Any, where: str) -> int:
+    """A caller's dimension as a checked int: TypeError / ConstraintError naming ``where``."""
+    try:
+        d = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{where} must be an integer (got {value!r})") from None
+    if d < 0:
+        raise ConstraintError(f"{where} is {d}, a negative size")
+    if d > INT64_MAX or d < INT64_MIN:
+        raise ConstraintError(f"{where} is {d}, outside int64")
+    return d
+
+
+def dim_at(shapes: Sequence[Sequence[int]], tensors: list, where: str) -> int:
+    """The caller's value of the dimension that ``where`` (``"x.shape[1]"``) names."""
+    name, _, rest = where.partition(".shape[")
+    index = int(rest[:-1])
+    for (pname, _), shape in zip(tensors, shapes):
+        if pname == name:
+            return dim(shape[index], where)
+    raise AssertionError(where)  # pragma: no cover - where always names a tensor input
