@@ -43,22 +43,8 @@ sys.path.insert(0, str(HERE))
 
 import _gpu_timing as gt  # noqa: E402
 
-# y = a*x + y (in place), one thread per element; n as u32.
-AXPY_PTX = """.version 8.0
-.target sm_80
-.address_size 64
-.visible .entry axpy(.param .u64 x, .param .u64 y, .param .f32 a, .param .u32 n)
-{
-  .reg .pred p; .reg .b32 r<6>; .reg .b64 rd<8>; .reg .f32 f<4>;
-  ld.param.u64 rd1, [x]; ld.param.u64 rd2, [y]; ld.param.f32 f1, [a]; ld.param.u32 r1, [n];
-  mov.u32 r2, %ctaid.x; mov.u32 r3, %ntid.x; mov.u32 r4, %tid.x; mad.lo.s32 r5, r2, r3, r4;
-  setp.ge.u32 p, r5, r1; @p bra DONE;
-  cvta.to.global.u64 rd3, rd1; cvta.to.global.u64 rd4, rd2; mul.wide.u32 rd5, r5, 4;
-  add.s64 rd6, rd3, rd5; add.s64 rd7, rd4, rd5; ld.global.f32 f2, [rd6]; ld.global.f32 f3, [rd7];
-  fma.rn.f32 f3, f1, f2, f3; st.global.f32 [rd7], f3;
-DONE: ret;
-}
-"""
+# y = a*x + y (in place), one thread per element; n as u32 (the README's example kernel).
+AXPY_PTX = (HERE.parent / "examples" / "axpy.ptx").read_text()
 N, A, BLOCK = 1 << 20, 2.0, 256
 
 TRITON_KERNEL = '''
