@@ -14,7 +14,6 @@ import hashlib
 import mmap
 import os
 import threading
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterable, Iterator
 
@@ -40,13 +39,36 @@ def _arch(major: int, minor: int, suffix: int) -> Arch:
     return Arch(major, minor, _SUFFIXES[suffix])
 
 
-@dataclass(frozen=True)
 class SignatureInfo:
-    """The signature block: ``verified`` is True only when checked against trusted keys."""
+    """The signature block: ``verified`` is True only when checked against trusted keys.
+    Immutable; a plain class, not a frozen dataclass (cheaper to import inside the clock of a
+    process's first load)."""
 
-    key_id: str
-    public_key: str
-    verified: bool
+    __slots__ = ("key_id", "public_key", "verified")
+
+    def __init__(self, key_id: str, public_key: str, verified: bool) -> None:
+        for name, value in (("key_id", key_id), ("public_key", public_key),
+                            ("verified", verified)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"cannot assign to field {name!r} of an immutable SignatureInfo")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r} of an immutable SignatureInfo")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not SignatureInfo:
+            return NotImplemented
+        return (self.key_id, self.public_key, self.verified) == (
+            other.key_id, other.public_key, other.verified)  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((self.key_id, self.public_key, self.verified))
+
+    def __repr__(self) -> str:
+        return (f"SignatureInfo(key_id={self.key_id!r}, public_key={self.public_key!r}, "
+                f"verified={self.verified!r})")
 
 
 class ImageInfo:

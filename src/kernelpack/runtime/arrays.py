@@ -20,7 +20,6 @@ from typing import Any, Callable
 
 from ..dtypes import DType, as_dtype
 from ..errors import LaunchError
-from .buffer import DeviceBuffer
 
 __all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "adapter_for",
            "stream_handle", "GENERIC", "hold", "release_held"]
@@ -44,7 +43,10 @@ class Adapter:
         return str(token).removeprefix("torch.")
 
     def empty(self, shape: tuple[int, ...], dtype: DType, device: int, stream: int) -> tuple[Any, int]:
-        """Allocate a C-contiguous array; returns (array, device pointer)."""
+        """Allocate a C-contiguous array; returns (array, device pointer). (The buffer module
+        is imported here, on the first such allocation: torch/cupy callers never need it.)"""
+        from .buffer import DeviceBuffer
+
         buf = DeviceBuffer.empty(shape, dtype, device, stream)
         return buf, buf.ptr
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..dtypes import DType
@@ -50,60 +49,106 @@ def scalar_range(dtype: DType) -> tuple[int, int] | None:
     return 0, (1 << bits) - 1
 
 
-@dataclass
-class InputSpec:
+class _Record:
+    """Plain mutable records with ``__slots__`` (not dataclasses: building a dataclass costs a
+    few hundred microseconds at import, inside the clock of a process's first launch)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__
+                           if not n.startswith("_"))
+        return f"{type(self).__name__}({fields})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclasses they replace
+
+
+class InputSpec(_Record):
     """One caller argument: a tensor (``slot`` is its buffer index) or a scalar (``slot`` is
     its index in the scalar list; ``symbol`` its symbol index, -1 if not a symbol). Computed
-    values (``BoundSummary.computed``) take the scalar slots after the caller's."""
+    values (``BoundSummary.computed``) take the scalar slots after the caller's.
+    ``same_symbol``: a scalar whose symbol was already bound by an earlier dim."""
 
-    name: str
-    is_tensor: bool
-    dtype: DType
-    slot: int
-    dims: list[tuple[int, Any]] = field(default_factory=list)
-    symbol: int = -1
-    same_symbol: bool = False  # scalar whose symbol was already bound by an earlier dim
+    __slots__ = ("name", "is_tensor", "dtype", "slot", "dims", "symbol", "same_symbol")
 
-
-@dataclass
-class AllocSpec:
-    """An output or scratch buffer: buffer index, shape specs, bytes per element."""
-
-    name: str
-    kind: str  # "output" | "scratch"
-    dtype: DType
-    slot: int
-    shape: list[Spec]
-    zero_init: bool
+    def __init__(self, name: str, is_tensor: bool, dtype: DType, slot: int,
+                 dims: list[tuple[int, Any]] | None = None, symbol: int = -1,
+                 same_symbol: bool = False) -> None:
+        self.name = name
+        self.is_tensor = is_tensor
+        self.dtype = dtype
+        self.slot = slot
+        self.dims: list[tuple[int, Any]] = [] if dims is None else dims
+        self.symbol = symbol
+        self.same_symbol = same_symbol
 
 
-@dataclass
-class LaunchSpec:
-    """One (possibly repeated) launch with its parameter block laid out."""
+class AllocSpec(_Record):
+    """An output or scratch buffer: buffer index, shape specs, bytes per element.
+    ``kind`` is "output" or "scratch"."""
 
-    module: str
-    kernel: str
-    grid: list[Spec]
-    block: list[Spec]
-    shared_mem: Spec
-    count: Spec | None
-    loop_symbol: int
-    args: list[tuple[int, Any]]
-    layout: struct.Struct
-    param_buf: Any  # ctypes char array holding the slots
-    params_addr: int  # address of the void* array pointing at each slot
-    _keep: Any = None  # the pointer array itself
-    simple: bool = False  # every argument is a buffer or a caller scalar
-    getter: Any = None  # per call: the slot values from the call's value list, as a tuple
-    dims: Any = None  # (gx, gy, gz, bx, by, bz, shared_mem) when all are constants
+    __slots__ = ("name", "kind", "dtype", "slot", "shape", "zero_init")
+
+    def __init__(self, name: str, kind: str, dtype: DType, slot: int, shape: list[Spec],
+                 zero_init: bool) -> None:
+        self.name = name
+        self.kind = kind
+        self.dtype = dtype
+        self.slot = slot
+        self.shape = shape
+        self.zero_init = zero_init
 
 
-@dataclass
-class VariantSpec:
-    predicate: Spec | None
-    scratch: list[AllocSpec]
-    launches: list[LaunchSpec]
-    buffer_count: int
+class LaunchSpec(_Record):
+    """One (possibly repeated) launch with its parameter block laid out. ``param_buf``: the
+    ctypes char array holding the slots; ``params_addr``: the address of the void* array
+    pointing at each slot (``_keep`` holds that array); ``simple``: every argument is a buffer
+    or a caller scalar; ``getter``: per call, the slot values from the call's value list as a
+    tuple; ``dims``: (gx, gy, gz, bx, by, bz, shared_mem) when all are constants."""
+
+    __slots__ = ("module", "kernel", "grid", "block", "shared_mem", "count", "loop_symbol",
+                 "args", "layout", "param_buf", "params_addr", "_keep", "simple", "getter",
+                 "dims")
+
+    def __init__(self, module: str, kernel: str, grid: list[Spec], block: list[Spec],
+                 shared_mem: Spec, count: Spec | None, loop_symbol: int,
+                 args: list[tuple[int, Any]], layout: struct.Struct, param_buf: Any,
+                 params_addr: int, _keep: Any = None, simple: bool = False, getter: Any = None,
+                 dims: Any = None) -> None:
+        self.module = module
+        self.kernel = kernel
+        self.grid = grid
+        self.block = block
+        self.shared_mem = shared_mem
+        self.count = count
+        self.loop_symbol = loop_symbol
+        self.args = args
+        self.layout = layout
+        self.param_buf = param_buf
+        self.params_addr = params_addr
+        self._keep = _keep
+        self.simple = simple
+        self.getter = getter
+        self.dims = dims
+
+
+class VariantSpec(_Record):
+    """One variant: its predicate spec (None: always), scratch buffers, launches, and the
+    number of buffer slots it uses."""
+
+    __slots__ = ("predicate", "scratch", "launches", "buffer_count")
+
+    def __init__(self, predicate: Spec | None, scratch: list[AllocSpec],
+                 launches: list[LaunchSpec], buffer_count: int) -> None:
+        self.predicate = predicate
+        self.scratch = scratch
+        self.launches = launches
+        self.buffer_count = buffer_count
 
 
 class BoundSummary:

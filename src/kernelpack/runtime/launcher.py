@@ -14,6 +14,7 @@ Any check that fails on the hot path is re-diagnosed by the loader's
 from __future__ import annotations
 
 import operator
+import sys
 import threading
 from typing import Any, Sequence
 
@@ -24,7 +25,6 @@ from .binding import ARG_BUFFER, DIM_BIND, DIM_CONST, DIM_SAME, BoundSummary, sc
 from .device import Device, current_device_ordinal, get_device
 from .library import load_module, preload
 from .execute import run
-from .fastpath import make_fast_path
 from .scalars import convert_scalar
 
 __all__ = ["BoundProgram", "bind"]
@@ -73,6 +73,7 @@ class BoundProgram:
         # the torch/cupy fast path when the program fits one (see fastpath.py).
         self.call: Any = self.__call__
         self._fast_for: frozenset[str] = frozenset()
+        self._fast_pending = False
 
     # ---- per device ------------------------------------------------------------------------
     def state(self, ordinal: int) -> _DeviceState:
@@ -90,12 +91,31 @@ class BoundProgram:
                 funcs = [[drv.CUfunction(int(libs[ls.module].kernels[ls.kernel]))
                           for ls in v.launches] for v in self.bound.variants]
                 st = self._states[ordinal] = _DeviceState(device, funcs, list(libs.values()))
-                self._refresh_fast_path()
+                self._defer_fast_path()
         return st
+
+    def _defer_fast_path(self) -> None:
+        """Build the fast path on the *next* call, not now: the first call of a process takes
+        the general path anyway, and building (and importing) the fast path inside it is what a
+        process's time to first result would pay for nothing. ``_fast_for`` already names the
+        frameworks the build will cover, so a first call does not trigger a rebuild."""
+        self._fast_for = frozenset(n for n in ("torch", "cupy") if n in sys.modules)
+        self._fast_pending = True
+        self.call = self._fast_on_next_call
+
+    def _fast_on_next_call(self, args: Sequence[Any], out: Any = None,
+                           stream: Any = None) -> Any:
+        with self._lock:
+            if self._fast_pending:
+                self._refresh_fast_path()
+        return self.call(args, out, stream)
 
     def _refresh_fast_path(self) -> None:
         """(Re)build the fast path, covering every framework imported by now."""
+        from .fastpath import make_fast_path
+
         fast, self._fast_for = make_fast_path(self, self.__call__)
+        self._fast_pending = False
         self.call = fast or self.__call__
 
     def warmup(self, ordinal: int) -> None:

@@ -14,15 +14,10 @@ found is unloaded before the error propagates, and nothing is recorded in the re
 
 from __future__ import annotations
 
-import hashlib
-import os
 import threading
-import warnings
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from ..errors import CompileError, KernelPackError
+from ..errors import KernelPackError
 from .device import Device
 from . import driver as _drv
 from .selection import Selection, image_label, select_image
@@ -31,16 +26,27 @@ __all__ = ["LoadedLibrary", "load_module", "preload", "image_bytes", "ptx_cache_
            "loaded_libraries"]
 
 
-@dataclass
 class LoadedLibrary:
-    """A loaded ``CUlibrary`` and its kernels (``CUkernel`` by entry name)."""
+    """A loaded ``CUlibrary`` and its kernels (``CUkernel`` by entry name). ``source``:
+    "cubin", "ptx->cubin (cached)", "ptx->cubin (nvJitLink)" or "ptx (driver JIT)";
+    ``loaded_on``: device ordinals where the functions were loaded. A plain class, not a
+    dataclass: building one costs a few hundred microseconds inside a process's first launch."""
 
-    key: tuple
-    handle: Any
-    kernels: dict[str, Any]
-    image: str
-    source: str  # "cubin", "ptx->cubin (cached)", "ptx->cubin (nvJitLink)", "ptx (driver JIT)"
-    loaded_on: set[int] = field(default_factory=set)  # device ordinals where functions were loaded
+    __slots__ = ("key", "handle", "kernels", "image", "source", "loaded_on")
+
+    def __init__(self, key: tuple, handle: Any, kernels: dict[str, Any], image: str,
+                 source: str, loaded_on: set[int] | None = None) -> None:
+        self.key = key
+        self.handle = handle
+        self.kernels = kernels
+        self.image = image
+        self.source = source
+        self.loaded_on: set[int] = set() if loaded_on is None else loaded_on
+
+    def __repr__(self) -> str:
+        return (f"LoadedLibrary(key={self.key!r}, handle={self.handle!r}, "
+                f"kernels={self.kernels!r}, image={self.image!r}, source={self.source!r}, "
+                f"loaded_on={self.loaded_on!r})")
 
 
 _libraries: dict[tuple, LoadedLibrary] = {}
@@ -69,61 +75,18 @@ def _image_key(image: Any) -> tuple:
     if isinstance(digest, (bytes, bytearray)):
         digest = bytes(digest).hex()
     if not digest:
+        import hashlib
+
         digest = hashlib.sha256(image_bytes(image)).hexdigest()
     return (image.kind, image_label(image), str(digest))
 
 
-def ptx_cache_path(ptx: bytes, arch_sm: str, toolchain: str) -> Path:
-    """Where the cubin compiled from ``ptx`` for ``arch_sm`` by ``toolchain`` is kept."""
-    from ..config import cache_dir
+def ptx_cache_path(ptx: bytes, arch_sm: str, toolchain: str) -> Any:
+    """Where the cubin compiled from ``ptx`` for ``arch_sm`` by ``toolchain`` is kept (a
+    ``Path``; see :mod:`._ptx_load`, imported only on this rare path)."""
+    from ._ptx_load import ptx_cache_path as _path
 
-    key = hashlib.sha256(b"kernelpack-ptx-cubin-v1\0" + toolchain.encode() + b"\0"
-                         + arch_sm.encode() + b"\0" + ptx).hexdigest()
-    return cache_dir() / "runtime-ptx" / key[:2] / f"{key[2:]}.cubin"
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """tmp file + ``os.replace``: readers see the whole cubin or none. Best effort: a cache
-    that cannot be written costs a recompile next time, never a failed launch."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        return
-
-
-def _ptx_code(ptx: bytes, device: Device) -> tuple[bytes, str, Path | None]:
-    """Compile PTX for ``device`` with nvJitLink through the cache; returns (code, source, the
-    cache path to evict if the driver rejects it)."""
-    from ..targets import Arch
-
-    arch = Arch(device.arch.major, device.arch.minor)
-    try:
-        from ..toolchain import nvjitlink
-        jit_version = nvjitlink.version()
-    except (ImportError, CompileError) as exc:
-        warnings.warn(f"nvJitLink is unavailable ({exc}); the driver will JIT the PTX for "
-                      f"{arch.sm} (slow at every start). Install nvidia-nvjitlink to compile "
-                      f"once and cache the cubin.", RuntimeWarning, stacklevel=3)
-        return ptx.rstrip(b"\0") + b"\0", "ptx (driver JIT)", None
-    if jit_version[0] > device.driver_version // 1000:
-        warnings.warn(f"nvJitLink {jit_version[0]}.{jit_version[1]} is a newer major than the "
-                      f"driver (CUDA {device.driver_version // 1000}); the driver will JIT the "
-                      f"PTX for {arch.sm} instead", RuntimeWarning, stacklevel=3)
-        return ptx.rstrip(b"\0") + b"\0", "ptx (driver JIT)", None
-    path = ptx_cache_path(ptx, arch.sm, nvjitlink.toolchain_id())
-    try:
-        cached = path.read_bytes()
-    except OSError:
-        cached = b""
-    if cached[:4] == b"\x7fELF":
-        return cached, "ptx->cubin (cached)", path
-    cubin = nvjitlink.ptx_to_cubin(ptx, arch, name="kernelpack-runtime.ptx")
-    _write_atomic(path, cubin)
-    return cubin, "ptx->cubin (nvJitLink)", path
+    return _path(ptx, arch_sm, toolchain)
 
 
 def _load_library(code: bytes, kernels: tuple[str, ...], what: str) -> tuple[Any, dict[str, Any]]:
@@ -190,6 +153,8 @@ def _load_chosen(module: Any, image: Any, key: tuple, device: Device, what: str)
     if image.kind == "cubin":
         handle, kernels = _load_library(data, tuple(module.kernels), label)
         return LoadedLibrary(key, handle, kernels, image_label(image), "cubin")
+    from ._ptx_load import _ptx_code  # the PTX path only: keeps nvJitLink/pathlib lazy
+
     code, source, path = _ptx_code(data, device)
     try:
         handle, kernels = _load_library(code, tuple(module.kernels), label)

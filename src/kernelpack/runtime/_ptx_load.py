@@ -1,0 +1,71 @@
+"""The PTX path of :mod:`.library`: compile PTX with nvJitLink for the device through the
+on-disk cache (``<cache>/runtime-ptx/``), or hand it to the driver's JIT with a warning when
+nvJitLink is missing. A separate module so that loading a cubin (the common case) does not
+import or compile this code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import warnings
+from pathlib import Path
+
+from ..errors import CompileError
+from .device import Device
+
+__all__ = ["ptx_cache_path"]
+
+
+def ptx_cache_path(ptx: bytes, arch_sm: str, toolchain: str) -> Path:
+    """Where the cubin compiled from ``ptx`` for ``arch_sm`` by ``toolchain`` is kept."""
+    from ..config import cache_dir
+
+    key = hashlib.sha256(b"kernelpack-ptx-cubin-v1\0" + toolchain.encode() + b"\0"
+                         + arch_sm.encode() + b"\0" + ptx).hexdigest()
+    return cache_dir() / "runtime-ptx" / key[:2] / f"{key[2:]}.cubin"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """tmp file + ``os.replace``: readers see the whole cubin or none. Best effort: a cache
+    that cannot be written costs a recompile next time, never a failed launch."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        return
+
+
+def _ptx_code(ptx: bytes, device: Device) -> tuple[bytes, str, Path | None]:
+    """Compile PTX for ``device`` with nvJitLink through the cache; returns (code, source, the
+    cache path to evict if the driver rejects it)."""
+    from ..targets import Arch
+
+    arch = Arch(device.arch.major, device.arch.minor)
+    try:
+        from ..toolchain import nvjitlink
+        jit_version = nvjitlink.version()
+    except (ImportError, CompileError) as exc:
+        warnings.warn(f"nvJitLink is unavailable ({exc}); the driver will JIT the PTX for "
+                      f"{arch.sm} (slow at every start). Install nvidia-nvjitlink to compile "
+                      f"once and cache the cubin.", RuntimeWarning, stacklevel=3)
+        return ptx.rstrip(b"\0") + b"\0", "ptx (driver JIT)", None
+    if jit_version[0] > device.driver_version // 1000:
+        warnings.warn(f"nvJitLink {jit_version[0]}.{jit_version[1]} is a newer major than the "
+                      f"driver (CUDA {device.driver_version // 1000}); the driver will JIT the "
+                      f"PTX for {arch.sm} instead", RuntimeWarning, stacklevel=3)
+        return ptx.rstrip(b"\0") + b"\0", "ptx (driver JIT)", None
+    path = ptx_cache_path(ptx, arch.sm, nvjitlink.toolchain_id())
+    try:
+        cached = path.read_bytes()
+    except OSError:
+        cached = b""
+    if cached[:4] == b"\x7fELF":
+        return cached, "ptx->cubin (cached)", path
+    cubin = nvjitlink.ptx_to_cubin(ptx, arch, name="kernelpack-runtime.ptx")
+    _write_atomic(path, cubin)
+    return cubin, "ptx->cubin (nvJitLink)", path
