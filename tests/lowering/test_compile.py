@@ -66,6 +66,30 @@ def test_pointwise_loads_and_stores_16_bytes_at_a_time():
     assert "ld.global.v2.b64" in b.ptx.decode() or "ld.global.nc.v2.b64" in b.ptx.decode()
 
 
+def _entry(ptx: str, name: str) -> str:
+    body = ptx[ptx.index(f".entry {name}("):]
+    return body[:body.index("\n}\n")]
+
+
+@pytest.mark.parametrize("dt", [kp.float32, kp.float64], ids=["f32", "f64"])
+def test_encoding_thread_rows_have_no_per_term_conversions(dt):
+    """phase: one sincos, one vector store of the complex amplitude, and per term k no 64-bit
+    conversion (the bit is a select of 0/1, float32 sums of <= 32 terms stay float32)."""
+    ws = F32 if dt == kp.float32 else F64
+    t = "f32" if dt == kp.float32 else "f64"
+    b = pipeline.run(pipeline.new_build(ws["phase"], ["sm_90"], None, {}), stop="ptx")
+    body = _entry(b.ptx.decode(), f"phase_{dt.name}_0_rowthread")
+    assert body.count("cvt.rni.s32") == 1  # one argument reduction: one sincos
+    assert body.count(f"st.global.v2.b{t[1:]}") == 1
+    for conv in ("cvt.rn.f32.u64", "cvt.rn.f64.u64", "cvt.f64.f32", "cvt.rn.f32.u32",
+                 "cvt.rn.f64.u32"):
+        assert conv not in body, conv
+    assert f"selp.{t}" in body
+    b = pipeline.run(pipeline.new_build(ws["angle"], ["sm_90"], None, {}), stop="ptx")
+    body = _entry(b.ptx.decode(), f"angle_{dt.name}_0_rowthread")
+    assert "cvt.f64.f32" not in body and f"mul.rn.{t}" in body
+
+
 def test_math_links_only_what_it_uses():
     b = pipeline.run(pipeline.new_build(F32["gelu"], ["sm_80"], None, {}), stop="ptx")
     text = b.ptx.decode()

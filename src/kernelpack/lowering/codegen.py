@@ -20,7 +20,7 @@ from ..dtypes import DType, float64, int64
 from ..errors import CompileError
 from ..expr import Expr
 from ..graph import COMPARE, Graph, Node
-from .irutil import (I64, Loops, Val, component, const_of, convert, storage_type,
+from .irutil import (I32, I64, Loops, Val, component, const_of, convert, storage_type,
                      to_compute, to_storage)
 
 __all__ = ["Ctx", "Emitter", "NotRowSchedulable", "acc_dtype", "ZERO"]
@@ -95,6 +95,7 @@ class Emitter:
         self.touched: set[str] = set()    # buffers accessed as 16-byte groups
         self.guard: ir.Value | None = None  # i1: loads happen only where it holds (else 0)
         self.recips: dict[int, ir.Value] = {}  # div node id -> 1/divisor (row-uniform divisor)
+        self.aligned: dict[tuple, ir.Value] = {}  # (buffer, size) -> i1 alignment check
         for n, (a, d) in self.buffers.items():
             a.add_attribute("noalias")
 
@@ -106,6 +107,17 @@ class Emitter:
         for name in sorted(self.touched):
             bits = e.or_(bits, e.ptrtoint(self.buffers[name][0], I64))
         return e.icmp_unsigned("==", e.and_(bits, ir.Constant(I64, 15)), ir.Constant(I64, 0))
+
+    def element_aligned(self, buf: str, dt: DType) -> ir.Value:
+        """i1 (computed once, in the entry block): buffer ``buf`` is aligned to ``dt``'s
+        whole size (complex: both parts in one vector access)."""
+        key = ("aligned", buf, dt.itemsize)
+        hit = self.aligned.get(key)
+        if hit is None:
+            e = self.entry
+            low = e.and_(e.ptrtoint(self.buffers[buf][0], I64), ir.Constant(I64, dt.itemsize - 1))
+            hit = self.aligned[key] = e.icmp_unsigned("==", low, ZERO)
+        return hit
 
     def finish(self) -> None:
         self.entry.branch(self.body)
@@ -188,6 +200,22 @@ class Emitter:
         b = self.b
         if dt.is_complex:
             base = b.mul(offset, ir.Constant(I64, 2))
+            if self.vec_lane is None:
+                # one st.global.v2 per element where the buffer is aligned to the element's
+                # size (a uniform branch; views of float buffers may be only 4/8-aligned)
+                vt = ir.VectorType(st, 2)
+                pair = b.insert_element(b.insert_element(ir.Constant(vt, None), v[0],
+                                                         ir.Constant(I32, 0)),
+                                        v[1], ir.Constant(I32, 1))
+                with b.if_else(self.element_aligned(buf, dt)) as (whole, parts):
+                    with whole:
+                        b.store(pair, b.gep(ptr, [offset], inbounds=True, source_etype=vt),
+                                align=dt.itemsize)
+                    with parts:
+                        b.store(v[0], b.gep(ptr, [base], inbounds=True, source_etype=st))
+                        b.store(v[1], b.gep(ptr, [b.add(base, ir.Constant(I64, 1))],
+                                            inbounds=True, source_etype=st))
+                return
             b.store(v[0], b.gep(ptr, [base], inbounds=True, source_etype=st),
                     align=self._align(buf, dt, 0, contiguous))
             b.store(v[1], b.gep(ptr, [b.add(base, ir.Constant(I64, 1))], inbounds=True,

@@ -113,12 +113,27 @@ def convert(b: ir.IRBuilder, v: Val, src: DType, dst: DType) -> Val:
             return b.trunc(v, dt_)
         return b.sext(v, dt_) if src.kind == "i" else b.zext(v, dt_)
     if src.kind in "iu":
+        if _zero_or_one(v):
+            # a bit (`(i >> k) & 1`): through i1, a select of 0.0/1.0 (`selp`) instead of an
+            # integer conversion (64-bit ones run at 16/clk/SM on sm_90; see notes/encoding-perf.md)
+            return b.select(b.trunc(v, I1), ir.Constant(dt_, 1.0), ir.Constant(dt_, 0.0))
         return b.sitofp(v, dt_) if src.kind == "i" else b.uitofp(v, dt_)
     if dst.kind in "iu":
         return b.fptosi(v, dt_) if dst.kind == "i" else b.fptoui(v, dt_)
     if st == dt_:
         return v
     return b.fpext(v, dt_) if isinstance(dt_, ir.DoubleType) else b.fptrunc(v, dt_)
+
+
+def _zero_or_one(v: ir.Value) -> bool:
+    """Whether the integer ``v`` is known to be 0 or 1: ``x & 1`` or a zero-extended i1."""
+    if not isinstance(v, ir.Instruction) or not isinstance(v.type, ir.IntType):
+        return False
+    if v.opname == "zext":
+        return v.operands[0].type == I1
+    if v.opname == "and":
+        return any(isinstance(o, ir.Constant) and o.constant == 1 for o in v.operands)
+    return False
 
 
 def _truth(b: ir.IRBuilder, v: ir.Value, src: DType) -> ir.Value:

@@ -59,10 +59,12 @@ def unary(em: "Emitter", op: str, x: Val, dt: DType, out: DType) -> Val:
             return x[1]
         if op == "abs":
             return libm(em, "hypot", dt.real, x[0], x[1])
-        if op == "exp":
+        if op == "exp":  # e^re · (cos im + i sin im), both from one sincos
+            s, c = sincos(em, dt.real, x[1])
+            if isinstance(x[0], ir.Constant) and x[0].constant == 0.0:
+                return (c, s)  # exp of an imaginary value: no exp, no multiplies
             mag = libm(em, "exp", dt.real, x[0])
-            return (b.fmul(mag, libm(em, "cos", dt.real, x[1])),
-                    b.fmul(mag, libm(em, "sin", dt.real, x[1])))
+            return (b.fmul(mag, c), b.fmul(mag, s))
         raise CompileError(f"{op} of a complex tensor is not supported by the lowering")
     if dt.kind in "iub":
         if op == "neg":

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ..dtypes import DType
+from ..dtypes import DType, float32
 from ..graph import Graph
 from .codegen import ZERO, Ctx, Emitter, acc_dtype
 from .groups import block_reduce, warp_reduce
@@ -120,11 +120,20 @@ class _Group:
         self.levels = levels(self.g, spec.reduces)
         self.overrides = {r: (ws, count) for r, ws, count in spec.partials}
 
+    def _acc(self, kind: str, dt: DType) -> DType:
+        """The accumulator dtype. A thread owns a row only for rows of at most
+        ``THREAD_ROW_MAX`` elements: float32 sums and products of so few terms accumulate in
+        float32, as NumPy's own float32 reductions do (no float64 conversion per element, a
+        16/clk/SM instruction on sm_90; see notes/encoding-perf.md). Longer rows: float64."""
+        if self.spec.group == "thread" and kind in ("sum", "mean", "prod") and dt.kind == "f":
+            return dt if dt.itemsize >= 4 else float32
+        return acc_dtype(kind, dt)
+
     def _finish(self, r: int, acc: Val, outer: tuple[ir.Value, ...]) -> None:
         """Combine ``acc`` across the group, finalize (mean), keep it for this row."""
         em, node = self.em, self.g.nodes[r]
         kind = node.attrs[0]
-        acc_dt = acc_dtype(kind, node.dtype)
+        acc_dt = self._acc(kind, node.dtype)
         if self.spec.group == "warp":
             acc = warp_reduce(em, kind, acc_dt, acc)
         elif self.spec.group == "block":
@@ -148,13 +157,13 @@ class _Group:
                 accs = {}
                 for red in reds:
                     node = self.g.nodes[red]
-                    acc_dt = acc_dtype(node.attrs[0], node.dtype)
+                    acc_dt = self._acc(node.attrs[0], node.dtype)
                     accs[red] = em.acc_slots(acc_dt, identity(node.attrs[0], acc_dt))
                 if isinstance(key, tuple) and key and key[0] == "ws":
                     (red,) = reds
                     ws, count = self.overrides[red]
                     node = self.g.nodes[red]
-                    acc_dt = acc_dtype(node.attrs[0], node.dtype)
+                    acc_dt = self._acc(node.attrs[0], node.dtype)
                     with em.loops.range(self.lane, em.expr(count), step, "p") as j:
                         v = em.load(ws, acc_dt, j)
                         em.acc_store(accs[red], combine(em, node.attrs[0], acc_dt,
@@ -169,14 +178,14 @@ class _Group:
                         for red in reds:
                             node = self.g.nodes[red]
                             src = self.g.nodes[node.inputs[0]]
-                            acc_dt = acc_dtype(node.attrs[0], node.dtype)
+                            acc_dt = self._acc(node.attrs[0], node.dtype)
                             v = convert(b, em.value(src.id, ctx), src.dtype, acc_dt)
                             em.acc_store(accs[red], combine(em, node.attrs[0], acc_dt,
                                                             em.acc_load(accs[red], acc_dt), v))
                         em.pop()
                 for red in reds:
                     node = self.g.nodes[red]
-                    acc_dt = acc_dtype(node.attrs[0], node.dtype)
+                    acc_dt = self._acc(node.attrs[0], node.dtype)
                     self._finish(red, em.acc_load(accs[red], acc_dt), outer)
         for name, nid in self.spec.outputs:
             shape = self.g.nodes[nid].shape
@@ -229,7 +238,7 @@ class _Group:
                 node = self.g.nodes[red]
                 src = self.g.nodes[node.inputs[0]]
                 kind = node.attrs[0]
-                acc_dt = acc_dtype(kind, node.dtype)
+                acc_dt = self._acc(kind, node.dtype)
                 ident = identity(kind, acc_dt)
                 vals = []
                 for ctx, valid in elems:
