@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import kernelpack as kp
@@ -85,6 +87,12 @@ def test_encoding_thread_rows_have_no_per_term_conversions(dt):
                  "cvt.rn.f64.u32"):
         assert conv not in body, conv
     assert f"selp.{t}" in body
+    # per term: no shift-count guard (k < n <= 63: n is the count of the shape `1 << n`), and
+    # the 0/1 bit times x_k accumulated by one fma (no separate mul.rn and add.rn)
+    assert "min.u64" not in body and "max.u64" not in body
+    bits = re.findall(rf"selp\.{t}\s+(%\w+), 0[df]3F[F8]0+, 0[df]0+,", body)
+    assert bits and all(re.search(rf"fma\.rn\.{t}\s+%\w+, %\w+, {re.escape(r)},", body)
+                        for r in bits), bits
     b = pipeline.run(pipeline.new_build(ws["angle"], ["sm_90"], None, {}), stop="ptx")
     body = _entry(b.ptx.decode(), f"angle_{dt.name}_0_rowthread")
     assert "cvt.f64.f32" not in body and f"mul.rn.{t}" in body

@@ -127,6 +127,22 @@ def test_integer_ops_follow_python_semantics():
     assert np.array_equal(Kernels(ints)(i, k)[0], expect)
 
 
+def test_shift_by_iota_over_a_plain_dim_keeps_numpy_semantics():
+    """``i >> arange(m)``: m is no shift count anywhere, so counts may reach 64 and up (the
+    guard stays); ``arange(1 << n) >> arange(n)`` needs none (n <= 63)."""
+    @kp.fusion
+    def bits(i: T[kp.i64, "b"], y: T[kp.f64, "m"]):
+        k = kp.arange(y.shape[0])
+        return ((i[:, None] >> k[None, :]) & 1).astype(kp.f64) * y[None, :]
+
+    i = np.array([-5, 7, 1 << 62, -(1 << 63)], dtype=np.int64)
+    y = np.arange(1, 71, dtype=np.float64)
+    kk = np.arange(70)
+    expect = (np.where(kk[None] >= 64, np.where(i[:, None] < 0, -1, 0),
+                       i[:, None] >> np.minimum(kk, 63)[None]) & 1) * y[None]
+    assert np.array_equal(Kernels(bits)(i, y)[0], expect)
+
+
 def test_complex_arithmetic_and_reduction():
     @kp.fusion
     def cplx(x: T[kp.f64, "n"], y: T[kp.f64, "n"]):

@@ -20,6 +20,7 @@ from ..dtypes import DType, float64, int64
 from ..errors import CompileError
 from ..expr import Expr
 from ..graph import COMPARE, Graph, Node
+from .bounds import int_max, shift_count_syms
 from .irutil import (I32, I64, Loops, Val, component, const_of, convert, storage_type,
                      to_compute, to_storage)
 
@@ -96,6 +97,7 @@ class Emitter:
         self.guard: ir.Value | None = None  # i1: loads happen only where it holds (else 0)
         self.recips: dict[int, ir.Value] = {}  # div node id -> 1/divisor (row-uniform divisor)
         self.aligned: dict[tuple, ir.Value] = {}  # (buffer, size) -> i1 alignment check
+        self.shift_syms = shift_count_syms(graph)  # dims known to be in 0..63
         for n, (a, d) in self.buffers.items():
             a.add_attribute("noalias")
 
@@ -310,7 +312,15 @@ class Emitter:
         if op == "div" and node.id in self.recips:  # x / (per-row y) as x · (1/y): see rows
             return b.fmul(self.operand(node.inputs[0], ctx, common), self.recips[node.id])
         x, y = (self.operand(i, ctx, common) for i in node.inputs)
+        if op in ("shl", "shr") and common.kind in "iu":
+            top = self.int_max(node.inputs[1])
+            return binary(self, op, x, y, common,
+                          count_in_range=top is not None and top < 8 * common.itemsize)
         return binary(self, op, x, y, common)
+
+    def int_max(self, nid: int) -> int | None:
+        """An upper bound of integer node ``nid``'s values where they are known to be >= 0."""
+        return int_max(self.graph, nid, self.shift_syms)
 
     def guarded(self, dt: DType, load) -> Val:  # type: ignore[no-untyped-def]
         """``load()`` where ``self.guard`` holds, zero elsewhere (register-cached rows

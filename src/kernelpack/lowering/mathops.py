@@ -97,14 +97,17 @@ def unary(em: "Emitter", op: str, x: Val, dt: DType, out: DType) -> Val:
     raise CompileError(f"unsupported unary operator {op!r} for {dt}")
 
 
-def binary(em: "Emitter", op: str, x: Val, y: Val, dt: DType) -> Val:
+def binary(em: "Emitter", op: str, x: Val, y: Val, dt: DType,
+           count_in_range: bool = False) -> Val:
+    """``x op y``. ``count_in_range``: a shift whose count is known to be in 0..width-1 (no
+    guard for NumPy's result at counts >= width; see :meth:`Emitter.int_max`)."""
     b = em.b
     if op == "complex":
         return (x, y)
     if dt.is_complex:
         return _complex_binary(em, op, x, y, dt)
     if dt.kind in "iub":
-        return _int_binary(b, op, x, y, dt)
+        return _int_binary(b, op, x, y, dt, count_in_range)
     if op == "add": return b.fadd(x, y)
     if op == "sub": return b.fsub(x, y)
     if op == "mul": return b.fmul(x, y)
@@ -131,7 +134,8 @@ def _fminmax(b: ir.IRBuilder, op: str, x: ir.Value, y: ir.Value) -> ir.Value:
     return b.select(b.or_(better, b.fcmp_unordered("uno", x, x)), x, y)
 
 
-def _int_binary(b: ir.IRBuilder, op: str, x: ir.Value, y: ir.Value, dt: DType) -> ir.Value:
+def _int_binary(b: ir.IRBuilder, op: str, x: ir.Value, y: ir.Value, dt: DType,
+                count_in_range: bool = False) -> ir.Value:
     signed = dt.kind == "i"
     zero = ir.Constant(x.type, 0)
     if op == "add": return b.add(x, y)
@@ -154,6 +158,8 @@ def _int_binary(b: ir.IRBuilder, op: str, x: ir.Value, y: ir.Value, dt: DType) -
         if op == "floordiv":
             return b.sub(q, b.zext(fix, x.type))
         return b.select(fix, b.add(r, y), r)
+    if op in ("shl", "shr") and count_in_range:  # LLVM's shift is defined: no 64-bit guard
+        return b.shl(x, y) if op == "shl" else (b.ashr if signed else b.lshr)(x, y)
     if op in ("shl", "shr"):
         width = ir.Constant(x.type, x.type.width)
         too_far = b.icmp_unsigned(">=", y, width)  # also catches negative counts
@@ -202,6 +208,12 @@ def identity(kind: str, dt: DType) -> Val:
 
 
 def combine(em: "Emitter", kind: str, dt: DType, acc: Val, v: Val) -> Val:
+    """``acc <kind> v``. A float sum of a product just emitted (``acc + a·b``) is one fused
+    multiply-add, as CUDA compiles it by default (one rounding instead of two; exact where the
+    product is, e.g. the encodings' ``x_k · bit``): one instruction per term instead of two."""
+    if (kind in ("sum", "mean") and dt.kind == "f" and isinstance(v, ir.Instruction)
+            and v.opname == "fmul" and v.type == acc.type):
+        return em.b.fma(v.operands[0], v.operands[1], acc)
     if kind in ("sum", "mean"):
         return binary(em, "add", acc, v, dt)
     if kind == "prod":
