@@ -14,7 +14,8 @@ from .errors import ConstraintError
 from .expr import INT64_MAX, INT64_MIN
 
 __all__ = ["Plan", "Allocation", "PlannedLaunch", "MAX_BLOCK_THREADS", "MAX_GRID_X",
-           "MAX_GRID_YZ", "check_block", "check_smem", "dim", "dim_at", "dtype_range"]
+           "MAX_GRID_YZ", "check_block", "check_smem", "dim", "dim_at", "dtype_range",
+           "merge_inputs"]
 
 MAX_BLOCK_THREADS = 1024
 MAX_GRID_X = (1 << 31) - 1
@@ -99,3 +100,28 @@ def dim_at(shapes: Sequence[Sequence[int]], tensors: list, where: str) -> int:
         if pname == name:
             return dim(shape[index], where)
     raise AssertionError(where)  # pragma: no cover - where always names a tensor input
+
+
+_MISSING = object()
+
+
+def merge_inputs(program: str, names: Sequence[str], args: Sequence[Any],
+                 kwargs: dict[str, Any]) -> list[Any]:
+    """Positional and keyword inputs of a call in ``names`` (call) order; TypeError for too
+    many, unknown, repeated or missing inputs. Shared by ``plan()`` and the runtime's call so
+    both accept and word the same calling conventions."""
+    if len(args) > len(names):
+        raise TypeError(f"{program} takes {len(names)} inputs {list(names)} "
+                        f"(got {len(args)} positional)")
+    values: list[Any] = [*args, *([_MISSING] * (len(names) - len(args)))]
+    for key, value in kwargs.items():
+        if key not in names:
+            raise TypeError(f"{program} has no input {key!r} (inputs: {list(names)})")
+        i = list(names).index(key)
+        if values[i] is not _MISSING:
+            raise TypeError(f"{program}: input {key!r} given twice")
+        values[i] = value
+    missing = [n for n, v in zip(names, values) if v is _MISSING]
+    if missing:
+        raise TypeError(f"{program}: missing input(s) {missing}")
+    return values

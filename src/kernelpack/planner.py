@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ._plan_types import (MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, Allocation, Plan,
-                          PlannedLaunch)
+                          PlannedLaunch, merge_inputs)
 from .summary import KernelSummary, Tensor
 
 if TYPE_CHECKING:  # imported when first needed: `import kernelpack` loads this module
@@ -39,7 +39,6 @@ class Planner:
         self._cache_size = cache_size
         inputs = summary.inputs
         self._input_names = tuple(p.name for p in inputs)
-        self._input_index = {name: i for i, name in enumerate(self._input_names)}
         self._is_tensor = tuple(isinstance(p, Tensor) for p in inputs)
         scalars = [p for p in inputs if not isinstance(p, Tensor)]
         self._symbol_scalars = tuple(i for i, p in enumerate(scalars) if p.is_symbol)
@@ -123,22 +122,4 @@ class Planner:
         return tuple(shape)
 
     def _bind(self, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-        names = self._input_names
-        if len(args) > len(names):
-            raise TypeError(f"{self.summary.name} takes {len(names)} inputs {list(names)} "
-                            f"(got {len(args)} positional)")
-        values: list[Any] = [*args, *([_MISSING] * (len(names) - len(args)))]
-        for key, value in kwargs.items():
-            i = self._input_index.get(key)
-            if i is None:
-                raise TypeError(f"{self.summary.name} has no input {key!r} (inputs: {list(names)})")
-            if values[i] is not _MISSING:
-                raise TypeError(f"{self.summary.name}: input {key!r} given twice")
-            values[i] = value
-        missing = [n for n, v in zip(names, values) if v is _MISSING]
-        if missing:
-            raise TypeError(f"{self.summary.name}: missing input(s) {missing}")
-        return values
-
-
-_MISSING = object()
+        return merge_inputs(self.summary.name, self._input_names, args, kwargs)

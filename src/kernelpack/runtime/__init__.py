@@ -60,24 +60,9 @@ def call_program(program: Any, *args: Any, out: Any = None, stream: Any = None,
 
 
 def _merge_kwargs(bound: Any, args: tuple, kwargs: dict) -> tuple:
-    names = bound._input_names
-    if len(args) > len(names):
-        raise TypeError(f"{bound.name} takes {len(names)} inputs {names} (got {len(args)})")
-    values = list(args) + [_MISSING] * (len(names) - len(args))
-    for key, value in kwargs.items():
-        if key not in names:
-            raise TypeError(f"{bound.name} has no input {key!r} (inputs: {names})")
-        i = names.index(key)
-        if values[i] is not _MISSING:
-            raise TypeError(f"{bound.name}: input {key!r} given twice")
-        values[i] = value
-    missing = [n for n, v in zip(names, values) if v is _MISSING]
-    if missing:
-        raise TypeError(f"{bound.name}: missing input(s) {missing}")
-    return tuple(values)
+    from .._plan_types import merge_inputs
 
-
-_MISSING = object()
+    return tuple(merge_inputs(bound.name, bound._input_names, args, kwargs))
 
 
 def warmup(pack: Any, devices: Iterable[int] | None = None) -> None:
