@@ -10,7 +10,7 @@ Pure Python with no heavy imports: ``import kernelpack`` stays light.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from .dtypes import DType
 from .expr import Expr
@@ -63,6 +63,17 @@ class Graph:
         node = Node(len(self.nodes), op, dtype, tuple(shape), tuple(inputs), attrs)
         self.nodes.append(node)
         return Value(self, node.id)
+
+    def reachable(self, roots: Iterable[int]) -> set[int]:
+        """Ids of ``roots`` and every node they depend on."""
+        seen: set[int] = set()
+        stack = list(roots)
+        while stack:
+            nid = stack.pop()
+            if nid not in seen:
+                seen.add(nid)
+                stack.extend(self.nodes[nid].inputs)
+        return seen
 
     def canonical(self) -> dict:
         """A JSON-ready description with no ids of Python objects: stable across processes."""

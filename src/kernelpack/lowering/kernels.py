@@ -95,19 +95,8 @@ def _pointwise(em: Emitter, spec: KernelSpec) -> None:
 
 
 def _same_shape_inputs(graph, spec: KernelSpec) -> list[int]:
-    seen: set[int] = set()
-    stack = [nid for _, nid in spec.outputs]
-    leaves = []
-    while stack:
-        nid = stack.pop()
-        if nid in seen:
-            continue
-        seen.add(nid)
-        node = graph.nodes[nid]
-        if node.op == "input" and node.shape == spec.shape:
-            leaves.append(nid)
-        stack.extend(node.inputs)
-    return sorted(leaves)
+    return sorted(nid for nid in graph.reachable(nid for _, nid in spec.outputs)
+                  if graph.nodes[nid].op == "input" and graph.nodes[nid].shape == spec.shape)
 
 
 def _store_outputs(em: Emitter, spec: KernelSpec, i: ir.Value) -> None:

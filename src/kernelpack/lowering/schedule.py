@@ -99,34 +99,19 @@ def _prod(dims: tuple[Expr, ...]) -> Expr:
 
 def reduces_of(graph: Graph, roots: list[int]) -> list[int]:
     """Reduction nodes the roots depend on, in topological (id) order."""
-    seen: set[int] = set()
-    stack = list(roots)
-    while stack:
-        nid = stack.pop()
-        if nid in seen:
-            continue
-        seen.add(nid)
-        stack.extend(graph.nodes[nid].inputs)
-    return sorted(n for n in seen if graph.nodes[n].op == "reduce")
+    return sorted(n for n in graph.reachable(roots) if graph.nodes[n].op == "reduce")
 
 
 def vector_width(graph: Graph, roots: list[int]) -> int:
     """Elements per 16-byte group for a pointwise kernel: 16 / the widest element it loads or
     stores (1 when that is 16 bytes, or when a pad's guarded load is involved)."""
-    seen: set[int] = set()
-    stack = list(roots)
     widest = max(graph.nodes[r].dtype.itemsize for r in roots)
-    while stack:
-        nid = stack.pop()
-        if nid in seen:
-            continue
-        seen.add(nid)
+    for nid in graph.reachable(roots):
         node = graph.nodes[nid]
         if node.op == "pad":
             return 1
         if node.op == "input":
             widest = max(widest, node.dtype.itemsize)
-        stack.extend(node.inputs)
     return 16 // widest if widest <= 8 else 1
 
 
