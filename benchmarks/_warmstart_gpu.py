@@ -248,11 +248,20 @@ gen = torch.Generator(device="cuda").manual_seed(0)
 inputs = [g.make_inputs(sp, torch, gen) for sp in specs]
 torch.cuda.synchronize()
 t0 = time.perf_counter()  # ---- the clock: from here to all kernels run once
-outs, origins, load_s = [], {}, 0.0
+outs, origins, load_s, libload_s = [], {}, 0.0, [0.0]
 if cfg["mode"] == "kp":
     import kernelpack as kp
     from kernelpack.runtime import call_program
     from warmstart import fusion_jobs
+    import kernelpack.runtime.launcher as _launcher
+    _load_module = _launcher.load_module
+    def _timed_load_module(*a, **k):  # how much of a first launch is loading the library
+        t = time.perf_counter()
+        try:
+            return _load_module(*a, **k)
+        finally:
+            libload_s[0] += time.perf_counter() - t
+    _launcher.load_module = _timed_load_module
     t_imp = time.perf_counter()
     cache = kp.Cache(cfg["disk"], remote=False)
     for (f, static), args in zip(fusion_jobs(cfg["kernels"]), inputs):
@@ -264,6 +273,22 @@ if cfg["mode"] == "kp":
             outs.append(call_program(c, *args))
         except Exception as exc:
             outs.append(f"{type(exc).__name__}: {exc}"[:300])
+elif cfg["mode"] == "floor":
+    from cuda.bindings import driver as drv
+    jobs = json.load(open(cfg["floor_jobs"]))
+    t_imp = time.perf_counter()
+    for path, name in jobs:  # the driver's share: load each kernel's image, make it resident
+        with open(path, "rb") as fh:
+            image = fh.read()
+        err, lib = drv.cuLibraryLoadData(image, None, None, 0, None, None, 0)
+        assert int(err) == 0, err
+        err, kern = drv.cuLibraryGetKernel(lib, name.encode())
+        assert int(err) == 0, err
+        err, func = drv.cuKernelGetFunction(kern)
+        assert int(err) == 0, err
+        err, = drv.cuFuncLoad(func)
+        assert int(err) == 0, err
+        outs.append(lib)
 else:
     import triton
     sys.path.insert(0, cfg["triton_dir"])
@@ -277,7 +302,7 @@ else:
 torch.cuda.synchronize()
 t1 = time.perf_counter()  # ---- the clock stops; the checks are untimed
 max_err, bad = {}, []
-for sp, args, out in zip(specs, inputs, outs):
+for sp, args, out in zip(specs, inputs, outs if cfg["mode"] != "floor" else ()):
     if isinstance(out, str):  # it raised
         bad.append(f"{sp[0]}_{sp[1]} n={sp[2]}: {out}")
         continue
@@ -291,8 +316,10 @@ try:  # untimed: versions for the report
 except ImportError:
     triton_version = None
 print(json.dumps({"pre_s": t0 - t_start, "import_s": t_imp - t0, "load_s": load_s,
+                  "libload_s": libload_s[0],
                   "work_s": t1 - t0, "origins": origins, "max_err": max_err, "bad": bad,
-                  "n": len(outs), "device": torch.cuda.get_device_name(),
+                  "n": len(outs) if cfg["mode"] != "floor" else 0,
+                  "device": torch.cuda.get_device_name(),
                   "torch": torch.__version__, "triton": triton_version,
                   "python": sys.version.split()[0]}))
 '''
@@ -336,15 +363,66 @@ def run_scenarios(n: int, repeat: int, tmp: Path, env: dict[str, str],
 
     runs["kernelpack cold"] = one("kernelpack cold", kp_cfg, kp_env)
     runs["Triton cold"] = one("Triton cold", tr_cfg, tr_env)
-    warm: dict[str, list[dict]] = {"kernelpack warm disk": [], "Triton warm": []}
+    try:
+        fl_cfg: dict | None = {"mode": "floor", "kernels": n, "here": str(HERE),
+                               "floor_jobs": str(_export_images(n, tmp, kp_cfg["disk"], env,
+                                                                timeout))}
+    except Exception as exc:  # reported; the other scenarios still run
+        log(f"  driver floor: not measured: {exc}")
+        fl_cfg = None
+    warm: dict[str, list[dict]] = {"kernelpack warm disk": [], "Triton warm": [],
+                                   "driver floor": []}
     for _ in range(repeat):  # interleaved, so that drift hits both alike
         warm["kernelpack warm disk"].append(one("kernelpack warm disk", kp_cfg, kp_env))
         warm["Triton warm"].append(one("Triton warm", tr_cfg, tr_env))
+        if fl_cfg is not None:
+            warm["driver floor"].append(one("driver floor", fl_cfg, kp_env))
+    if fl_cfg is None:
+        del warm["driver floor"]
     for name, rs in warm.items():
         ok = [r for r in rs if "error" not in r]
         runs[name] = min(ok, key=lambda r: r["work_s"]) if ok else rs[-1]
     return {k: runs[k] for k in ("kernelpack cold", "kernelpack warm disk", "Triton cold",
-                                 "Triton warm")}
+                                 "Triton warm", "driver floor") if k in runs}
+
+
+EXPORT = r'''
+import json, sys
+cfg = json.loads(sys.argv[1])
+sys.path.insert(0, cfg["here"])
+import kernelpack as kp
+import _warmstart_gpu as g
+from warmstart import fusion_jobs
+from kernelpack.runtime.device import get_device
+from kernelpack.runtime.library import image_bytes
+from kernelpack.runtime.selection import select_image
+dev = get_device(0)
+cache = kp.Cache(cfg["disk"], remote=False)
+jobs = []
+for i, (f, static) in enumerate(fusion_jobs(cfg["kernels"])):
+    c = kp.compile(f, targets=g.TARGETS, static=static, cache=cache)
+    launch = c.summary.variants[0].launches[0]
+    module = next(m for m in c.modules if m.name == launch.module)
+    image = select_image(module.images, dev.arch, dev.driver_version).chosen
+    path = f"{cfg['out']}/{i:03d}.bin"
+    with open(path, "wb") as fh:
+        fh.write(image_bytes(image))
+    jobs.append((path, launch.kernel))
+json.dump(jobs, open(f"{cfg['out']}/jobs.json", "w"))
+'''
+
+
+def _export_images(n: int, tmp: Path, disk: str, env: dict[str, str], timeout: float) -> Path:
+    """For the driver floor: the image the runtime picks for this GPU of each kernel's first
+    launch, written to files (from the warm cache, in a separate untimed process)."""
+    out = tmp / "floor-images"
+    out.mkdir()
+    cfg = {"kernels": n, "here": str(HERE), "disk": disk, "out": str(out)}
+    r = subprocess.run([sys.executable, "-c", EXPORT, json.dumps(cfg)], env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"exporting the images failed: {r.stderr.strip()[-1500:]}")
+    return out / "jobs.json"
 
 
 def _ms(r: dict, key: str) -> str:
@@ -376,14 +454,16 @@ def gpu_report(runs: dict, n: int, repeat: int, stamp: str) -> str:
             last = r["error"].strip().splitlines()[-1][:200].replace("|", "/")
             lines.append(f"| {name} | failed: `{last}` | | | | | | | | |")
             continue
-        c = cold[name.split()[0]]
+        c = cold.get(name.split()[0], {})
         ratio = f"{c['work_s'] / r['work_s']:.1f}x" if "work_s" in c else "—"
         rest = r["work_s"] - r["import_s"] - r["load_s"]
-        load = _ms(r, "load_s") if name.startswith("kernelpack") else "(in launches)"
+        load = (_ms(r, "load_s") if name.startswith("kernelpack") else "—"
+                if name == "driver floor" else "(in launches)")
         errs = " / ".join(f"{r['max_err'][d]:.1e}" if d in r["max_err"] else "—"
                           for d in ("f32", "f64", "f16"))
         shown = "; ".join(b[:120] for b in r["bad"][:4]).replace("|", "/")
-        ok = f"{r['n'] - len(r['bad'])}/{r['n']}" + (f" ({shown})" if r["bad"] else "")
+        ok = (f"{r['n'] - len(r['bad'])}/{r['n']}" + (f" ({shown})" if r["bad"] else "")
+              if r["n"] else "(loads only)")
         origins = f" {r['origins']}" if r.get("origins") else ""
         lines.append(f"| {name}{origins} | {_ms(r, 'work_s')} | {_ms(r, 'import_s')} | {load} "
                      f"| {1000 * rest:.1f} | {_ms(r, 'pre_s')} | {_ms(r, 'wall_s')} | {ratio} "
@@ -394,10 +474,24 @@ def gpu_report(runs: dict, n: int, repeat: int, stamp: str) -> str:
         x = kc["work_s"] / kw["work_s"]
         lines.append(f"- kernelpack cold / warm disk: **{x:.0f}x** (target >= 100x: "
                      f"{'yes' if x >= 100 else 'no'})")
+    if "libload_s" in kw:
+        lines.append(f"- of kernelpack warm disk's first launches, "
+                     f"{1000 * kw['libload_s']:.1f} ms are `load_module` (image selection, "
+                     f"`cuLibraryLoadData`, `cuLibraryGetKernel` of every kernel)")
     if "work_s" in tw and "work_s" in kw:
         x = tw["work_s"] / kw["work_s"]
         lines.append(f"- Triton warm / kernelpack warm disk: **{x:.1f}x** (target >= 20x: "
                      f"{'yes' if x >= 20 else 'no'})")
+    fl = runs.get("driver floor", {})
+    if "work_s" in fl and "work_s" in kw and "work_s" in tw:
+        lines.append(f"- driver floor (per kernel: read the image the runtime picks, "
+                     f"`cuLibraryLoadData` + `cuLibraryGetKernel` + `cuKernelGetFunction` + "
+                     f"`cuFuncLoad`; no Python package imported in the clock, no launch): "
+                     f"{1000 * fl['work_s']:.1f} ms; kernelpack warm disk / floor = "
+                     f"{kw['work_s'] / fl['work_s']:.1f}x; Triton warm / floor = "
+                     f"{tw['work_s'] / fl['work_s']:.1f}x (so 20x below Triton warm is "
+                     f"{1000 * tw['work_s'] / 20:.1f} ms, "
+                     f"{'above' if tw['work_s'] / 20 > fl['work_s'] else 'below'} the floor)")
     lines.append("- warm Redis: not measured on the GPU host (no redis-server there, no "
                  "network); see the CPU-side runs below for the Redis tier.")
     return "\n".join(lines) + "\n"

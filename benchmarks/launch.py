@@ -5,7 +5,10 @@ synchronizes; the time per launch is the median over many repetitions, with the 
 interleaved so that clock drift hits all of them alike. Every method's result is checked
 against torch before anything is timed.
 
-Methods: raw ``cuLaunchKernel`` with a prepacked parameter block (the floor), kernelpack with
+Methods: raw ``cuLaunchKernel`` with a prepacked parameter block (the floor, through
+cuda.bindings), the same driver entry point called through ctypes (releasing / holding the GIL:
+measured slower than cuda.bindings' Cython wrapper, so kernelpack launches through the
+bindings), kernelpack with
 ``out=``, kernelpack allocating its output (torch in, torch out), the same two calls made on
 the runtime's entry (``program._kp_bound.call``, i.e. without ``Program.__call__``), the
 ``out=`` call asking the driver for the current context on every call (what the fast path
@@ -80,6 +83,31 @@ def raw_launcher(pack, x, y, z):  # type: ignore[no-untyped-def]
     run.keep = (block, params, lib)  # type: ignore[attr-defined]
     run.parts = (func, grid, stream, addr)  # type: ignore[attr-defined]
     return run
+
+
+def ctypes_launchers(floor):  # type: ignore[no-untyped-def]
+    """The same prepacked launch called through ctypes on the driver's ``cuLaunchKernel``
+    entry point (``cuGetProcAddress``), releasing the GIL (``CFUNCTYPE``) and holding it
+    (``PYFUNCTYPE``): is there a cheaper door to the driver than cuda.bindings? (On an H200
+    host, 2026-11-22: no, ctypes costs ~2 µs more per launch.)"""
+    from cuda.bindings import driver as drv
+
+    func, grid, _, addr = floor.parts
+    err, address, status = drv.cuGetProcAddress(b"cuLaunchKernel", 4000, 0)[:3]
+    assert not err and int(address) and not int(status), (err, status)
+    c = ctypes
+    argtypes = (c.c_void_p, c.c_uint, c.c_uint, c.c_uint, c.c_uint, c.c_uint, c.c_uint,
+                c.c_uint, c.c_void_p, c.c_void_p, c.c_void_p)
+    f = int(func)
+    out = {}
+    for label, proto in (("releasing the GIL", c.CFUNCTYPE), ("holding the GIL", c.PYFUNCTYPE)):
+        launch = proto(c.c_int, *argtypes)(int(address))
+
+        def run(launch=launch) -> None:  # type: ignore[no-untyped-def]
+            launch(f, grid, 1, 1, 256, 1, 1, 0, 0, addr, 0)
+
+        out[f"raw cuLaunchKernel via ctypes, {label}"] = run
+    return out
 
 
 def cupy_launcher(pack, x, y):  # type: ignore[no-untyped-def]
@@ -225,6 +253,7 @@ def main() -> int:
     fns: dict[str, Callable[[], None]] = {}
     notes: list[str] = []
     fns["raw cuLaunchKernel (floor)"] = raw_launcher(pack, x, y, z)
+    fns.update(ctypes_launchers(fns["raw cuLaunchKernel (floor)"]))
     fns["kernelpack out="] = lambda: prog(x, y, A, out=z)
     fns["kernelpack allocating"] = lambda: prog(x, y, A)
     prog(x, y, A, out=z)

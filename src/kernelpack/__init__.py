@@ -33,9 +33,10 @@ from .fusion import (abs, arange, ceil, complex, cos, erf, exp, exp2, floor, fus
 def compile(f, targets=("sm_80", "sm_90", "ptx"), *, static=None, cache=None,  # type: ignore[no-untyped-def]
             **options):
     """Lower a ``@kp.fusion`` to PTX and cubins with a derived summary → :class:`Compiled`
-    (see :func:`kernelpack.lowering.compile_fusion`; imports llvmlite on first call)."""
-    from .lowering import compile_fusion
-    return compile_fusion(f, targets, static=static, cache=cache, **options)
+    (see :func:`kernelpack.lowering.compile_fusion`; imports llvmlite on first call). With
+    ``cache``, a hit returns the cached artifact without importing the lowering at all."""
+    from .compile_entry import compile as _compile
+    return _compile(f, targets, static=static, cache=cache, **options)
 
 
 def save(items, path_or_file=None, *, sign_with=None) -> bytes:  # type: ignore[no-untyped-def]

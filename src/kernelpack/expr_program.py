@@ -60,6 +60,7 @@ class ExprEncoder:
         for name in symbols:
             self.symbol(name)
         self._pending: list[Expr] = []
+        self.program: ExprProgram | None = None  # set by finish()
 
     def symbol(self, name: str) -> int:
         index = self._symbol_index.get(name)
@@ -74,7 +75,9 @@ class ExprEncoder:
         return len(self._pending) - 1
 
     def finish(self) -> tuple[EncodedExprs, list[int]]:
-        """Encode; returns the program and, for each added expression in order, its root."""
+        """Encode; returns the program and, for each added expression in order, its root.
+        The validated, ready-to-evaluate :class:`ExprProgram` is kept as ``self.program``
+        (building one is the expensive part: callers that evaluate should not build another)."""
         uses: dict[Expr, int] = {}
         for node in iter_nodes(self._pending):
             for child in node.args:
@@ -117,8 +120,8 @@ class ExprEncoder:
 
         positions = [emit_root(expr) for expr in self._pending]
         encoded = EncodedExprs(tuple(self._symbols), bytes(ops), tuple(imms))
-        try:
-            ExprProgram(encoded)  # writers refuse what readers would refuse (see limits.py)
+        try:  # writers refuse what readers would refuse (see limits.py)
+            self.program = ExprProgram(encoded)
         except FormatError as exc:
             raise ValueError(f"expressions exceed the format's limits: {exc}") from None
         return encoded, positions

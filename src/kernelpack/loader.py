@@ -13,30 +13,17 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
-import threading
-from functools import lru_cache
 from typing import Any, Iterable, Iterator
 
 from ._decode import decode_program
 from ._fbread import Table
+from ._images import ImageInfo, _decompress  # noqa: F401 - _decompress: kept importable here
 from .errors import FormatError, IntegrityError, SignatureError
-from .limits import DIGEST_SIZE, FILE_IDENTIFIER, MAX_FILE_SIZE, MAX_IMAGE_SIZE
-from .summary import IMAGE_KINDS, Compiled, Image, KernelSummary, Module
-from .targets import Arch
+from .limits import DIGEST_SIZE, FILE_IDENTIFIER, MAX_FILE_SIZE
+from .summary import Compiled, KernelSummary, Module
 from .verify import read_format_version, verify_buffer
 
 __all__ = ["load", "Pack", "Program", "ModuleInfo", "ImageInfo", "SignatureInfo"]
-
-_SUFFIXES = ("", "a", "f")
-_CODECS = ("none", "zstd")
-_IMAGE_FIELDS = ("kind", "arch_major", "arch_minor", "arch_suffix", "ptx_isa", "cuda_version",
-                 "toolchain", "codec", "raw_size", "digest", "raw_digest", "blob")
-
-
-@lru_cache(maxsize=256)
-def _arch(major: int, minor: int, suffix: int) -> Arch:
-    """Arch objects are immutable and few: made (and validated) once per process."""
-    return Arch(major, minor, _SUFFIXES[suffix])
 
 
 class SignatureInfo:
@@ -71,115 +58,6 @@ class SignatureInfo:
                 f"verified={self.verified!r})")
 
 
-class ImageInfo:
-    """Metadata of one stored image; :meth:`read` returns its checked raw bytes."""
-
-    __slots__ = ("module", "kind", "arch", "codec", "stored_size", "raw_size", "digest",
-                 "raw_digest", "toolchain", "cuda_version", "ptx_isa", "_stored", "_data")
-
-    def __init__(self, module: str, meta: Table, blobs: list[memoryview]) -> None:
-        self.module = module
-        (kind, major, minor, suffix, self.ptx_isa, self.cuda_version, self.toolchain, codec,
-         self.raw_size, digest, raw_digest, blob) = meta.values(_IMAGE_FIELDS)
-        self.kind = IMAGE_KINDS[kind]
-        try:
-            self.arch = _arch(major, minor, suffix)
-        except ValueError as exc:
-            raise FormatError(f"module {module!r}: image has {exc}") from None
-        self.codec = _CODECS[codec]
-        if len(digest) != DIGEST_SIZE or len(raw_digest) != DIGEST_SIZE:
-            raise FormatError(f"module {module!r} image {self.target}: digests must be "
-                              f"{DIGEST_SIZE} bytes (got {len(digest)} and {len(raw_digest)})")
-        self.digest, self.raw_digest = digest.hex(), raw_digest.hex()
-        if self.raw_size > MAX_IMAGE_SIZE:
-            raise FormatError(f"module {module!r} image {self.target}: raw_size "
-                              f"{self.raw_size} exceeds MAX_IMAGE_SIZE {MAX_IMAGE_SIZE}")
-        if blob >= len(blobs):
-            raise FormatError(f"module {module!r} image {self.target}: blob index {blob} "
-                              f"outside 0..{len(blobs) - 1}")
-        self._stored = blobs[blob]
-        self.stored_size = len(self._stored)
-        if self.codec == "none" and self.stored_size != self.raw_size:
-            raise IntegrityError(f"module {module!r} image {self.target}: stored uncompressed "
-                                 f"as {self.stored_size} bytes but raw_size is {self.raw_size}")
-        self._data: bytes | None = None
-
-    @property
-    def target(self) -> str:
-        if self.kind == "ptx":
-            return self.arch.compute
-        return ("host-" if self.kind == "host" else "") + self.arch.sm
-
-    def sort_key(self) -> tuple:
-        return (IMAGE_KINDS.index(self.kind), self.arch.major, self.arch.minor, self.arch.suffix)
-
-    def read(self) -> bytes:
-        """The raw image bytes: stored digest checked *before* decompression, size bounded by
-        ``raw_size``, raw digest checked after. Cached. Raises IntegrityError."""
-        if self._data is not None:
-            return self._data
-        where = f"module {self.module!r} image {self.target}"
-        stored = self._stored
-        if hashlib.sha256(stored).hexdigest() != self.digest:
-            raise IntegrityError(f"{where}: stored bytes do not match their digest "
-                                 f"(expected sha256 {self.digest})")
-        data = bytes(stored) if self.codec == "none" else _decompress(stored, self.raw_size, where)
-        if hashlib.sha256(data).hexdigest() != self.raw_digest:
-            raise IntegrityError(f"{where}: decompressed bytes do not match raw_digest "
-                                 f"(expected sha256 {self.raw_digest})")
-        self._data = data
-        return data
-
-    def image(self) -> Image:
-        """A :class:`~kernelpack.summary.Image` with the checked raw bytes (for re-saving)."""
-        return Image(self.kind, self.arch, self.read(), self.toolchain, self.cuda_version,
-                     self.ptx_isa)
-
-    def __repr__(self) -> str:
-        return (f"ImageInfo({self.module}:{self.target}, {self.codec}, {self.stored_size}/"
-                f"{self.raw_size} bytes)")
-
-
-_local = threading.local()
-
-
-def _decompressor() -> Any:
-    """This thread's zstd decompression context (making one costs more than a small image's
-    decompression; contexts may not be shared between threads)."""
-    dctx = getattr(_local, "dctx", None)
-    if dctx is None:
-        import zstandard
-
-        dctx = _local.dctx = zstandard.ZstdDecompressor()
-    return dctx
-
-
-def _decompress(stored: memoryview, raw_size: int, where: str) -> bytes:
-    """Decompress one zstd frame into exactly ``raw_size`` bytes.
-
-    The frame must declare its content size, and it must equal ``raw_size`` (bounded by
-    MAX_IMAGE_SIZE at load): one-shot decompression then allocates that much and no more, and
-    zstd fails if the data would produce more or fewer bytes than declared.
-    """
-    import zstandard
-
-    try:
-        declared = zstandard.frame_content_size(stored)
-    except zstandard.ZstdError as exc:
-        raise IntegrityError(f"{where}: not a zstd frame ({exc})") from None
-    if declared != raw_size:
-        raise IntegrityError(f"{where}: zstd frame declares {declared} bytes, raw_size is "
-                             f"{raw_size}")
-    try:
-        out = _decompressor().decompress(stored, max_output_size=raw_size)
-    except zstandard.ZstdError as exc:
-        raise IntegrityError(f"{where}: zstd decompression failed ({exc})") from None
-    if len(out) != raw_size:
-        raise IntegrityError(f"{where}: decompressed to {len(out)}{'+' if len(out) > raw_size else ''}"
-                             f" bytes, raw_size is {raw_size}")
-    return out
-
-
 class ModuleInfo:
     """A module: kernel entry names and images per target."""
 
@@ -202,9 +80,11 @@ class ModuleInfo:
         self._module: Module | None = None
 
     def module(self) -> Module:
-        """The :class:`~kernelpack.summary.Module` with all images read (checked)."""
+        """The :class:`~kernelpack.summary.Module`: every image's stored digest checked now,
+        each image decompressed and checked on the first read of its ``data``."""
         if self._module is None:
-            self._module = Module(self.name, self.kernels, tuple(i.image() for i in self.images))
+            self._module = Module(self.name, self.kernels,
+                                  tuple(i.lazy_image() for i in self.images))
         return self._module
 
     def __repr__(self) -> str:
@@ -364,12 +244,14 @@ class Pack:
     def nbytes(self) -> int:
         return len(self._buf)
 
-    def compiled(self, name: str) -> Compiled:
-        """Program ``name`` as a :class:`~kernelpack.summary.Compiled` (images read and
-        checked), e.g. to save it again or into another pack."""
+    def compiled(self, name: str, *, origin: str = "disk") -> Compiled:
+        """Program ``name`` as a :class:`~kernelpack.summary.Compiled`, e.g. to save it again
+        or into another pack. Every image's stored bytes are checked against their digest
+        now; an image is decompressed (and checked again) when its ``data`` is first read.
+        Raises IntegrityError / FormatError."""
         program = self[name]
         modules = tuple(info.module() for info in program.modules.values())
-        return Compiled(program.summary, modules, origin="disk")
+        return Compiled(program.summary, modules, origin=origin)
 
     def warmup(self, devices: Iterable[int] | None = None) -> None:
         """Load every program's chosen images on ``devices`` (default: the current device) now,

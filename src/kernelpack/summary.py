@@ -15,7 +15,7 @@ symbol inside that launch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence, Union
+from typing import Callable, Iterable, Iterator, Sequence, Union
 
 from .dtypes import DType, as_dtype
 from .expr import Expr, ExprLike, as_expr, const
@@ -412,6 +412,40 @@ class Image:
         if not isinstance(self.data, (bytes, bytearray, memoryview)):
             raise TypeError(f"image data must be bytes (got {type(self.data).__name__})")
         object.__setattr__(self, "data", bytes(self.data))
+
+    @classmethod
+    def _lazy(cls, kind: str, arch: Arch, read: "Callable[[], bytes]", toolchain: str = "",
+              cuda_version: int = 0, ptx_isa: tuple[int, int] | None = None) -> "Image":
+        """An image whose ``data`` is ``read()`` on first access (the loader's digest-checked
+        decompression), so a cache hit does not decompress the images no one runs. Otherwise
+        an ordinary Image: equality, hashing, ``dataclasses.replace`` and pickling read it."""
+        self = object.__new__(cls)
+        for name, value in (("kind", kind), ("arch", arch), ("toolchain", toolchain),
+                            ("cuda_version", cuda_version), ("ptx_isa", ptx_isa),
+                            ("_read", read)):
+            object.__setattr__(self, name, value)
+        return self
+
+    def __getattr__(self, name: str) -> object:
+        # Runs only when normal lookup fails, i.e. for ``data`` of a lazy image not read yet.
+        if name == "data":
+            read = self.__dict__.get("_read")
+            if read is not None:
+                data = read()
+                if not isinstance(data, bytes):
+                    raise TypeError(f"image data must be bytes (got {type(data).__name__})")
+                object.__setattr__(self, "data", data)
+                self.__dict__.pop("_read", None)
+                return data
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickle/copy state with the bytes read (a lazy image's reader holds a buffer view)."""
+        state = dict(self.__dict__)
+        if "_read" in state:
+            state["data"] = self.data
+            del state["_read"]
+        return state
 
     @property
     def target(self) -> str:

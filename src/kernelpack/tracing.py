@@ -232,6 +232,9 @@ def _desc(v: Value) -> str:
 
 def broadcast_shapes(op: str, *shapes: tuple[Expr, ...]) -> tuple[Expr, ...]:
     """NumPy broadcasting with symbolic dims: equal dims match, a literal 1 stretches."""
+    first = shapes[0]
+    if all(s == first for s in shapes):  # the common case (same-shape operands): no work,
+        return tuple(first)              # and the result the loop below would compute
     rank = builtins.max(len(s) for s in shapes)
     out: list[Expr] = []
     for axis in range(rank):

@@ -161,7 +161,7 @@ class Cache:
         if len(names) != 1:
             raise KernelPackError(f"a cache entry must hold exactly 1 program (holds "
                                   f"{len(names)}: {names[:5]})")
-        return dataclasses.replace(pack.compiled(names[0]), origin=origin)
+        return pack.compiled(names[0], origin=origin)
 
     def _encode(self, compiled: Compiled) -> bytes:
         from ..serializer import save

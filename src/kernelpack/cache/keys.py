@@ -184,8 +184,9 @@ def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _dist_version(*names: str) -> str | None:
-    installed = _installed()
+def _dist_version(*names: str, installed: dict[str, str] | None = None) -> str | None:
+    if installed is None:
+        installed = _installed()
     for name in names:
         version = installed.get(_normalize(name))
         if version is not None:
@@ -193,8 +194,8 @@ def _dist_version(*names: str) -> str | None:
     return None
 
 
-def _probe_llvm() -> str:
-    found = _dist_version("llvmlite")
+def _probe_llvm(installed: dict[str, str] | None = None) -> str:
+    found = _dist_version("llvmlite", installed=installed)
     if found:
         return found  # an llvmlite wheel statically links one LLVM build
     try:
@@ -205,9 +206,10 @@ def _probe_llvm() -> str:
         return f"unavailable:{type(exc).__name__}"
 
 
-def _probe_nvjitlink() -> str:
-    found = _dist_version("nvidia-nvjitlink", "nvidia-nvjitlink-cu13", "nvidia-nvjitlink-cu12")
-    bindings = _dist_version("cuda-bindings") or "cuda-bindings ?"
+def _probe_nvjitlink(installed: dict[str, str] | None = None) -> str:
+    found = _dist_version("nvidia-nvjitlink", "nvidia-nvjitlink-cu13", "nvidia-nvjitlink-cu12",
+                          installed=installed)
+    bindings = _dist_version("cuda-bindings", installed=installed) or "cuda-bindings ?"
     if found:
         return f"{found}; {bindings}"
     try:
@@ -237,7 +239,8 @@ def toolchain_identity(refresh: bool = False) -> tuple[tuple[str, str], ...]:
     (a few milliseconds: no shared library is loaded when wheels provide the tools)."""
     global _TOOLCHAIN
     if _TOOLCHAIN is None or refresh:
-        _TOOLCHAIN = (("llvm", _probe_llvm()), ("nvjitlink", _probe_nvjitlink()),
+        installed = _installed()  # one scan of sys.path for both probes
+        _TOOLCHAIN = (("llvm", _probe_llvm(installed)), ("nvjitlink", _probe_nvjitlink(installed)),
                       ("libdevice", _probe_libdevice()))
     return _TOOLCHAIN
 

@@ -14,6 +14,7 @@ from typing import Callable, Mapping, Sequence
 from ..dtypes import DType, int64
 from ..errors import TraceError
 from ..expr import sym
+from ..compile_entry import Options, fusion_key, static_dims
 from ..fusion import Fusion
 from ..graph import Graph
 from ..summary import (Arg, Compiled, Image, KernelSummary, Launch, Module, Scalar, Tensor,
@@ -22,27 +23,6 @@ from ..targets import Arch, parse_target_list
 from .schedule import Stage, plan, variants
 
 __all__ = ["Options", "Build", "STAGES", "run", "compile_fusion"]
-
-
-@dataclass(frozen=True)
-class Options:
-    """Lowering options (all part of the cache key). ``opt``: LLVM optimization level."""
-
-    opt: int = 3
-
-    @staticmethod
-    def parse(options: Mapping[str, object]) -> "Options":
-        known = {f.name for f in dataclasses.fields(Options)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise TypeError(f"unknown kp.compile option(s) {unknown} (known: {sorted(known)})")
-        opt = options.get("opt", 3)
-        if not isinstance(opt, int) or not 0 <= opt <= 3:
-            raise ValueError(f"opt must be 0..3 (got {opt!r})")
-        return Options(opt=opt)
-
-    def as_dict(self) -> dict[str, object]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -217,8 +197,7 @@ def new_build(f: Fusion, targets: Sequence[str], static: Mapping[str, int] | Non
     if not isinstance(f, Fusion):
         raise TypeError(f"kp.compile takes a @kp.fusion function (got {f!r})")
     archs, want_ptx = parse_target_list(tuple(targets))
-    stat = tuple(sorted((str(k), int(v)) for k, v in (static or {}).items()))
-    return Build(f, tuple(archs), want_ptx, stat, Options.parse(options))
+    return Build(f, tuple(archs), want_ptx, static_dims(static), Options.parse(options))
 
 
 def compile_fusion(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,
@@ -235,9 +214,6 @@ def compile_fusion(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx")
 
     if cache is None:
         return build()
-    from ..cache import make_key
-
-    key = make_key(kind="fusion", source=f.canonical_bytes(dict(b.static)),
-                   options=b.options.as_dict(), targets=list(targets))
+    key = fusion_key(f, targets, static, options)
     return cache.fetch_or_compile(key, build)  # type: ignore[attr-defined]
 

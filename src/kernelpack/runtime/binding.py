@@ -19,7 +19,7 @@ from typing import Any
 
 from ..dtypes import DType
 from ..expr import Expr
-from ..expr_program import ExprEncoder, ExprProgram
+from ..expr_program import ExprEncoder
 from ..summary import KernelSummary, Scalar, Tensor
 
 __all__ = ["BoundSummary", "InputSpec", "AllocSpec", "LaunchSpec", "VariantSpec", "STRUCT_CODES",
@@ -229,7 +229,8 @@ class BoundSummary:
                     else self._spec(variant.predicate, f"variant {vi} predicate"))
             self.variants.append(VariantSpec(pred, scratch, launches, vslot))
         encoded, positions = self._encoder.finish()
-        self.program = ExprProgram(encoded)
+        assert self._encoder.program is not None
+        self.program = self._encoder.program
         self.nsym = len(encoded.symbols)
         self._resolve(positions)
         self.symbol_template: list[Any] = [None] * self.nsym

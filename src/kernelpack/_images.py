@@ -1,0 +1,179 @@
+"""Stored images of a loaded pack: metadata checked at load, bytes checked when read.
+
+:class:`ImageInfo` is what :mod:`kernelpack.loader` makes for every ``ImageMeta`` table; its
+:meth:`~ImageInfo.read` checks the stored digest *before* the decompressor sees a byte, bounds
+decompression by the recorded ``raw_size`` and checks the raw digest after (docs/FORMAT.md).
+:meth:`~ImageInfo.lazy_image` is the cache's warm path: a :class:`~kernelpack.summary.Image`
+whose stored digest is checked now and whose bytes are decompressed on first use, so a hit does
+not decompress the images that the device never runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from functools import lru_cache
+from typing import Any
+
+from ._fbread import Table
+from .errors import FormatError, IntegrityError
+from .limits import DIGEST_SIZE, MAX_IMAGE_SIZE
+from .summary import IMAGE_KINDS, Image
+from .targets import Arch
+
+__all__ = ["ImageInfo"]
+
+_SUFFIXES = ("", "a", "f")
+_CODECS = ("none", "zstd")
+_IMAGE_FIELDS = ("kind", "arch_major", "arch_minor", "arch_suffix", "ptx_isa", "cuda_version",
+                 "toolchain", "codec", "raw_size", "digest", "raw_digest", "blob")
+
+
+@lru_cache(maxsize=256)
+def _arch(major: int, minor: int, suffix: int) -> Arch:
+    """Arch objects are immutable and few: made (and validated) once per process."""
+    return Arch(major, minor, _SUFFIXES[suffix])
+
+
+class ImageInfo:
+    """Metadata of one stored image; :meth:`read` returns its checked raw bytes."""
+
+    __slots__ = ("module", "kind", "arch", "codec", "stored_size", "raw_size", "digest",
+                 "raw_digest", "toolchain", "cuda_version", "ptx_isa", "_stored", "_data",
+                 "_stored_ok")
+
+    def __init__(self, module: str, meta: Table, blobs: list[memoryview]) -> None:
+        self.module = module
+        (kind, major, minor, suffix, self.ptx_isa, self.cuda_version, self.toolchain, codec,
+         self.raw_size, digest, raw_digest, blob) = meta.values(_IMAGE_FIELDS)
+        self.kind = IMAGE_KINDS[kind]
+        try:
+            self.arch = _arch(major, minor, suffix)
+        except ValueError as exc:
+            raise FormatError(f"module {module!r}: image has {exc}") from None
+        self.codec = _CODECS[codec]
+        if len(digest) != DIGEST_SIZE or len(raw_digest) != DIGEST_SIZE:
+            raise FormatError(f"module {module!r} image {self.target}: digests must be "
+                              f"{DIGEST_SIZE} bytes (got {len(digest)} and {len(raw_digest)})")
+        self.digest, self.raw_digest = digest.hex(), raw_digest.hex()
+        if self.raw_size > MAX_IMAGE_SIZE:
+            raise FormatError(f"module {module!r} image {self.target}: raw_size "
+                              f"{self.raw_size} exceeds MAX_IMAGE_SIZE {MAX_IMAGE_SIZE}")
+        if blob >= len(blobs):
+            raise FormatError(f"module {module!r} image {self.target}: blob index {blob} "
+                              f"outside 0..{len(blobs) - 1}")
+        self._stored = blobs[blob]
+        self.stored_size = len(self._stored)
+        if self.codec == "none" and self.stored_size != self.raw_size:
+            raise IntegrityError(f"module {module!r} image {self.target}: stored uncompressed "
+                                 f"as {self.stored_size} bytes but raw_size is {self.raw_size}")
+        self._data: bytes | None = None
+        self._stored_ok = False
+
+    @property
+    def target(self) -> str:
+        if self.kind == "ptx":
+            return self.arch.compute
+        return ("host-" if self.kind == "host" else "") + self.arch.sm
+
+    def sort_key(self) -> tuple:
+        return (IMAGE_KINDS.index(self.kind), self.arch.major, self.arch.minor, self.arch.suffix)
+
+    def check_stored(self) -> None:
+        """Check the stored bytes against ``digest`` (and a zstd frame's declared size against
+        ``raw_size``) without decompressing: what a cache hit checks for every image, leaving
+        decompression and the raw digest to :meth:`read`. Raises IntegrityError."""
+        if self._stored_ok:
+            return
+        where = f"module {self.module!r} image {self.target}"
+        stored = self._stored
+        if hashlib.sha256(stored).hexdigest() != self.digest:
+            raise IntegrityError(f"{where}: stored bytes do not match their digest "
+                                 f"(expected sha256 {self.digest})")
+        if self.codec == "zstd":
+            _frame_size(stored, self.raw_size, where)
+        self._stored_ok = True
+
+    def read(self) -> bytes:
+        """The raw image bytes: stored digest checked *before* decompression, size bounded by
+        ``raw_size``, raw digest checked after. Cached. Raises IntegrityError."""
+        if self._data is not None:
+            return self._data
+        where = f"module {self.module!r} image {self.target}"
+        self.check_stored()
+        stored = self._stored
+        data = bytes(stored) if self.codec == "none" else _decompress(stored, self.raw_size, where)
+        if hashlib.sha256(data).hexdigest() != self.raw_digest:
+            raise IntegrityError(f"{where}: decompressed bytes do not match raw_digest "
+                                 f"(expected sha256 {self.raw_digest})")
+        self._data = data
+        return data
+
+    def image(self) -> Image:
+        """A :class:`~kernelpack.summary.Image` with the checked raw bytes (for re-saving)."""
+        return Image(self.kind, self.arch, self.read(), self.toolchain, self.cuda_version,
+                     self.ptx_isa)
+
+    def lazy_image(self) -> Image:
+        """Like :meth:`image`, but the stored digest is checked now and the bytes are
+        decompressed (and checked against ``raw_digest``) on the first read of ``.data``."""
+        if self._data is not None:
+            return self.image()
+        self.check_stored()
+        image = Image._lazy(self.kind, self.arch, self.read, self.toolchain, self.cuda_version,
+                            self.ptx_isa)
+        # the runtime keys its per-process library cache by an image's content digest: the
+        # checked stored digest saves it hashing the bytes again (as for ImageInfo itself)
+        object.__setattr__(image, "digest", self.digest)
+        return image
+
+    def __repr__(self) -> str:
+        return (f"ImageInfo({self.module}:{self.target}, {self.codec}, {self.stored_size}/"
+                f"{self.raw_size} bytes)")
+
+
+_local = threading.local()
+
+
+def _decompressor() -> Any:
+    """This thread's zstd decompression context (making one costs more than a small image's
+    decompression; contexts may not be shared between threads)."""
+    dctx = getattr(_local, "dctx", None)
+    if dctx is None:
+        import zstandard
+
+        dctx = _local.dctx = zstandard.ZstdDecompressor()
+    return dctx
+
+
+def _frame_size(stored: memoryview, raw_size: int, where: str) -> None:
+    """The zstd frame must declare its content size, and it must equal ``raw_size``."""
+    import zstandard
+
+    try:
+        declared = zstandard.frame_content_size(stored)
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"{where}: not a zstd frame ({exc})") from None
+    if declared != raw_size:
+        raise IntegrityError(f"{where}: zstd frame declares {declared} bytes, raw_size is "
+                             f"{raw_size}")
+
+
+def _decompress(stored: memoryview, raw_size: int, where: str) -> bytes:
+    """Decompress one zstd frame into exactly ``raw_size`` bytes.
+
+    The frame must declare its content size, and it must equal ``raw_size`` (bounded by
+    MAX_IMAGE_SIZE at load): one-shot decompression then allocates that much and no more, and
+    zstd fails if the data would produce more or fewer bytes than declared.
+    """
+    import zstandard
+
+    _frame_size(stored, raw_size, where)
+    try:
+        out = _decompressor().decompress(stored, max_output_size=raw_size)
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"{where}: zstd decompression failed ({exc})") from None
+    if len(out) != raw_size:
+        raise IntegrityError(f"{where}: decompressed to {len(out)}{'+' if len(out) > raw_size else ''}"
+                             f" bytes, raw_size is {raw_size}")
+    return out

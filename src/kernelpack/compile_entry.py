@@ -1,0 +1,79 @@
+"""``kp.compile``'s front door: validate the request, and with a cache, look it up *before*
+importing the lowering.
+
+The lowering package (pipeline, schedule, codegen, and llvmlite behind them) costs a process
+several milliseconds to import, which a warm start, where every kernel is a cache hit, would
+pay for nothing. The cache key needs only the fusion's canonical bytes, the normalized options
+and the targets, all of which are computed here from light modules; the lowering is imported
+only when the cache misses (or when there is no cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from .fusion import Fusion
+from .summary import Compiled
+from .targets import parse_target_list
+
+__all__ = ["Options", "compile", "fusion_key"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """Lowering options (all part of the cache key). ``opt``: LLVM optimization level."""
+
+    opt: int = 3
+
+    @staticmethod
+    def parse(options: Mapping[str, object]) -> "Options":
+        known = {f.name for f in dataclasses.fields(Options)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"unknown kp.compile option(s) {unknown} (known: {sorted(known)})")
+        opt = options.get("opt", 3)
+        if not isinstance(opt, int) or not 0 <= opt <= 3:
+            raise ValueError(f"opt must be 0..3 (got {opt!r})")
+        return Options(opt=opt)
+
+    def as_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def static_dims(static: Mapping[str, int] | None) -> tuple[tuple[str, int], ...]:
+    """``static=`` normalized: sorted ``(dim name, size)`` pairs."""
+    return tuple(sorted((str(k), int(v)) for k, v in (static or {}).items()))
+
+
+def fusion_key(f: Fusion, targets: Sequence[str], static: Mapping[str, int] | None,
+               options: Mapping[str, object]) -> Any:
+    """The cache key of ``kp.compile(f, targets, static=static, **options)``; raises the same
+    errors as the compile itself for a bad fusion, target list or option."""
+    if not isinstance(f, Fusion):
+        raise TypeError(f"kp.compile takes a @kp.fusion function (got {f!r})")
+    parse_target_list(tuple(targets))
+    opts = Options.parse(options)
+    from .cache import make_key
+
+    return make_key(kind="fusion", source=f.canonical_bytes(dict(static_dims(static))),
+                    options=opts.as_dict(), targets=list(targets))
+
+
+def compile(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,  # noqa: A001
+            static: Mapping[str, int] | None = None, cache: Any = None,
+            **options: object) -> Compiled:
+    """See :func:`kernelpack.compile`: with ``cache``, a hit never imports the lowering."""
+    if cache is None:
+        from .lowering import compile_fusion
+
+        return compile_fusion(f, targets, static=static, **options)
+    key = fusion_key(f, targets, static, options)
+
+    def build() -> Compiled:
+        from .lowering import compile_fusion
+
+        return compile_fusion(f, targets, static=static, **options)
+
+    return cache.fetch_or_compile(key, build)  # type: ignore[no-any-return]
