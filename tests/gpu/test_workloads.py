@@ -176,6 +176,21 @@ def test_unaligned_views_take_the_scalar_path():
         _check(out.cpu().numpy(), ref.cpu().numpy(), 1e-6, f"unaligned n={n}")
 
 
+def test_masked_mean_on_unaligned_rows_takes_the_scalar_tiles():
+    """Rows 4 bytes past a 16-byte boundary: the tiled row loop's coalesced scalar body (warp
+    rows up to 4096, block rows past that), same results as the 16-byte body."""
+    prog = kp.load(kp.save([kp.compile(make(kp.float32)["masked_mean"], targets=["sm_90"])]))[
+        "masked_mean_float32"]
+    for b, n in ((3, 1028), (2, 9000)):
+        flat = torch.randn(b * n + 1, device="cuda")
+        x = flat[1:].view(b, n)
+        mask = torch.rand(b, n, device="cuda") < 0.6
+        out = torch.full((b,), float("nan"), device="cuda")
+        prog(x, mask, out=out)
+        ref = torch.where(mask, x.double(), 0.0).sum(-1) / mask.double().sum(-1)
+        _check(out.cpu().numpy(), ref.cpu().numpy(), 1e-5, f"unaligned masked_mean {b}x{n}")
+
+
 def test_half_and_bfloat16_round_trip():
     @kp.fusion
     def halves(x: kp.Tensor[kp.f16, "n"], y: kp.Tensor[kp.bf16, "n"]):

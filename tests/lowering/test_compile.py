@@ -120,11 +120,11 @@ def test_row_reduction_variants_and_predicates():
     caps = [128, 256, 512, 1024, 2048, 4096, 8192]
     assert [v.predicate for v in s.variants] == [land(ge("n", 1), le("n", k)) for k in caps] \
         + [None]
-    assert [int(v.launches[0].block[0]) for v in s.variants] == [256, 256, 64, 128, 256, 256,
-                                                                  256, 512]
+    assert [int(v.launches[0].block[0]) for v in s.variants] == [256, 256, 64, 128, 128, 256,
+                                                                  512, 512]
     assert [v.launches[0].kernel.rsplit("_", 1)[1] for v in s.variants] == [
-        "rowwarp4", "rowwarp8", "rowblock64x8", "rowblock128x8", "rowblock256x8",
-        "rowblock256x16", "rowblock256x32", "rowblock"]
+        "rowwarp4", "rowwarp8", "rowblock64x8", "rowblock128x8", "rowblock128x16",
+        "rowblock256x16", "rowblock512x16", "rowblock"]
     prog = kp.load(kp.save([c]))["softmax_float32"]
     assert prog.plan(x=(4096, 100)).variant == 0
     assert prog.plan(x=(4096, 100)).launches[0].grid == (512, 1, 1)   # 8 rows (warps) per block
@@ -142,7 +142,7 @@ def test_register_rows_use_16_byte_accesses_without_local_memory():
     body = body[:body.index("\n}\n")]
     assert ".local" not in body and "ld.local" not in body
     assert body.count("ld.global.v4.b32") == 2 and body.count("st.global.v4.b32") >= 2
-    assert ".maxntid 128" in body
+    assert ".maxntid 128" in body and ".minnctapersm 8" in body  # 1024 threads per SM
     # e / sum: one reciprocal per row, then multiplies (the exact division stays for rows
     # whose 1/sum would not be a normal float): 8 divisions per body, not 16
     assert body.count("div.rn.f32") == 16
@@ -151,14 +151,30 @@ def test_register_rows_use_16_byte_accesses_without_local_memory():
 def test_rows_without_per_element_transcendentals_hold_more_per_thread():
     s = kp.compile(F32["layernorm"], targets=["sm_90"]).summary
     kernels = [v.launches[0].kernel.rsplit("_", 1)[1] for v in s.variants]
-    assert kernels[:4] == ["rowwarp4", "rowwarp8", "rowblock64x8", "rowwarp32"]
+    assert kernels == ["rowwarp4", "rowwarp8", "rowblock64x8", "rowwarp32", "rowblock64x32",
+                       "rowblock128x32", "rowblock256x32", "rowblock"]
 
 
 def test_reduce_only_rows_pick_thread_warp_or_block():
     s = kp.compile(F32["masked_mean"], targets=["sm_90"]).summary
     assert [v.predicate for v in s.variants] == [le("n", 32), le("n", 4096), None]
     assert [v.launches[0].kernel.rsplit("_", 1)[1] for v in s.variants] == [
-        "rowthread", "rowwarp", "rowblock"]
+        "rowthread", "rowwarpt16", "rowblock256t16"]
+    assert [int(v.launches[0].block[0]) for v in s.variants] == [256, 256, 256]
+
+
+def test_reduce_only_rows_read_tiles_of_16_byte_chunks():
+    """A masked mean's warp/block rows: each lane has 4 x 16-byte loads of x and 4 of the mask
+    in flight per iteration (the plain loop had ~4 scalar loads), no local memory, no guard in
+    the whole-tile loop, and a bool turned float by a select (no integer conversion)."""
+    b = pipeline.run(pipeline.new_build(F32["masked_mean"], ["sm_90"], None, {}), stop="ptx")
+    ptx = b.ptx.decode()
+    for kernel in ("rowwarpt16", "rowblock256t16"):
+        body = ptx[ptx.index(f".entry masked_mean_float32_0_{kernel}"):]
+        body = body[:body.index("\n}\n")]
+        assert ".local" not in body
+        assert body.count("ld.global.v4.b32") >= 4 + 1   # a whole tile + the one-chunk tail
+        assert "cvt.rn.f64.u32" not in body and "cvt.rn.f32.u32" not in body
 
 
 def test_full_reduction_uses_two_launches_and_a_workspace():

@@ -62,6 +62,11 @@ CASES = [
     ("total", {"x": (0,)}), ("total", {"x": (1,)}), ("total", {"x": (16390,)}),
     ("masked_mean", {"x": (3, 5), "mask": (3, 5)}), ("masked_mean", {"x": (8, 33), "mask": (8, 33)}),
     ("masked_mean", {"x": (1, 4200), "mask": (1, 4200)}),
+    # tiled warp rows: 2 whole tiles of 512 + a 19-chunk tail (16-byte chunks), and the
+    # coalesced scalar body (rows not a whole number of chunks): 2 tiles + 6 elements
+    ("masked_mean", {"x": (3, 1100), "mask": (3, 1100)}),
+    ("masked_mean", {"x": (2, 1030), "mask": (2, 1030)}),
+    ("masked_mean", {"x": (2, 0), "mask": (2, 0)}),
     ("phase", {"x": (3, 5)}), ("angle", {"x": (2, 6)}),
     ("basis", {"j": (5,), "n": 4}), ("amplitude", {"v": (4, 5), "n": 3}),
 ]

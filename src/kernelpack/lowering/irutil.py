@@ -104,8 +104,9 @@ def convert(b: ir.IRBuilder, v: Val, src: DType, dst: DType) -> Val:
     st, dt_ = component(src), component(dst)
     if dst.kind == "b":
         return _truth(b, v, src)
-    if src.kind == "b":
-        return b.zext(v, dt_) if dst.kind in "iu" else b.uitofp(v, dt_)
+    if src.kind == "b":  # a float from a bool: `selp 1.0, 0.0`, no integer conversion
+        return b.zext(v, dt_) if dst.kind in "iu" else b.select(
+            v, ir.Constant(dt_, 1.0), ir.Constant(dt_, 0.0))
     if src.kind in "iu" and dst.kind in "iu":
         if st.width == dt_.width:
             return v

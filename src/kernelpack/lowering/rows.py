@@ -26,8 +26,11 @@ from .irutil import (I1, I32, I64, Val, component, const_of, convert, sreg, stor
                      to_compute, to_storage)
 from .mathops import combine, finalize, identity
 from .schedule import BLOCK, MIN_THREADS_PER_SM, WARP_ROWS, KernelSpec
+from .tiles import tiles
 
-__all__ = ["row", "levels"]
+__all__ = ["row", "levels", "PARTIAL_F32"]
+
+PARTIAL_F32 = True  # float32 sums: a thread's partial over its registers in float32 (_part)
 
 
 def levels(graph: Graph, reduces: tuple[int, ...]) -> list[list[int]]:
@@ -76,17 +79,18 @@ def row(em: Emitter, spec: KernelSpec) -> None:
     if not spec.slots:
         rows(group.loops)
         return
+    held = (lambda r, outer, v: tiles(group, r, outer, v)) if spec.tiled else group.registers
     if spec.vec == 1:
-        rows(lambda r, outer: group.registers(r, outer, False))
+        rows(lambda r, outer: held(r, outer, False))
         return
     # 16-byte groups when every buffer they touch is 16-byte aligned and rows are a whole
     # number of groups (a uniform branch, decided once per launch); coalesced scalars otherwise
     flag = em.loops.alloca(I1, "vector")
     with b.if_else(b.load(flag, typ=I1)) as (vec, scalar):
         with vec:
-            rows(lambda r, outer: group.registers(r, outer, True))
+            rows(lambda r, outer: held(r, outer, True))
         with scalar:
-            rows(lambda r, outer: group.registers(r, outer, False))
+            rows(lambda r, outer: held(r, outer, False))
     first = em.graph.nodes[em.graph.nodes[spec.reduces[0]].inputs[0]]
     length = em.numel(first.shape[len(spec.shape):])
     whole = em.entry.icmp_unsigned("==", em.entry.urem(length, c(spec.vec)), ZERO)
@@ -99,7 +103,7 @@ def _launch_bounds(em: Emitter, spec: KernelSpec) -> None:
     budget of that many resident threads per SM instead of taking ~250 registers."""
     ann = [("maxntidx", spec.block)]
     if spec.slots:
-        ann.append(("minctasm", max(1, MIN_THREADS_PER_SM // spec.block)))
+        ann.append(("minctasm", max(1, (spec.min_threads or MIN_THREADS_PER_SM) // spec.block)))
     for key, value in ann:
         em.module.add_named_metadata("nvvm.annotations", [
             em.fn, ir.MetaDataString(em.module, key), ir.Constant(I32, value)])
@@ -128,6 +132,17 @@ class _Group:
         if self.spec.group == "thread" and kind in ("sum", "mean", "prod") and dt.kind == "f":
             return dt if dt.itemsize >= 4 else float32
         return acc_dtype(kind, dt)
+
+    def _part(self, kind: str, dt: DType) -> DType:
+        """The dtype of one thread's pairwise partial over its register chunks (<= 32 terms)
+        before the float64 accumulator: float32 sums of so few terms round like NumPy's own
+        pairwise float32 sums (no float64 conversion and add per element: softmax's sum had
+        ~25 SASS instructions per element, 3 of them for float64)."""
+        acc = self._acc(kind, dt)
+        if PARTIAL_F32 and kind in ("sum", "mean") and dt.kind == "f" and dt.itemsize <= 4 \
+                and acc.itemsize > 4:
+            return float32
+        return acc
 
     def _finish(self, r: int, acc: Val, outer: tuple[ir.Value, ...]) -> None:
         """Combine ``acc`` across the group, finalize (mean), keep it for this row."""
@@ -238,19 +253,20 @@ class _Group:
                 node = self.g.nodes[red]
                 src = self.g.nodes[node.inputs[0]]
                 kind = node.attrs[0]
-                acc_dt = self._acc(kind, node.dtype)
-                ident = identity(kind, acc_dt)
+                part_dt = self._part(kind, node.dtype)
+                ident = identity(kind, part_dt)
                 vals = []
                 for ctx, valid in elems:
                     em.guard = valid
-                    v = convert(b, em.value(src.id, ctx), src.dtype, acc_dt)
+                    v = convert(b, em.value(src.id, ctx), src.dtype, part_dt)
                     em.guard = None
                     vals.append(tuple(b.select(valid, p, q) for p, q in zip(v, ident))
                                 if isinstance(v, tuple) else b.select(valid, v, ident))
                 while len(vals) > 1:  # pairwise: short dependency chains, better rounding
-                    vals = [combine(em, kind, acc_dt, vals[i], vals[i + 1])
+                    vals = [combine(em, kind, part_dt, vals[i], vals[i + 1])
                             if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
-                self._finish(red, vals[0], outer)
+                self._finish(red, convert(b, vals[0], part_dt, self._acc(kind, node.dtype)),
+                             outer)
         if vector:
             self._prime([nid for _, nid in self.spec.outputs], chunks, primed)
         divs = self._uniform_divisions(elems[0][0])
@@ -387,7 +403,8 @@ class _Group:
             for valid, base, ctxs in chunks:
                 off = ctxs[0].linear if row_like else base
                 load = lambda: self._vload(node.attrs[0], node.dtype, off, len(ctxs))  # noqa: E731
-                for k, v in enumerate(self._guarded(valid, node.dtype, len(ctxs), load)):
+                got = load() if valid is None else self._guarded(valid, node.dtype, len(ctxs), load)
+                for k, v in enumerate(got):
                     em.prime(nid, em.child_ctx(ctxs[k], node.shape), v)
 
     def _guarded(self, cond: ir.Value, dt: DType, n: int, load) -> list[ir.Value]:  # type: ignore[no-untyped-def]

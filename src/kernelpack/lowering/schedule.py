@@ -6,9 +6,11 @@ grid-stride loop). A kernel whose reductions all reduce the trailing axes of ten
 the leading *outer* dims is a *row* kernel: a group of threads owns a row, reduces it
 cooperatively, keeps the results, and writes the row's outputs (softmax, layernorm, masked
 means, the quantum encodings). Its group size is chosen at run time from the row length by
-variant predicates: a thread per row for short reduce-only rows; rows that are written back
-(softmax, layernorm) are held in registers — a warp per row up to 256 elements (float32), then
-blocks of 64..256 threads per row up to 8192 (:data:`REG_GROUPS`) — and longer rows loop. Full reductions (outer dims empty) run in two launches: a
+variant predicates: a thread per row for short reduce-only rows, then a warp and then a block
+per row reading tiles of 16-byte chunks (:mod:`.tiles`); rows that are written back (softmax,
+layernorm) are held in registers — a warp per row up to 256 elements (float32), then blocks of
+64..512 threads per row up to 8192 (:data:`REG_GROUPS`) — and longer rows loop. Full
+reductions (outer dims empty) run in two launches: a
 *partial* kernel writes one partial result per 16384 elements into a global workspace of
 ``cdiv(n, 16384)`` entries, then one block combines them. Anything else falls back to the
 general schedule: one thread per output element, looping over the reduced indices.
@@ -25,7 +27,8 @@ from ..summary import Scratch
 __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "reduces_of", "row_outer",
            "vector_width", "BLOCK", "UNROLL", "ROW_BLOCK", "WARP_ROWS", "CHUNK", "GRID_CAP",
            "THREAD_ROW_MAX", "WARP_ROW_MAX", "WARP_KEEP_MAX", "REG_GROUPS", "REG_GROUPS_LIGHT",
-           "MIN_THREADS_PER_SM"]
+           "REG_GROUPS_LIGHT_WIDE", "MIN_THREADS_PER_SM", "TILE_CHUNKS", "TILE_WARP_MAX",
+           "TILE_BLOCK"]
 
 BLOCK = 256            # threads per block of pointwise, thread-per-row and partial kernels
 ROW_BLOCK = 512        # threads of a block-per-row kernel
@@ -37,21 +40,36 @@ THREAD_ROW_MAX = 32    # reduce-only rows this short: one thread per row
 WARP_ROW_MAX = 4096    # reduce-only rows up to this: one warp per row
 WARP_KEEP_MAX = 2048   # rows that are also written back (softmax): warp up to this
 MIN_THREADS_PER_SM = 512  # register-held rows: ptxas keeps registers within 65536 / this
-# register-held rows: (group, 16-byte chunks per thread, threads per block), in order; each
-# holds rows up to (32 or threads)·chunks·vec elements. Up to 1024 f32: 8 per thread, more
-# threads per row as rows grow (exp-heavy rows need the warps); past that, blocks stay at 256
-# threads and hold 16/32 per thread: blocks of 512/1024 fit one per SM and run in lockstep
-# (H200, float32: layernorm 8192x8192 43% -> 89% of copy bandwidth, 16384x4096 37% -> 68%,
-# softmax 8192x8192 42% -> 58%; see notes/row-perf.md)
-REG_GROUPS = (("warp", 1, BLOCK), ("warp", 2, BLOCK), ("block", 2, 64), ("block", 2, 128),
-              ("block", 2, 256), ("block", 4, 256), ("block", 8, 256))
-# rows without per-element transcendentals or divisions (layernorm): up to 32 f32 per thread,
-# more bytes in flight per register (65536 x 1024 float32 on an H200: 91% of copy bandwidth
-# for a warp per row with 32 per thread against 81% for 128 threads with 8 per thread; softmax,
-# with its exp, the other way round: 59% against 84%)
+# reduce-only rows (masked means) longer than a thread's: tiled loops (lowering/tiles.py), each
+# lane TILE_CHUNKS 16-byte chunks per input in flight per iteration; a warp per row up to
+# TILE_WARP_MAX elements, then TILE_BLOCK threads per row. The plain loops held ~20 bytes in
+# flight per thread (H200, masked_mean 4096 x 16384 float32: 42% of copy bandwidth).
+TILE_CHUNKS = 4        # 0: the plain loops (kept for comparisons)
+TILE_WARP_MAX = 4096
+TILE_BLOCK = 256
+# register-held rows: (group, 16-byte chunks per thread, threads per block[, resident threads
+# per SM ptxas keeps registers for: MIN_THREADS_PER_SM when left out]), in order; each holds
+# rows up to (32 or threads)·chunks·vec elements. Up to 1024 f32: 8 per thread, more threads
+# per row as rows grow (exp-heavy rows need the warps); then 16 per thread in blocks of 128,
+# 256 and 512 threads, with registers for 1024 resident threads (<= 64 per thread, no spills;
+# 8 rows per SM at 2048, 2 at 8192). H200, float32 softmax, % of copy bandwidth: 32768x2048
+# 77 -> 94, 16384x4096 67 -> 95, 8192x8192 58 -> 88, against 8 per thread in 256 threads and
+# 32 per thread at 116-124 registers (2 rows per SM); see notes/row-perf.md
+REG_GROUPS = (("warp", 1, BLOCK, 1024), ("warp", 2, BLOCK, 1024), ("block", 2, 64, 1024),
+              ("block", 2, 128, 1024), ("block", 4, 128, 1024), ("block", 4, 256, 1024),
+              ("block", 4, 512, 1024))
+# rows without per-element transcendentals or divisions (layernorm): 32 f32 per thread from
+# 513 on (~128 registers, 512 resident threads per SM): more bytes in flight per register.
+# H200, float32 layernorm: 65536x1024 91% of copy bandwidth for a warp per row with 32 per
+# thread against 81% for 128 threads with 8; 32768x2048 67 -> 93% and 16384x4096 70 -> 94% for
+# 64/128 threads with 32 each against 256 threads with 8/16 (softmax, with its exp, the other
+# way round: 32 per thread at 59% against 84% for 8 per thread at 1024)
 REG_GROUPS_LIGHT = (("warp", 1, BLOCK), ("warp", 2, BLOCK), ("block", 2, 64), ("warp", 8, BLOCK),
-                    ("block", 2, 256), ("block", 4, 256), ("block", 8, 256))
-
+                    ("block", 8, 64), ("block", 8, 128), ("block", 8, 256))
+# the same for 8-byte elements (float64 layernorm: 32 per thread spills 72 bytes; unmeasured on
+# a GPU, so the groups used before the change above stay)
+REG_GROUPS_LIGHT_WIDE = REG_GROUPS_LIGHT[:4] + (("block", 2, 256), ("block", 4, 256),
+                                                ("block", 8, 256))
 
 @dataclass(frozen=True)
 class KernelSpec:
@@ -70,6 +88,8 @@ class KernelSpec:
     scratch: tuple[str, ...] = ()   # workspace buffers this kernel reads or writes
     vec: int = 1                    # elements per 16-byte group (1: no vectors)
     slots: int = 0                  # row: 16-byte chunks per thread held in registers (0: loops)
+    tiled: bool = False             # row: `slots` chunks per thread per tile of a loop (tiles.py)
+    min_threads: int = 0            # row with slots: resident threads per SM ptxas must allow
 
 
 @dataclass(frozen=True)
@@ -187,10 +207,11 @@ def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
                       for r in reduces) and all(
             graph.nodes[n].shape == first.shape
             or _prod(graph.nodes[n].shape[len(outer):]) == const(1) for _, n in outs)
-        # (group, predicate, registers per thread, threads per block)
-        options: list[tuple[str, Expr | None, int, int]] = []
+        # (group, predicate, 16-byte chunks per thread, threads per block, tiled, resident
+        # threads per SM to keep registers for)
+        options: list[tuple[str, Expr | None, int, int, bool, int]] = []
         if not keeps_row:
-            options.append(("thread", le(length, THREAD_ROW_MAX), 0, BLOCK))
+            options.append(("thread", le(length, THREAD_ROW_MAX), 0, BLOCK, False, 0))
         vec = 1
         if uniform and (keeps_row or len(_depths(graph, reduces)) > 1):
             # the row in registers, `slots` 16-byte chunks per thread: a warp per row (several
@@ -199,27 +220,40 @@ def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
             vec = vector_width(graph, [n for _, n in outs])
             nonempty = ge(length, 1)  # empty rows: the loop schedule (nothing to load)
             light = not _heavy(graph, [n for _, n in outs], set(reduces))
-            for group, k, threads in (REG_GROUPS_LIGHT if light else REG_GROUPS):
+            table = REG_GROUPS if not light else (REG_GROUPS_LIGHT if vec >= 4
+                                                  else REG_GROUPS_LIGHT_WIDE)
+            for group, k, threads, *most in table:
                 cap = (32 if group == "warp" else threads) * vec * k
-                options.append((group, land(nonempty, le(length, cap)), k, threads))
-        elif keeps_row:
-            options.append(("warp", le(length, WARP_KEEP_MAX), 0, BLOCK))
-        else:
-            options.append(("warp", le(length, WARP_ROW_MAX), 0, BLOCK))
-        options.append(("block", None, 0, ROW_BLOCK))
+                options.append((group, land(nonempty, le(length, cap)), k, threads, False,
+                                most[0] if most else MIN_THREADS_PER_SM))
+        if uniform and not keeps_row and TILE_CHUNKS:
+            # (after register-held rows, if any, the tiled warp would only see empty rows)
+            held = any(o[2] for o in options)
+            vec = vector_width(graph, [n for _, n in outs])
+            if not held:
+                options.append(("warp", le(length, TILE_WARP_MAX), TILE_CHUNKS, BLOCK, True,
+                                MIN_THREADS_PER_SM))
+            options.append(("block", None, TILE_CHUNKS, TILE_BLOCK, True, MIN_THREADS_PER_SM))
+        elif keeps_row and not uniform:
+            options.append(("warp", le(length, WARP_KEEP_MAX), 0, BLOCK, False, 0))
+        elif not keeps_row:
+            options.append(("warp", le(length, WARP_ROW_MAX), 0, BLOCK, False, 0))
+        options.append(("block", None, 0, ROW_BLOCK, False, 0))
         alts: list[Choice] = []
-        for group, pred, slots, block in options:
+        for group, pred, slots, block, tiled, most in options:
             if pred is not None and pred.is_const:
                 if not pred.value:
                     continue
                 pred = None
             per_block = {"thread": block, "warp": block // 32, "block": 1}[group]
             grid = emin(cdiv(rows, per_block) if per_block > 1 else rows, GRID_CAP)
-            tag = "" if not slots else (f"{slots * vec}" if group == "warp"
-                                        else f"{block}x{slots * vec}")
+            sep = "t" if tiled else "x"
+            tag = "" if not slots else (f"{sep if tiled else ''}{slots * vec}" if group == "warp"
+                                        else f"{block}{sep}{slots * vec}")
             spec = KernelSpec(f"{base}_row{group}{tag}", "row",
                               tuple(outs), outer, block, grid, group=group,
-                              reduces=tuple(reduces), slots=slots, vec=vec if slots else 1)
+                              reduces=tuple(reduces), slots=slots, vec=vec if slots else 1,
+                              tiled=tiled, min_threads=most)
             alts.append(Choice((spec,), predicate=pred))
             if pred is None:
                 break
