@@ -1,5 +1,5 @@
 """Malformed files: one hand-crafted file per error class, and the verifier's schema
-description checked field-for-field against schema/kernelpack.fbs."""
+description (kernelpack._schema) checked field-for-field against schema/kernelpack.fbs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import kernelpack as kp
-from kernelpack import verify
+from kernelpack import _schema, verify
 from kernelpack._fbread import Table
 from kernelpack.errors import (CompatibilityError, FormatError, IntegrityError, KernelPackError,
                                SignatureError)
@@ -55,20 +55,29 @@ def parse_fbs(text: str) -> tuple[dict, dict, dict, dict]:
 
 def test_description_matches_schema_field_for_field() -> None:
     tables, structs, enums, defaults = parse_fbs(SCHEMA.read_text())
-    assert {t: [(n, ty) for n, ty, _ in f] for t, f in verify.TABLES.items()} == tables
-    assert {s: list(f) for s, (_, _, f) in verify.STRUCTS.items()} == structs
-    assert {e: len(v) for e, v in enums.items()} == verify.ENUMS
-    assert verify.DEFAULTS == defaults
-    for name, (size, align, fields) in verify.STRUCTS.items():
-        sizes = [verify.SCALARS[t][0] for _, t in fields]
+    assert {t: [(n, ty) for n, ty, _ in f] for t, f in _schema.TABLES.items()} == tables
+    assert {s: list(f) for s, (_, _, f) in _schema.STRUCTS.items()} == structs
+    assert {e: len(v) for e, v in enums.items()} == _schema.ENUMS
+    assert _schema.DEFAULTS == defaults
+    for name, (size, align, fields) in _schema.STRUCTS.items():
+        sizes = [_schema.SCALARS[t][0] for _, t in fields]
         assert size == sum(sizes) and align == max(sizes), name  # no padding in our structs
     text = SCHEMA.read_text()
     assert 'file_identifier "KPAK"' in text and "root_type Pack;" in text
 
 
+def test_the_verifier_walks_the_described_tables() -> None:
+    """The description checked above is the one the verifier and the reader work from."""
+    from kernelpack import _fbread
+
+    assert verify.TABLES is _schema.TABLES and _fbread.TABLES is _schema.TABLES
+    assert {t: [f[0] for f in plan] for t, plan in verify._PLANS.items()} == \
+        {t: [n for n, _, _ in f] for t, f in _schema.TABLES.items()}
+
+
 def test_parser_sees_a_drift() -> None:
     tables, *_ = parse_fbs(SCHEMA.read_text().replace("raw_size:ulong;", "raw_size:uint;"))
-    described = {t: [(n, ty) for n, ty, _ in f] for t, f in verify.TABLES.items()}
+    described = {t: [(n, ty) for n, ty, _ in f] for t, f in _schema.TABLES.items()}
     assert described != tables
 
 
@@ -176,23 +185,21 @@ def test_major_zero_is_format_error() -> None:
 
 def test_newer_minor_with_unknown_field_loads() -> None:
     import flatbuffers
+    from kernelpack._encode import byte_vector, offset_vector
+    from kernelpack._generated import Blob as FBlob
     from kernelpack._generated import Pack as FPack
-    from kernelpack.serializer import _byte_vector
 
     body, blobs = parts()
     b = flatbuffers.Builder(0)
-    from kernelpack._generated import Blob as FBlob
-    from kernelpack.serializer import _offsets
-
     blob_tables = []
     for data in blobs:
-        vec = _byte_vector(b, data)
+        vec = byte_vector(b, data)
         FBlob.Start(b)
         FBlob.AddData(b, vec)
         blob_tables.append(FBlob.End(b))
-    bvec = _offsets(b, blob_tables)
-    digest = _byte_vector(b, hashlib.sha256(body).digest())
-    body_vec = _byte_vector(b, bytes(body), 8)
+    bvec = offset_vector(b, blob_tables)
+    digest = byte_vector(b, hashlib.sha256(body).digest())
+    body_vec = byte_vector(b, bytes(body), 8)
     b.StartObject(8)  # two slots more than format 1.0 knows
     FPack.AddFormatMajor(b, 1)
     FPack.AddFormatMinor(b, 9)

@@ -1,4 +1,4 @@
-"""A small reader for *verified* kernelpack FlatBuffers, driven by :data:`verify.TABLES`.
+"""A small reader for *verified* kernelpack FlatBuffers, driven by :data:`_schema.TABLES`.
 
 Why not the flatc-generated accessors? Importing the ``flatbuffers`` runtime imports NumPy
 (``flatbuffers.compat.import_numpy``), and the load path must stay light. The generated code is
@@ -12,7 +12,8 @@ import codecs
 import struct
 from typing import Any
 
-from .verify import DEFAULTS, ENUMS, SCALARS, STRUCTS, TABLES, Buffer
+from ._schema import DEFAULTS, ENUMS, SCALARS, STRUCTS, TABLES
+from .verify import Buffer
 
 __all__ = ["Table"]
 
@@ -26,7 +27,7 @@ _EMPTY = {"s": "", "b": b"", "v": (), "vs": _LIST, "vt": _LIST, "t": None, "S": 
 
 
 def _category(ftype: str) -> tuple[str, str]:
-    """(category, struct code) of a field type from verify.TABLES."""
+    """(category, struct code) of a field type from _schema.TABLES."""
     if ftype in SCALARS:
         return "n", SCALARS[ftype][1]
     if ftype in ENUMS:

@@ -10,16 +10,18 @@ that escape are the ones ``build()`` raises and misuse of the API.
 Concurrency: N processes (or threads) missing one key on one machine compile it once (a
 per-key ``flock``); N machines missing it compile it once when Redis is reachable (``SET NX
 PX`` lock; the others poll, then load).
+
+The disk tier is :class:`~kernelpack.cache.disk.DiskStore`; the remote tier's reads, writes,
+back-off and fleet lock are :class:`~kernelpack.cache.remote_tier.RemoteTier`, which counts and
+warns through the Cache that holds it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import threading
-import time
 import warnings
 from typing import Any, Callable, Iterable
 
@@ -28,9 +30,9 @@ from ..errors import KernelPackError
 from ..summary import Compiled
 from .disk import DiskStore, check_digest
 from .keys import CacheKey, make_key
+from .remote_tier import RemoteTier
 
 __all__ = ["Cache", "CacheKey", "CacheWarning", "make_key", "DiskStore", "STAT_NAMES"]
-
 
 
 def _log() -> Any:
@@ -43,7 +45,6 @@ def _log() -> Any:
 STAT_NAMES = ("disk_hits", "disk_misses", "remote_hits", "remote_misses", "compiles", "refused",
               "quarantined", "errors", "remote_errors", "remote_waits", "remote_too_large",
               "puts", "remote_puts")
-_REMOTE_BACKOFF_S = 30.0
 
 
 class CacheWarning(UserWarning):
@@ -111,7 +112,7 @@ class Cache:
         self._trusted: list[bytes] | None = None
         self._stats = dict.fromkeys(STAT_NAMES, 0)
         self._stats_lock = threading.Lock()
-        self._remote_down_until = 0.0
+        self._remote_tier = RemoteTier(self)
         if sign_with is not None or (self.remote is not None and self._trusted_arg):
             # Misconfigured keys are API misuse: fail here, not at the first miss. (This
             # imports cryptography, which only signing or a remote needs.)
@@ -168,8 +169,9 @@ class Cache:
 
         return save(compiled, sign_with=self.sign_with)
 
-    # ---- tiers -------------------------------------------------------------------------------
+    # ---- the disk tier (the remote one is self._remote_tier) -------------------------------------
     def _warn(self, message: str) -> None:
+        """Log and warn; ``stacklevel`` names the caller of the tier method that failed."""
         _log().warning(message)
         warnings.warn(message, CacheWarning, stacklevel=3)
 
@@ -203,53 +205,6 @@ class Cache:
         self._count("disk_hits")
         return compiled
 
-    def _remote_ok(self) -> bool:
-        return self.remote is not None and time.monotonic() >= self._remote_down_until
-
-    def _remote_failed(self, what: str, exc: BaseException) -> None:
-        self._count("remote_errors")
-        self._remote_down_until = time.monotonic() + _REMOTE_BACKOFF_S
-        self._warn(f"remote cache {what} failed ({type(exc).__name__}: {exc}); using the "
-                   f"local cache and compiler for {_REMOTE_BACKOFF_S:.0f} s")
-
-    def _readable_remote(self) -> bool:
-        return self._remote_ok() and (not self.require_signed_remote or
-                                      self.trusted_keys is not None)
-
-    def _from_remote(self, key: CacheKey | str, count_miss: bool = True) -> Compiled | None:
-        return self._lookup_remote(key, count_miss)[0]
-
-    def _lookup_remote(self, key: CacheKey | str,
-                       count_miss: bool = True) -> tuple[Compiled | None, str]:
-        """(a verified hit or None, ``"hit" | "miss" | "refused" | "error"``)."""
-        digest = check_digest(key)
-        try:
-            data = self.remote.get(digest)
-        except Exception as exc:
-            self._remote_failed("read", exc)
-            return None, "error"
-        if data is None:
-            if count_miss:
-                self._count("remote_misses")
-            return None, "miss"
-        trusted = self.trusted_keys if self.require_signed_remote else None
-        try:
-            from .remote import unwrap_entry
-
-            artifact = unwrap_entry(digest, data, trusted)
-            # The envelope signature (a trusted key, over this key and the artifact's SHA-256)
-            # already vouches for every byte: the loader checks digests, not the signer again.
-            compiled = self._decode(artifact, None, "remote")
-        except Exception as exc:
-            self._count("refused")
-            self._warn(f"remote cache entry {digest[:16]} refused ({type(exc).__name__}: "
-                       f"{exc}); compiling locally")
-            return None, "refused"
-        self._count("remote_hits")
-        # Refetchable and verified on every read: no fsync; the remote keeps the key record.
-        self._put_disk(key, artifact, sync=False, record=False)
-        return compiled, "hit"
-
     def _put_disk(self, key: CacheKey | str, data: bytes, sync: bool = True,
                   record: bool = True) -> None:
         try:
@@ -261,68 +216,12 @@ class Cache:
             self._count("errors")
             self._warn(f"disk cache write of {check_digest(key)[:16]} failed: {exc}")
 
-    def _put_remote(self, key: CacheKey | str, data: bytes) -> None:
-        if not self._remote_ok():
-            return
-        from .remote import wrap_entry
-
-        digest = check_digest(key)
-        try:
-            if self.remote.put(digest, wrap_entry(digest, data, self.sign_with)) is False:
-                self._count("remote_too_large")
-                return
-            if isinstance(key, CacheKey) and hasattr(self.remote, "put_parts"):
-                self.remote.put_parts(key, json.dumps({"parts": key.parts}).encode())
-            self._count("remote_puts")
-        except Exception as exc:
-            self._remote_failed("write", exc)
-
-    # ---- fleet-wide single flight --------------------------------------------------------------
-    def _remote_lock(self, key: str) -> tuple[Compiled | None, str | None]:
-        """Take the fleet lock, or wait for whoever holds it. Returns (a hit, None) when the
-        holder's entry arrived, (None, token) when we hold the lock, (None, None) otherwise."""
-        if not hasattr(self.remote, "try_lock"):
-            return None, None
-        ttl_ms = int(self.lock_ttl_s * 1000)
-        deadline = time.monotonic() + self.wait_s
-        delay = 0.01
-        waited = False
-        try:
-            while True:
-                token = self.remote.try_lock(key, ttl_ms)
-                if token is not None:
-                    # Another process may have put the entry and released the lock between
-                    # our miss and our lock: look once more before compiling.
-                    hit = self._from_remote(key, count_miss=False)
-                    if hit is not None:
-                        self.remote.unlock(key, token)
-                        return hit, None
-                    return None, token
-                if not waited:
-                    waited = True
-                    self._count("remote_waits")
-                while time.monotonic() < deadline:
-                    time.sleep(delay)
-                    delay = min(delay * 1.5, 0.2)
-                    hit, status = self._lookup_remote(key, count_miss=False)
-                    if status != "miss":  # a hit; or an entry we refuse, or an outage:
-                        return hit, None  # waiting longer would not change that
-                    if not self.remote.is_locked(key):
-                        break  # the holder gave up or died: try to take the lock
-                else:
-                    self._warn(f"waited {self.wait_s:.0f} s for another process to compile "
-                               f"{key[:16]}; compiling here")
-                    return None, None
-        except Exception as exc:
-            self._remote_failed("lock", exc)
-            return None, None
-
     # ---- the API -------------------------------------------------------------------------------
     def load(self, key: CacheKey | str) -> Compiled | None:
         """A verified hit from disk or the remote (put through to disk), or None."""
         hit = self._from_disk(key)
-        if hit is None and self._readable_remote():
-            hit = self._from_remote(key)
+        if hit is None and self._remote_tier.readable():
+            hit = self._remote_tier.get(key)
         return hit
 
     def store(self, key: CacheKey | str, compiled: Compiled) -> bytes | None:
@@ -336,7 +235,7 @@ class Cache:
             return None
         self._put_disk(key, data)
         if self.remote is not None:
-            self._put_remote(key, data)
+            self._remote_tier.put(key, data)
         return data
 
     def fetch_or_compile(self, key: CacheKey | str, build: Callable[[], Compiled]) -> Compiled:
@@ -353,8 +252,8 @@ class Cache:
         # The remote before the local lock: a hit needs no lock (concurrent put-throughs of
         # one entry are atomic and identical), and a warm start from Redis skips 50 flocks.
         status = "off"
-        if self._readable_remote():
-            hit, status = self._lookup_remote(key)
+        if self._remote_tier.readable():
+            hit, status = self._remote_tier.lookup(key)
             if hit is not None:
                 return hit
         with contextlib.ExitStack() as stack:
@@ -369,14 +268,14 @@ class Cache:
                 return hit
             token = None
             # Only a plain miss waits for the fleet: after a refused entry (which our
-            # put-through will overwrite) or an outage, compile here at once. _remote_lock
+            # put-through will overwrite) or an outage, compile here at once. The tier's lock
             # looks at the remote again once it holds the fleet lock.
-            if status == "miss" and self._remote_ok():
-                hit, token = self._remote_lock(digest)
+            if status == "miss" and self._remote_tier.ok():
+                hit, token = self._remote_tier.lock(digest)
                 if hit is not None:
                     return hit
             if token is not None:
-                stack.callback(self._unlock_remote, digest, token)
+                stack.callback(self._remote_tier.unlock, digest, token)
             if self.explain_misses and isinstance(key, CacheKey):
                 _log().info("cache miss: %s", self.explain_miss(key))
             compiled = build()
@@ -386,12 +285,6 @@ class Cache:
             self._count("compiles")
             self.store(key, compiled)
             return dataclasses.replace(compiled, origin="compiled")
-
-    def _unlock_remote(self, digest: str, token: str) -> None:
-        try:
-            self.remote.unlock(digest, token)
-        except Exception as exc:
-            self._remote_failed("unlock", exc)
 
     def external(self, *args: Any, **kwargs: Any) -> Compiled:
         """``kp.external(...)`` through the cache: same arguments, keyed by the source bytes
@@ -407,7 +300,7 @@ class Cache:
         """The recorded parts of ``digest`` (disk record, else remote), or None."""
         from .explain import key_record
 
-        remote = self.remote if self._remote_ok() else None
+        remote = self.remote if self._remote_tier.ok() else None
         return key_record(self.disk, remote, check_digest(digest))
 
     def explain(self, key: CacheKey | str) -> str:

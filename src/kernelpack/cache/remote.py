@@ -12,7 +12,7 @@ carries its own kernelpack signature, checked again by ``kp.load(trusted_keys=..
 ``redis://`` URLs are served by :mod:`kernelpack.cache.resp` (six commands, no heavy import);
 ``rediss://`` and ``unix://`` by the ``redis`` package, imported on first use. Every call has a
 socket timeout; the cache above turns any failure into a warning and a local compile (see
-:class:`kernelpack.cache.Cache`).
+:class:`kernelpack.cache.remote_tier.RemoteTier`).
 Keys: ``kernelpack:1:entry:<digest>``, ``...:lock:<digest>``, ``...:parts:<digest>``.
 """
 

@@ -1,0 +1,206 @@
+"""Summary dataclasses → FlatBuffer tables: the ``Program`` of a
+:class:`~kernelpack.summary.KernelSummary` and the ``ImageMeta`` of an
+:class:`~kernelpack.summary.Image` (the inverse of :mod:`kernelpack._decode`), and the vector
+helpers every table of the format is built with.
+
+Pure building, in a fixed order, so the bytes are a function of the summary alone; choosing
+what goes in a file (unique programs, shared modules, deduplicated compressed blobs) and
+wrapping, signing and writing it is :mod:`kernelpack.serializer`'s job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable
+
+import flatbuffers
+
+from ._generated import (Arg as FArg, Constraint as FConstraint, Dim3 as FDim3,
+                         ImageMeta as FImage, Launch as FLaunch, Param as FParam,
+                         Program as FProgram, Scratch as FScratch, Variant as FVariant,
+                         Version as FVersion)
+from .expr_program import ExprEncoder
+from .summary import IMAGE_KINDS, ROLES, Image, KernelSummary, Tensor
+
+__all__ = ["program_table", "image_table", "byte_vector", "u32_vector", "i64_vector",
+           "offset_vector", "string_vector", "ARG_KINDS", "ARCH_SUFFIXES"]
+
+# Stored enum values are indices into these (schema enums ArgKind and ArchSuffix).
+ARG_KINDS = ("buffer", "scalar", "value")
+ARCH_SUFFIXES = ("", "a", "f")
+
+
+def byte_vector(b: flatbuffers.Builder, data: bytes, align: int = 1) -> int:
+    """A ``[ubyte]`` vector copied in one slice, its data ``align``-aligned (the nested body
+    needs 8, which ``Builder.CreateByteVector`` cannot ask for)."""
+    b.StartVector(1, len(data), align)
+    b.head = b.head - len(data)
+    b.Bytes[b.head:b.head + len(data)] = data
+    return b.EndVector()
+
+
+def u32_vector(b: flatbuffers.Builder, values: list[int]) -> int:
+    b.StartVector(4, len(values), 4)
+    for v in reversed(values):
+        b.PrependUint32(v)
+    return b.EndVector()
+
+
+def i64_vector(b: flatbuffers.Builder, values: tuple[int, ...]) -> int:
+    b.StartVector(8, len(values), 8)
+    for v in reversed(values):
+        b.PrependInt64(v)
+    return b.EndVector()
+
+
+def offset_vector(b: flatbuffers.Builder, offsets: list[int]) -> int:
+    """A vector of tables or strings, in the given order."""
+    b.StartVector(4, len(offsets), 4)
+    for off in reversed(offsets):
+        b.PrependUOffsetTRelative(off)
+    return b.EndVector()
+
+
+def string_vector(b: flatbuffers.Builder, names: Iterable[str]) -> int:
+    return offset_vector(b, [b.CreateString(n) for n in names])
+
+
+class _Roots:
+    """Registers a program's expressions with one ExprEncoder, in a fixed order."""
+
+    def __init__(self, summary: KernelSummary) -> None:
+        loops = [s for s in summary.loop_symbols() if s not in summary.bound_symbols()]
+        self.enc = ExprEncoder([*summary.bound_symbols(), *loops])
+        self.positions: list[int] = []
+
+    def add(self, expr: object) -> int:
+        return self.enc.add(expr)  # type: ignore[arg-type]
+
+    def finish(self) -> None:
+        self.encoded, self.positions = self.enc.finish()
+
+    def __getitem__(self, handle: int) -> int:
+        return self.positions[handle]
+
+
+def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
+    """The ``Program`` table of ``s``: every expression is registered first, in a fixed
+    order, so that the shared expression program and its root indices are deterministic."""
+    r = _Roots(s)
+    param_roots = [([r.add(d) for d in p.shape], -1) if isinstance(p, Tensor)
+                   else ([], r.add(p.value) if p.value is not None else -1) for p in s.params]
+    constraint_roots = [r.add(c.predicate) for c in s.constraints]
+    variant_roots = []
+    for v in s.variants:
+        pred = r.add(v.predicate) if v.predicate is not None else -1
+        scratch = [[r.add(d) for d in sc.shape] for sc in v.scratch]
+        launches = []
+        for ln in v.launches:
+            launches.append(([r.add(e) for e in ln.grid], [r.add(e) for e in ln.block],
+                             r.add(ln.shared_mem), r.add(ln.count) if ln.count is not None else -1,
+                             [r.add(a.value) if a.value is not None else 0 for a in ln.args]))
+        variant_roots.append((pred, scratch, launches))
+    r.finish()
+
+    params = []
+    for p, (dims, value) in zip(s.params, param_roots):
+        name = b.CreateString(p.name)
+        shape = u32_vector(b, [r[d] for d in dims]) if isinstance(p, Tensor) else None
+        FParam.Start(b)
+        FParam.AddKind(b, 0 if isinstance(p, Tensor) else 1)
+        FParam.AddName(b, name)
+        FParam.AddDtype(b, p.dtype.code)
+        if isinstance(p, Tensor):
+            FParam.AddRole(b, ROLES.index(p.role))
+            FParam.AddZeroInit(b, p.zero_init)
+            FParam.AddShape(b, shape)
+        elif value >= 0:
+            FParam.AddValue(b, r[value])
+        params.append(FParam.End(b))
+    constraints = []
+    for c, root in zip(s.constraints, constraint_roots):
+        message = b.CreateString(c.message)
+        FConstraint.Start(b)
+        FConstraint.AddPredicate(b, r[root])
+        FConstraint.AddMessage(b, message)
+        constraints.append(FConstraint.End(b))
+    variants = []
+    for v, (pred, scratch_roots, launch_roots) in zip(s.variants, variant_roots):
+        scratch = []
+        for sc, dims in zip(v.scratch, scratch_roots):
+            name, shape = b.CreateString(sc.name), u32_vector(b, [r[d] for d in dims])
+            FScratch.Start(b)
+            FScratch.AddName(b, name)
+            FScratch.AddDtype(b, sc.dtype.code)
+            FScratch.AddShape(b, shape)
+            FScratch.AddZeroInit(b, sc.zero_init)
+            scratch.append(FScratch.End(b))
+        launches = []
+        for ln, (grid, block, smem, count, arg_roots) in zip(v.launches, launch_roots):
+            args = []
+            for a, root in zip(ln.args, arg_roots):
+                name = b.CreateString(a.name)
+                FArg.Start(b)
+                FArg.AddKind(b, ARG_KINDS.index(a.kind))
+                FArg.AddName(b, name)
+                if a.kind == "value":
+                    FArg.AddValue(b, r[root])
+                    FArg.AddDtype(b, a.dtype.code)  # type: ignore[union-attr]
+                args.append(FArg.End(b))
+            kernel, module = b.CreateString(ln.kernel), b.CreateString(ln.module)
+            loop, args_vec = b.CreateString(ln.loop), offset_vector(b, args)
+            FLaunch.Start(b)
+            FLaunch.AddKernel(b, kernel)
+            FLaunch.AddModule(b, module)
+            FLaunch.AddGrid(b, FDim3.CreateDim3(b, *(r[x] for x in grid)))
+            FLaunch.AddBlock(b, FDim3.CreateDim3(b, *(r[x] for x in block)))
+            FLaunch.AddSharedMem(b, r[smem])
+            if count >= 0:
+                FLaunch.AddCount(b, r[count])
+            FLaunch.AddLoop(b, loop)
+            FLaunch.AddArgs(b, args_vec)
+            launches.append(FLaunch.End(b))
+        scratch_vec, launch_vec = offset_vector(b, scratch), offset_vector(b, launches)
+        FVariant.Start(b)
+        if pred >= 0:
+            FVariant.AddPredicate(b, r[pred])
+        FVariant.AddScratch(b, scratch_vec)
+        FVariant.AddLaunches(b, launch_vec)
+        variants.append(FVariant.End(b))
+
+    enc = r.encoded
+    name, symbols = b.CreateString(s.name), string_vector(b, enc.symbols)
+    ops, imms = byte_vector(b, enc.ops), i64_vector(b, enc.imms)
+    vecs = [offset_vector(b, params), offset_vector(b, constraints), offset_vector(b, variants)]
+    FProgram.Start(b)
+    FProgram.AddName(b, name)
+    FProgram.AddSymbols(b, symbols)
+    FProgram.AddOps(b, ops)
+    FProgram.AddImms(b, imms)
+    FProgram.AddParams(b, vecs[0])
+    FProgram.AddConstraints(b, vecs[1])
+    FProgram.AddVariants(b, vecs[2])
+    return FProgram.End(b)
+
+
+def image_table(b: flatbuffers.Builder, image: Image, blob: int, codec: int, stored: bytes) -> int:
+    """The ``ImageMeta`` of ``image``, whose ``stored`` bytes (compressed with ``codec``) are
+    blob number ``blob``."""
+    toolchain = b.CreateString(image.toolchain)
+    digest = byte_vector(b, hashlib.sha256(stored).digest())
+    raw_digest = byte_vector(b, hashlib.sha256(image.data).digest())
+    FImage.Start(b)
+    FImage.AddKind(b, IMAGE_KINDS.index(image.kind))
+    FImage.AddArchMajor(b, image.arch.major)
+    FImage.AddArchMinor(b, image.arch.minor)
+    FImage.AddArchSuffix(b, ARCH_SUFFIXES.index(image.arch.suffix))
+    if image.ptx_isa is not None:
+        FImage.AddPtxIsa(b, FVersion.CreateVersion(b, *image.ptx_isa))
+    FImage.AddCudaVersion(b, image.cuda_version)
+    FImage.AddToolchain(b, toolchain)
+    FImage.AddCodec(b, codec)
+    FImage.AddRawSize(b, len(image.data))
+    FImage.AddDigest(b, digest)
+    FImage.AddRawDigest(b, raw_digest)
+    FImage.AddBlob(b, blob)
+    return FImage.End(b)

@@ -1,0 +1,167 @@
+"""The remote tier of a :class:`~kernelpack.cache.Cache`: trusted reads, put-through writes,
+a back-off after a failure, and the fleet-wide single-flight lock.
+
+What it guarantees (issue 5): a remote that is down, slow or returns garbage costs a
+:class:`~kernelpack.cache.CacheWarning` and a local compile, never a failure, and is then
+skipped for :data:`REMOTE_BACKOFF_S`, so no timeout is paid per key. A remote entry is
+executable code: unless the cache opted out, it is read only when its envelope carries a
+trusted signature, and anything else is refused and counted. N machines missing one key
+compile it once while the remote is reachable (a ``SET NX PX`` lock; the others poll, then
+load), and nobody waits for an entry it would refuse.
+
+The tier keeps only its back-off state. The store, the trust settings, the lock lifetime and
+the wait stay the Cache's public attributes, read at each use; counters, warnings, decoding
+and the put-through to disk go through the Cache, so ``Cache.stats()`` and the warnings are
+the same whichever tier did the work.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+from ..summary import Compiled
+from .disk import check_digest
+from .keys import CacheKey
+
+if TYPE_CHECKING:
+    from . import Cache
+
+__all__ = ["RemoteTier", "REMOTE_BACKOFF_S"]
+
+REMOTE_BACKOFF_S = 30.0
+
+
+class RemoteTier:
+    """The remote half of one Cache (``cache.remote``: a store with ``get``/``put``, and for
+    the fleet lock ``try_lock``/``is_locked``/``unlock``)."""
+
+    def __init__(self, cache: Cache) -> None:
+        # A weak proxy: the Cache owns its tier, and a reference cycle would keep a dropped
+        # Cache (and its Redis socket) alive until the next garbage collection.
+        self._cache = weakref.proxy(cache)
+        self._down_until = 0.0
+
+    def ok(self) -> bool:
+        """A remote is configured and not backing off after a failure."""
+        return self._cache.remote is not None and time.monotonic() >= self._down_until
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        """Count and warn about a failed remote call, and skip the remote for a while."""
+        cache = self._cache
+        cache._count("remote_errors")
+        self._down_until = time.monotonic() + REMOTE_BACKOFF_S
+        cache._warn(f"remote cache {what} failed ({type(exc).__name__}: {exc}); using the "
+                    f"local cache and compiler for {REMOTE_BACKOFF_S:.0f} s")
+
+    def readable(self) -> bool:
+        """Reachable, and with a trusted key to check entries against (unless unsigned
+        entries were allowed): otherwise the remote is only written."""
+        return self.ok() and (not self._cache.require_signed_remote or
+                              self._cache.trusted_keys is not None)
+
+    def get(self, key: CacheKey | str, count_miss: bool = True) -> Compiled | None:
+        """A verified hit (put through to disk), or None."""
+        return self.lookup(key, count_miss)[0]
+
+    def lookup(self, key: CacheKey | str,
+               count_miss: bool = True) -> tuple[Compiled | None, str]:
+        """(a verified hit or None, ``"hit" | "miss" | "refused" | "error"``)."""
+        cache = self._cache
+        digest = check_digest(key)
+        try:
+            data = cache.remote.get(digest)
+        except Exception as exc:
+            self.failed("read", exc)
+            return None, "error"
+        if data is None:
+            if count_miss:
+                cache._count("remote_misses")
+            return None, "miss"
+        trusted = cache.trusted_keys if cache.require_signed_remote else None
+        try:
+            from .remote import unwrap_entry
+
+            artifact = unwrap_entry(digest, data, trusted)
+            # The envelope signature (a trusted key, over this key and the artifact's SHA-256)
+            # already vouches for every byte: the loader checks digests, not the signer again.
+            compiled = cache._decode(artifact, None, "remote")
+        except Exception as exc:
+            cache._count("refused")
+            cache._warn(f"remote cache entry {digest[:16]} refused ({type(exc).__name__}: "
+                        f"{exc}); compiling locally")
+            return None, "refused"
+        cache._count("remote_hits")
+        # Refetchable and verified on every read: no fsync; the remote keeps the key record.
+        cache._put_disk(key, artifact, sync=False, record=False)
+        return compiled, "hit"
+
+    def put(self, key: CacheKey | str, data: bytes) -> None:
+        """Put ``data`` in a signed envelope (and the key's parts, for ``explain``); a failure
+        is a warning and a back-off."""
+        if not self.ok():
+            return
+        from .remote import wrap_entry
+
+        cache = self._cache
+        digest = check_digest(key)
+        try:
+            if cache.remote.put(digest, wrap_entry(digest, data, cache.sign_with)) is False:
+                cache._count("remote_too_large")
+                return
+            if isinstance(key, CacheKey) and hasattr(cache.remote, "put_parts"):
+                cache.remote.put_parts(key, json.dumps({"parts": key.parts}).encode())
+            cache._count("remote_puts")
+        except Exception as exc:
+            self.failed("write", exc)
+
+    # ---- fleet-wide single flight --------------------------------------------------------------
+    def lock(self, key: str) -> tuple[Compiled | None, str | None]:
+        """Take the fleet lock, or wait for whoever holds it. Returns (a hit, None) when the
+        holder's entry arrived, (None, token) when we hold the lock, (None, None) otherwise."""
+        cache = self._cache
+        remote = cache.remote
+        if not hasattr(remote, "try_lock"):
+            return None, None
+        ttl_ms = int(cache.lock_ttl_s * 1000)
+        deadline = time.monotonic() + cache.wait_s
+        delay = 0.01
+        waited = False
+        try:
+            while True:
+                token = remote.try_lock(key, ttl_ms)
+                if token is not None:
+                    # Another process may have put the entry and released the lock between
+                    # our miss and our lock: look once more before compiling.
+                    hit = self.get(key, count_miss=False)
+                    if hit is not None:
+                        remote.unlock(key, token)
+                        return hit, None
+                    return None, token
+                if not waited:
+                    waited = True
+                    cache._count("remote_waits")
+                while time.monotonic() < deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 1.5, 0.2)
+                    hit, status = self.lookup(key, count_miss=False)
+                    if status != "miss":  # a hit; or an entry we refuse, or an outage:
+                        return hit, None  # waiting longer would not change that
+                    if not remote.is_locked(key):
+                        break  # the holder gave up or died: try to take the lock
+                else:
+                    cache._warn(f"waited {cache.wait_s:.0f} s for another process to compile "
+                                f"{key[:16]}; compiling here")
+                    return None, None
+        except Exception as exc:
+            self.failed("lock", exc)
+            return None, None
+
+    def unlock(self, digest: str, token: str) -> None:
+        """Release the fleet lock we hold; a failure is a warning (the lock expires anyway)."""
+        try:
+            self._cache.remote.unlock(digest, token)
+        except Exception as exc:
+            self.failed("unlock", exc)
