@@ -28,7 +28,8 @@ def test_axpy_plan() -> None:
     plan = planner.plan(x=(1000,), y=(1000,), a=2.0)
     assert plan == Plan("axpy", 0, {"n": 1000, "n32": 1000}, {}, (
         PlannedLaunch("axpy", "axpy", (4, 1, 1), (256, 1, 1), 0,
-                      (("buffer", "x"), ("buffer", "y"), ("scalar", "a"), ("scalar", "n32"))),))
+                      (("buffer", "x"), ("buffer", "y"), ("scalar", "a"), ("scalar", "n32"))),),
+        {"n32": 1000})
     assert planner.plan_shapes([(1000,), (1000,)], [2.0]) == plan
     assert planner.plan((1000,), (1000,), 2.0) == plan
 
@@ -182,3 +183,21 @@ def test_plan_is_frozen() -> None:
     plan = Planner(kp_samples.axpy_summary()).plan((3,), (3,), 1.0)
     with pytest.raises(AttributeError):
         plan.variant = 2  # type: ignore[misc]
+
+
+def test_computed_values_and_launch_index() -> None:
+    """``computed`` keeps a computed scalar's value even where a bound symbol of the same name
+    wins in ``symbols``; ``index`` maps each (repeated) launch back to its summary launch."""
+    plain = Launch("k2", "mod", (1,), (1,), (Arg.buffer("x"), Arg.scalar("n")))
+    repeated = Launch("k", "mod", (kp.sym("s") + 1,), (1,), (Arg.buffer("x"),), count=n - 1,
+                      loop="s")
+    p = program([Tensor("x", kp.f32, ("n",)), Scalar("n", kp.i32, value=n * 2)],
+                variants=[Variant((repeated, plain))])
+    for planner in (p, Planner(p.summary, cache_size=0)):
+        plan = planner.plan((3,))
+        assert plan.symbols == {"n": 3} and plan.computed == {"n": 6}
+        assert [(ln.kernel, ln.grid[0], ln.index) for ln in plan.launches] == \
+            [("k", 1, 0), ("k", 2, 0), ("k2", 1, 1)]
+        assert plan == p.reference.plan_shapes([(3,)], [])
+    assert p.plan((1,)).launches == (PlannedLaunch("k2", "mod", (1, 1, 1), (1, 1, 1), 0,
+                                                   (("buffer", "x"), ("scalar", "n")), 1),)

@@ -25,8 +25,8 @@ import operator
 import threading
 from typing import Any, Callable, Optional, Sequence
 
-from ._plan_types import (MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, Allocation, Plan,
-                          PlannedLaunch, dtype_range)
+from ._plan_types import (MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, NO_COMPUTED, Allocation,
+                          Plan, PlannedLaunch, dtype_range)
 from ._plan_ops import OPS as _OPS
 from .expr import INT64_MAX, Expr, sym
 from .summary import KernelSummary, Scalar, Tensor
@@ -117,7 +117,7 @@ def _allocation(r: _Registers, done: set[int], steps: list[Step], name: str, kin
     return (name, static, kind, dtype, regs, zero, dtype.itemsize)
 
 
-def _launch(r: _Registers, done: set[int], steps: list[Step], ln: Any) -> tuple:
+def _launch(r: _Registers, done: set[int], steps: list[Step], ln: Any, index: int) -> tuple:
     if ln.count is not None:
         raise _Unsupported("repeated launch")
     grid = tuple(r.emit(g, done, steps) for g in ln.grid)
@@ -159,8 +159,8 @@ def _launch(r: _Registers, done: set[int], steps: list[Step], ln: Any) -> tuple:
                     planned_args.append(fixed)
             planned_args = tuple(planned_args)
         static = PlannedLaunch(ln.kernel, ln.module, tuple(consts[:3]), block[0],  # type: ignore[arg-type]
-                               block[1], planned_args)
-    return (static, ln.kernel, ln.module, *grid, block, dyn, value_args, args)
+                               block[1], planned_args, index)
+    return (static, ln.kernel, ln.module, *grid, block, dyn, value_args, args, index)
 
 
 def compile_fast(summary: KernelSummary) -> FastPlan | None:
@@ -231,7 +231,8 @@ def compile_fast(summary: KernelSummary) -> FastPlan | None:
                                           t.shape, t.zero_init) for t in s.outputs]
                     allocs += [_allocation(r, vdone, steps_b, sc.name, "scratch", sc.dtype,
                                            sc.shape, sc.zero_init) for sc in v.scratch]
-                    launches = [_launch(r, vdone, steps_b, ln) for ln in v.launches]
+                    launches = [_launch(r, vdone, steps_b, ln, li)
+                                for li, ln in enumerate(v.launches)]
                     bodies[vi] = (len(r.template), tuple(steps_b), tuple(allocs),
                                   tuple(launches))
                 except _Unsupported:
@@ -253,6 +254,7 @@ def _make_run(name: str, ntensors: int, nscalars: int, tensors: tuple, sym_scala
     lmax = INT64_MAX
     one_symbol = len(bound) == 1
     pending = _PENDING
+    no_computed = NO_COMPUTED
 
     def run(shapes: Sequence[Sequence[int]], scalars: Sequence[Any]) -> Plan | None:
         if len(shapes) != ntensors or len(scalars) != nscalars:
@@ -304,12 +306,15 @@ def _make_run(name: str, ntensors: int, nscalars: int, tensors: tuple, sym_scala
                 if not regs[reg]:
                     return None
         symbols = {bound[0]: regs[0]} if one_symbol else dict(zip(bound, regs))
+        cvals = no_computed
         if computed:
+            cvals = {}
             for sname, reg, lo, hi in computed:
                 v = regs[reg]
                 if v < lo or v > hi:
                     return None
                 symbols.setdefault(sname, v)
+                cvals[sname] = v
         vi = 0
         for pred_steps, pred in variants:
             if pred_steps:
@@ -352,7 +357,7 @@ def _make_run(name: str, ntensors: int, nscalars: int, tensors: tuple, sym_scala
                 return None
             allocations[aname] = tnew(Allocation, (aname, kind, dtype, shape, nbytes, zero))
         planned = []
-        for static, kernel, module, rx, ry, rz, block, dyn, value_args, args in launches:
+        for static, kernel, module, rx, ry, rz, block, dyn, value_args, args, li in launches:
             if static is not None:
                 planned.append(static)
                 continue
@@ -380,7 +385,7 @@ def _make_run(name: str, ntensors: int, nscalars: int, tensors: tuple, sym_scala
             else:
                 launch_args = args
             planned.append(tnew(PlannedLaunch, (kernel, module, (gx, gy, gz), blk, smem,
-                                                launch_args)))
-        return tnew(Plan, (name, vi, symbols, allocations, tuple(planned)))
+                                                launch_args, li)))
+        return tnew(Plan, (name, vi, symbols, allocations, tuple(planned), cvals))
 
     return run

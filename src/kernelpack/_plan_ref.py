@@ -107,7 +107,7 @@ class ReferencePlanner:
                                  tuple(field(b, f"{w} block.{'xyz'[i]}") for i, b in enumerate(ln.block)),
                                  field(ln.shared_mem, f"{w} shared_mem"),
                                  field(ln.count, f"{w} count") if ln.count is not None else None,
-                                 sym_index[ln.loop] if ln.loop else -1, args, w))
+                                 sym_index[ln.loop] if ln.loop else -1, args, w, li))
             self._variants.append((pred, scratch, tuple(launches)))
         encoded, positions = enc.finish()
         self.program = ExprProgram(encoded)
@@ -127,7 +127,7 @@ class ReferencePlanner:
             out.append(pred)
             for _, _, _, dims, _ in scratch:
                 out += dims
-            for _, _, grid, block, smem, count, _, args, _ in launches:
+            for _, _, grid, block, smem, count, _, args, _, _ in launches:
                 out += [*grid, *block, smem, count]
                 out += [a[1] for a in args if a[0] == "value"]
         return [f for f in out if isinstance(f, _Field)]
@@ -139,7 +139,7 @@ class ReferencePlanner:
         self._static: dict[int, Any] = {}
         for _, _, launches in self._variants:
             for launch in launches:
-                kernel, module, grid, block, smem, count, _, args, where = launch
+                kernel, module, grid, block, smem, count, _, args, where, _ = launch
                 consts = [*block, smem]
                 if all(v.__class__ is int for v in consts):
                     bx, by, bz, sm = consts
@@ -194,6 +194,7 @@ class ReferencePlanner:
                 raise ConstraintError(f"{where} is {actual}, expected "
                                       f"{self.program.exprs[f.root]} = {expected}")
         symbols = dict(zip(self._bound_names, frame))
+        computed = {}
         for f, c in self._constraints:
             if not (f if f.__class__ is int else value(frame, f.root, f.what)):
                 raise ConstraintError(f"{self.summary.name}: constraint failed: "
@@ -204,6 +205,7 @@ class ReferencePlanner:
                 raise ConstraintError(f"computed scalar {name} = {v} is outside its dtype "
                                       f"range {lo}..{hi}")
             symbols.setdefault(name, v)
+            computed[name] = v
         for vi, (pred, scratch, launches) in enumerate(self._variants):
             if pred if pred.__class__ is int else value(frame, pred.root, pred.what):
                 break
@@ -229,7 +231,7 @@ class ReferencePlanner:
                     f[launch[6]] = i
                 planned.append(self._launch(f, launch))
         return Plan(program=self.summary.name, variant=vi, symbols=symbols,
-                    allocations=allocations, launches=tuple(planned))
+                    allocations=allocations, launches=tuple(planned), computed=computed)
 
     def _allocation(self, frame: list, name: str, kind: str, dtype: DType, dims: list,
                     zero: bool) -> Allocation:
@@ -244,10 +246,10 @@ class ReferencePlanner:
             raise ConstraintError(f"{kind} {name} of shape {shape} needs {nbytes} bytes, "
                                   f"more than int64 can hold")
         return Allocation(name=name, kind=kind, dtype=dtype, shape=shape, nbytes=nbytes,
-                    zero_init=zero)
+                          zero_init=zero)
 
     def _launch(self, frame: list, launch: tuple) -> PlannedLaunch:
-        kernel, module, (gx, gy, gz), block_f, smem_f, _, _, args_f, where = launch
+        kernel, module, (gx, gy, gz), block_f, smem_f, _, _, args_f, where, index = launch
         value = self.program.value
         if gx.__class__ is not int:
             gx = value(frame, gx.root, gx.what)
@@ -283,7 +285,7 @@ class ReferencePlanner:
                     args.append(a)
             args = tuple(args)
         return PlannedLaunch(kernel=kernel, module=module, grid=(gx, gy, gz), block=block,
-                    shared_mem=smem, args=args)
+                             shared_mem=smem, args=args, index=index)
 
     def _sym_name(self, index: int) -> str:
         return self.program.symbols[index]

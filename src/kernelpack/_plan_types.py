@@ -7,15 +7,16 @@ reference evaluator (``_plan_ref.py``) build identical objects and word errors i
 from __future__ import annotations
 
 import operator
-from typing import Any, NamedTuple, Sequence
+from types import MappingProxyType
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from .dtypes import DType
 from .errors import ConstraintError
 from .expr import INT64_MAX, INT64_MIN
 
 __all__ = ["Plan", "Allocation", "PlannedLaunch", "MAX_BLOCK_THREADS", "MAX_GRID_X",
-           "MAX_GRID_YZ", "check_block", "check_smem", "dim", "dim_at", "dtype_range",
-           "merge_inputs"]
+           "MAX_GRID_YZ", "NO_COMPUTED", "check_block", "check_smem", "dim", "dim_at",
+           "dtype_range", "merge_inputs"]
 
 MAX_BLOCK_THREADS = 1024
 MAX_GRID_X = (1 << 31) - 1
@@ -38,7 +39,9 @@ class Allocation(NamedTuple):
 
 class PlannedLaunch(NamedTuple):
     """One kernel launch with concrete dimensions. ``args`` items are ``("buffer", name)``,
-    ``("scalar", name)`` or ``("value", int, DType)``."""
+    ``("scalar", name)`` or ``("value", int, DType)``. ``index`` is the launch's position in
+    its variant's ``launches`` (the copies of a repeated launch share it): the runtime keeps
+    one parameter block and one loaded function per summary launch and finds them by it."""
 
     kernel: str
     module: str
@@ -46,17 +49,26 @@ class PlannedLaunch(NamedTuple):
     block: tuple[int, int, int]
     shared_mem: int
     args: tuple[tuple[Any, ...], ...]
+    index: int = 0
+
+
+NO_COMPUTED: Mapping[str, int] = MappingProxyType({})
 
 
 class Plan(NamedTuple):
     """The evaluated summary for one call. ``symbols`` holds every bound symbol and each
-    computed scalar parameter's value; repeated launches are expanded in order."""
+    computed scalar parameter's value; repeated launches are expanded in order.
+
+    ``computed`` holds each computed scalar parameter's value by name, on its own: in
+    ``symbols`` a bound symbol of the same name wins, and a kernel argument ``("scalar",
+    name)`` of a computed parameter must get the computed value (what the runtime writes)."""
 
     program: str
     variant: int
     symbols: dict[str, int]
     allocations: dict[str, Allocation]
     launches: tuple[PlannedLaunch, ...]
+    computed: Mapping[str, int] = NO_COMPUTED
 
 
 def dtype_range(dtype: DType) -> tuple[int, int]:

@@ -1,11 +1,12 @@
-"""The second half of a call: evaluate, allocate (or take ``out=``), write slots, launch.
+"""The second half of a call: allocate (or take ``out=``), write slots, launch a plan.
 
-Split from :mod:`.launcher` (which reads and checks the arguments) to keep each module about
-one thing. Nothing here allocates when ``out=`` covers every output and the program has no
-scratch buffers, so a captured CUDA graph contains only the launches (and memsets of
-``zero_init`` outputs).
+Split from :mod:`.launcher` (which reads and checks the arguments and asks the planner for
+the call's :class:`~kernelpack.planner.Plan`) to keep each module about one thing. Nothing
+here allocates when ``out=`` covers every output and the program has no scratch buffers, so a
+captured CUDA graph contains only the launches (and memsets of ``zero_init`` outputs).
 
-Error guarantee: every check runs before the first launch is queued; a driver failure on a
+Error guarantee: every check runs before the first launch is queued (the summary's checks in
+the planner, before this module runs); a driver failure on a
 launch raises a LaunchError naming the kernel (earlier launches of the same call have been
 queued, as with any sequence of CUDA calls).
 """
@@ -16,11 +17,10 @@ import struct
 from typing import Any
 
 from ..dtypes import uint8
-from ..errors import ConstraintError, KernelPackError, LaunchError
+from ..errors import LaunchError
 from . import driver as _drv
-from ..limits import MAX_LAUNCH_REPEAT
 from .arrays import GENERIC, adapter_for
-from .binding import ARG_BUFFER, ARG_SCALAR
+from .binding import ARG_BUFFER, ARG_SCALAR, fills_of
 
 __all__ = ["run", "cu_stream"]
 
@@ -52,46 +52,23 @@ def _outputs_in_order(out: Any, outputs: list, program: str) -> list:
     return items
 
 
-def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, syms: list, vals: list,
-        shapes: list, scalars: list, out: Any) -> Any:
+def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: Any,
+        out: Any) -> Any:
+    """Allocate (or take ``out=``), write the slots and launch what ``plan`` says."""
     bs = bp.bound
-    prog = bs.program
-    frame = prog.new_frame(syms)
-    value = prog.value
     name = bp.name
-    try:
-        for spec, pname, i, expr, k in bs.dim_checks:
-            n = shapes[k][i]
-            if value(frame, spec[0], spec[1]) != n:
-                raise ConstraintError(f"{name}: {pname}.shape[{i}] is {n}, expected {expr}")
-        for spec, message in bs.constraints:
-            if not (spec if spec.__class__ is int else value(frame, spec[0], spec[1])):
-                raise ConstraintError(f"{name}: constraint failed: {message}")
-        for vi, variant in enumerate(bs.variants):
-            pred = variant.predicate
-            if pred is None or (pred if pred.__class__ is int else value(frame, pred[0], pred[1])):
-                break
-        else:
-            raise ConstraintError(f"{name}: no variant applies")
-        out_shapes = []
-        for alloc in (*bs.outputs, *variant.scratch):
-            shape = tuple(s if s.__class__ is int else value(frame, s[0], s[1])
-                          for s in alloc.shape)
-            for n in shape:
-                if n < 0:
-                    raise ConstraintError(f"{name}: {alloc.kind} {alloc.name} has negative "
-                                          f"shape {shape}")
-            out_shapes.append(shape)
-        nbuf = bp._nbuf
-        for slot, spec in bs.computed:
-            vals[nbuf + slot] = spec if spec.__class__ is int else value(frame, spec[0], spec[1])
-    except KernelPackError as exc:
-        raise bp._diagnose(shapes, scalars, exc) from None
+    variant = bs.variants[plan.variant]
+    if variant.fills:
+        fill_from = bs.fill_from
+        vals[fill_from:fill_from + len(variant.fills)] = fills_of(variant, plan)
+    allocations = plan.allocations
     n_out = len(bs.outputs)
     memsets: list[tuple[int, int]] = []
     if out is not None:
         results = _outputs_in_order(out, bs.outputs, name)
-        for alloc, arr, shape in zip(bs.outputs, results, out_shapes):
+        for alloc, arr in zip(bs.outputs, results):
+            planned = allocations[alloc.name]
+            shape = planned.shape
             ad = adapter_for(arr)
             ptr, ashape, dt, dev, contiguous = ad.read(arr, alloc.name, sh)
             tok = ad.dtype_token(alloc.dtype)
@@ -108,15 +85,16 @@ def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, syms: list, vals: 
                 raise LaunchError(f"{name}: out {alloc.name!r} is not C-contiguous")
             vals[alloc.slot] = ptr
             if alloc.zero_init:
-                memsets.append((ptr, _nbytes(shape, alloc.dtype.itemsize)))
+                memsets.append((ptr, planned.nbytes))
     else:
         results = []
-        for alloc, shape in zip(bs.outputs, out_shapes):
-            arr, ptr = adapter.empty(shape, alloc.dtype, device, sh)
+        for alloc in bs.outputs:
+            planned = allocations[alloc.name]
+            arr, ptr = adapter.empty(planned.shape, alloc.dtype, device, sh)
             results.append(arr)
             vals[alloc.slot] = ptr
             if alloc.zero_init:
-                memsets.append((ptr, _nbytes(shape, alloc.dtype.itemsize)))
+                memsets.append((ptr, planned.nbytes))
     drv = _drv_mod or _driver()
     dev = st.device
     if sh < 3:  # NULL / legacy / per-thread default stream: the current context decides
@@ -129,8 +107,8 @@ def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, syms: list, vals: 
     keep: list[Any] = []     # framework scratch arrays: alive until the launches are queued
     ordered: list[int] = []  # our own scratch: freed stream-ordered after the launches
     try:
-        for alloc, shape in zip(variant.scratch, out_shapes[n_out:]):
-            nbytes = _nbytes(shape, alloc.dtype.itemsize)
+        for alloc in variant.scratch:
+            nbytes = allocations[alloc.name].nbytes
             if adapter is GENERIC:
                 ptr = int(_drv.check(drv.cuMemAllocAsync(max(nbytes, 1), cs),
                                      f"{name}: allocating scratch {alloc.name!r}"))
@@ -141,7 +119,7 @@ def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, syms: list, vals: 
             vals[alloc.slot] = ptr
             if alloc.zero_init:
                 memsets.append((ptr, nbytes))
-        _queue(bp, st, vi, variant, frame, vals, cs, memsets, shapes, scalars)
+        _queue(bp, st, plan, variant, vals, cs, memsets)
     finally:
         for ptr in ordered:
             drv.cuMemFreeAsync(ptr, cs)
@@ -150,63 +128,47 @@ def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, syms: list, vals: 
     return tuple(results) if n_out else None
 
 
-def _queue(bp: Any, st: Any, vi: int, variant: Any, frame: list, vals: list, cs: Any,
-           memsets: list, shapes: list, scalars: list) -> None:
-    """Evaluate and check every (repeated) launch of the variant, then zero-fill and launch
-    them in order: a failed check queues nothing."""
+def _queue(bp: Any, st: Any, plan: Any, variant: Any, vals: list, cs: Any,
+           memsets: list) -> None:
+    """Check that every (repeated) launch's values fit their parameters, then zero-fill and
+    launch them in order: a failed check queues nothing."""
     drv = _drv_mod or _driver()
-    bs = bp.bound
-    prog, value, name = bs.program, bs.program.value, bp.name
-    planned = []
-    try:
-        for ls, func in zip(variant.launches, st.funcs[vi]):
-            count = 1
-            if ls.count is not None:
-                count = ls.count if ls.count.__class__ is int else value(frame, ls.count[0],
-                                                                         ls.count[1])
-                if not 0 <= count <= MAX_LAUNCH_REPEAT:
-                    raise ConstraintError(f"{name}: {ls.kernel} count = {count}, expected "
-                                          f"0..{MAX_LAUNCH_REPEAT}")
-            for k in range(count):
-                f = frame
-                if ls.loop_symbol >= 0:
-                    f = prog.new_frame(frame[:bs.nsym])
-                    f[ls.loop_symbol] = k
-                dims = ls.dims or [s if s.__class__ is int else value(f, s[0], s[1])
-                                   for s in (*ls.grid, *ls.block, ls.shared_mem)]
-                for v in dims:
-                    if not 0 <= v < (1 << 32):
-                        raise LaunchError(f"{name}: launch of {ls.kernel}: dimensions "
-                                          f"{list(dims)} do not fit the driver's unsigned ints")
-                if not (dims[0] and dims[1] and dims[2]):
-                    continue  # an empty grid: nothing to do (size-0 tensors)
-                args = ls.getter(vals) if ls.simple else tuple(_arg_values(bp, ls, f, vals))
-                try:
-                    ls.layout.pack(*args)  # range check now, before anything is queued
-                except (struct.error, OverflowError) as exc:
-                    raise LaunchError(f"{name}: an argument of {ls.kernel} does not fit its "
-                                      f"parameter ({exc})") from None
-                planned.append((ls, func, dims, args))
-    except KernelPackError as exc:
-        raise bp._diagnose(shapes, scalars, exc) from None
+    name = bp.name
+    funcs = st.funcs[plan.variant]
+    launches = variant.launches
+    queued = []
+    for pl in plan.launches:
+        grid = pl.grid
+        if not (grid[0] and grid[1] and grid[2]):
+            continue  # an empty grid: nothing to do (size-0 tensors)
+        ls = launches[pl.index]
+        args = ls.getter(vals) if ls.simple else _arg_values(bp.bound.nbuf, ls, pl, vals)
+        try:
+            ls.layout.pack(*args)  # range check now, before anything is queued
+        except (struct.error, OverflowError) as exc:
+            raise LaunchError(f"{name}: an argument of {ls.kernel} does not fit its "
+                              f"parameter ({exc})") from None
+        queued.append((ls, funcs[pl.index], pl, args))
     for ptr, nbytes in memsets:
         if nbytes:
             _drv.check(drv.cuMemsetD8Async(ptr, 0, nbytes, cs), f"{name}: zero-filling an output")
     launch = drv.cuLaunchKernel
     with bp._lock:  # the parameter blocks are shared by every caller of the program
-        for ls, func, d, args in planned:
+        for ls, func, pl, args in queued:
+            if ls.param_buf is None:
+                ls.make_block()
             ls.layout.pack_into(ls.param_buf, 0, *args)
-            err, = launch(func, d[0], d[1], d[2], d[3], d[4], d[5], d[6], cs, ls.params_addr, 0)
+            (gx, gy, gz), (bx, by, bz), smem = pl.grid, pl.block, pl.shared_mem
+            err, = launch(func, gx, gy, gz, bx, by, bz, smem, cs, ls.params_addr, 0)
             if err:
                 failure = _drv.error_for(err, f"{name}: launching {ls.kernel} with grid "
-                                              f"{tuple(d[:3])} block {tuple(d[3:6])} "
-                                              f"shared_mem {d[6]}")
-                raise bp._diagnose(shapes, scalars, failure) from failure.__cause__
+                                              f"{(gx, gy, gz)} block {(bx, by, bz)} "
+                                              f"shared_mem {smem}")
+                raise failure from failure.__cause__
 
 
-def _arg_values(bp: Any, ls: Any, frame: list, vals: list) -> list:
-    value = bp.bound.program.value
-    nbuf = bp._nbuf
+def _arg_values(nbuf: int, ls: Any, pl: Any, vals: list) -> tuple:
+    """The slot values of a launch with an argument that reads its loop counter."""
     out = []
     for kind, ref in ls.args:
         if kind == ARG_BUFFER:
@@ -214,8 +176,8 @@ def _arg_values(bp: Any, ls: Any, frame: list, vals: list) -> list:
         elif kind == ARG_SCALAR:
             out.append(vals[nbuf + ref])
         else:
-            out.append(ref if ref.__class__ is int else value(frame, ref[0], ref[1]))
-    return out
+            out.append(pl.args[ref][1])
+    return tuple(out)
 
 
 def _nbytes(shape: tuple[int, ...], itemsize: int) -> int:

@@ -128,7 +128,7 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
             pack(ts.bufs[j], 0, *(vals if getter is None else getter(vals)))
         except Exception:  # struct.error / OverflowError: the general path explains
             return slow(args, out, stream)
-        err, = launch(st.funcs[0][j], gx, gy, gz, bx, by, bz, smem, cs, ts.addrs[j], 0)
+        err, = launch(st.flat[j], gx, gy, gz, bx, by, bz, smem, cs, ts.addrs[j], 0)
         if err:
             relaunch(err, st, ts, device, sh, one, cs)
         return ret

@@ -1,10 +1,11 @@
 """Fast paths for PyTorch and CuPy callers: per-call work reduced to what must happen.
 
-Most calls are "tensors of one framework in, one variant, plain launches". For those, a closure
+Most calls are "tensors of one framework in, plain launches". For those, a closure
 built at bind time (:mod:`.fast_torch`, :mod:`.fast_cupy`) reads each tensor's pointer, dtype,
 device, contiguity and shape through the framework's own attributes, looks the shapes up in a
-per-program plan cache (binding, checks and every expression are evaluated once per distinct
-shape), allocates the outputs (or checks ``out=``), writes the slots and launches.
+per-program cache of launch-ready entries (made once per distinct shape from the program's
+:class:`~kernelpack.planner.Plan`: binding, checks and every expression are the planner's),
+allocates the outputs (or checks ``out=``), writes the slots and launches.
 
 Anything unusual (another array type, ``stream=`` without ``out=``, a failed check, a first
 call on a new device, a scalar needing conversion) falls back to the general path *before* any
@@ -38,27 +39,26 @@ import sys
 import threading
 from typing import Any, Callable
 
-from .binding import ARG_BUFFER, DIM_BIND, DIM_CONST, DIM_SAME
+from ..errors import KernelPackError
+from .binding import fills_of
 
 __all__ = ["make_fast_path", "fits", "split_scalars", "FastCore", "ThreadState"]
 
 Call = Callable[[Any, Any, Any], Any]
 
-# Plans kept per program (distinct input shapes); cleared when full.
+# Launch-ready entries kept per program (distinct input shapes); cleared when full.
 PLAN_CACHE_SIZE = 256
 
 
 def fits(bs: Any) -> bool:
-    """Whether a program's calls can take a fast path at all (one unconditional variant, plain
-    launches, no scratch, no zero-filled outputs, no dims checked by expression, scalars that
-    need no conversion)."""
-    if len(bs.variants) != 1 or bs.variants[0].predicate is not None:
+    """Whether a program's calls can take a fast path at all (plain launches, no scratch, no
+    zero-filled outputs, scalars that need no conversion). Variants are fine: the planner
+    picks one per shape, and the entry of that shape launches its kernels."""
+    if any(o.zero_init for o in bs.outputs):
         return False
-    variant = bs.variants[0]
-    if variant.scratch or bs.dim_checks or any(o.zero_init for o in bs.outputs):
-        return False
-    if any(ls.count is not None or not ls.simple for ls in variant.launches):
-        return False
+    for variant in bs.summary.variants:
+        if variant.scratch or any(ln.count is not None for ln in variant.launches):
+            return False
     if not any(s.is_tensor for s in bs.inputs):
         return False
     # f16/bf16/bool scalars need conversion: the general path does it
@@ -76,7 +76,8 @@ def _trust_thread_context() -> bool:
 
 class ThreadState:
     """One thread's state for one program: its parameter blocks (``bufs[j]`` and the
-    ``kernelParams`` address ``addrs[j]`` for launch ``j``) and ``ctx``, the device whose
+    ``kernelParams`` address ``addrs[j]`` for launch ``j``, numbered over every variant's
+    launches in order) and ``ctx``, the device whose
     primary context this thread was last confirmed to have current (-1: none)."""
 
     __slots__ = ("ctx", "bufs", "addrs", "_keep")
@@ -105,33 +106,30 @@ class FastCore:
         bs = bp.bound
         self.bp = bp
         self.name = bp.name
-        prog = bs.program
-        self.new_frame, self.value = prog.new_frame, prog.value
-        self.nsym, self.nbuf = bs.nsym, bp._nbuf
-        self.tensor_dims = [(i, s.dims) for i, s in enumerate(bs.inputs) if s.is_tensor]
+        self.plan_shapes = bp.plan_shapes
+        self.variants = bs.variants
+        self.ntensors = bs.n_tensors
+        self.tensor_index = [i for i, s in enumerate(bs.inputs) if s.is_tensor]
         self.in_tokens = in_tokens
-        self.symbol_scalars = [(s.symbol, s.same_symbol) for s in bs.inputs
-                               if not s.is_tensor and s.symbol >= 0]
-        self.computed = [(self.nbuf + slot, spec) for slot, spec in bs.computed]
-        self.fill_from = bp._nvals - len(self.computed)
-        assert [pos for pos, _ in self.computed] == list(range(self.fill_from, bp._nvals))
-        self.constraints = [spec for spec, _ in bs.constraints]
-        self.outputs = [(o.slot, o.shape, tok) for o, tok in zip(bs.outputs, out_tokens)]
+        # the planner's scalars: a key carries the symbol ones; the others do not matter to it
+        self.symbol_positions = [s.slot for s in bs.inputs if not s.is_tensor and s.is_symbol]
+        self.n_scalars = bs.n_scalars
+        self.fill_from = bs.fill_from
+        self.nfill = bs.nvals - bs.fill_from
+        self.outputs = [(o.slot, o.name, tok) for o, tok in zip(bs.outputs, out_tokens)]
+        # every variant's launches in one list (``j`` below): ``first[v]`` is variant v's first
         self.launches = []
+        self.first: list[int] = []
         self.layouts: list[tuple[int, list[int]]] = []
-        identity = list(range(bp._nvals))
-        for ls in bs.variants[0].launches:
-            specs = [*ls.grid, *ls.block, ls.shared_mem]
-            base = [s if s.__class__ is int else 0 for s in specs]
-            dynamic = [(j, s[0], s[1]) for j, s in enumerate(specs) if s.__class__ is not int]
-            # getter None: the parameters are the call's value list itself, in order (the
-            # usual case), so the block is packed from it with no intermediate tuple
-            order = [(r if k == ARG_BUFFER else self.nbuf + r) for k, r in ls.args]
-            getter = None if order == identity else ls.getter
-            self.launches.append((getter, ls.layout.pack_into, ls.kernel, base, dynamic))
-            start = ctypes.addressof(ls.param_buf)
-            offsets = [p - start for p in ls._keep] if ls.args else []
-            self.layouts.append((ls.layout.size, offsets))
+        identity = list(range(bs.nvals))
+        for variant in bs.variants:
+            self.first.append(len(self.launches))
+            for ls in variant.launches:
+                # getter None: the parameters are the call's value list itself, in order (the
+                # usual case), so the block is packed from it with no intermediate tuple
+                getter = None if ls.order == identity else ls.getter
+                self.launches.append((getter, ls.layout.pack_into, ls.kernel))
+                self.layouts.append((ls.size, ls.offsets))
         self.cache: dict[tuple, Any] = {}
         self.local = threading.local()
         self.trust_context = _trust_thread_context()
@@ -142,67 +140,44 @@ class FastCore:
 
     # ---- once per shape ---------------------------------------------------------------------
     def plan(self, key: tuple) -> Any:
-        """Bind, check and evaluate for one key (input shapes, then integer scalars); None
-        when anything fails (the general path then explains). Cached per key.
+        """The launch-ready entry for one key (input shapes, then the symbol scalars), made
+        from the planner's plan; None when the planner refuses (the general path then asks it
+        again and raises its error). Cached per key.
 
         Returns ``(fills, shapes, todo, likes, one)``: the computed values (the value list's
         last ``len(fills)`` slots, or None when there are none), output shapes,
         the non-empty launches ``(getter, pack_into, j, gx, gy, gz, bx, by, bz, smem)``, per
         output the index of an input it can be allocated like (-1: none), and the launch
         when there is exactly one (else None)."""
-        value = self.value
-        syms: list[Any] = [None] * self.nsym
-        for (_, dims), shape in zip(self.tensor_dims, key):
-            if len(shape) != len(dims):
-                return None
-            for (kind, a), n in zip(dims, shape):
-                if kind == DIM_BIND:
-                    syms[a] = n
-                elif kind == DIM_SAME:
-                    if syms[a] != n:
-                        return None
-                elif kind == DIM_CONST and n != a:
-                    return None
-        for (sym, same), v in zip(self.symbol_scalars, key[len(self.tensor_dims):]):
-            if same and syms[sym] != v:
-                return None
-            syms[sym] = v
-        frame = self.new_frame(syms)
+        nt = self.ntensors
+        scalars: list[Any] = [0] * self.n_scalars
+        for pos, v in zip(self.symbol_positions, key[nt:]):
+            scalars[pos] = v
         try:
-            for spec in self.constraints:
-                if not (spec if spec.__class__ is int else value(frame, spec[0], spec[1])):
-                    return None
-            # computed values fill the last slots of the value list, in order
-            fills = [spec if spec.__class__ is int else value(frame, spec[0], spec[1])
-                     for _, spec in self.computed]
-            shapes = []
-            for _, dims, _ in self.outputs:
-                shape = tuple(s if s.__class__ is int else value(frame, s[0], s[1]) for s in dims)
-                if any(n < 0 for n in shape):
-                    return None
-                shapes.append(shape)
-            todo = []
-            for j, (getter, pack, _, base, dynamic) in enumerate(self.launches):
-                dims = base.copy()
-                for jj, root, what in dynamic:
-                    dims[jj] = value(frame, root, what)
-                if any(not 0 <= v < (1 << 32) for v in dims):
-                    return None
-                if dims[0] and dims[1] and dims[2]:
-                    todo.append((getter, pack, j, *dims))
-        except ArithmeticError:  # ExpressionError / ExprEvalError
+            plan = self.plan_shapes(key[:nt], scalars)
+        except (KernelPackError, TypeError, ValueError, ArithmeticError):
             return None
+        fills = fills_of(self.variants[plan.variant], plan)
+        fills += [0] * (self.nfill - len(fills))  # the value list keeps its length
+        first = self.first[plan.variant]
+        shapes = tuple(plan.allocations[oname].shape for _, oname, _ in self.outputs)
+        todo = []
+        for pl in plan.launches:
+            (gx, gy, gz), (bx, by, bz) = pl.grid, pl.block
+            if gx and gy and gz:
+                j = first + pl.index
+                getter, pack, _ = self.launches[j]
+                todo.append((getter, pack, j, gx, gy, gz, bx, by, bz, pl.shared_mem))
         # An output shaped and typed like an input can be allocated "like" it, which is
         # cheaper than parsing dtype/device arguments; inputs here are contiguous.
         likes = []
         for (_, _, tok), shape in zip(self.outputs, shapes):
-            likes.append(next((i for (i, _), ishape in zip(self.tensor_dims, key)
+            likes.append(next((i for i, ishape in zip(self.tensor_index, key)
                                if self.in_tokens[i] is tok and tuple(ishape) == shape), -1))
         if len(self.cache) >= PLAN_CACHE_SIZE:
             self.cache.clear()
         one = todo[0] if len(todo) == 1 else None
-        entry = self.cache[key] = (fills or None, tuple(shapes), tuple(todo), tuple(likes),
-                                   one)
+        entry = self.cache[key] = (fills or None, shapes, tuple(todo), tuple(likes), one)
         return entry
 
     # ---- once per thread ----------------------------------------------------------------------
@@ -225,7 +200,7 @@ class FastCore:
                 item[1](bufs[item[2]], 0, *(vals if getter is None else getter(vals)))
         except Exception:  # struct.error / OverflowError: the general path explains
             return False
-        funcs, addrs, launch = st.funcs[0], ts.addrs, self.launch
+        funcs, addrs, launch = st.flat, ts.addrs, self.launch
         for item in todo:
             _, _, j, gx, gy, gz, bx, by, bz, smem = item
             err, = launch(funcs[j], gx, gy, gz, bx, by, bz, smem, cs, addrs[j], 0)
@@ -254,7 +229,7 @@ class FastCore:
             cerr, cur = self.ctx_get()
             if cerr or int(cur) != st.device.ctx_id:
                 st.device.make_current()
-                err, = self.launch(st.funcs[0][j], gx, gy, gz, bx, by, bz, smem, cs,
+                err, = self.launch(st.flat[j], gx, gy, gz, bx, by, bz, smem, cs,
                                    ts.addrs[j], 0)
                 if not err:
                     if self.trust_context:
@@ -277,7 +252,7 @@ def split_scalars(bp: Any) -> tuple[tuple, tuple]:
         if rng is None:
             floats.append((i, bp._nbuf + s.slot))
         else:
-            ints.append((i, bp._nbuf + s.slot, rng[0], rng[1], s.symbol >= 0))
+            ints.append((i, bp._nbuf + s.slot, rng[0], rng[1], s.is_symbol))
     return tuple(floats), tuple(ints)
 
 

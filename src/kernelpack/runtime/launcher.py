@@ -1,27 +1,27 @@
 """The launch path: a program bound once, then per call shapes → numbers → slots → launch.
 
-Binding (first call on a device) lays out the parameter blocks (:mod:`.binding`), loads the
-modules for that device (:mod:`.library`) and casts each ``CUkernel`` to the ``CUfunction``
-``cuLaunchKernel`` takes. A call then reads the arguments (framework fast paths), binds and
-checks the symbols, evaluates the few non-constant expressions, allocates outputs in the
-caller's framework (or takes ``out=``), writes every slot with one ``struct.pack_into`` and
-calls ``cuLaunchKernel`` with the prebuilt ``kernelParams`` address.
+Binding (first call) lays out the parameter blocks (:mod:`.binding`) and takes the program's
+:class:`~kernelpack.planner.Planner` (the loader's, shared with ``program.plan()``); the first
+call on a device loads the modules for it (:mod:`.library`) and casts each ``CUkernel`` to the
+``CUfunction`` ``cuLaunchKernel`` takes. A call then reads the arguments (framework fast
+paths), asks the planner for the plan of these shapes and scalars (cached per shape; it checks
+every constraint and evaluates every expression), allocates outputs in the caller's framework
+(or takes ``out=``), writes every slot with one ``struct.pack_into`` and calls
+``cuLaunchKernel`` with the prebuilt ``kernelParams`` address.
 
-Any check that fails on the hot path is re-diagnosed by the loader's
-:class:`~kernelpack.planner.Planner`, so errors read the same as ``program.plan(...)``'s.
+The summary is evaluated in one place, so a call's errors are ``program.plan(...)``'s.
 """
 
 from __future__ import annotations
 
-import operator
 import sys
 import threading
 from typing import Any, Sequence
 
-from ..errors import ConstraintError, KernelPackError, LaunchError
+from ..errors import LaunchError
 from . import driver as _drv
 from .arrays import GENERIC, Adapter, adapter_for, release_held, stream_handle
-from .binding import ARG_BUFFER, DIM_BIND, DIM_CONST, DIM_SAME, BoundSummary, scalar_range
+from .binding import BoundSummary, scalar_range
 from .device import Device, current_device_ordinal, get_device
 from .library import load_module, preload
 from .execute import run
@@ -33,13 +33,16 @@ _adapters_by_type: dict[type, Adapter] = {}
 
 
 class _DeviceState:
-    """What a bound program needs on one device: the device and one function per launch."""
+    """What a bound program needs on one device: the device and one function per launch
+    (``funcs[variant][launch]``, and the same in one list, variant after variant: ``flat``,
+    which the fast paths index)."""
 
-    __slots__ = ("device", "funcs", "libraries")
+    __slots__ = ("device", "funcs", "flat", "libraries")
 
     def __init__(self, device: Device, funcs: list[list[Any]], libraries: list[Any]) -> None:
         self.device = device
         self.funcs = funcs
+        self.flat = [f for variant in funcs for f in variant]
         self.libraries = libraries
 
 
@@ -57,18 +60,10 @@ class BoundProgram:
         self._input_names = [s.name for s in bs.inputs]
         self._ranges = [scalar_range(s.dtype) if not s.is_tensor else None for s in bs.inputs]
         self._tokens: dict[Adapter, list[Any]] = {}
-        self._nbuf = max(v.buffer_count for v in bs.variants)
-        self._nvals = self._nbuf + bs.n_scalars + len(bs.computed)
-        for v in bs.variants:
-            for ls in v.launches:
-                if ls.simple:
-                    idx = [(r if k == ARG_BUFFER else self._nbuf + r) for k, r in ls.args]
-                    ls.getter = (operator.itemgetter(*idx) if len(idx) > 1 else
-                                 (lambda vals, i=idx[0]: (vals[i],)) if idx else
-                                 (lambda vals: ()))
-                dims = (*ls.grid, *ls.block, ls.shared_mem)
-                ls.dims = dims if all(x.__class__ is int for x in dims) else None
-        self._planner: Any = None
+        self._nbuf, self._nvals = bs.nbuf, bs.nvals
+        self.planner = _planner_of(program)
+        #: ``plan_shapes(shapes, scalars) -> Plan``: the one evaluation of the summary
+        self.plan_shapes = self.planner.plan_shapes
         # What call_program invokes: the general path until the first device is bound, then
         # the torch/cupy fast path when the program fits one (see fastpath.py).
         self.call: Any = self.__call__
@@ -123,23 +118,6 @@ class BoundProgram:
         for lib in st.libraries:
             preload(lib, st.device)
 
-    def planner(self) -> Any:
-        if self._planner is None:
-            planner = getattr(self.program, "planner", None)
-            if planner is None:
-                from ..planner import Planner
-                planner = Planner(self.program.summary)
-            self._planner = planner
-        return self._planner
-
-    def _diagnose(self, shapes: list, scalars: list, fallback: KernelPackError) -> KernelPackError:
-        """The planner's error for these inputs (same wording as ``plan()``), else ``fallback``."""
-        try:
-            self.planner().plan_shapes(shapes, scalars)
-        except (KernelPackError, TypeError) as exc:
-            return exc  # type: ignore[return-value]
-        return fallback
-
     def _tokens_for(self, adapter: Adapter) -> list[Any]:
         toks = self._tokens.get(adapter)
         if toks is None:
@@ -156,12 +134,10 @@ class BoundProgram:
             release_held()  # DLPack capsules read for this call: the work is queued
 
     def _call(self, args: Sequence[Any], out: Any, stream: Any) -> Any:
-        bs = self.bound
-        inputs = bs.inputs
+        inputs = self.bound.inputs
         if len(args) != len(inputs):
             raise TypeError(f"{self.name} takes {len(inputs)} inputs {self._input_names} "
                             f"(got {len(args)})")
-        syms = bs.symbol_template.copy()
         vals: list[Any] = [0] * self._nvals
         shapes: list[Any] = []
         scalars: list[Any] = []
@@ -184,24 +160,7 @@ class BoundProgram:
                 if dt is not tokens[i] and dt != tokens[i]:
                     raise LaunchError(f"{self.name}: argument {spec.name!r} has dtype "
                                       f"{ad.dtype_name(dt)}, expected {spec.dtype}")
-                dims = spec.dims
                 shapes.append(shape)
-                if len(shape) != len(dims):
-                    raise self._diagnose_inputs(args, LaunchError(
-                        f"{self.name}: argument {spec.name!r} has rank {len(shape)}, expected "
-                        f"{len(dims)}"))
-                for (kind, a), n in zip(dims, shape):
-                    if kind == DIM_BIND:
-                        syms[a] = n
-                    elif kind == DIM_SAME:
-                        if syms[a] != n:
-                            raise self._diagnose_inputs(args, ConstraintError(
-                                f"{self.name}: argument {spec.name!r} shape {tuple(shape)} "
-                                f"disagrees with an earlier dimension"))
-                    elif kind == DIM_CONST and n != a:
-                        raise self._diagnose_inputs(args, ConstraintError(
-                            f"{self.name}: argument {spec.name!r} shape {tuple(shape)}: a dim "
-                            f"must be {a}"))
                 if dev == -1:
                     raise LaunchError(f"{self.name}: argument {spec.name!r} is in host memory; "
                                       f"move it to a CUDA device first")
@@ -219,12 +178,8 @@ class BoundProgram:
                 value = convert_scalar(arg, spec.dtype, self._ranges[i], spec.name, self.name)
                 vals[self._nbuf + spec.slot] = value
                 scalars.append(value)
-                if spec.symbol >= 0:
-                    if spec.same_symbol and syms[spec.symbol] != int(value):
-                        raise self._diagnose_inputs(args, ConstraintError(
-                            f"{self.name}: scalar {spec.name} = {value} disagrees with the "
-                            f"dimension named {spec.name!r}"))
-                    syms[spec.symbol] = int(value)
+        # ranks, dims, constraints, variant, sizes, launch limits: the planner's checks
+        plan = self.plan_shapes(shapes, scalars)
         if device < 0:  # no tensor argument says (only scalars, or size-0 arrays)
             device = _out_device(out) if out is not None else current_device_ordinal()
         if adapter is None:
@@ -232,20 +187,22 @@ class BoundProgram:
         if explicit is None:
             sh = adapter.current_stream(device)
         st = self._states.get(device) or self.state(device)
-        result = run(self, st, device, sh, adapter, syms, vals, shapes, scalars, out)
+        result = run(self, st, device, sh, adapter, vals, plan, out)
         if adapter.name not in self._fast_for and adapter.name in ("torch", "cupy"):
             with self._lock:  # a framework imported after binding: cover it too
                 self._refresh_fast_path()
         return result
 
-    def _diagnose_inputs(self, args: Sequence[Any], fallback: KernelPackError) -> KernelPackError:
-        shapes, scalars = [], []
-        for spec, arg in zip(self.bound.inputs, args):
-            if spec.is_tensor:
-                shapes.append(tuple(getattr(arg, "shape", ())))
-            else:
-                scalars.append(arg)
-        return self._diagnose(shapes, scalars, fallback)
+
+def _planner_of(program: Any) -> Any:
+    """The program's own planner (a loaded ``Program`` has one, shared with its ``plan()``),
+    else a new one (``kp.Compiled``)."""
+    planner = getattr(program, "planner", None)
+    if planner is None:
+        from ..planner import Planner
+
+        planner = Planner(program.summary)
+    return planner
 
 
 def _modules_of(program: Any) -> dict[str, Any]:
