@@ -34,6 +34,17 @@ def test_sources(data: bytes, tmp_path: Path) -> None:
         kp.load(12)
 
 
+@pytest.mark.parametrize("read_limit", [0, 1 << 20])
+def test_large_files_are_mapped_small_ones_read(data: bytes, tmp_path: Path, read_limit: int,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "a.kpack"
+    path.write_bytes(data)
+    monkeypatch.setattr(loader, "_READ_LIMIT", read_limit)
+    pack = kp.load(path)
+    assert pack.compiled("axpy") == kp.load(data).compiled("axpy")
+    assert isinstance(pack._buf.obj, bytes) == (read_limit > 0)  # else an mmap
+
+
 def test_empty_file(tmp_path: Path) -> None:
     (tmp_path / "e.kpack").write_bytes(b"")
     with pytest.raises(FormatError, match="0 bytes"):

@@ -281,6 +281,11 @@ def _sorted_unique(names: list[str], what: str) -> None:
             raise FormatError(f"body: {what} names must be sorted and unique ({a!r} then {b!r})")
 
 
+# Files up to this size are read into memory; larger ones are memory-mapped, so a pack of many
+# programs costs only the pages its used programs and images touch.
+_READ_LIMIT = 1 << 20
+
+
 def _open(source: object) -> memoryview:
     if isinstance(source, (bytes, bytearray, memoryview)):
         view = memoryview(source).cast("B") if isinstance(source, memoryview) else memoryview(source)
@@ -296,6 +301,8 @@ def _open(source: object) -> memoryview:
                               f"{MAX_FILE_SIZE}")
         if size == 0:
             return memoryview(b"")
+        if size <= _READ_LIMIT:  # small files: one read costs less than mapping (and unmapping)
+            return memoryview(f.read())
         return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
 
