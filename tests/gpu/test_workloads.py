@@ -243,3 +243,25 @@ def test_half_precision_and_bool_scalars_reach_the_kernel_intact() -> None:
         ref = x.astype(np.float64) * s + t if flag else x.astype(np.float64)
         # float16 storage: about 3 significant decimal digits
         assert np.max(np.abs(got - ref)) <= 2e-3 * max(1.0, float(np.max(np.abs(ref)))), (s, t, flag)
+
+
+@pytest.mark.parametrize("name", ["phase", "angle"])
+@pytest.mark.parametrize("dt", [kp.float32, kp.float64], ids=["f32", "f64"])
+def test_encodings_at_every_unrolled_rest_length(packs, name, dt):
+    """Thread rows reduce their n terms in unrolled groups of 8 and a straight-line rest
+    (lowering/threadrows.py): n = 1..17 covers every rest length with 0, 1 and 2 groups;
+    angles in [-pi, pi), outputs poisoned with NaN first."""
+    from kernelpack.lowering.workloads import REFERENCES
+
+    program = packs[dt][f"{name}_{dt.name}"]
+    npdt = np.float32 if dt == kp.float32 else np.float64
+    rng = np.random.default_rng(11)
+    for n in range(1, 18):
+        x = ((rng.random((3, n)) * 2 - 1) * np.pi).astype(npdt)
+        xt = torch.from_numpy(x).cuda()
+        (alloc,) = program.plan(xt).allocations.values()
+        out = torch.full(alloc.shape, float("nan"), dtype=_TORCH[alloc.dtype.name], device="cuda")
+        program(xt, out=out)
+        torch.cuda.synchronize()
+        ref = np.asarray(REFERENCES[name](x.astype(np.float64)))
+        _check(out.cpu().numpy(), ref, TOL[dt], f"{name} {dt.name} n={n}")

@@ -98,6 +98,21 @@ def test_encoding_thread_rows_have_no_per_term_conversions(dt):
     assert "cvt.f64.f32" not in body and f"mul.rn.{t}" in body
 
 
+@pytest.mark.parametrize("dt", [kp.float32, kp.float64], ids=["f32", "f64"])
+def test_encoding_terms_share_one_shift_per_group(dt):
+    """Thread rows reduce in unrolled groups of 8 (lowering/threadrows.py): the amplitude index
+    is shifted once per group (by the group's first k) and each term tests a constant bit,
+    instead of a shift by k per term."""
+    ws = F32 if dt == kp.float32 else F64
+    b = pipeline.run(pipeline.new_build(ws["phase"], ["sm_90"], None, {}), stop="ptx")
+    body = _entry(b.ptx.decode(), f"phase_{dt.name}_0_rowthread")
+    tests: dict[str, set[int]] = {}
+    for reg, mask in re.findall(r"and\.b64\s+%rd\d+, (%rd\d+), (\d+);", body):
+        tests.setdefault(reg, set()).add(int(mask))
+    assert any({1 << u for u in range(8)} <= masks for masks in tests.values()), tests
+    assert body.count("shr.u64") + body.count("shr.s64") <= 3  # was 10: one per unrolled term
+
+
 def test_math_links_only_what_it_uses():
     b = pipeline.run(pipeline.new_build(F32["gelu"], ["sm_80"], None, {}), stop="ptx")
     text = b.ptx.decode()
@@ -282,3 +297,11 @@ def test_libdevice_is_found_and_recorded():
     assert libdevice.digest().startswith("sha256:") and len(libdevice.digest()) == 71
     c = kp.compile(F32["gelu"], targets=["sm_80"])
     assert libdevice.digest() in c.modules[0].images[0].toolchain
+
+
+def test_float64_trig_compiles_to_the_same_bytes_twice_in_one_process():
+    """LLVM numbers call sequences in PTX comments with a per-process counter; float64 sin/cos
+    call their slow path, so without stripping those comments a second compile differed."""
+    first, second = kp.compile(F64["phase"]), kp.compile(F64["phase"])
+    assert kp.save([first]) == kp.save([second])
+    assert b"callseq" not in first.modules[0].images[-1].data

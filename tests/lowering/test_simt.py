@@ -270,3 +270,24 @@ def test_division_by_a_row_value_keeps_exact_results_for_extreme_divisors():
     ref = xd / xd.sum(-1, keepdims=True)
     for i in range(3):
         _check(got[i], ref[i], 1e-6 if i != 1 else 1e-5, f"row {i}")
+
+
+@pytest.mark.parametrize("dt", [kp.float32, kp.float64], ids=["f32", "f64"])
+def test_thread_rows_at_every_group_and_rest_length(dt):
+    """Thread rows (<= 32 terms) reduce in unrolled groups of 8 and a rest
+    (lowering/threadrows.py): masked means of rows 1..32 long cover every rest length with
+    0..4 groups; phase and angle up to n = 10 shift by split counts."""
+    W = F32 if dt == kp.float32 else F64
+    npdt = np.float32 if dt == kp.float32 else np.float64
+    rng = np.random.default_rng(17)
+    k = Kernels(W["masked_mean"])
+    for n in range(1, 33):
+        x, m = rng.standard_normal((2, n)).astype(npdt), rng.random((2, n)) < 0.7
+        m[:, 0] = True
+        _check(k(x, m)[0], REFERENCES["masked_mean"](x.astype(np.float64), m), TOL[dt],
+               f"masked_mean n={n}")
+    for name in ("phase", "angle"):
+        k = Kernels(W[name])
+        for n in (1, 7, 8, 9, 10):
+            x = ((rng.random((2, n)) * 2 - 1) * np.pi).astype(npdt)
+            _check(k(x)[0], REFERENCES[name](x.astype(np.float64)), TOL[dt], f"{name} n={n}")

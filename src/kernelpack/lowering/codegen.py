@@ -11,7 +11,6 @@ math is 64-bit.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple, Sequence
 
 from llvmlite import ir
@@ -21,8 +20,8 @@ from ..errors import CompileError
 from ..expr import Expr
 from ..graph import COMPARE, Graph, Node
 from .bounds import int_max, shift_count_syms
-from .irutil import (I32, I64, Loops, Val, component, const_of, convert, storage_type,
-                     to_compute, to_storage)
+from .irutil import I64, Loops, Val, component, const_of, convert, storage_type, to_compute
+from .memory import Memory
 
 __all__ = ["Ctx", "Emitter", "NotRowSchedulable", "acc_dtype", "ZERO"]
 
@@ -60,7 +59,7 @@ def _same(a: ir.Value, b: ir.Value) -> bool:
             and a.constant == b.constant)
 
 
-class Emitter:
+class Emitter(Memory):
     """Builds one kernel function. ``buffers``/``scalars`` are the kernel's pointer and value
     parameters (name, dtype) in order; ``symbols`` the i64 dim parameters that follow."""
 
@@ -98,28 +97,18 @@ class Emitter:
         self.recips: dict[int, ir.Value] = {}  # div node id -> 1/divisor (row-uniform divisor)
         self.aligned: dict[tuple, ir.Value] = {}  # (buffer, size) -> i1 alignment check
         self.shift_syms = shift_count_syms(graph)  # dims known to be in 0..63
+        self.splits: dict[int, tuple[ir.Value, ir.Value, int]] = {}  # see split_index
         for n, (a, d) in self.buffers.items():
             a.add_attribute("noalias")
 
-    def aligned16(self) -> ir.Value:
-        """i1 (in the entry block): every buffer accessed in 16-byte groups is 16-byte
-        aligned. Call after emitting the vectorized body."""
-        e = self.entry
-        bits: ir.Value = ir.Constant(I64, 0)
-        for name in sorted(self.touched):
-            bits = e.or_(bits, e.ptrtoint(self.buffers[name][0], I64))
-        return e.icmp_unsigned("==", e.and_(bits, ir.Constant(I64, 15)), ir.Constant(I64, 0))
-
-    def element_aligned(self, buf: str, dt: DType) -> ir.Value:
-        """i1 (computed once, in the entry block): buffer ``buf`` is aligned to ``dt``'s
-        whole size (complex: both parts in one vector access)."""
-        key = ("aligned", buf, dt.itemsize)
-        hit = self.aligned.get(key)
-        if hit is None:
-            e = self.entry
-            low = e.and_(e.ptrtoint(self.buffers[buf][0], I64), ir.Constant(I64, dt.itemsize - 1))
-            hit = self.aligned[key] = e.icmp_unsigned("==", low, ZERO)
-        return hit
+    def split_index(self, base: ir.Value, offset: int) -> ir.Value:
+        """``base + offset`` (i64, ``base >= 0``), recorded so that a shift by it is emitted
+        as a shift by ``base`` and then by the constant ``offset`` (equal for in-range
+        counts): unrolled terms share the first shift and test constant bits
+        (:mod:`.threadrows`)."""
+        j = base if not offset else self.b.add(base, ir.Constant(I64, offset))
+        self.splits[id(j)] = (j, base, offset)
+        return j
 
     def finish(self) -> None:
         self.entry.branch(self.body)
@@ -170,61 +159,6 @@ class Emitter:
                 continue
             off = self.b.add(self.b.mul(off, self.expr(d)), c) if off is not ZERO else c
         return off
-
-    # ---- memory ------------------------------------------------------------------------------
-    def _align(self, buf: str, dt: DType, part: int, contiguous: bool) -> int | None:
-        """Alignment of an access in a vectorized lane: ``gcd(16, byte offset in the 16-byte
-        group)`` (LLVM's load/store vectorizer then emits ld/st.v2/.v4); None elsewhere."""
-        if self.vec_lane is None or not contiguous:
-            return None
-        self.touched.add(buf)
-        comp = dt.itemsize // 2 if dt.is_complex else dt.itemsize
-        return math.gcd(16, self.vec_lane * dt.itemsize + part * comp) or 16
-
-    def load(self, buf: str, dt: DType, offset: ir.Value, contiguous: bool = False) -> Val:
-        ptr, _ = self.buffers[buf]
-        st = storage_type(dt)
-        b = self.b
-        if dt.is_complex:
-            base = b.mul(offset, ir.Constant(I64, 2))
-            re = b.load(b.gep(ptr, [base], inbounds=True, source_etype=st), typ=st,
-                        align=self._align(buf, dt, 0, contiguous))
-            im = b.load(b.gep(ptr, [b.add(base, ir.Constant(I64, 1))], inbounds=True,
-                              source_etype=st), typ=st, align=self._align(buf, dt, 1, contiguous))
-            return (re, im)
-        return to_compute(b, b.load(b.gep(ptr, [offset], inbounds=True, source_etype=st),
-                                    typ=st, align=self._align(buf, dt, 0, contiguous)), dt)
-
-    def store(self, buf: str, dt: DType, offset: ir.Value, v: Val,
-              contiguous: bool = False) -> None:
-        ptr, _ = self.buffers[buf]
-        st = storage_type(dt)
-        b = self.b
-        if dt.is_complex:
-            base = b.mul(offset, ir.Constant(I64, 2))
-            if self.vec_lane is None:
-                # one st.global.v2 per element where the buffer is aligned to the element's
-                # size (a uniform branch; views of float buffers may be only 4/8-aligned)
-                vt = ir.VectorType(st, 2)
-                pair = b.insert_element(b.insert_element(ir.Constant(vt, None), v[0],
-                                                         ir.Constant(I32, 0)),
-                                        v[1], ir.Constant(I32, 1))
-                with b.if_else(self.element_aligned(buf, dt)) as (whole, parts):
-                    with whole:
-                        b.store(pair, b.gep(ptr, [offset], inbounds=True, source_etype=vt),
-                                align=dt.itemsize)
-                    with parts:
-                        b.store(v[0], b.gep(ptr, [base], inbounds=True, source_etype=st))
-                        b.store(v[1], b.gep(ptr, [b.add(base, ir.Constant(I64, 1))],
-                                            inbounds=True, source_etype=st))
-                return
-            b.store(v[0], b.gep(ptr, [base], inbounds=True, source_etype=st),
-                    align=self._align(buf, dt, 0, contiguous))
-            b.store(v[1], b.gep(ptr, [b.add(base, ir.Constant(I64, 1))], inbounds=True,
-                                source_etype=st), align=self._align(buf, dt, 1, contiguous))
-            return
-        b.store(to_storage(b, v, dt), b.gep(ptr, [offset], inbounds=True, source_etype=st),
-                align=self._align(buf, dt, 0, contiguous))
 
     # ---- node values -------------------------------------------------------------------------
     def push(self) -> None:
@@ -314,8 +248,12 @@ class Emitter:
         x, y = (self.operand(i, ctx, common) for i in node.inputs)
         if op in ("shl", "shr") and common.kind in "iu":
             top = self.int_max(node.inputs[1])
-            return binary(self, op, x, y, common,
-                          count_in_range=top is not None and top < 8 * common.itemsize)
+            exact = top is not None and top < 8 * common.itemsize
+            split = self.splits.get(id(y)) if exact else None
+            if split is not None and split[0] is y and split[2]:
+                x = binary(self, op, x, split[1], common, count_in_range=True)
+                y = ir.Constant(y.type, split[2])
+            return binary(self, op, x, y, common, count_in_range=exact)
         return binary(self, op, x, y, common)
 
     def int_max(self, nid: int) -> int | None:

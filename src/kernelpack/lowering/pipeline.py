@@ -8,6 +8,7 @@ stage given a partly filled record (tests inspect the IR or the PTX of a fusion 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -113,7 +114,14 @@ def ptx(b: Build) -> Build:
 
     lowest = min(b.archs)
     cpu = f"sm_{lowest.major}{lowest.minor}{lowest.suffix}"
-    return dataclasses.replace(b, ptx=emit_ptx(b.ir, cpu, b.kernels, b.libdevice))
+    text = emit_ptx(b.ir, cpu, b.kernels, b.libdevice)
+    # LLVM numbers call sequences in comments with a per-process counter (`{ // callseq 3,
+    # 0`): a second compile in one process gave other PTX bytes (float64 sin/cos call their
+    # slow path). The comments go; nvJitLink's cubins are the same with or without them.
+    return dataclasses.replace(b, ptx=_CALLSEQ.sub(b"", text))
+
+
+_CALLSEQ = re.compile(rb"[ \t]*// callseq \d+(?:, \d+)?")
 
 
 def toolchain_string(libdevice: bool) -> str:
