@@ -348,6 +348,9 @@ def run_scenarios(n: int, repeat: int, tmp: Path, env: dict[str, str],
     triton_dir = tmp / "triton-src"
     triton_dir.mkdir()
     (triton_dir / "kp_ws_triton.py").write_text(triton_source())
+    import compileall  # the Triton side's module gets its bytecode too (see warmstart._gpu_main)
+
+    compileall.compile_dir(str(triton_dir), quiet=1)
     kp_cfg = {"mode": "kp", "kernels": n, "here": str(HERE), "disk": str(tmp / "kp-disk")}
     tr_cfg = {"mode": "triton", "kernels": n, "here": str(HERE), "triton_dir": str(triton_dir)}
     kp_env = dict(env, TRITON_CACHE_DIR=str(tmp / "triton-unused"))
