@@ -311,7 +311,8 @@ def load(path_or_bytes: object, *, trusted_keys: Iterable[object] | None = None)
 
     Parameters
     ----------
-    path_or_bytes: a path (memory-mapped) or bytes / bytearray / memoryview.
+    path_or_bytes: a path (read, or memory-mapped when over 1 MiB) or bytes / bytearray /
+        memoryview.
     trusted_keys: public keys (see :func:`kernelpack.signing.load_public_key`); when given, an
         unsigned artifact or one not signed by one of them raises SignatureError.
 
