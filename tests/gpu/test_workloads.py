@@ -265,3 +265,23 @@ def test_encodings_at_every_unrolled_rest_length(packs, name, dt):
         torch.cuda.synchronize()
         ref = np.asarray(REFERENCES[name](x.astype(np.float64)))
         _check(out.cpu().numpy(), ref, TOL[dt], f"{name} {dt.name} n={n}")
+
+
+@pytest.mark.parametrize("b,variant", [(65535, 0), (65536, 1)])
+def test_phase_float64_at_the_one_row_per_thread_edge(packs, b, variant):
+    """float64 phase has a kernel bounded for 2048 resident threads per SM for launches with one
+    row per thread (rows <= 65535 x 256 = b·2^8 here, variant 0) and the unbounded row-loop
+    kernel above (variant 1: the last rows go to a second pass of the grid-stride loop)."""
+    from kernelpack.lowering.workloads import REFERENCES
+
+    program = packs[kp.float64]["phase_float64"]
+    x = ((np.random.default_rng(b).random((b, 8)) * 2 - 1) * np.pi)
+    xt = torch.from_numpy(x).cuda()
+    plan = program.plan(xt)
+    assert plan.variant == variant and plan.launches[0].grid[0] == 65535
+    (alloc,) = plan.allocations.values()
+    out = torch.full(alloc.shape, float("nan"), dtype=torch.complex128, device="cuda")
+    program(xt, out=out)
+    torch.cuda.synchronize()
+    _check(out.cpu().numpy(), np.asarray(REFERENCES["phase"](x)), TOL[kp.float64],
+           f"phase float64 b={b} n=8")

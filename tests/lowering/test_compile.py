@@ -113,6 +113,44 @@ def test_encoding_terms_share_one_shift_per_group(dt):
     assert body.count("shr.u64") + body.count("shr.s64") <= 3  # was 10: one per unrolled term
 
 
+def test_float64_light_thread_rows_have_a_one_row_per_thread_variant():
+    """phase float64 (a sum of light terms): a first variant for launches where each thread owns
+    one row (rows <= GRID_CAP x 256), whose kernel is bounded for 2048 resident threads per SM
+    (`.minnctapersm 8`); the row-loop kernel, unbounded, stays for larger launches. Angle (a
+    sincos per term), masked_mean (no transcendental per row: memory-bound terms were slower
+    bounded) and float32 kernels keep one thread-row kernel."""
+    c = kp.compile(F64["phase"], targets=["sm_90", "ptx"])
+    rows, short = sym("b") * shl(1, "n"), le("n", 32)
+    assert [v.predicate for v in c.summary.variants] == [
+        land(short, le(rows, 65535 * 256)), short, le("n", 4096), None]
+    assert [v.launches[0].kernel.rsplit("_", 1)[1] for v in c.summary.variants] == [
+        "rowthread1", "rowthread", "rowwarpt4", "rowblock256t4"]
+    prog = kp.load(kp.save([c]))["phase_float64"]
+    for shape, variant, grid in (((128, 14), 0, 8192), ((128, 16), 0, 32768),
+                                 ((65535, 8), 0, 65535), ((65536, 8), 1, 65535),
+                                 ((128, 17), 1, 65535), ((1, 33), 2, 65535)):
+        plan = prog.plan(x=shape)
+        assert (plan.variant, plan.launches[0].grid[0]) == (variant, grid), shape
+    ptx = next(i.data for i in c.modules[0].images if i.kind == "ptx").decode()
+    one = _entry(ptx, "phase_float64_0_rowthread1")
+    loop = _entry(ptx, "phase_float64_0_rowthread")
+    assert ".maxntid 256" in one and ".minnctapersm 8" in one
+    assert ".maxntid 256" in loop and ".minnctapersm" not in loop
+    # the same code otherwise: one sincos, one vector store, the grid-stride row loop
+    assert one.count("cvt.rni.s32") == loop.count("cvt.rni.s32") == 1
+    assert one.count("st.global.v2.b64") == loop.count("st.global.v2.b64") == 1
+    for other in (F64["angle"], F64["masked_mean"], F32["phase"], F32["angle"]):
+        kernels = [v.launches[0].kernel.rsplit("_", 1)[1]
+                   for v in kp.compile(other, targets=["sm_90"]).summary.variants]
+        assert kernels[0] == "rowthread" and "rowthread1" not in kernels, kernels
+
+
+def test_one_row_variant_artifacts_are_deterministic():
+    first, second = kp.compile(F64["phase"]), kp.compile(F64["phase"])
+    assert [i.data for i in first.modules[0].images] == [i.data for i in second.modules[0].images]
+    assert kp.save([first]) == kp.save([second])
+
+
 def test_math_links_only_what_it_uses():
     b = pipeline.run(pipeline.new_build(F32["gelu"], ["sm_80"], None, {}), stop="ptx")
     text = b.ptx.decode()

@@ -291,3 +291,26 @@ def test_thread_rows_at_every_group_and_rest_length(dt):
         for n in (1, 7, 8, 9, 10):
             x = ((rng.random((2, n)) * 2 - 1) * np.pi).astype(npdt)
             _check(k(x)[0], REFERENCES[name](x.astype(np.float64)), TOL[dt], f"{name} n={n}")
+
+
+def test_one_row_thread_variant_matches_the_row_loop_kernel():
+    """float64 phase (light terms, a sincos per row) has a second thread-row kernel, bounded for
+    2048 resident threads, for launches that give each thread one row
+    (schedule.ONE_ROW_MIN_THREADS): small shapes take it, and the unbounded row-loop kernel run
+    on the same launch gives the same bits."""
+    k = Kernels(F64["phase"])
+    one, plain = "phase_float64_0_rowthread1", "phase_float64_0_rowthread"
+    rng = np.random.default_rng(23)
+    for n in (1, 7, 9, 10):
+        x = ((rng.random((3, n)) * 2 - 1) * np.pi).astype(np.float64)
+        plan = k.planner.plan(x.shape)
+        assert plan.variant == 0 and [l.kernel for l in plan.launches] == [one]
+        got = k(x)[0]
+        _check(got, REFERENCES["phase"](x), TOL[kp.float64], f"phase n={n}")
+        bounded = k.functions[one]
+        k.functions[one] = k.functions[plain]  # the same launch through the row-loop kernel
+        try:
+            again = k(x)[0]
+        finally:
+            k.functions[one] = bounded
+        assert np.array_equal(got, again), f"phase n={n}"

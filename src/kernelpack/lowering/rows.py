@@ -12,7 +12,8 @@ emitter's value cache shares every load and intermediate between the reduction p
 output — one read and one write of the row. A launch takes 16-byte loads/stores when its
 buffers are 16-byte aligned and rows a whole number of chunks, else coalesced scalars (one
 uniform branch). Elements past the row's end are guarded: not loaded, masked out, not stored.
-A thread that owns a row alone (<= 32 terms) reduces it in unrolled groups (:mod:`.threadrows`).
+A thread that owns a row alone (<= 32 terms) reduces it in unrolled groups (:mod:`.threadrows`);
+the one-row-per-thread variant of such a kernel differs only in its launch bounds.
 """
 
 from __future__ import annotations
@@ -103,12 +104,16 @@ def row(em: Emitter, spec: KernelSpec) -> None:
 def _launch_bounds(em: Emitter, spec: KernelSpec) -> None:
     """``__launch_bounds__(block, MIN_THREADS_PER_SM / block)`` as NVVM annotations (LLVM
     emits ``.maxntid``/``.minnctapersm``): ptxas keeps a register-held row within the register
-    budget of that many resident threads per SM instead of taking ~250 registers."""
+    budget of that many resident threads per SM instead of taking ~250 registers. Thread rows
+    are bounded only where the schedule asks (the one-row-per-thread variant,
+    ``schedule.ONE_ROW_MIN_THREADS``) or ``threadrows.MIN_THREADS`` does."""
     ann = [("maxntidx", spec.block)]
+    most = 0
     if spec.slots:
-        ann.append(("minctasm", max(1, (spec.min_threads or MIN_THREADS_PER_SM) // spec.block)))
-    elif spec.group == "thread" and threadrows.MIN_THREADS[threadrows.width(em, spec.reduces)]:
-        most = threadrows.MIN_THREADS[threadrows.width(em, spec.reduces)]
+        most = spec.min_threads or MIN_THREADS_PER_SM
+    elif spec.group == "thread":
+        most = spec.min_threads or threadrows.MIN_THREADS[threadrows.width(em, spec.reduces)]
+    if most:
         ann.append(("minctasm", max(1, most // spec.block)))
     for key, value in ann:
         em.module.add_named_metadata("nvvm.annotations", [

@@ -6,7 +6,10 @@ grid-stride loop). A kernel whose reductions all reduce the trailing axes of ten
 the leading *outer* dims is a *row* kernel: a group of threads owns a row, reduces it
 cooperatively, keeps the results, and writes the row's outputs (softmax, layernorm, masked
 means, the quantum encodings). Its group size is chosen at run time from the row length by
-variant predicates: a thread per row for short reduce-only rows, then a warp and then a block
+variant predicates: a thread per row for short reduce-only rows (float64 sums of light terms
+followed by a transcendental per row first in a kernel bounded for 2048 resident threads when
+each thread gets one row: the phase encoding up to 2^16 amplitudes at B = 128), then a warp
+and then a block
 per row reading tiles of 16-byte chunks (:mod:`.tiles`); rows that are written back (softmax,
 layernorm) are held in registers — a warp per row up to 256 elements (float32), then blocks of
 64..512 threads per row up to 8192 (:data:`REG_GROUPS`) — and longer rows loop. Full
@@ -28,7 +31,7 @@ __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "reduces_of", "r
            "vector_width", "BLOCK", "UNROLL", "ROW_BLOCK", "WARP_ROWS", "CHUNK", "GRID_CAP",
            "THREAD_ROW_MAX", "WARP_ROW_MAX", "WARP_KEEP_MAX", "REG_GROUPS", "REG_GROUPS_LIGHT",
            "REG_GROUPS_LIGHT_WIDE", "MIN_THREADS_PER_SM", "TILE_CHUNKS", "TILE_WARP_MAX",
-           "TILE_BLOCK"]
+           "TILE_BLOCK", "ONE_ROW_MIN_THREADS", "acc_width"]
 
 BLOCK = 256            # threads per block of pointwise, thread-per-row and partial kernels
 ROW_BLOCK = 512        # threads of a block-per-row kernel
@@ -40,6 +43,17 @@ THREAD_ROW_MAX = 32    # reduce-only rows this short: one thread per row
 WARP_ROW_MAX = 4096    # reduce-only rows up to this: one warp per row
 WARP_KEEP_MAX = 2048   # rows that are also written back (softmax): warp up to this
 MIN_THREADS_PER_SM = 512  # register-held rows: ptxas keeps registers within 65536 / this
+# thread rows whose terms are light (no transcendental or division per term: phase, not angle)
+# and whose per-row work has a transcendental (phase's sincos, not masked_mean's division) get
+# a second kernel for launches where every thread owns one row (rows <= GRID_CAP·BLOCK), with
+# registers for this many resident threads per SM, by the accumulator width in bytes
+# (:func:`acc_width`; 0: no such variant). One row per thread is latency-bound (a short sum,
+# then one float64 sincos per thread): more resident threads hide it. H200, B = 128, phase
+# float64 against the unbounded kernel (58 registers; 30 here): n = 14 / 15 / 16 -9 / -8 /
+# -10%, kp/NVRTC 1.14 -> 1.03 (n = 14), 1.09 -> 0.96 (n = 16); at 2048 for every launch it
+# was 6-9% slower at n = 18/20, angle and float32 kernels 0-4% slower at every n, masked_mean
+# float64 (rows of 8..32) 3-8% slower one row per thread (notes/encoding-perf.md).
+ONE_ROW_MIN_THREADS = {4: 0, 8: 2048}
 # reduce-only rows (masked means) longer than a thread's: tiled loops (lowering/tiles.py), each
 # lane TILE_CHUNKS 16-byte chunks per input in flight per iteration; a warp per row up to
 # TILE_WARP_MAX elements, then TILE_BLOCK threads per row. The plain loops held ~20 bytes in
@@ -89,7 +103,8 @@ class KernelSpec:
     vec: int = 1                    # elements per 16-byte group (1: no vectors)
     slots: int = 0                  # row: 16-byte chunks per thread held in registers (0: loops)
     tiled: bool = False             # row: `slots` chunks per thread per tile of a loop (tiles.py)
-    min_threads: int = 0            # row with slots: resident threads per SM ptxas must allow
+    min_threads: int = 0            # row with slots, or thread rows: resident threads per SM
+    #                                 ptxas must allow (thread rows: 0 = no bound)
 
 
 @dataclass(frozen=True)
@@ -133,6 +148,13 @@ def vector_width(graph: Graph, roots: list[int]) -> int:
         if node.op == "input":
             widest = max(widest, node.dtype.itemsize)
     return 16 // widest if widest <= 8 else 1
+
+
+def acc_width(graph: Graph, reduces: tuple[int, ...] | list[int]) -> int:
+    """4 or 8: the widest result of a kernel's reductions in bytes (complex: one part)."""
+    sizes = [graph.nodes[r].dtype.itemsize // (2 if graph.nodes[r].dtype.is_complex else 1)
+             for r in reduces]
+    return 8 if max(sizes, default=4) > 4 else 4
 
 
 def depends_on_reduce(graph: Graph, nid: int) -> bool:
@@ -211,7 +233,14 @@ def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
         # threads per SM to keep registers for)
         options: list[tuple[str, Expr | None, int, int, bool, int]] = []
         if not keeps_row:
-            options.append(("thread", le(length, THREAD_ROW_MAX), 0, BLOCK, False, 0))
+            short = le(length, THREAD_ROW_MAX)
+            most = ONE_ROW_MIN_THREADS.get(acc_width(graph, reduces), 0)
+            if most and not _heavy(graph, [n for _, n in outs], set(reduces)) \
+                    and _row_transcendental(graph, [n for _, n in outs]):
+                # one row per thread (the grid is not capped): the kernel bounded to `most`
+                options.append(("thread", land(short, le(rows, GRID_CAP * BLOCK)), 0, BLOCK,
+                                False, most))
+            options.append(("thread", short, 0, BLOCK, False, 0))
         vec = 1
         if uniform and (keeps_row or len(_depths(graph, reduces)) > 1):
             # the row in registers, `slots` 16-byte chunks per thread: a warp per row (several
@@ -250,6 +279,7 @@ def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
             sep = "t" if tiled else "x"
             tag = "" if not slots else (f"{sep if tiled else ''}{slots * vec}" if group == "warp"
                                         else f"{block}{sep}{slots * vec}")
+            tag += "1" if group == "thread" and most else ""  # rowthread1: one row per thread
             spec = KernelSpec(f"{base}_row{group}{tag}", "row",
                               tuple(outs), outer, block, grid, group=group,
                               reduces=tuple(reduces), slots=slots, vec=vec if slots else 1,
@@ -288,6 +318,31 @@ def _heavy(graph: Graph, roots: list[int], reduces: set[int]) -> bool:
         seen.add(nid)
         node = graph.nodes[nid]
         if node.op in _HEAVY and node.dtype.kind in "fc":
+            return True
+        stack.extend(node.inputs)
+    return False
+
+
+_TRANSCENDENTAL = frozenset({"exp", "exp2", "log", "log2", "sin", "cos", "tan", "tanh", "erf",
+                             "sigmoid", "pow"})
+
+
+def _row_transcendental(graph: Graph, roots: list[int]) -> bool:
+    """Whether the work on a kernel's reduction results (after the row's reductions) includes a
+    transcendental: phase's sincos of the summed phase, not masked_mean's division. With one
+    row per thread that long dependent chain is what more resident threads hide; memory-bound
+    terms (masked_mean float64, rows of 8..32) were 3-8% slower with the bound instead."""
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        nid = stack.pop()
+        if nid in seen:
+            continue
+        seen.add(nid)
+        node = graph.nodes[nid]
+        if node.op == "reduce":
+            continue
+        if node.op in _TRANSCENDENTAL and node.dtype.kind in "fc":
             return True
         stack.extend(node.inputs)
     return False

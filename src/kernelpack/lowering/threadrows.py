@@ -20,6 +20,7 @@ from llvmlite import ir
 
 from .codegen import ZERO, Emitter
 from .irutil import I32, I64
+from .schedule import acc_width
 
 __all__ = ["UNROLL", "MIN_THREADS", "width", "thread_terms"]
 
@@ -28,14 +29,14 @@ UNROLL = 8  # terms per group (a power of two); 0: one plain loop over the terms
 # kernel's widest reduction result in bytes (:func:`width`). H200, B = 128, kp/NVRTC at n = 14,
 # 16, 18, 20: phase float64 1.09 1.09 0.85 0.83 unbounded (58 registers), 1.02 0.98 0.90 0.91
 # at 2048 (32 registers, 24-byte spill); float32 best unbounded (notes/encoding-perf.md).
+# The bound applies to every thread-row kernel; launches with one row per thread get their own
+# bounded kernel instead (schedule.ONE_ROW_MIN_THREADS, a variant of the summary).
 MIN_THREADS = {4: 0, 8: 0}
 
 
 def width(em: Emitter, reduces: tuple[int, ...]) -> int:
     """4 or 8: the widest result of the kernel's reductions (complex: one part)."""
-    sizes = [em.graph.nodes[r].dtype.itemsize // (2 if em.graph.nodes[r].dtype.is_complex
-                                                  else 1) for r in reduces]
-    return 8 if max(sizes, default=4) > 4 else 4
+    return acc_width(em.graph, reduces)
 
 
 def thread_terms(em: Emitter, length: ir.Value, term: Callable[[ir.Value], None]) -> None:
