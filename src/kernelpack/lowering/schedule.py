@@ -255,7 +255,12 @@ def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
                 cap = (32 if group == "warp" else threads) * vec * k
                 options.append((group, land(nonempty, le(length, cap)), k, threads, False,
                                 most[0] if most else MIN_THREADS_PER_SM))
-        if uniform and not keeps_row and TILE_CHUNKS:
+        heavy_terms = _heavy(graph, [n for _, n in outs], set(reduces))
+        if uniform and not keeps_row and TILE_CHUNKS and not heavy_terms:
+            # Tiles keep loads in flight for memory-bound terms (masked means). Terms with a
+            # transcendental or division (angle's sin/cos of every x_k) are bound by that
+            # work, and unrolling it per chunk only multiplies the code: the angle encoding's
+            # PTX grew from 20 to 395 KB with tiles. They take the plain loops below.
             # (after register-held rows, if any, the tiled warp would only see empty rows)
             held = any(o[2] for o in options)
             vec = vector_width(graph, [n for _, n in outs])
