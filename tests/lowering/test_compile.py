@@ -145,6 +145,20 @@ def test_float64_light_thread_rows_have_a_one_row_per_thread_variant():
         assert kernels[0] == "rowthread" and "rowthread1" not in kernels, kernels
 
 
+@pytest.mark.parametrize("dt", ["float32", "float64"])
+def test_heavy_terms_take_plain_row_loops_not_tiles(dt):
+    """Tiles (several 16-byte chunks per lane in flight) are for memory-bound terms: phase's
+    light terms get them for rows past 32; angle's sin/cos per term is bound by that work, and
+    tiling it would unroll it per chunk (the PTX grew 5-fold), so its long rows take the plain
+    warp/block loops."""
+    fs = F32 if dt == "float32" else F64
+    names = {w: [v.launches[0].kernel.rsplit("_", 1)[1]
+                 for v in kp.compile(fs[w], targets=["sm_90"]).summary.variants]
+             for w in ("angle", "phase")}
+    assert names["angle"] == ["rowthread", "rowwarp", "rowblock"], names
+    assert any("t" in k[len("rowwarp"):] for k in names["phase"] if k.startswith("rowwarp"))
+
+
 def test_one_row_variant_artifacts_are_deterministic():
     first, second = kp.compile(F64["phase"]), kp.compile(F64["phase"])
     assert [i.data for i in first.modules[0].images] == [i.data for i in second.modules[0].images]
