@@ -16,8 +16,8 @@ from .errors import (CacheError, CompatibilityError, CompileError, ConstraintErr
                      SignatureError, TraceError)
 from .expr import (Expr, cdiv, emax, emin, eq, ge, gt, land, le, lnot, lor, lt, ne, select, shl,
                    shr, sym)
-from .summary import (Arg, Compiled, Constraint, Image, KernelSummary, Launch, Module, Scalar,
-                      Scratch, Tensor, Variant)
+from .compiled import Compiled, Image, Module
+from .summary import Arg, Constraint, KernelSummary, Launch, Scalar, Scratch, Tensor, Variant
 
 # Imported eagerly on purpose: kernelpack/external.py imports only light modules (nvJitLink is
 # imported inside the call), and a lazy wrapper named like its submodule would be replaced by

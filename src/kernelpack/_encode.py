@@ -20,7 +20,8 @@ from ._generated import (Arg as FArg, Constraint as FConstraint, Dim3 as FDim3,
                          Program as FProgram, Scratch as FScratch, Variant as FVariant,
                          Version as FVersion)
 from .expr_program import ExprEncoder
-from .summary import IMAGE_KINDS, ROLES, Image, KernelSummary, Tensor
+from .compiled import IMAGE_KINDS, Image
+from .summary import ROLES, KernelSummary, Tensor
 
 __all__ = ["program_table", "image_table", "byte_vector", "u32_vector", "i64_vector",
            "offset_vector", "string_vector", "ARG_KINDS", "ARCH_SUFFIXES"]

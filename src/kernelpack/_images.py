@@ -18,7 +18,7 @@ from typing import Any
 from ._fbread import Table
 from .errors import FormatError, IntegrityError
 from .limits import DIGEST_SIZE, MAX_IMAGE_SIZE
-from .summary import IMAGE_KINDS, Image
+from .compiled import IMAGE_KINDS, Image
 from .targets import Arch
 
 __all__ = ["ImageInfo"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .fusion import Fusion
-from .summary import Compiled
+from .compiled import Compiled
 from .targets import parse_target_list
 
 __all__ = ["Options", "compile", "fusion_key"]

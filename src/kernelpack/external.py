@@ -20,8 +20,9 @@ from typing import Iterable, Mapping, Sequence, Union
 from .dtypes import as_dtype
 from .errors import CompileError
 from .expr import Expr, ExprLike, as_expr
-from .summary import (Arg, Compiled, Constraint, Image, KernelSummary, Launch, Module, Param,
-                      Scalar, Scratch, Tensor, Variant)
+from .compiled import Compiled, Image, Module
+from .summary import (Arg, Constraint, KernelSummary, Launch, Param, Scalar, Scratch, Tensor,
+                      Variant)
 from .targets import parse_arch, parse_target_list
 
 __all__ = ["external", "read_source", "ptx_entries", "cubin_entries", "cubin_arch"]

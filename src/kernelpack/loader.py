@@ -20,7 +20,8 @@ from ._fbread import Table
 from ._images import ImageInfo, _decompress  # noqa: F401 - _decompress: kept importable here
 from .errors import FormatError, IntegrityError, SignatureError
 from .limits import DIGEST_SIZE, FILE_IDENTIFIER, MAX_FILE_SIZE
-from .summary import Compiled, KernelSummary, Module
+from .compiled import Compiled, Module
+from .summary import KernelSummary
 from .verify import read_format_version, verify_buffer
 
 __all__ = ["load", "Pack", "Program", "ModuleInfo", "ImageInfo", "SignatureInfo"]

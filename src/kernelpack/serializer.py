@@ -29,7 +29,8 @@ from ._generated import (Blob as FBlob, Body as FBody, Module as FModule, Pack a
 from ._schema import BODY_ALIGNMENT
 from .limits import (FILE_IDENTIFIER, FORMAT_MAJOR, FORMAT_MINOR, MAX_FILE_SIZE,
                      MAX_IMAGE_SIZE, MAX_PROGRAMS)
-from .summary import Compiled, Image, KernelSummary, Module
+from .compiled import Compiled, Image, Module
+from .summary import KernelSummary
 from .signing import SIGNATURE_DOMAIN  # noqa: F401  (re-exported; cryptography stays lazy)
 
 __all__ = ["save", "encode", "ZSTD_LEVEL", "ARG_KINDS", "ARCH_SUFFIXES", "CODECS",

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 
 from .. import config
 from ..errors import KernelPackError
-from ..summary import Compiled
+from ..compiled import Compiled
 from .disk import DiskStore, check_digest
 from .keys import CacheKey, make_key
 from .remote_tier import RemoteTier

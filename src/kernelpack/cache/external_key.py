@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ..summary import Compiled
+from ..compiled import Compiled
 from .keys import CacheKey, make_key
 
 __all__ = ["external_key", "source_bytes"]

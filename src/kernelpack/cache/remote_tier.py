@@ -22,7 +22,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-from ..summary import Compiled
+from ..compiled import Compiled
 from .disk import check_digest
 from .keys import CacheKey
 

@@ -18,8 +18,8 @@ from ..expr import sym
 from ..compile_entry import Options, fusion_key, static_dims
 from ..fusion import Fusion
 from ..graph import Graph
-from ..summary import (Arg, Compiled, Image, KernelSummary, Launch, Module, Scalar, Tensor,
-                       Variant)
+from ..compiled import Compiled, Image, Module
+from ..summary import Arg, KernelSummary, Launch, Scalar, Tensor, Variant
 from ..targets import Arch, parse_target_list
 from .schedule import Stage, plan, variants
 

@@ -11,7 +11,7 @@ import re
 from functools import lru_cache
 
 from ..errors import CompileError
-from ..summary import Image
+from ..compiled import Image
 from ..targets import Arch
 
 __all__ = ["version", "toolchain_id", "cuda_version", "ptx_to_cubin", "ptx_image", "ptx_isa",

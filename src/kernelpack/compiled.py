@@ -1,0 +1,142 @@
+"""Compiled code: the images of a module, the module, and a program ready to save.
+
+The other half of the data model (:mod:`kernelpack.summary` holds the kernel summary): an
+:class:`Image` is machine code or PTX for one target, a :class:`Module` the same kernels built
+for several targets, and :class:`Compiled` a summary with the modules its launches use — what
+``kp.compile`` and ``kp.external`` return and ``kp.save`` stores. Plain frozen dataclasses, no
+GPU, no FlatBuffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .summary import KernelSummary, _name
+from .targets import Arch, parse_arch
+
+__all__ = ["Image", "Module", "Compiled", "IMAGE_KINDS"]
+
+IMAGE_KINDS = ("cubin", "ptx", "host")
+
+
+@dataclass(frozen=True)
+class Image:
+    """Machine code or PTX for one target. ``data`` is the raw (uncompressed) bytes.
+
+    ``cuda_version`` is the producing toolkit as ``1000*major + 10*minor`` (13050 = 13.5); the
+    runtime drops images whose toolkit major is newer than the driver's. ``ptx_isa`` is the
+    PTX ``.version`` (major, minor) of PTX images.
+    """
+
+    kind: str
+    arch: Arch
+    data: bytes = field(repr=False)  # can be megabytes: keep reprs of Compiled readable
+    toolchain: str = ""
+    cuda_version: int = 0
+    ptx_isa: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in IMAGE_KINDS:
+            raise ValueError(f"image kind must be one of {IMAGE_KINDS} (got {self.kind!r})")
+        if isinstance(self.arch, str):
+            object.__setattr__(self, "arch", parse_arch(self.arch))
+        if not isinstance(self.data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"image data must be bytes (got {type(self.data).__name__})")
+        object.__setattr__(self, "data", bytes(self.data))
+
+    @classmethod
+    def _lazy(cls, kind: str, arch: Arch, read: "Callable[[], bytes]", toolchain: str = "",
+              cuda_version: int = 0, ptx_isa: tuple[int, int] | None = None) -> "Image":
+        """An image whose ``data`` is ``read()`` on first access (the loader's digest-checked
+        decompression), so a cache hit does not decompress the images no one runs. Otherwise
+        an ordinary Image: equality, hashing, ``dataclasses.replace`` and pickling read it."""
+        self = object.__new__(cls)
+        for name, value in (("kind", kind), ("arch", arch), ("toolchain", toolchain),
+                            ("cuda_version", cuda_version), ("ptx_isa", ptx_isa),
+                            ("_read", read)):
+            object.__setattr__(self, name, value)
+        return self
+
+    def __getattr__(self, name: str) -> object:
+        # Runs only when normal lookup fails, i.e. for ``data`` of a lazy image not read yet.
+        if name == "data":
+            read = self.__dict__.get("_read")
+            if read is not None:
+                data = read()
+                if not isinstance(data, bytes):
+                    raise TypeError(f"image data must be bytes (got {type(data).__name__})")
+                object.__setattr__(self, "data", data)
+                self.__dict__.pop("_read", None)
+                return data
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickle/copy state with the bytes read (a lazy image's reader holds a buffer view)."""
+        state = dict(self.__dict__)
+        if "_read" in state:
+            state["data"] = self.data
+            del state["_read"]
+        return state
+
+    @property
+    def target(self) -> str:
+        """``sm_90`` for a cubin, ``compute_80`` for PTX, ``host-sm_90`` for host objects."""
+        if self.kind == "ptx":
+            return self.arch.compute
+        if self.kind == "host":
+            return "host-" + self.arch.sm
+        return self.arch.sm
+
+    def sort_key(self) -> tuple:
+        return (IMAGE_KINDS.index(self.kind), self.arch.major, self.arch.minor, self.arch.suffix)
+
+
+@dataclass(frozen=True)
+class Module:
+    """A unit of loadable code: the same kernels built for several targets."""
+
+    name: str
+    kernels: tuple[str, ...]
+    images: tuple[Image, ...]
+
+    def __post_init__(self) -> None:
+        _name(self.name, "module name")
+        object.__setattr__(self, "kernels", tuple(sorted(set(self.kernels))))
+        images = tuple(sorted(self.images, key=Image.sort_key))
+        object.__setattr__(self, "images", images)
+        targets = [(i.kind, i.arch) for i in images]
+        if len(set(targets)) != len(targets):
+            raise ValueError(f"module {self.name!r} has two images for one target")
+        if not images:
+            raise ValueError(f"module {self.name!r} has no image")
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A program ready to save: its summary and the modules its launches use.
+
+    ``origin`` says where it came from: ``"compiled"``, ``"disk"``, ``"remote"`` (cache hits)
+    or ``"external"``.
+    """
+
+    summary: KernelSummary
+    modules: tuple[Module, ...]
+    origin: str = "compiled"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "modules", tuple(self.modules))
+        by_name = {m.name: m for m in self.modules}
+        for variant in self.summary.variants:
+            for launch in variant.launches:
+                module = by_name.get(launch.module)
+                if module is None:
+                    raise ValueError(f"program {self.name!r}: launch of {launch.kernel!r} names "
+                                     f"module {launch.module!r}, which is not included")
+                if launch.kernel not in module.kernels:
+                    raise ValueError(f"program {self.name!r}: module {launch.module!r} has no "
+                                     f"kernel {launch.kernel!r} (has {list(module.kernels)})")
+
+    @property
+    def name(self) -> str:
+        return self.summary.name
