@@ -120,12 +120,8 @@ class ImageInfo:
         if self._data is not None:
             return self.image()
         self.check_stored()
-        image = Image._lazy(self.kind, self.arch, self.read, self.toolchain, self.cuda_version,
-                            self.ptx_isa)
-        # the runtime keys its per-process library cache by an image's content digest: the
-        # checked stored digest saves it hashing the bytes again (as for ImageInfo itself)
-        object.__setattr__(image, "digest", self.digest)
-        return image
+        return Image._lazy(self.kind, self.arch, self.read, self.toolchain, self.cuda_version,
+                           self.ptx_isa, self.digest)
 
     def __repr__(self) -> str:
         return (f"ImageInfo({self.module}:{self.target}, {self.codec}, {self.stored_size}/"

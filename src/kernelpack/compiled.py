@@ -47,14 +47,17 @@ class Image:
 
     @classmethod
     def _lazy(cls, kind: str, arch: Arch, read: "Callable[[], bytes]", toolchain: str = "",
-              cuda_version: int = 0, ptx_isa: tuple[int, int] | None = None) -> "Image":
+              cuda_version: int = 0, ptx_isa: tuple[int, int] | None = None,
+              digest: str = "") -> "Image":
         """An image whose ``data`` is ``read()`` on first access (the loader's digest-checked
         decompression), so a cache hit does not decompress the images no one runs. Otherwise
-        an ordinary Image: equality, hashing, ``dataclasses.replace`` and pickling read it."""
+        an ordinary Image: equality, hashing, ``dataclasses.replace`` and pickling read it.
+        ``digest``, the checked digest of the stored bytes, is kept as ``.digest``: the
+        runtime's per-process library cache keys images by it instead of hashing them again."""
         self = object.__new__(cls)
         for name, value in (("kind", kind), ("arch", arch), ("toolchain", toolchain),
                             ("cuda_version", cuda_version), ("ptx_isa", ptx_isa),
-                            ("_read", read)):
+                            ("_read", read), ("digest", digest)):
             object.__setattr__(self, name, value)
         return self
 

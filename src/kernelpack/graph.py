@@ -10,7 +10,7 @@ Pure Python with no heavy imports: ``import kernelpack`` stays light.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from .dtypes import DType
 from .expr import Expr
@@ -64,13 +64,16 @@ class Graph:
         self.nodes.append(node)
         return Value(self, node.id)
 
-    def reachable(self, roots: Iterable[int]) -> set[int]:
-        """Ids of ``roots`` and every node they depend on."""
+    def reachable(self, roots: Iterable[int],
+                  through: Callable[[int], bool] | None = None) -> set[int]:
+        """Ids of ``roots`` and every node they depend on. With ``through``, the walk keeps
+        only the nodes for which it holds and goes on from those alone (it stops at the
+        others: a row's reductions, its per-row values)."""
         seen: set[int] = set()
         stack = list(roots)
         while stack:
             nid = stack.pop()
-            if nid not in seen:
+            if nid not in seen and (through is None or through(nid)):
                 seen.add(nid)
                 stack.extend(self.nodes[nid].inputs)
         return seen

@@ -250,6 +250,10 @@ def test_kp_compile_goes_through_the_cache(tmp_path: Path) -> None:
     other = kp.compile(scale, targets=["sm_80"], static={"n": 1024}, cache=cache)
     assert (first.origin, again.origin, other.origin) == ("compiled", "disk", "compiled")
     assert again.summary == first.summary
+    # the lowering's own entry with a cache is the same lookup (same key: a hit)
+    from kernelpack.lowering import compile_fusion
+
+    assert compile_fusion(scale, ["sm_80"], cache=cache).origin == "disk"
 
 
 def test_explain_misses_logs_the_difference(tmp_path: Path, axpy_cubin: bytes,

@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Sequence
 from ..dtypes import DType, int64
 from ..errors import TraceError
 from ..expr import sym
-from ..compile_entry import Options, fusion_key, static_dims
+from ..compile_entry import Options, static_dims
 from ..fusion import Fusion
 from ..graph import Graph
 from ..compiled import Compiled, Image, Module
@@ -211,17 +211,13 @@ def new_build(f: Fusion, targets: Sequence[str], static: Mapping[str, int] | Non
 def compile_fusion(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,
                    static: Mapping[str, int] | None = None, cache: object = None,
                    **options: object) -> Compiled:
-    """Lower a fusion to PTX and cubins; see :func:`kernelpack.compile`."""
-    b = new_build(f, targets, static, options)
+    """Lower a fusion to PTX and cubins; see :func:`kernelpack.compile` (with ``cache``, the
+    lookup is :func:`kernelpack.compile_entry.compile`'s, which calls back here on a miss)."""
+    if cache is not None:
+        from ..compile_entry import compile as compile_cached
 
-    def build() -> Compiled:
-        done = run(b)
-        assert done.summary is not None
-        module = Module(f.name, done.kernels, done.images)
-        return Compiled(summary=done.summary, modules=(module,), origin="compiled")
-
-    if cache is None:
-        return build()
-    key = fusion_key(f, targets, static, options)
-    return cache.fetch_or_compile(key, build)  # type: ignore[attr-defined]
-
+        return compile_cached(f, targets, static=static, cache=cache, **options)
+    done = run(new_build(f, targets, static, options))
+    assert done.summary is not None
+    module = Module(f.name, done.kernels, done.images)
+    return Compiled(summary=done.summary, modules=(module,), origin="compiled")

@@ -19,7 +19,7 @@ from .codegen import ZERO, Ctx, Emitter
 from .irutil import I1, I32, I64, Val, component, const_of, convert, storage_type, to_compute, \
     to_storage
 from .mathops import combine, identity
-from .schedule import KernelSpec
+from .schedule import KernelSpec, per_row
 
 __all__ = ["RegisterRows"]
 
@@ -133,36 +133,16 @@ class RegisterRows:
         """Float divisions in the outputs whose divisor is one value per row (built from this
         kernel's reductions, scalars and constants), with that value at ``ctx``."""
         g, em = self.g, self.em
-        memo: dict[int, bool] = {}
-
-        def uniform(nid: int) -> bool:
-            if nid not in memo:
-                node = g.nodes[nid]
-                if node.op in ("scalar", "const", "dim") or nid in self.spec.reduces:
-                    memo[nid] = True
-                elif node.op in ("input", "iota", "reduce", "pad") or not node.inputs:
-                    memo[nid] = False
-                else:
-                    memo[nid] = all(uniform(i) for i in node.inputs)
-            return memo[nid]
-
+        uniform = per_row(g, self.spec.reduces)  # the kernel's reductions count as per-row
         found: list[tuple[int, ir.Value]] = []
-        seen: set[int] = set()
-        stack = [nid for _, nid in self.spec.outputs]
-        while stack:
-            nid = stack.pop()
-            if nid in seen:
-                continue
-            seen.add(nid)
+        for nid in sorted(g.reachable((nid for _, nid in self.spec.outputs),
+                                      through=lambda n: not uniform(n))):
             node = g.nodes[nid]
-            if nid in self.spec.reduces or uniform(nid):
-                continue
             if (node.op == "div" and node.dtype.kind == "f" and uniform(node.inputs[1])
                     and g.nodes[node.inputs[1]].dtype == node.dtype):
                 y = em.value(node.inputs[1], em.child_ctx(ctx, g.nodes[node.inputs[1]].shape))
                 found.append((nid, y))
-            stack.extend(node.inputs)
-        return sorted(found, key=lambda t: t[0])
+        return found
 
     def _outputs(self, r: ir.Value, outer: tuple[ir.Value, ...], shape: tuple,
                  vector: bool, chunks: list, elems: list) -> None:

@@ -22,6 +22,7 @@ general schedule: one thread per output element, looping over the reduced indice
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 from ..expr import Expr, cdiv, const, emin, ge, land, le
 from ..graph import Graph
@@ -31,7 +32,7 @@ __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "reduces_of", "r
            "vector_width", "BLOCK", "UNROLL", "ROW_BLOCK", "WARP_ROWS", "CHUNK", "GRID_CAP",
            "THREAD_ROW_MAX", "WARP_ROW_MAX", "WARP_KEEP_MAX", "REG_GROUPS", "REG_GROUPS_LIGHT",
            "REG_GROUPS_LIGHT_WIDE", "MIN_THREADS_PER_SM", "TILE_CHUNKS", "TILE_WARP_MAX",
-           "TILE_BLOCK", "ONE_ROW_MIN_THREADS", "acc_width"]
+           "TILE_BLOCK", "ONE_ROW_MIN_THREADS", "acc_width", "per_row"]
 
 BLOCK = 256            # threads per block of pointwise, thread-per-row and partial kernels
 ROW_BLOCK = 512        # threads of a block-per-row kernel
@@ -300,32 +301,31 @@ _HEAVY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos",
                     "erf", "sigmoid", "div", "pow", "floordiv", "mod"})
 
 
+def per_row(graph: Graph, reduces: Iterable[int]) -> Callable[[int], bool]:
+    """A test of whether a node has one value per row of a kernel whose reductions are
+    ``reduces``: it is built from them, scalars, dims and constants only (memoized)."""
+    reduced = set(reduces)
+    memo: dict[int, bool] = {}
+
+    def uniform(nid: int) -> bool:
+        if nid not in memo:
+            node = graph.nodes[nid]
+            memo[nid] = nid in reduced or node.op in ("scalar", "const", "dim") or (
+                node.op not in ("input", "iota", "reduce", "pad") and bool(node.inputs)
+                and all(uniform(i) for i in node.inputs))
+        return memo[nid]
+
+    return uniform
+
+
 def _heavy(graph: Graph, roots: list[int], reduces: set[int]) -> bool:
     """Whether the per-element work of a row kernel includes a transcendental or a division
     (softmax's exp): such rows want more threads per row, not more elements per thread. Work
     on per-row values (layernorm's rsqrt of the variance) does not count."""
-    per_row: dict[int, bool] = {}
-
-    def uniform(nid: int) -> bool:
-        if nid not in per_row:
-            node = graph.nodes[nid]
-            per_row[nid] = nid in reduces or node.op in ("scalar", "const", "dim") or (
-                node.op not in ("input", "iota", "reduce", "pad") and bool(node.inputs)
-                and all(uniform(i) for i in node.inputs))
-        return per_row[nid]
-
-    seen: set[int] = set()
-    stack = list(roots) + [graph.nodes[r].inputs[0] for r in reduces]
-    while stack:
-        nid = stack.pop()
-        if nid in seen or uniform(nid):
-            continue
-        seen.add(nid)
-        node = graph.nodes[nid]
-        if node.op in _HEAVY and node.dtype.kind in "fc":
-            return True
-        stack.extend(node.inputs)
-    return False
+    uniform = per_row(graph, reduces)
+    starts = [*roots, *(graph.nodes[r].inputs[0] for r in reduces)]
+    return any(graph.nodes[n].op in _HEAVY and graph.nodes[n].dtype.kind in "fc"
+               for n in graph.reachable(starts, through=lambda n: not uniform(n)))
 
 
 _TRANSCENDENTAL = frozenset({"exp", "exp2", "log", "log2", "sin", "cos", "tan", "tanh", "erf",
@@ -337,20 +337,9 @@ def _row_transcendental(graph: Graph, roots: list[int]) -> bool:
     transcendental: phase's sincos of the summed phase, not masked_mean's division. With one
     row per thread that long dependent chain is what more resident threads hide; memory-bound
     terms (masked_mean float64, rows of 8..32) were 3-8% slower with the bound instead."""
-    seen: set[int] = set()
-    stack = list(roots)
-    while stack:
-        nid = stack.pop()
-        if nid in seen:
-            continue
-        seen.add(nid)
-        node = graph.nodes[nid]
-        if node.op == "reduce":
-            continue
-        if node.op in _TRANSCENDENTAL and node.dtype.kind in "fc":
-            return True
-        stack.extend(node.inputs)
-    return False
+    terms = graph.reachable(roots, through=lambda n: graph.nodes[n].op != "reduce")
+    return any(graph.nodes[n].op in _TRANSCENDENTAL and graph.nodes[n].dtype.kind in "fc"
+               for n in terms)
 
 
 def _depths(graph: Graph, reduces: list[int]) -> set[int]:
