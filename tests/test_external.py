@@ -157,10 +157,16 @@ def test_explicit_args_scratch_constraints_and_repeat() -> None:
     (dict(args="x"), TypeError, "args must be a sequence"),
     (dict(constraints=[3.5]), TypeError, "a constraint must be"),
     (dict(scratch=["w"]), TypeError, "scratch items must be kp.Scratch"),
-    (dict(cubin=b"x"), TypeError, r"exactly one of ptx=, cubin= or llvm_ir= \(got ptx, cubin\)"),
+    (dict(cubin=b"x"), TypeError, r"exactly one kernel source: ptx=, cubin=, llvm_ir= or cuda= \(got ptx, cubin\)"),
     (dict(ptx=None), TypeError, r"\(got none\)"),
     (dict(grid=kp.cdiv("m", 256)), ValueError, r"reads unbound symbol\(s\) \['m'\]"),
     (dict(targets=["sm_8"]), ValueError, "not a GPU architecture"),
+    (dict(targets="sm_80"), TypeError, r"targets must be a list"),
+    (dict(name="my-kernel"), ValueError, r"program name must be an identifier .*'my-kernel'"),
+    (dict(block=0), ValueError, r"block \(0, 1, 1\): CUDA needs every dim >= 1"),
+    (dict(block=2048), ValueError, r"block \(2048, 1, 1\)"),
+    (dict(block=(32, 32, 2)), ValueError, r"at most 1024 threads in all"),
+    (dict(block=(1, 1, 65)), ValueError, r"z <= 64"),
 ])
 def test_misuse(kw: dict, error: type, message: str) -> None:
     fields: dict = dict(name="p", entry="axpy", params=_params(), grid=1, block=1, ptx=PTX)

@@ -1,16 +1,20 @@
-"""``kp.external``: wrap kernels that kernelpack did not generate — existing PTX or cubins —
-behind a declared summary, so they are saved, verified, planned and launched like compiled ones.
+"""``kp.external``: wrap kernels that kernelpack did not generate — existing PTX, cubins, LLVM IR
+or CUDA C — behind a declared summary, so they are saved, verified, planned and launched like
+compiled ones.
 
 The user states what the lowering would otherwise infer: the parameters (with symbolic shapes),
 the launch configuration as expressions over the symbols, and how kernel arguments bind to
 parameters. kernelpack checks what it can check without a GPU: the entry exists in the PTX or
 the cubin, the PTX assembles for every requested architecture (nvJitLink, which needs no
-driver), a cubin is an ELF file for the CUDA machine built for the architecture it is declared
-for, and the summary is self-consistent (every symbol bound, every argument names a parameter).
+driver), CUDA C compiles for every target (NVRTC, likewise driverless: see
+:mod:`kernelpack.toolchain.nvrtc`), a cubin is an ELF file for the CUDA machine built for the
+architecture it is declared for, and the summary is self-consistent (every symbol bound, every
+argument names a parameter).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import struct
@@ -21,9 +25,11 @@ from .dtypes import as_dtype
 from .errors import CompileError
 from .expr import Expr, ExprLike, as_expr
 from .compiled import Compiled, Image, Module
+from ._plan_types import MAX_BLOCK_THREADS
 from .summary import (Arg, Constraint, KernelSummary, Launch, Param, Scalar, Scratch, Tensor,
                       Variant)
-from .targets import parse_arch, parse_target_list
+from .summary import _name as check_name
+from .targets import Arch, parse_arch, parse_target_list
 
 __all__ = ["external", "read_source", "ptx_entries", "cubin_entries", "cubin_arch"]
 
@@ -41,7 +47,8 @@ _STO_CUDA_ENTRY = 0x10
 def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, block: Dim3Like,
              shared_mem: ExprLike = 0, *, ptx: PtxSource | None = None,
              cubin: bytes | Mapping[str, bytes] | None = None,
-             llvm_ir: PtxSource | None = None,
+             llvm_ir: PtxSource | None = None, cuda: PtxSource | None = None,
+             nvrtc_options: Sequence[str] = (),
              targets: Sequence[str] = ("sm_80", "sm_90"), args: Sequence[ArgLike] | None = None,
              module: str | None = None, constraints: Iterable[object] = (),
              scratch: Sequence[Scratch] = (), count: ExprLike | None = None,
@@ -53,7 +60,8 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
     name:
         The program name (what ``pack[name]`` finds).
     entry:
-        The kernel's entry name, as in ``.entry NAME`` of the PTX (mangled, if C++).
+        The kernel's entry name, as in ``.entry NAME`` of the PTX (mangled, if C++). With
+        ``cuda=``, a C++ name expression is accepted too (see ``cuda``).
     params:
         :class:`~kernelpack.Tensor` / :class:`~kernelpack.Scalar` in call order.
     grid, block, shared_mem:
@@ -73,6 +81,22 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
         the kernel marked in ``!nvvm.annotations``. Emitted as PTX for the lowest ``sm_XY`` of
         ``targets`` with llvmlite (imported only here), then handled like ``ptx``. The IR must
         be self-contained: no libdevice is linked.
+    cuda:
+        Instead of ``ptx``: CUDA C/C++ source text (``str``/``bytes``) or a path to a ``.cu``
+        file, compiled with NVRTC (``nvidia-cuda-nvrtc``, in ``kernelpack[compile]``; imported
+        only here): a cubin per ``sm_XY`` target straight from NVRTC, and PTX for the lowest
+        architecture of ``targets`` when ``"ptx"`` is in them (for each explicit
+        ``compute_XY``, that one), recording its ISA and target like ``ptx=``. Every image
+        records the toolchain (``"NVRTC 13.5"``) and its CUDA version. An ``extern "C"``
+        entry is named as written; a C++ kernel by a name expression (``entry="scale<float>"``,
+        ``"ns::k"``, ``"(void(*)(float*))k"``), which NVRTC lowers to the mangled name that
+        the program then records as its entry. ``#include "..."`` finds headers only through
+        ``-I`` options (NVRTC's search of the current directory is switched off, so the bytes
+        do not depend on where the call runs).
+    nvrtc_options:
+        Extra NVRTC flags for ``cuda=`` (``["-DBLOCK=256", "--use_fast_math", "-std=c++17"]``).
+        Flags that set the architecture or the output kind (``-arch``, ``-rdc``, ``-dlto``,
+        ...) are refused: the targets decide them.
     args:
         The kernel's arguments in order. Default: every parameter in order (a tensor binds its
         device pointer, a scalar its value). Items are :class:`~kernelpack.Arg`, a parameter or
@@ -93,19 +117,28 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
     Raises
     ------
     CompileError
-        The entry is missing, the PTX does not assemble, or a cubin is not a CUDA ELF for its
-        declared architecture (nvJitLink's log is attached).
+        The entry is missing, the PTX does not assemble, the CUDA C does not compile (or
+        NVRTC is not installed), or a cubin is not a CUDA ELF for its declared architecture
+        (nvJitLink's or NVRTC's log is attached).
     TypeError, ValueError
-        Misuse: not exactly one of ``ptx``/``cubin``/``llvm_ir``, a bad target, an
-        inconsistent summary.
+        Misuse: not exactly one of ``ptx``/``cubin``/``llvm_ir``/``cuda``, a bad target, a
+        forbidden NVRTC option, an inconsistent summary.
     """
+    check_name(name, "program name")  # before the module name, which defaults to it
     if not isinstance(entry, str) or not entry:
         raise TypeError(f"entry must be the kernel's entry name (got {entry!r})")
-    given = [k for k, v in (("ptx", ptx), ("cubin", cubin), ("llvm_ir", llvm_ir))
+    given = [k for k, v in (("ptx", ptx), ("cubin", cubin), ("llvm_ir", llvm_ir), ("cuda", cuda))
              if v is not None]
     if len(given) != 1:
-        raise TypeError("kp.external needs exactly one of ptx=, cubin= or llvm_ir= "
-                        f"(got {', '.join(given) or 'none'})")
+        raise TypeError("kp.external needs exactly one kernel source: ptx=, cubin=, llvm_ir= or "
+                        f"cuda= (got {', '.join(given) or 'none'})")
+    nvrtc_flags: tuple[str, ...] = ()
+    if cuda is not None:
+        from .toolchain.nvrtc import check_options  # light: cuda.bindings loads on first compile
+
+        nvrtc_flags = check_options(nvrtc_options)
+    elif nvrtc_options:
+        raise TypeError(f"nvrtc_options= applies only to cuda= (got it with {given[0]}=)")
     module_name = name if module is None else module
     params = tuple(params)
     for p in params:
@@ -118,21 +151,45 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
     bound_args = _bind_args(params, scratch, args)
     launch = Launch(kernel=entry, module=module_name, grid=grid, block=block,  # type: ignore[arg-type]
                     args=bound_args, shared_mem=as_expr(shared_mem), count=count, loop=loop)
-    summary = KernelSummary(name=name, params=params,
-                            variants=(Variant(launches=(launch,), scratch=scratch),),
-                            constraints=tuple(_constraint(c) for c in constraints))
+    _check_constant_block(launch.block)
+    checked = tuple(_constraint(c) for c in constraints)
+
+    def summary_of(launch: Launch) -> KernelSummary:
+        return KernelSummary(name=name, params=params,
+                             variants=(Variant(launches=(launch,), scratch=scratch),),
+                             constraints=checked)
+
+    summary = summary_of(launch)  # the summary is checked before any compiler runs
+    kernel = entry
     ptx_toolchain = "external PTX"
     if llvm_ir is not None:
         ptx, ptx_toolchain = _ptx_from_llvm_ir(read_source(llvm_ir, "llvm_ir"), targets)
-    if ptx is not None:
+    if cuda is not None:
+        images, kernel = _images_from_cuda(read_source(cuda, "cuda"), entry, targets,
+                                           nvrtc_flags, program=f"{name}.cu")
+        if kernel != entry:  # a C++ name expression: the program launches the mangled name
+            summary = summary_of(dataclasses.replace(launch, kernel=kernel))
+    elif ptx is not None:
         images = _images_from_ptx(read_source(ptx, "ptx"), entry, targets, ptx_toolchain)
     else:
         images = _images_from_cubins(cubin, entry, targets)  # type: ignore[arg-type]
-    mod = Module(name=module_name, kernels=(entry,), images=tuple(images))
+    mod = Module(name=module_name, kernels=(kernel,), images=tuple(images))
     return Compiled(summary=summary, modules=(mod,), origin="external")
 
 
 # ---- summary pieces ----------------------------------------------------------------------------
+def _check_constant_block(block: tuple[Expr, ...]) -> None:
+    """A block whose dims are all constants is checked against CUDA's limits now, not at the
+    first plan (a symbolic block is checked by every plan)."""
+    if not all(d.is_const for d in block):
+        return
+    sizes = tuple(int(d.value) for d in block)
+    x, y, z = (sizes + (1, 1))[:3]
+    if min(sizes) < 1 or x > 1024 or y > 1024 or z > 64 or x * y * z > MAX_BLOCK_THREADS:
+        raise ValueError(f"block {sizes}: CUDA needs every dim >= 1 (x, y <= 1024, z <= 64) and "
+                         f"at most {MAX_BLOCK_THREADS} threads in all")
+
+
 def _bind_args(params: tuple[Param, ...], scratch: tuple[Scratch, ...],
                args: Sequence[ArgLike] | None) -> tuple[Arg, ...]:
     """Turn the user's argument list into :class:`Arg` s (default: every parameter in order)."""
@@ -178,11 +235,12 @@ def _constraint(item: object) -> Constraint:
 # ---- PTX ---------------------------------------------------------------------------------------
 def read_source(source: PtxSource, what: str = "source") -> bytes:
     """Source text from a str/bytes or a file path. A str is text when it looks like code (has
-    a newline or a PTX directive), a path otherwise: file names never contain newlines."""
+    a newline, a PTX directive or ``__global__``), a path otherwise: file names never contain
+    newlines."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source).rstrip(b"\0")
     if isinstance(source, str) and any(mark in source for mark in ("\n", ".entry", ".version",
-                                                                    "define ")):
+                                                                    "define ", "__global__")):
         return source.encode().rstrip(b"\0")
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
@@ -196,7 +254,7 @@ def read_source(source: PtxSource, what: str = "source") -> bytes:
 def _ptx_from_llvm_ir(ir: bytes, targets: Sequence[str]) -> tuple[str, str]:
     """LLVM IR → PTX with llvmlite's NVPTX backend, for the lowest requested architecture (so
     that nvJitLink can build every higher one from it)."""
-    archs, _ = parse_target_list(tuple(targets))
+    archs, _ = parse_target_list(targets)
     try:
         import llvmlite.binding as llvm
     except ImportError as exc:
@@ -232,7 +290,7 @@ def _images_from_ptx(ptx: bytes, entry: str, targets: Sequence[str],
     if entry not in entries:
         raise CompileError(f"kernel entry {entry!r} is not in the PTX (entries found: "
                            f"{entries or 'none'})")
-    archs, want_ptx = parse_target_list(tuple(targets))
+    archs, want_ptx = parse_target_list(targets)
     toolchain, cuda = nvjitlink.toolchain_id(), nvjitlink.cuda_version()
     named = {t.strip().lower() for t in targets}
     images: list[Image] = []
@@ -248,6 +306,58 @@ def _images_from_ptx(ptx: bytes, entry: str, targets: Sequence[str],
     if not images:
         raise ValueError(f"targets {list(targets)!r} ask for no image")
     return images
+
+
+# ---- CUDA C ------------------------------------------------------------------------------------
+def _images_from_cuda(source: bytes, entry: str, targets: Sequence[str], options: tuple[str, ...],
+                      program: str) -> tuple[list[Image], str]:
+    """Compile CUDA C with NVRTC: a cubin per ``sm_XY`` target, PTX per PTX target (the lowest
+    architecture for ``"ptx"``, as for ``llvm_ir=``; each explicit ``compute_XY``). Returns
+    the images and the kernel's entry as the code names it (the mangled name for a C++ name
+    expression)."""
+    from .toolchain import nvjitlink, nvrtc  # nvjitlink only for ptx_image: no library load
+
+    if b"\0" in source:
+        raise ValueError("cuda: the source contains a NUL byte")
+    archs, want_ptx = parse_target_list(targets)
+    named = {t.strip().lower() for t in targets}
+    jobs = [(arch, False) for arch in archs if not (arch.compute in named and arch.sm not in named)]
+    if want_ptx:
+        ptx_archs = {arch for arch in archs if arch.compute in named}
+        if "ptx" in named:
+            ptx_archs.add(archs[0])
+        jobs += [(arch, True) for arch in sorted(ptx_archs)]
+    expression = entry if nvrtc.needs_name_expression(entry) else None
+    hint = ("" if expression is not None else
+            "; a C++ kernel needs extern \"C\" or a name expression as entry ('k<float>')")
+    toolchain, cuda_version = nvrtc.toolchain_id(), nvrtc.cuda_version()
+    kernel: str | None = None
+    images: list[Image] = []
+    for arch, is_ptx in jobs:
+        out = nvrtc.compile_program(source, arch, ptx=is_ptx, options=options,
+                                    name_expression=expression, name=program)
+        name = out.lowered_name or entry
+        if kernel is not None and name != kernel:  # cannot happen for one source; be explicit
+            raise CompileError(f"NVRTC lowered {entry!r} to {kernel!r} and to {name!r} for "
+                               f"different targets")
+        kernel = name
+        if is_ptx:
+            found = ptx_entries(out.data)
+            if kernel not in found:
+                raise CompileError(f"kernel entry {kernel!r} is not in the PTX for "
+                                   f"{arch.compute} (entries found: {found or 'none'}){hint}")
+            image = nvjitlink.ptx_image(out.data, toolchain=toolchain)
+            if image.arch != arch:
+                raise CompileError(f"NVRTC made PTX for {image.arch.compute}, not "
+                                   f"{arch.compute}")
+            images.append(dataclasses.replace(image, cuda_version=cuda_version))
+        else:
+            _check_cubin(out.data, arch, kernel, hint)
+            images.append(Image("cubin", arch, out.data, toolchain=toolchain,
+                                cuda_version=cuda_version))
+    if kernel is None:
+        raise ValueError(f"targets {list(targets)!r} ask for no image")
+    return images, kernel
 
 
 # ---- cubins ------------------------------------------------------------------------------------
@@ -274,16 +384,20 @@ def _images_from_cubins(cubin: bytes | Mapping[str, bytes], entry: str,
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"cubin for {arch.sm} must be bytes (got {type(data).__name__})")
         data = bytes(data)
-        built_for = cubin_arch(data, what=f"cubin for {arch.sm}")
-        if built_for is not None and built_for != arch.major * 10 + arch.minor:
-            raise CompileError(f"cubin declared as {arch.sm} was built for "
-                               f"sm_{built_for}")
-        found = cubin_entries(data, what=f"cubin for {arch.sm}")
-        if entry not in found:
-            raise CompileError(f"kernel entry {entry!r} is not in the cubin for {arch.sm} "
-                               f"(entries found: {found or 'none'})")
+        _check_cubin(data, arch, entry)
         images.append(Image("cubin", arch, data, toolchain="external cubin"))
     return images
+
+
+def _check_cubin(data: bytes, arch: Arch, entry: str, hint: str = "") -> None:
+    """A cubin must be a CUDA ELF built for ``arch`` that defines the kernel ``entry``."""
+    built_for = cubin_arch(data, what=f"cubin for {arch.sm}")
+    if built_for is not None and built_for != arch.major * 10 + arch.minor:
+        raise CompileError(f"cubin declared as {arch.sm} was built for sm_{built_for}")
+    found = cubin_entries(data, what=f"cubin for {arch.sm}")
+    if entry not in found:
+        raise CompileError(f"kernel entry {entry!r} is not in the cubin for {arch.sm} "
+                           f"(entries found: {found or 'none'}){hint}")
 
 
 def _elf_header(data: bytes, what: str) -> tuple[int, int, int, int]:

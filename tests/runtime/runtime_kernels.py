@@ -3,7 +3,24 @@
 from __future__ import annotations
 
 import kernelpack as kp
+from kernelpack.errors import KernelPackError
 from kernelpack.summary import Arg, Compiled, KernelSummary, Launch, Scratch, Tensor, Variant
+
+
+def gpu_count_or_skip() -> int:
+    """The number of usable GPUs; skips the calling test module (with the driver's reason)
+    where there is none."""
+    import pytest
+
+    try:
+        from kernelpack.runtime.device import device_count
+        count, why = device_count(), ""
+    except KernelPackError as exc:
+        count, why = 0, str(exc)
+    if not count:
+        pytest.skip(f"no usable GPU: {why}", allow_module_level=True)
+    return count
+
 
 AXPBY_PTX = """.version 8.0
 .target sm_80

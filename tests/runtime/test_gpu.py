@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelpack.errors import ConstraintError, KernelPackError, LaunchError
+from kernelpack.errors import ConstraintError, LaunchError
 
 sys.path.insert(0, str(Path(__file__).parent))
 import runtime_kernels as kernels  # noqa: E402
@@ -16,17 +16,7 @@ import runtime_kernels as kernels  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-def _gpu_count() -> tuple[int, str]:
-    try:
-        from kernelpack.runtime.device import device_count
-        return device_count(), ""
-    except KernelPackError as exc:
-        return 0, str(exc)
-
-
-_COUNT, _WHY = _gpu_count()
-if not _COUNT:
-    pytest.skip(f"no usable GPU: {_WHY}", allow_module_level=True)
+_COUNT = kernels.gpu_count_or_skip()
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,15 @@ from .keys import CacheKey, make_key
 
 __all__ = ["external_key", "source_bytes"]
 
-_SOURCES = ("ptx", "llvm_ir", "cubin")
+_SOURCES = ("ptx", "llvm_ir", "cubin", "cuda")
 
 
 def source_bytes(value: object, what: str) -> bytes:
     """Text given as bytes, as a str of code, or as a path: the bytes (never the path)."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).rstrip(b"\0")
-    if isinstance(value, str) and any(m in value for m in ("\n", ".entry", ".version", "define ")):
+    if isinstance(value, str) and any(m in value for m in ("\n", ".entry", ".version", "define ",
+                                                            "__global__")):
         return value.encode().rstrip(b"\0")
     if isinstance(value, (str, os.PathLike)):
         with open(value, "rb") as f:
@@ -54,5 +55,9 @@ def external_key(args: tuple, kwargs: dict[str, Any]) -> tuple[CacheKey, Callabl
     else:
         source = value = source_bytes(value, kind)
     options = {"args": repr(args), "kwargs": repr(sorted(kwargs.items())), "source": kind}
+    if kind == "cuda":  # nvrtc_options are in kwargs; NVRTC's build is not in toolchain_identity
+        from ..toolchain import nvrtc
+
+        options["nvrtc"] = nvrtc.key_identity()
     key = make_key("external", source, options, targets)
     return key, lambda: external(*args, targets=targets, **{kind: value}, **kwargs)
