@@ -3,7 +3,7 @@ machine without a GPU (nvJitLink assembles the PTX into cubins toolkit-side).
 
     python examples/build_example.py [OUTPUT]      # default: ./example.kpack
     kernelpack inspect example.kpack
-    kernelpack eval example.kpack axpy x=1000000
+    kernelpack eval example.kpack axpy x=1000000 y=1000000
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def test_inspect_device_with_driver(files, capsys) -> None:
     if nvjitlink.version()[0] > 12:
         assert sel["chosen"] == "ptx compute_80 (ISA 8.0)"
     code, _, err = run(capsys, "inspect", files["a"], "--driver", "12.0")
-    assert code == 1 and "--driver needs --device" in err
+    assert code == 2 and "--driver needs --device" in err  # a usage error, as argparse's
     with pytest.raises(SystemExit):
         main(["inspect", str(files["a"]), "--device", "sm_90", "--driver", "twelve"])
 
@@ -140,16 +140,18 @@ def _corrupt_image(src: Path, dst: Path) -> None:
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda src, dst: dst.write_bytes(src.read_bytes()[:100]), "error: "),
-    (lambda src, dst: dst.write_bytes(b"not a kernelpack file at all"), "error: "),
-    (_corrupt_image, "error: module"),
+    (lambda src, dst: dst.write_bytes(src.read_bytes()[:100]), "Pack.body"),
+    (lambda src, dst: dst.write_bytes(b"not a kernelpack file at all"), "file identifier"),
+    (lambda src, dst: dst.write_bytes(b""), "header: 0 bytes"),
+    (_corrupt_image, "module 'axpy' image"),
 ])
 def test_bad_files_exit_1_with_one_line(files, capsys, tmp_path, make, message) -> None:
     bad = tmp_path / "bad.kpack"
     make(files["a"], bad)
     code, out, err = run(capsys, "verify", bad)
     assert code == 1 and out == ""
-    assert err.startswith(message) and err.count("\n") == 1
+    # one line, naming the file (not a generic "file:") and what is wrong with it
+    assert err.startswith(f"error: {bad}: ") and message in err and err.count("\n") == 1
 
 
 def test_corrupt_image_still_inspects_but_fails_verify_and_extract(files, capsys, tmp_path) -> None:
@@ -357,3 +359,84 @@ def test_corrupt_files_never_crash_the_cli(files, capsys, tmp_path) -> None:
                 assert err.startswith("error: ") and err.count("\n") == 1
                 failures += 1
     assert failures > len(cases)  # most corruptions are caught (verify catches every flip)
+
+
+# ---- review: errors name the file; diff, extract and eval edge cases -----------------------------
+def test_diff_names_the_bad_file_and_never_calls_a_corrupt_one_identical(files, capsys,
+                                                                         tmp_path) -> None:
+    empty = tmp_path / "empty.kpack"
+    empty.write_bytes(b"")
+    for argv in ([files["a"], empty], [empty, files["a"]]):
+        code, out, err = run(capsys, "diff", *argv)
+        assert code == 1 and out == "" and err.startswith(f"error: {empty}: header")
+    bad = tmp_path / "bad.kpack"
+    _corrupt_image(files["a"], bad)  # same metadata, so the recorded digests are equal
+    code, out, err = run(capsys, "diff", files["a"], bad)
+    assert code == 1 and err.startswith(f"error: {bad}: module") and "digest" in err
+
+
+def test_extract_of_a_corrupt_file_writes_nothing(files, capsys, tmp_path) -> None:
+    bad = tmp_path / "bad.kpack"
+    _corrupt_image(files["a"], bad)
+    out_dir = tmp_path / "x"
+    code, out, err = run(capsys, "extract", bad, "-o", out_dir)
+    assert code == 1 and out == "" and err.startswith(f"error: {bad}: ")
+    assert not out_dir.exists()  # not even the directory: every image is checked first
+
+
+def test_eval_refuses_a_repeated_name_and_takes_python_shapes(files, capsys) -> None:
+    code, _, err = run(capsys, "eval", files["a"], "axpy", "x=10", "x=11", "y=10")
+    assert code == 1 and "x is given twice" in err
+    code, out, _ = run(capsys, "eval", files["a"], "axpy", "x=(10,)", "y=[10]", "--json")
+    assert code == 0 and json.loads(out)["symbols"]["n"] == 10  # `a` (a float) not needed
+    assert parse_assignment("x=(4096, 1000)", {"x": "tensor"}) == ("x", (4096, 1000))
+    assert parse_assignment("x=()", {"x": "tensor"}) == ("x", ())
+    code, _, err = run(capsys, "eval", files["a"], "stages", "x=4,10", "k=1", "out=4,10")
+    assert code == 1 and "'out' is not an input, it is an output" in err
+
+
+def test_keys_of_the_wrong_kind_are_refused(files, capsys, tmp_path) -> None:
+    key = tmp_path / "k"
+    run(capsys, "keygen", "-o", key)
+    # both files hold 64 hex digits: a .pub read as a seed would sign with a meaningless key
+    code, _, err = run(capsys, "sign", files["a"], "--key", f"{key}.pub", "-o", tmp_path / "s")
+    assert code == 1 and "public key file (.pub) cannot sign" in err
+    assert not (tmp_path / "s").exists()
+    run(capsys, "sign", files["a"], "--key", key, "-o", tmp_path / "s")
+    code, _, err = run(capsys, "verify", tmp_path / "s", "--trusted-key", key)
+    assert code == 1 and f"{key} is a private key; trust its public key {key}.pub" in err
+    code, _, err = run(capsys, "verify", tmp_path / "s", "--trusted-key", tmp_path / "no.pub")
+    assert code == 1 and "no such public key file" in err
+
+
+def test_keygen_never_overwrites_a_public_key(capsys, tmp_path) -> None:
+    pub = tmp_path / "k.pub"
+    pub.write_text("old\n")
+    code, _, err = run(capsys, "keygen", "-o", tmp_path / "k")
+    assert code == 1 and "File exists" in err
+    assert pub.read_text() == "old\n" and not (tmp_path / "k").exists()
+
+
+def test_artifact_text_cannot_drive_the_terminal(capsys, tmp_path) -> None:
+    """Free text in an untrusted file (a constraint message) is shown with its control and
+    bidi characters escaped, in tables, in error lines and in diffs; JSON escapes them too."""
+    hostile = "\x1b]0;pwned\x07\x1b[2J\u202egnp.exe\b"
+    c = kp.external("axpy", "axpy",
+                    [kp.Tensor("x", kp.f32, ["n"]), kp.Tensor("y", kp.f32, ["n"], role="inout"),
+                     kp.Scalar("a", kp.f32), kp.Scalar("n32", kp.u32, value="n")],
+                    grid=kp.cdiv("n", 256), block=256, ptx=PTX, targets=["sm_80"],
+                    constraints=[(kp.sym("n") < 5, hostile)])
+    path = tmp_path / "hostile.kpack"
+    save([c], path)
+    code, out, _ = run(capsys, "inspect", path)
+    assert code == 0 and "\\x1b]0;pwned\\x07\\x1b[2J\\u202egnp.exe\\x08" in out
+    code, _, err = run(capsys, "eval", path, "axpy", "x=10", "y=10")
+    assert code == 1 and "\\x1b[2J" in err
+    other = tmp_path / "other.kpack"
+    save([_axpy(targets=("sm_80",))], other)
+    code, diff_out, _ = run(capsys, "diff", path, other)
+    assert code == 1 and "\\u202e" in diff_out
+    code, out, _ = run(capsys, "inspect", path, "--json")
+    assert json.loads(out)["programs"][0]["constraints"][0]["message"] == hostile
+    for text in (out, err, diff_out):
+        assert "\x1b" not in text and "\u202e" not in text and "\b" not in text

@@ -80,6 +80,39 @@ def test_static_dims_are_substituted():
     assert g.params[0][3][1].is_const and int(g.params[0][3][1]) == 128
 
 
+@pytest.mark.parametrize("static,error,match", [
+    ({"m": 4}, kp.TraceError, r"static= names unknown dim\(s\) \['m'\] \(the fusion's dims: \['b', 'n'\]\)"),
+    ({"n": -1}, ValueError, r"static\['n'\] = -1: a dim cannot be negative"),
+    ({"n": "x"}, TypeError, r"static\['n'\] must be an int \(got 'x'\)"),
+    ({"n": True}, TypeError, r"static\['n'\] must be an int"),
+    ([("n", 4)], TypeError, r"static= must map dim names to sizes"),
+])
+def test_static_dims_are_checked_against_the_fusion(static, error, match, tmp_path):
+    @kp.fusion
+    def f(x: T[kp.f32, "b", "n"]):
+        return x + 1
+
+    with pytest.raises(error, match=match):
+        f.trace(static=static)
+    with pytest.raises(error, match=match):
+        kp.compile(f, targets=["sm_80"], static=static, cache=kp.Cache(tmp_path, remote=False))
+
+
+def test_compile_argument_types_are_checked_before_any_work():
+    @kp.fusion
+    def f(x: T[kp.f32, "n"]):
+        return x + 1
+
+    with pytest.raises(TypeError, match=r"targets must be a list .* \(got 'sm_80'\)"):
+        kp.compile(f, targets="sm_80")
+    with pytest.raises(TypeError, match=r"targets must be strings .* \(got 90 in"):
+        kp.compile(f, targets=["sm_80", 90])
+    with pytest.raises(TypeError, match=r"cache= takes a kp.Cache \(got str"):
+        kp.compile(f, targets=["sm_80"], cache="/tmp/somewhere")
+    import numpy as np
+    assert f.static_dims({"n": np.int64(8)}) == {"n": 8}
+
+
 @pytest.mark.parametrize("body,match", [
     (lambda x, y: x + y, r"add: dtype mismatch float32\[n\] and float64\[m\]"),
     (lambda x, y: x + y.astype(kp.f32), r"add: shapes \(n,\) and \(m,\) do not broadcast"),

@@ -167,3 +167,17 @@ def test_loading_stays_light(data: bytes, tmp_path: Path) -> None:
     heavy = [m for m in modules if m.split(".")[0] in ("numpy", "flatbuffers", "cryptography",
                                                       "llvmlite", "torch")]
     assert heavy == []
+
+
+def test_errors_about_a_path_name_it(data: bytes, tmp_path: Path) -> None:
+    path = tmp_path / "bad.kpack"
+    path.write_bytes(data[:100])
+    with pytest.raises(FormatError) as info:
+        kp.load(path)
+    assert str(info.value).startswith(f"{path}: Pack.body")  # not the generic "file: ..."
+    with pytest.raises(FormatError, match=r"^file: Pack\.body"):
+        kp.load(data[:100])  # bytes have no name
+    signed = tmp_path / "signed.kpack"
+    signed.write_bytes(data)
+    with pytest.raises(kp.SignatureError, match=f"^{signed}: artifact is unsigned"):
+        kp.load(str(signed), trusted_keys=[b"\0" * 32])

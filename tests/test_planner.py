@@ -81,8 +81,8 @@ def test_argument_mapping_errors() -> None:
     p = Planner(kp_samples.axpy_summary())
     with pytest.raises(TypeError, match="has no input 'z'"):
         p.plan(x=(1,), y=(1,), a=1, z=2)
-    with pytest.raises(TypeError, match="missing input\\(s\\) \\['a'\\]"):
-        p.plan((1,), (1,))
+    with pytest.raises(TypeError, match="missing input\\(s\\) \\['y'\\]"):
+        p.plan((1,), a=1.0)
     with pytest.raises(TypeError, match="input 'x' given twice"):
         p.plan((1,), x=(1,))
     with pytest.raises(TypeError, match="takes 3 inputs"):
@@ -201,3 +201,44 @@ def test_computed_values_and_launch_index() -> None:
         assert plan == p.reference.plan_shapes([(3,)], [])
     assert p.plan((1,)).launches == (PlannedLaunch("k2", "mod", (1, 1, 1), (1, 1, 1), 0,
                                                    (("buffer", "x"), ("scalar", "n")), 1),)
+
+
+def test_scalars_no_expression_reads_may_be_left_out() -> None:
+    # DESIGN.md: pack["scaled_softmax"].plan(x=(4096, 1000)) -- the float scale cannot change
+    # a plan, so plan() does not need it (the GPU call still does)
+    p = Planner(kp_samples.axpy_summary())
+    full = p.plan(x=(1000,), y=(1000,), a=0.5)
+    assert p.plan(x=(1000,), y=(1000,)) == full
+    assert p.plan((1000,), (1000,)) == full
+    rich = Planner(kp_samples.rich().summary)  # x, m (int32), scale (float64)
+    assert rich.plan(x=(2, 8), m=8) == rich.plan((2, 8), 8, 1.0)
+    with pytest.raises(TypeError, match="missing input\\(s\\) \\['m'\\]"):
+        rich.plan(x=(2, 8), scale=1.0)  # integer scalars stay required
+
+
+def test_float_dims_are_refused_even_after_an_int_plan_was_cached() -> None:
+    # 10.0 == 10 and hash(10.0) == hash(10): the plan cache must not turn a float into a hit
+    p = Planner(kp_samples.axpy_summary())
+    p.plan(x=(10,), y=(10,), a=1.0)
+    for bad in (10.0, "10"):
+        with pytest.raises(TypeError, match=r"x.shape\[0\] must be an integer"):
+            p.plan(x=(bad,), y=(10,), a=1.0)
+    with pytest.raises(TypeError, match=r"y.shape\[0\] must be an integer"):
+        p.plan(x=[10], y=[10.0], a=1.0)
+    np = pytest.importorskip("numpy")
+    assert p.plan(x=(np.int64(10),), y=(np.int32(10),), a=1.0).launches[0].grid == (1, 1, 1)
+    rich = Planner(kp_samples.rich().summary)
+    rich.plan((2, 8), 8, 1.0)
+    with pytest.raises(TypeError, match="scalar m must be an integer"):
+        rich.plan((2, 8), 8.0, 1.0)
+
+
+def test_keywords_naming_outputs_or_computed_scalars_say_so() -> None:
+    p = Planner(kp_samples.axpy_summary())
+    with pytest.raises(TypeError, match="'n32' is not an input, it is computed"):
+        p.plan(x=(1,), y=(1,), n32=1)
+    rich = Planner(kp_samples.rich().summary)
+    with pytest.raises(TypeError, match="'out' is not an input, it is an output"):
+        rich.plan(x=(2, 8), m=8, out=(2,))
+    with pytest.raises(TypeError, match="has no input 'zz'"):
+        rich.plan(x=(2, 8), m=8, zz=1)

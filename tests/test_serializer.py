@@ -145,3 +145,23 @@ def test_image_limits(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_generator_has_no_timestamp() -> None:
     pack = kp.load(kp.save(kp_samples.axpy()))
     assert pack.generator == f"kernelpack {kp.__version__}"
+
+
+def test_write_errors_name_the_path_not_a_temp_file(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError) as info:
+        kp.save(kp_samples.axpy(), tmp_path)
+    assert info.value.filename == str(tmp_path)
+    missing = tmp_path / "no" / "a.kpack"
+    with pytest.raises(FileNotFoundError) as info2:
+        kp.save(kp_samples.axpy(), missing)
+    assert info2.value.filename == str(missing)
+    assert os.listdir(tmp_path) == []
+
+
+def test_overwriting_keeps_the_file_mode(tmp_path: Path) -> None:
+    path = tmp_path / "a.kpack"
+    kp.save(kp_samples.axpy(), path)
+    assert os.stat(path).st_mode & 0o777 == 0o644
+    os.chmod(path, 0o600)
+    kp.save(kp_samples.rich(), path)  # e.g. `kernelpack sign` in place
+    assert os.stat(path).st_mode & 0o777 == 0o600

@@ -107,3 +107,24 @@ def test_unsigned_load_does_not_import_cryptography() -> None:
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True, timeout=120).stdout
     assert json.loads(out.splitlines()[-1]) == []
+
+
+def test_key_files_of_the_wrong_kind_are_refused(tmp_path: Path) -> None:
+    # keygen writes both halves as 64 hex digits: without these checks a .pub would sign as
+    # a (meaningless) private seed and a private key would be trusted as some public key
+    private, public = signing.write_keypair(tmp_path / "kp")
+    with pytest.raises(ValueError, match="public key file \\(.pub\\) cannot sign"):
+        signing.load_private_key(public)
+    with pytest.raises(ValueError, match="is a private key; trust its public key"):
+        signing.load_public_key(private)
+    with pytest.raises(ValueError, match="no such public key file"):
+        signing.load_public_key(str(tmp_path / "missing.pub"))
+    assert signing.load_public_key(public) == signing.public_key_bytes(private)
+
+
+def test_write_keypair_never_replaces_a_public_key(tmp_path: Path) -> None:
+    (tmp_path / "kp.pub").write_text("someone else's\n")
+    with pytest.raises(FileExistsError):
+        signing.write_keypair(tmp_path / "kp")
+    assert not (tmp_path / "kp").exists()
+    assert (tmp_path / "kp.pub").read_text() == "someone else's\n"

@@ -118,10 +118,11 @@ _MISSING = object()
 
 
 def merge_inputs(program: str, names: Sequence[str], args: Sequence[Any],
-                 kwargs: dict[str, Any]) -> list[Any]:
+                 kwargs: dict[str, Any], optional: Sequence[str] = ()) -> list[Any]:
     """Positional and keyword inputs of a call in ``names`` (call) order; TypeError for too
     many, unknown, repeated or missing inputs. Shared by ``plan()`` and the runtime's call so
-    both accept and word the same calling conventions."""
+    both accept and word the same calling conventions. Inputs named in ``optional`` may be
+    left out and are then ``None`` (``plan()``: scalars no expression can read)."""
     if len(args) > len(names):
         raise TypeError(f"{program} takes {len(names)} inputs {list(names)} "
                         f"(got {len(args)} positional)")
@@ -133,7 +134,9 @@ def merge_inputs(program: str, names: Sequence[str], args: Sequence[Any],
         if values[i] is not _MISSING:
             raise TypeError(f"{program}: input {key!r} given twice")
         values[i] = value
-    missing = [n for n, v in zip(names, values) if v is _MISSING]
+    missing = [n for n, v in zip(names, values) if v is _MISSING and n not in optional]
+    if optional:
+        values = [None if v is _MISSING else v for v in values]
     if missing:
         raise TypeError(f"{program}: missing input(s) {missing}")
     return values

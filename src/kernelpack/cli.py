@@ -9,13 +9,14 @@ success (``diff``: identical), 1 on a bad file, a failed check or a difference (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .errors import KernelPackError
 
@@ -27,6 +28,11 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]")
 
 class CLIError(Exception):
     """A failure the user must see as ``error: <message>`` with exit status 1."""
+
+
+class UsageError(CLIError):
+    """Options that do not go together: ``<prog>: error: <message>``, exit status 2 (as
+    argparse's own usage errors)."""
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -56,6 +62,19 @@ def _load(path: str, trusted_keys: Sequence[str] | None = None) -> Any:
     return load(path, trusted_keys=list(trusted_keys) if trusted_keys else None)
 
 
+@contextlib.contextmanager
+def _about(path: str) -> Iterator[None]:
+    """A KernelPackError raised inside names ``path``: ``diff`` has two files, and a corrupt
+    image found by ``verify`` must say which file holds it."""
+    try:
+        yield
+    except KernelPackError as exc:
+        from .loader import name_file
+
+        name_file(exc, path)
+        raise
+
+
 def _stdout_console() -> Any:
     from .cli_render import console
 
@@ -74,12 +93,16 @@ def parse_assignment(text: str, kinds: dict[str, str]) -> tuple[str, Any]:
     """``x=4096,1000`` -> ("x", (4096, 1000)); ``a=0.5`` -> ("a", 0.5); ``n=7`` -> ("n", 7).
 
     ``kinds`` maps parameter names to ``"tensor"``, ``"int"`` or ``"float"``: a tensor always
-    gets a shape tuple (``x=4096`` is 1-D, ``x=`` is 0-D), a scalar a single number.
+    gets a shape tuple (``x=4096`` is 1-D, ``x=`` and ``x=()`` are 0-D; parentheses or
+    brackets around a shape are allowed), a scalar a single number.
     """
     name, sep, value = text.partition("=")
     name = name.strip()
     if not sep or not name.isidentifier():
         raise CLIError(f"expected NAME=VALUE such as x=4096,1000 or s=3 (got {text!r})")
+    stripped = value.strip()
+    if len(stripped) >= 2 and (stripped[0], stripped[-1]) in (("(", ")"), ("[", "]")):
+        value = stripped[1:-1]  # x=(4096,1000) or x=[4096,1000], as Python writes shapes
     parts = [p.strip() for p in value.split(",")] if value.strip() else []
     if parts and parts[-1] == "":
         parts.pop()  # "x=4096," is a 1-D shape too
@@ -100,8 +123,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .cli_facts import pack_facts
 
     if args.driver is not None and args.device is None:
-        raise CLIError("--driver needs --device (the architecture to explain the choice for)")
-    facts = pack_facts(_load(args.file), device=args.device, driver_version=args.driver)
+        raise UsageError("--driver needs --device (the architecture to explain the choice for)")
+    pack = _load(args.file)
+    with _about(args.file):
+        facts = pack_facts(pack, device=args.device, driver_version=args.driver)
     if args.json:
         print(json.dumps(facts, indent=2))
     else:
@@ -113,7 +138,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     pack = _load(args.file, args.trusted_key)
-    pack.verify()
+    with _about(args.file):
+        pack.verify()
     modules = list(pack.modules.values())
     images = [image for m in modules for image in m.images]
     raw = sum(int(getattr(i, "raw_size", 0)) for i in images)
@@ -146,11 +172,14 @@ def cmd_extract(args: argparse.Namespace) -> int:
     existing = [str(p) for p, _ in plan if p.exists()]
     if existing and not args.force:
         raise CLIError(f"refusing to overwrite {', '.join(existing)} (use --force)")
+    with _about(args.file):  # every image checked before anything is created or written
+        data = [image.read() for _, image in plan]  # decompressed and digest-checked
     out.mkdir(parents=True, exist_ok=True)
-    for path, image in plan:
-        data = image.read()  # decompressed and digest-checked
-        path.write_bytes(data)
-        print(f"{path}  ({len(data)} bytes)")
+    for (path, _), raw in zip(plan, data):
+        path.write_bytes(raw)
+        print(f"{path}  ({len(raw)} bytes)")
+    if not plan:
+        print(f"{args.file} holds no images; nothing written")
     return 0
 
 
@@ -174,8 +203,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise CLIError(f"no program {args.program!r} in {args.file} "
                        f"(programs: {', '.join(pack.programs) or 'none'})")
     program = pack[args.program]
-    kinds = _param_kinds(program.summary)
-    values = dict(parse_assignment(a, kinds) for a in args.values)
+    with _about(args.file):
+        kinds = _param_kinds(program.summary)
+    values: dict[str, Any] = {}
+    for text in args.values:
+        name, value = parse_assignment(text, kinds)
+        if name in values:
+            raise CLIError(f"{name} is given twice ({name}={values[name]!r} and {text!r})")
+        values[name] = value
     try:
         plan = program.plan(**values)
     except TypeError as exc:  # missing or unknown inputs: the user's command line is wrong
@@ -191,19 +226,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from .cli_facts import diff_facts, pack_facts
+    from .cli_facts import diff_facts, pack_facts, printable
 
     a, b = _load(args.a), _load(args.b)
-    fa, fb = pack_facts(a), pack_facts(b)
+    # Images are compared by their recorded digests, so first prove that the bytes match
+    # them: a corrupt file is an error, never "identical".
+    with _about(args.a):
+        a.verify()
+        fa = pack_facts(a)
+    with _about(args.b):
+        b.verify()
+        fb = pack_facts(b)
     lines = diff_facts(fa, fb)
     from .cli_render import signature_text
 
     for key, show in (("format_version", str), ("generator", str),
                       ("signature", signature_text)):
         if fa[key] != fb[key]:  # metadata: reported, but the kernels are what diff compares
-            print(f"note: {key}: {show(fa[key])} -> {show(fb[key])}")
+            print(printable(f"note: {key}: {show(fa[key])} -> {show(fb[key])}"))
     for line in lines:
-        print(line)
+        print(printable(line))
     return 1 if lines else 0
 
 
@@ -222,7 +264,8 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
     key = load_private_key(args.key)
     pack = _load(args.file)
-    pack.verify()  # never put a signature on bytes that do not verify
+    with _about(args.file):
+        pack.verify()  # never put a signature on bytes that do not verify
     target = args.output or args.file
     save(pack, target, sign_with=key)
     print(f"signed {args.file} -> {target} (key id {key_id(public_key_bytes(key))})")
@@ -296,6 +339,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
+    except UsageError as exc:
+        print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `kernelpack inspect big.kpack | head`: the reader left, not an error
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -305,7 +351,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, OSError) and exc.filename is not None:
             message = f"{exc.filename}: {exc.strerror or exc}"
         one_line = "; ".join(line.strip() for line in message.splitlines() if line.strip())
-        print(f"error: {one_line or type(exc).__name__}", file=sys.stderr)
+        from .cli_facts import printable
+
+        print(f"error: {printable(one_line) or type(exc).__name__}", file=sys.stderr)
         return 1
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p = add("prune", _cmd_prune, "evict least-recently-used entries down to the cap and remove "
                                  "temporary files left by killed writers")
-    p.add_argument("--max-bytes", type=int, default=None,
+    p.add_argument("--max-bytes", type=_non_negative(int), default=None,
                    help="size to evict down to (default: $KERNELPACK_CACHE_MAX_BYTES)")
-    p.add_argument("--temp-age", type=float, default=3600.0, metavar="SECONDS",
+    p.add_argument("--temp-age", type=_non_negative(float), default=3600.0, metavar="SECONDS",
                    help="remove temporary files older than this (default 3600)")
     add("clear", _cmd_clear, "remove every entry, key record and quarantined file")
     p = add("explain", _cmd_explain, "show the parts a key was computed from")
@@ -51,10 +52,28 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _non_negative(kind: Any) -> Any:
+    """An argparse type: a number of ``kind`` that is at least 0 (a negative cap would evict
+    everything, a negative age would delete temporary files being written right now)."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        if not value >= 0:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be at least 0 (got {text})")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def _store(args: argparse.Namespace) -> Any:
     from .cache.disk import DiskStore
 
     root = args.dir if args.dir is not None else config.cache_dir()
+    if Path(root).exists() and not Path(root).is_dir():
+        raise ValueError(f"{root}: not a directory (the cache root must be one)")
     return DiskStore(root, config.cache_max_bytes())
 
 
@@ -152,4 +171,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
                           "on_disk": store.path(digest).exists()}, indent=1))
         return 0 if record else 1
     print(cache.explain(digest))
-    return 0 if record else 1
+    if record is None:
+        print(f"error: no record of key {digest} in {store.root}", file=sys.stderr)
+        return 1
+    return 0

@@ -13,7 +13,37 @@ from .expr import Expr
 from .summary import Arg, KernelSummary, Launch, Scalar, Tensor
 
 __all__ = ["summary_facts", "launch_facts", "arg_text", "image_facts", "module_facts",
-           "pack_facts", "plan_facts", "selection_facts", "diff_facts", "ratio"]
+           "pack_facts", "plan_facts", "selection_facts", "diff_facts", "ratio", "printable",
+           "printable_facts"]
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: control characters (ESC sequences, carriage returns,
+    backspaces) and invisible format characters (bidirectional overrides) from the untrusted
+    artifact are shown escaped, as ``\\x1b`` or ``\\u202e``, instead of acting on the
+    terminal. JSON output needs no such care: ``json.dumps`` escapes them itself."""
+    if text.isprintable():
+        return text
+    import unicodedata
+
+    out = []
+    for ch in text:
+        if ch.isprintable() or ch == " " or unicodedata.category(ch) not in ("Cc", "Cf"):
+            out.append(ch)
+        else:
+            out.append(ascii(ch)[1:-1])  # "\x1b", "\u202e"
+    return "".join(out)
+
+
+def printable_facts(value: Any) -> Any:
+    """:func:`printable` applied to every string in a facts structure."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {k: printable_facts(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(printable_facts(v) for v in value)
+    return value
 
 
 def _x(expr: Expr | None) -> str | None:

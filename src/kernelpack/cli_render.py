@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .cli_facts import printable_facts
+
 __all__ = ["console", "render_pack", "render_plan", "human_size", "signature_text"]
 
 
@@ -71,6 +73,7 @@ def signature_text(sig: dict[str, Any]) -> str:
 
 def render_pack(con: Console, facts: dict[str, Any]) -> None:
     """Everything ``inspect`` knows, program by program, then module by module."""
+    facts = printable_facts(facts)  # the artifact's text never reaches the terminal raw
     _line(con, ("format ", "bold"), facts["format_version"], ("   generator ", "bold"),
           facts["generator"] or "-", ("   signature ", "bold"), signature_text(facts["signature"]))
     _line(con, f"{len(facts['programs'])} program(s), {len(facts['modules'])} module(s)")
@@ -144,6 +147,7 @@ def _render_module(con: Console, module: dict[str, Any]) -> None:
 
 def render_plan(con: Console, facts: dict[str, Any]) -> None:
     """A concrete plan: symbols, allocations with sizes, launches with numbers."""
+    facts = printable_facts(facts)
     _line(con, ("program ", "bold"), str(facts["program"]), ("   variant ", "bold"),
           str(facts["variant"]))
     _line(con, "symbols: ", ", ".join(f"{k}={v}" for k, v in facts["symbols"].items()) or "-")

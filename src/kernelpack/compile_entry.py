@@ -42,9 +42,10 @@ class Options:
         return dataclasses.asdict(self)
 
 
-def static_dims(static: Mapping[str, int] | None) -> tuple[tuple[str, int], ...]:
-    """``static=`` normalized: sorted ``(dim name, size)`` pairs."""
-    return tuple(sorted((str(k), int(v)) for k, v in (static or {}).items()))
+def static_dims(f: Fusion, static: Mapping[str, int] | None) -> tuple[tuple[str, int], ...]:
+    """``static=`` checked against ``f``'s dims (:meth:`Fusion.static_dims`), normalized:
+    sorted ``(dim name, size)`` pairs."""
+    return tuple(sorted(f.static_dims(static).items()))
 
 
 def fusion_key(f: Fusion, targets: Sequence[str], static: Mapping[str, int] | None,
@@ -53,11 +54,11 @@ def fusion_key(f: Fusion, targets: Sequence[str], static: Mapping[str, int] | No
     errors as the compile itself for a bad fusion, target list or option."""
     if not isinstance(f, Fusion):
         raise TypeError(f"kp.compile takes a @kp.fusion function (got {f!r})")
-    parse_target_list(tuple(targets))
+    parse_target_list(targets)
     opts = Options.parse(options)
     from .cache import make_key
 
-    return make_key(kind="fusion", source=f.canonical_bytes(dict(static_dims(static))),
+    return make_key(kind="fusion", source=f.canonical_bytes(dict(static_dims(f, static))),
                     options=opts.as_dict(), targets=list(targets))
 
 
@@ -65,6 +66,9 @@ def compile(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,  #
             static: Mapping[str, int] | None = None, cache: Any = None,
             **options: object) -> Compiled:
     """See :func:`kernelpack.compile`: with ``cache``, a hit never imports the lowering."""
+    if cache is not None and not callable(getattr(cache, "fetch_or_compile", None)):
+        raise TypeError(f"cache= takes a kp.Cache (got {type(cache).__name__}: {cache!r:.60}); "
+                        f"kp.Cache(path) uses a directory")
     if cache is None:
         from .lowering import compile_fusion
 

@@ -166,7 +166,10 @@ class ExprProgram:
             result = self._roots[root](frame)
         except ExprEvalError as exc:
             label = f" ({what})" if what else ""
-            raise ExpressionError(f"cannot evaluate {self.exprs[root]}{label}: {exc}") from None
+            env = ", ".join(f"{name}={frame[i]}" for i, name in enumerate(self.symbols)
+                            if i < len(frame) and isinstance(frame[i], int))
+            raise ExpressionError(f"cannot evaluate {self.exprs[root]}{label}: {exc}"
+                                  + (f" (with {env})" if env else "")) from None
         frame[slot] = result
         return result
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import operator
 from typing import Any, Callable, Mapping
 
 from .dtypes import DType
@@ -79,8 +80,7 @@ class Fusion:
 
     def trace(self, static: Mapping[str, int] | None = None) -> Graph:
         """Run the function on symbolic tensors. ``static`` fixes named dims to ints."""
-        static = dict(static or {})
-        fixed = {k: const(int(v)) for k, v in static.items()}
+        fixed = {k: const(v) for k, v in self.static_dims(static).items()}
         g = Graph(self.name)
         args = []
         for pname, ann in self.params:
@@ -102,12 +102,43 @@ class Fusion:
         _check_bound(g)
         return g
 
+    def static_dims(self, static: Mapping[str, int] | None) -> dict[str, int]:
+        """``static=`` checked against this fusion's dims: every name must be a symbolic dim
+        of a tensor parameter (a typo would otherwise compile a generic kernel silently) and
+        every size a non-negative int (a negative one would compile a program that no shape
+        can ever match)."""
+        if not static:
+            return {}
+        if not isinstance(static, Mapping):
+            raise TypeError(f"fusion {self.name}: static= must map dim names to sizes, e.g. "
+                            f"{{'n': 1024}} (got {static!r:.80})")
+        dims = sorted({name for _, ann in self.params if isinstance(ann, TensorType)
+                       for d in ann.dims for name in as_expr(d).symbols()})
+        unknown = sorted(str(k) for k in static if k not in dims)
+        if unknown:
+            raise TraceError(f"fusion {self.name}: static= names unknown dim(s) {unknown} "
+                             f"(the fusion's dims: {dims})")
+        out: dict[str, int] = {}
+        for k, v in static.items():
+            try:
+                if isinstance(v, bool):  # an int to Python, never a size the user meant
+                    raise TypeError
+                n = operator.index(v)
+            except TypeError:
+                raise TypeError(f"fusion {self.name}: static[{k!r}] must be an int "
+                                f"(got {v!r:.60})") from None
+            if n < 0:
+                raise ValueError(f"fusion {self.name}: static[{k!r}] = {n}: a dim cannot be "
+                                 f"negative")
+            out[k] = n
+        return out
+
     def canonical_bytes(self, static: Mapping[str, int] | None = None,
                         options: Mapping[str, object] | None = None) -> bytes:
         """A deterministic serialization of the traced graph plus options: the cache key's
         ``source``. Stable across processes (no ids, hashes or addresses)."""
         doc = {"graph": self.trace(static).canonical(),
-               "static": {k: int(v) for k, v in sorted((static or {}).items())},
+               "static": dict(sorted(self.static_dims(static).items())),
                "options": {k: repr(v) for k, v in sorted((options or {}).items())}}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator
 from ._decode import decode_program
 from ._fbread import Table
 from ._images import ImageInfo, _decompress  # noqa: F401 - _decompress: kept importable here
-from .errors import FormatError, IntegrityError, SignatureError
+from .errors import FormatError, IntegrityError, KernelPackError, SignatureError
 from .limits import DIGEST_SIZE, FILE_IDENTIFIER, MAX_FILE_SIZE
 from .compiled import Compiled, Module
 from .summary import KernelSummary
@@ -272,8 +272,12 @@ class Pack:
 
     def __repr__(self) -> str:
         major, minor = self.format_version
-        return (f"<kernelpack Pack {len(self.programs)} programs, {len(self.modules)} modules, "
-                f"format {major}.{minor}, {self.nbytes} bytes>")
+        def count(n: int, noun: str) -> str:
+            return f"{n} {noun}" + ("" if n == 1 else "s")
+
+        return (f"<kernelpack Pack {count(len(self.programs), 'program')}, "
+                f"{count(len(self.modules), 'module')}, format {major}.{minor}, "
+                f"{self.nbytes} bytes>")
 
 
 def _sorted_unique(names: list[str], what: str) -> None:
@@ -325,4 +329,22 @@ def load(path_or_bytes: object, *, trusted_keys: Iterable[object] | None = None)
         trusted_keys = [trusted_keys]  # one key given bare, not a list of byte values
     elif trusted_keys is not None:
         trusted_keys = list(trusted_keys)
-    return Pack(_open(path_or_bytes), trusted_keys=trusted_keys)
+    try:
+        return Pack(_open(path_or_bytes), trusted_keys=trusted_keys)
+    except KernelPackError as exc:
+        if isinstance(path_or_bytes, (str, os.PathLike)):
+            name_file(exc, os.fspath(path_or_bytes))
+        raise
+
+
+def name_file(exc: BaseException, path: str) -> BaseException:
+    """Put ``path`` at the front of ``exc``'s message (in place; type and traceback kept), so
+    that an error about a file says which file: ``model.kpack: header: 0 bytes ...``. The
+    generic ``file:`` prefix of the verifier's messages is replaced by the path."""
+    message = str(exc.args[0]) if exc.args else str(exc)
+    if message == path or message.startswith(f"{path}: "):
+        return exc
+    if message.startswith("file: "):
+        message = message[len("file: "):]
+    exc.args = (f"{path}: {message}", *exc.args[1:])
+    return exc

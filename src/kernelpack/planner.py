@@ -16,6 +16,7 @@ call needs it.
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ._plan_types import (MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, Allocation, Plan,
@@ -42,6 +43,8 @@ class Planner:
         self._is_tensor = tuple(isinstance(p, Tensor) for p in inputs)
         scalars = [p for p in inputs if not isinstance(p, Tensor)]
         self._symbol_scalars = tuple(i for i, p in enumerate(scalars) if p.is_symbol)
+        # Scalars no expression can read (floats, complex): plan() does not need them.
+        self._optional = tuple(p.name for p in scalars if not p.is_symbol)
         self._ref: ReferencePlanner | None = None
         from ._plan_fast import compile_fast
 
@@ -99,27 +102,60 @@ class Planner:
     # ---- the user-facing entry ---------------------------------------------------------------
     def plan(self, *args: Any, **kwargs: Any) -> Plan:
         """Plan from call arguments: positional in ``summary.inputs`` order, or by name.
-        Tensors are shapes (tuples of ints) or objects with ``.shape``."""
+        Tensors are shapes (tuples of ints) or objects with ``.shape``. Scalars that no
+        expression reads (floating-point ones) may be left out: they cannot change a plan.
+        Dims and integer scalars must be integers (``operator.index``): TypeError otherwise."""
         values: Sequence[Any] = args
         if kwargs or len(args) != len(self._input_names):
             values = self._bind(args, kwargs)
         shapes, scalars = [], []
-        for value, is_tensor in zip(values, self._is_tensor):
+        for value, is_tensor, name in zip(values, self._is_tensor, self._input_names):
             if not is_tensor:
                 scalars.append(value)
-            elif value.__class__ is tuple:
+            elif value.__class__ is tuple and all(d.__class__ is int for d in value):
                 shapes.append(value)
             else:
-                shapes.append(self._shape_of(value, len(shapes)))
+                shapes.append(self._shape_of(value, name))
+        for i in self._symbol_scalars:  # 10.0 == 10 must not find the plan cached for 10
+            v = scalars[i]
+            if v.__class__ is not int and v.__class__ is not bool:
+                try:
+                    scalars[i] = operator.index(v)
+                except TypeError:  # not through the cache: the reference words the error
+                    return self.reference.plan_shapes(shapes, scalars)
         return self.plan_shapes(shapes, scalars)
 
-    def _shape_of(self, value: Any, tensor_index: int) -> tuple:
+    @staticmethod
+    def _shape_of(value: Any, name: str) -> tuple:
+        """A shape as a tuple of ints (NumPy integers converted): a float dim would compare
+        equal to an int one in the plan cache, so it is refused here, naming the dim."""
         shape = getattr(value, "shape", value)
         if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__"):
-            name = [n for n, t in zip(self._input_names, self._is_tensor) if t][tensor_index]
             raise TypeError(f"tensor {name} must be a shape tuple or have .shape "
                             f"(got {value!r:.60})")
-        return tuple(shape)
+        out = []
+        for i, d in enumerate(shape):
+            if d.__class__ is not int:
+                try:
+                    d = operator.index(d)
+                except TypeError:
+                    raise TypeError(f"{name}.shape[{i}] must be an integer "
+                                    f"(got {d!r:.60})") from None
+            out.append(d)
+        return tuple(out)
 
     def _bind(self, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-        return merge_inputs(self.summary.name, self._input_names, args, kwargs)
+        for key in kwargs:
+            if key not in self._input_names:
+                self._not_an_input(key)
+        return merge_inputs(self.summary.name, self._input_names, args, kwargs, self._optional)
+
+    def _not_an_input(self, key: str) -> None:
+        """TypeError for a keyword naming an output or a computed scalar: say which it is."""
+        for p in self.summary.params:
+            if p.name != key:
+                continue
+            what = ("an output: kernelpack allocates it (plan.allocations)"
+                    if isinstance(p, Tensor) else "computed from the shapes, never passed")
+            raise TypeError(f"{self.summary.name}: {key!r} is not an input, it is {what} "
+                            f"(inputs: {list(self._input_names)})")

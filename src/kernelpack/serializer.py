@@ -14,6 +14,7 @@ per distinct compressed image) and assembles, signs and writes the file; the ``P
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import tempfile
@@ -173,24 +174,42 @@ def assemble(body: bytes, blobs: list[bytes], signature: tuple[bytes, bytes] | N
     return data
 
 
+def _renamed(exc: OSError, path: str) -> OSError:
+    """``exc`` (same type, errno and reason) naming ``path`` instead of a temporary file."""
+    if exc.errno is None:
+        return exc
+    return type(exc)(exc.errno, exc.strerror, path)
+
+
 def _write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Temp file in the same directory, fsync, os.replace: all or nothing under ``path``."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file path", path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
-                               suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
+                                   suffix=".tmp")
+    except OSError as exc:  # name the file the caller asked for, not our temporary name
+        raise _renamed(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        try:  # replacing a file keeps its permissions (a 0600 artifact stays private)
+            mode = os.stat(path).st_mode & 0o7777
+        except OSError:
+            mode = 0o644
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise _renamed(exc, path) from None
         raise
     try:  # make the rename itself durable; not every platform can open a directory
         dir_fd = os.open(directory, os.O_RDONLY)

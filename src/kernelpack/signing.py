@@ -11,6 +11,7 @@ loading unsigned artifacts never pays for it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from typing import Any, Iterable
@@ -61,7 +62,11 @@ def load_private_key(key: object) -> Any:
     if isinstance(key, (bytes, bytearray)) and len(key) == 32:
         return ed.Ed25519PrivateKey.from_private_bytes(bytes(key))
     if isinstance(key, (str, os.PathLike)):
-        data = _read_key_file(os.fspath(key))
+        path = os.fspath(key)
+        if path.endswith(".pub"):  # same hex format as a private seed: refuse, don't misread
+            raise ValueError(f"{path}: a public key file (.pub) cannot sign; pass the private "
+                             f"key (keygen's NAME, without .pub)")
+        data = _read_key_file(path)
         if b"-----BEGIN" in data:
             from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
@@ -100,7 +105,11 @@ def load_public_key(key: object) -> bytes:
         except ValueError:
             pass
     if isinstance(key, (str, os.PathLike)) and os.path.exists(os.fspath(key)):
-        data = _read_key_file(os.fspath(key))
+        path = os.fspath(key)
+        if not path.endswith(".pub") and os.path.exists(path + ".pub"):
+            # keygen's private key: its hex would read as some other, meaningless public key
+            raise ValueError(f"{path} is a private key; trust its public key {path}.pub")
+        data = _read_key_file(path)
         if b"-----BEGIN" in data:
             from cryptography.hazmat.primitives import serialization
 
@@ -119,6 +128,9 @@ def load_public_key(key: object) -> bytes:
             from cryptography.hazmat.primitives import serialization
 
             return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    if isinstance(key, (str, os.PathLike)) and (
+            os.fspath(key).endswith(".pub") or os.sep in os.fspath(key)):
+        raise ValueError(f"{os.fspath(key)}: no such public key file")
     raise ValueError(f"not an ed25519 public key: expected 32 bytes, 64 hex characters, a "
                      f"key object or an existing .pub file (got {key!r:.80})")
 
@@ -127,13 +139,25 @@ def write_keypair(path: str | os.PathLike[str]) -> tuple[str, str]:
     """Write a new key pair: the private seed as hex at ``path`` (mode 0600) and the public
     key as hex at ``path + ".pub"``. Refuses to overwrite an existing private key."""
     path = os.fspath(path)
+    public_path = path + ".pub"
+    if os.path.lexists(public_path):  # a stale .pub would silently stop matching the new key
+        raise FileExistsError(errno.EEXIST, "File exists", public_path)
     seed = generate_private_key()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(seed.hex() + "\n")
-    public_path = path + ".pub"
-    with open(public_path, "w") as f:
-        f.write(public_key_bytes(seed).hex() + "\n")
+    created = [path]
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(seed.hex() + "\n")
+        with open(public_path, "x") as f:
+            created.append(public_path)
+            f.write(public_key_bytes(seed).hex() + "\n")
+    except BaseException:
+        for leftover in created:  # no half-written pair
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
+        raise
     return path, public_path
 
 

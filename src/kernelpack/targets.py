@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Iterable
 
 __all__ = ["Arch", "parse_arch", "parse_target_list"]
 
@@ -48,14 +49,23 @@ def parse_arch(text: str) -> Arch:
     return Arch(int(match.group(2)), int(match.group(3)), match.group(4))
 
 
-def parse_target_list(targets: list[str] | tuple[str, ...]) -> tuple[list[Arch], bool]:
+def parse_target_list(targets: Iterable[str]) -> tuple[list[Arch], bool]:
     """Split a user's ``targets=[...]`` into cubin architectures and whether PTX is wanted.
 
-    ``"ptx"`` asks for PTX of the lowest listed architecture (the most portable); an explicit
-    ``compute_XY`` asks for PTX of that architecture.
+    ``"ptx"`` asks for PTX. ``compute_XY`` also asks for PTX *and* lists XY among the
+    returned architectures: ``kp.compile`` builds a cubin for every returned architecture and
+    one PTX, for the lowest of them (``["sm_80", "compute_90"]`` gives sm_80 and sm_90 cubins
+    and compute_80 PTX); ``kp.external`` skips the cubin of a ``compute_XY`` named without
+    its ``sm_XY`` and keeps the PTX for the source's own ``.target``. At least one
+    architecture must be named: ``["ptx"]`` alone is a ValueError.
     """
-    if isinstance(targets, str):
+    if isinstance(targets, (str, bytes)):
         raise TypeError(f"targets must be a list such as ['sm_80', 'sm_90', 'ptx'] (got {targets!r})")
+    targets = tuple(targets)
+    for item in targets:
+        if not isinstance(item, str):
+            raise TypeError(f"targets must be strings such as 'sm_90' (got {item!r} in "
+                            f"{list(targets)!r})")
     cubins: list[Arch] = []
     want_ptx = False
     for item in targets:

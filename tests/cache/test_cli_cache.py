@@ -74,3 +74,31 @@ def test_prune_and_clear(filled: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert len(store.entries()) == 1 and not stale.exists()
     assert main(["cache", "clear", "--dir", str(filled)]) == 0
     assert store.entries() == [] and "removed 1 entries" in capsys.readouterr().out
+
+
+def test_explain_of_an_unknown_key_says_so_on_stderr(filled: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cache", "explain", "0" * 64, "--dir", str(filled)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no record of key 0000") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["prune", "--max-bytes", "-1"], ["prune", "--temp-age", "-5"],
+                                  ["prune", "--temp-age", "nan"], ["prune", "--max-bytes", "x"]])
+def test_negative_caps_and_ages_are_usage_errors(filled: Path, argv: list[str],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # a negative cap would evict every entry, a negative age delete files being written now
+    with pytest.raises(SystemExit) as info:
+        main(["cache", *argv, "--dir", str(filled)])
+    assert info.value.code == 2
+    assert len(Cache(filled, remote=False).disk.entries()) == 3
+
+
+@pytest.mark.parametrize("action", ["ls", "stats", "prune", "clear"])
+def test_a_file_as_the_cache_root_is_an_error(tmp_path: Path, action: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    afile = tmp_path / "not_a_dir"
+    afile.write_bytes(b"data")
+    assert main(["cache", action, "--dir", str(afile)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {afile}: not a directory") and afile.read_bytes() == b"data"

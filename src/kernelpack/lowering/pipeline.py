@@ -204,8 +204,8 @@ def new_build(f: Fusion, targets: Sequence[str], static: Mapping[str, int] | Non
               options: Mapping[str, object]) -> Build:
     if not isinstance(f, Fusion):
         raise TypeError(f"kp.compile takes a @kp.fusion function (got {f!r})")
-    archs, want_ptx = parse_target_list(tuple(targets))
-    return Build(f, tuple(archs), want_ptx, static_dims(static), Options.parse(options))
+    archs, want_ptx = parse_target_list(targets)
+    return Build(f, tuple(archs), want_ptx, static_dims(f, static), Options.parse(options))
 
 
 def compile_fusion(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,
