@@ -196,3 +196,32 @@ def _env() -> dict:
     src = str(Path(kp.__file__).resolve().parents[1])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def test_dims_on_the_left_of_tensor_arithmetic():
+    """``x.shape[0] * x``: the dim (an Expr) declines the traced tensor, which then multiplies
+    (reflected); an Expr with a float still fails as Python does."""
+    @kp.fusion
+    def f(x: T[kp.f32, "n"]):
+        return x.shape[0] * x + (1 + x.shape[0]) - x.shape[0] // 2 * x
+
+    ops = [n.op for n in f.trace().nodes]
+    assert ops.count("dim") >= 1 and "mul" in ops
+    with pytest.raises(TypeError, match="unsupported operand"):
+        sym("n") * 2.5
+
+
+def test_zeros_for_imag_and_power_zero_do_not_read_the_values():
+    """``x.imag`` of a real tensor and ``x ** 0`` are constants of x's shape (a select on a
+    constant condition), not ``0 * x``, which is NaN where x is NaN or infinite."""
+    @kp.fusion
+    def f(x: T[kp.f32, "n"]):
+        return x.imag, x ** 0
+
+    g = f.trace()
+    for _, nid in g.outputs:
+        node = g.nodes[nid]
+        while node.op != "where":
+            node = g.nodes[node.inputs[0]]
+        cond, zero, _ = (g.nodes[i] for i in node.inputs)
+        assert cond.op == "const" and cond.attrs[0] is True and zero.attrs[0] == 0

@@ -15,7 +15,7 @@ use :func:`eq` / :func:`ne` for symbolic equality.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Union
+from typing import Callable, Iterable, Mapping, Union
 
 __all__ = [
     "Expr", "ExprLike", "sym", "const", "as_expr",
@@ -40,6 +40,19 @@ _INFIX = {"add": ("+", 5), "sub": ("-", 5), "mul": ("*", 6), "floordiv": ("//", 
 _COMMUTATIVE = frozenset({"add", "mul", "min", "max", "eq", "ne", "and", "or"})
 
 ExprLike = Union["Expr", int, str]
+
+
+def _binop(op: str, reflected: bool = False) -> Callable[["Expr", object], "Expr"]:
+    """An Expr operator method: ``self op other`` (or ``other op self``), NotImplemented for
+    an operand that is no int, symbol name or expression."""
+    def method(self: "Expr", o: object) -> "Expr":
+        try:
+            other = as_expr(o)  # type: ignore[arg-type]
+        except TypeError:
+            return NotImplemented
+        return _make(op, other, self) if reflected else _make(op, self, other)
+    method.__name__ = f"__{'r' if reflected else ''}{op}__"
+    return method
 
 
 class ExprEvalError(ArithmeticError):
@@ -130,26 +143,18 @@ class Expr:
         return _format(self, -1)
 
     # ---- operators -------------------------------------------------------------------------
-    def __add__(self, o: ExprLike) -> "Expr": return _make("add", self, as_expr(o))
-    def __radd__(self, o: ExprLike) -> "Expr": return _make("add", as_expr(o), self)
-    def __sub__(self, o: ExprLike) -> "Expr": return _make("sub", self, as_expr(o))
-    def __rsub__(self, o: ExprLike) -> "Expr": return _make("sub", as_expr(o), self)
-    def __mul__(self, o: ExprLike) -> "Expr": return _make("mul", self, as_expr(o))
-    def __rmul__(self, o: ExprLike) -> "Expr": return _make("mul", as_expr(o), self)
-    def __floordiv__(self, o: ExprLike) -> "Expr": return _make("floordiv", self, as_expr(o))
-    def __rfloordiv__(self, o: ExprLike) -> "Expr": return _make("floordiv", as_expr(o), self)
-    def __mod__(self, o: ExprLike) -> "Expr": return _make("mod", self, as_expr(o))
-    def __rmod__(self, o: ExprLike) -> "Expr": return _make("mod", as_expr(o), self)
-    def __lshift__(self, o: ExprLike) -> "Expr": return _make("shl", self, as_expr(o))
-    def __rlshift__(self, o: ExprLike) -> "Expr": return _make("shl", as_expr(o), self)
-    def __rshift__(self, o: ExprLike) -> "Expr": return _make("shr", self, as_expr(o))
-    def __rrshift__(self, o: ExprLike) -> "Expr": return _make("shr", as_expr(o), self)
+    # A right operand that is no ExprLike gives NotImplemented, so Python asks the other side:
+    # ``x.shape[0] * x`` with x a traced tensor is the tensor's reflected multiply.
+    __add__, __radd__ = _binop("add"), _binop("add", reflected=True)
+    __sub__, __rsub__ = _binop("sub"), _binop("sub", reflected=True)
+    __mul__, __rmul__ = _binop("mul"), _binop("mul", reflected=True)
+    __floordiv__, __rfloordiv__ = _binop("floordiv"), _binop("floordiv", reflected=True)
+    __mod__, __rmod__ = _binop("mod"), _binop("mod", reflected=True)
+    __lshift__, __rlshift__ = _binop("shl"), _binop("shl", reflected=True)
+    __rshift__, __rrshift__ = _binop("shr"), _binop("shr", reflected=True)
     def __neg__(self) -> "Expr": return _make("neg", self)
     def __pos__(self) -> "Expr": return self
-    def __lt__(self, o: ExprLike) -> "Expr": return _make("lt", self, as_expr(o))
-    def __le__(self, o: ExprLike) -> "Expr": return _make("le", self, as_expr(o))
-    def __gt__(self, o: ExprLike) -> "Expr": return _make("gt", self, as_expr(o))
-    def __ge__(self, o: ExprLike) -> "Expr": return _make("ge", self, as_expr(o))
+    __lt__, __le__, __gt__, __ge__ = _binop("lt"), _binop("le"), _binop("gt"), _binop("ge")
 
 
 # ---- construction ------------------------------------------------------------------------------

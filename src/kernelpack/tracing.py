@@ -314,8 +314,13 @@ def _unary(op: str, x: object) -> Value | Expr | int:
 
 
 def _zeros_like(x: Value) -> Value:
-    zero = x.graph.add("const", x.dtype, (), attrs=(0, False))
-    return _binary("mul", zero, x)
+    """Zeros of ``x``'s dtype and shape that never depend on its values: ``0 * x`` would be NaN
+    where x is NaN or infinite, where NumPy's ``x.imag`` (real x) and ``x ** 0`` give 0 and 1.
+    A select on a constant condition: the code generator folds it to the constant."""
+    g = x.graph
+    true = g.add("const", bool_, (), attrs=(True, False))
+    zero = g.add("const", x.dtype, (), attrs=(0, False))
+    return g.add("where", x.dtype, x.shape, (true.id, zero.id, x.id))
 
 
 def _view(x: Value, mapping: tuple[int | None, ...]) -> Value:

@@ -314,3 +314,100 @@ def test_one_row_thread_variant_matches_the_row_loop_kernel():
         finally:
             k.functions[one] = bounded
         assert np.array_equal(got, again), f"phase n={n}"
+
+
+@pytest.mark.parametrize("dt", [kp.float32, kp.float64], ids=["f32", "f64"])
+def test_float_floor_division_and_modulo_follow_numpy(dt):
+    """``//`` is NumPy's divmod quotient, not ``floor(x / y)``: ``1.0 // 0.1`` is 9 (0.1 is a
+    little more than a tenth; the rounded division gives exactly 10), ``7 // -0.7`` is -11;
+    inf // 1 is NaN, -1 // inf is -1, x // 0 is x / 0; remainders take the divisor's sign,
+    zeros included. Bit for bit, signs of zeros too (found by tests/lowering/fusion_gen.py)."""
+    @kp.fusion
+    def divmod_(x: T[dt, "n"], y: T[dt, "n"]):
+        return x // y, x % y, x // 0.1, x % 0.1
+
+    npdt = np.float32 if dt == kp.float32 else np.float64
+    x = np.array([1.0, 0.3, -1.0, 7.0, 1e-30, np.inf, -1.0, 1.0, 0.0, -0.0, 3.0, -3.0, 2.0,
+                  np.nan, 5.0, -5.0, 0.7, 1.0], npdt)
+    y = np.array([0.1, 0.1, 0.1, -0.7, 1e30, 1.0, np.inf, -np.inf, 3.0, 3.0, -3.0, 3.0, 0.0,
+                  1.0, np.nan, 0.0, 0.1, -0.1], npdt)
+    with np.errstate(all="ignore"):
+        refs = (x // y, x % y, x // npdt(0.1), x % npdt(0.1))
+    for i, (got, ref) in enumerate(zip(Kernels(divmod_)(x, y), refs)):
+        assert np.array_equal(got, ref, equal_nan=True), (i, got, ref)
+        assert np.array_equal(np.signbit(got), np.signbit(ref)), (i, got, ref)
+
+
+@pytest.mark.parametrize("dt", [kp.int32, kp.int64], ids=["i32", "i64"])
+def test_integer_division_by_zero_and_minus_one_follow_numpy(dt):
+    """NumPy defines ``x // 0 == x % 0 == 0`` and ``INT_MIN // -1 == INT_MIN`` (wrapping); in
+    LLVM IR both are undefined behaviour (x86 traps, which killed the emulator)."""
+    @kp.fusion
+    def divs(x: T[dt, "n"], y: T[dt, "n"]):
+        return x // y, x % y, x // 0, x % 0, x // -1, x % -1, x // 3, x % -3, 7 // y, -7 % y
+
+    npdt = np.int32 if dt == kp.int32 else np.int64
+    lo = np.iinfo(npdt).min
+    x = np.array([7, -7, lo, 0, 5, lo, -9, 9, 1], npdt)
+    y = np.array([0, 0, -1, -1, 2, 0, -4, -4, 1], npdt)
+    with np.errstate(all="ignore"):
+        refs = (x // y, x % y, x // 0, x % 0, x // -1, x % -1, x // 3, x % -3, 7 // y, -7 % y)
+    for i, (got, ref) in enumerate(zip(Kernels(divs)(x, y), refs)):
+        assert np.array_equal(got, np.asarray(ref).astype(npdt)), (i, got, ref)
+
+
+def test_integer_division_on_register_rows_never_divides_by_a_padding_zero():
+    """Lanes past a register row's end compute on guarded loads of 0 and drop the result: an
+    integer division there once divided by zero (a SIGFPE in the emulator, undefined behaviour
+    in the IR)."""
+    @kp.fusion
+    def rowmod(x: T[kp.i64, "b", "n"]):
+        r = -5 % x
+        return r - r.sum(axis=-1, keepdims=True)
+
+    x = np.random.default_rng(18).integers(1, 9, size=(3, 17))
+    k = Kernels(rowmod)
+    assert [l.kernel for l in k.planner.plan(x.shape).launches] == ["rowmod_0_rowwarp2"]
+    r = -5 % x
+    assert np.array_equal(k(x)[0], r - r.sum(-1, keepdims=True))
+
+
+def test_several_row_stages_fit_the_variant_limit():
+    """Each row stage has up to ~10 schedules by row length and the summary holds one variant
+    per combination (at most 64): three row stages of different shapes once failed to compile
+    ("needs 1 to 64 variants (got 192)"). The widest stages lose their widest conditional
+    schedules until the product fits; every length still has a schedule."""
+    @kp.fusion
+    def three(x: T[kp.f32, "a", "n"], y: T[kp.f64, "b", "m"], z: T[kp.f32, "c", "k"]):
+        return x - x.max(axis=1, keepdims=True), y - y.mean(axis=1, keepdims=True), z.sum(axis=1)
+
+    k = Kernels(three)
+    assert len(k.summary.variants) <= 64
+    rng = np.random.default_rng(19)
+    for a, n in ((3, 5), (2, 40), (1, 300)):
+        x = rng.standard_normal((a, n)).astype(np.float32)
+        y = rng.standard_normal((a + 1, n + 2))
+        z = rng.standard_normal((2, n)).astype(np.float32)
+        refs = (x - x.max(1, keepdims=True), y - y.mean(1, keepdims=True),
+                z.astype(np.float64).sum(1))
+        for got, ref, tol in zip(k(x, y, z), refs, (1e-6, 1e-13, 1e-6)):
+            _check(got, ref, tol, f"three {a}x{n}")
+    c = kp.compile(three, targets=["sm_80"])
+    plan = kp.load(kp.save([c]))["three"].plan((7, 100000), (7, 100000), (7, 100000))
+    assert [l.kernel for l in plan.launches][-1].startswith("three_2_row")
+
+
+def test_imag_of_real_and_power_zero_at_nan_and_inf():
+    """NumPy: ``x.imag`` of a real array is 0 and ``x ** 0`` is 1 even where x is NaN or
+    infinite (the zeros are constants of x's shape, not ``0 * x``)."""
+    @kp.fusion
+    def zeros(x: T[kp.f32, "n"], i: T[kp.i32, "n"]):
+        return x.imag, x ** 0, kp.imag(i), x.shape[0] * x
+
+    x = np.array([1.5, np.nan, np.inf, -np.inf, -0.0], np.float32)
+    i = np.arange(5, dtype=np.int32)
+    got = Kernels(zeros)(x, i)
+    assert np.array_equal(got[0], np.zeros(5, np.float32))
+    assert np.array_equal(got[1], np.ones(5, np.float32))
+    assert np.array_equal(got[2], np.zeros(5, np.int32))
+    assert np.array_equal(got[3], 5 * x, equal_nan=True)

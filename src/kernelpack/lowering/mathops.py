@@ -113,13 +113,8 @@ def binary(em: "Emitter", op: str, x: Val, y: Val, dt: DType,
     if op == "mul": return b.fmul(x, y)
     if op == "div": return b.fdiv(x, y)
     if op == "pow": return libm(em, "pow", dt, x, y)
-    if op == "floordiv": return libm(em, "floor", dt, b.fdiv(x, y))
-    if op == "mod":
-        r = b.frem(x, y)
-        zero = ir.Constant(x.type, 0.0)
-        fix = b.and_(b.fcmp_ordered("!=", r, zero),
-                     b.icmp_unsigned("!=", b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", y, zero)))
-        return b.select(fix, b.fadd(r, y), r)
+    if op in ("floordiv", "mod"):
+        return _float_divmod(em, dt, x, y)[op == "mod"]
     if op in ("max", "min"):
         return _fminmax(b, op, x, y)
     if op in _FCMP:
@@ -130,8 +125,49 @@ def binary(em: "Emitter", op: str, x: Val, y: Val, dt: DType,
 
 
 def _fminmax(b: ir.IRBuilder, op: str, x: ir.Value, y: ir.Value) -> ir.Value:
+    """NaN-propagating max/min (NumPy's ``maximum``/``minimum``). float32 goes through LLVM's
+    ``llvm.maximum``/``llvm.minimum``, which NVPTX emits as one ``max.NaN.f32`` on sm_80 and
+    newer (and expands correctly for older targets) where the compare-and-select form costs
+    four instructions: softmax's row max is one of those per element. float64 has no such
+    instruction (LLVM's expansion also orders signed zeros, longer than this form)."""
+    if isinstance(x.type, ir.FloatType):
+        name = "llvm.maximum.f32" if op == "max" else "llvm.minimum.f32"
+        module = b.module
+        fn = module.globals.get(name) or ir.Function(
+            module, ir.FunctionType(x.type, [x.type, x.type]), name)
+        return b.call(fn, [x, y])
     better = b.fcmp_ordered(">" if op == "max" else "<", x, y)
     return b.select(b.or_(better, b.fcmp_unordered("uno", x, x)), x, y)
+
+
+def _copysign(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    bits = "f32" if isinstance(x.type, ir.FloatType) else "f64"
+    name = f"llvm.copysign.{bits}"
+    fn = b.module.globals.get(name) or ir.Function(
+        b.module, ir.FunctionType(x.type, [x.type, x.type]), name)
+    return b.call(fn, [x, y])
+
+
+def _float_divmod(em: "Emitter", dt: DType, x: ir.Value, y: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """``(x // y, x % y)`` for floats, as NumPy (and Python) compute them (``npy_divmod``):
+    the quotient is ``(x - fmod(x, y)) / y`` snapped to an integer, not ``floor(x / y)``, whose
+    rounded division can reach the next integer (``1.0 // 0.1`` is 9, ``floor(1.0 / 0.1)``
+    10); the remainder takes the divisor's sign (a zero one too); ``x // 0`` is ``x / 0``."""
+    b = em.b
+    t = x.type
+    zero, one, half = ir.Constant(t, 0.0), ir.Constant(t, 1.0), ir.Constant(t, 0.5)
+    mod = b.frem(x, y)
+    div = b.fdiv(b.fsub(x, mod), y)
+    nonzero = b.fcmp_unordered("!=", mod, zero)
+    fix = b.and_(nonzero, b.icmp_unsigned("!=", b.fcmp_ordered("<", y, zero),
+                                          b.fcmp_ordered("<", mod, zero)))
+    mod = b.select(fix, b.fadd(mod, y), b.select(nonzero, mod, _copysign(b, zero, y)))
+    div = b.select(fix, b.fsub(div, one), div)
+    fl = libm(em, "floor", dt, div)
+    fl = b.select(b.fcmp_ordered(">", b.fsub(div, fl), half), b.fadd(fl, one), fl)
+    q = b.fdiv(x, y)
+    floordiv = b.select(b.fcmp_unordered("!=", div, zero), fl, _copysign(b, zero, q))
+    return b.select(b.fcmp_ordered("==", y, zero), q, floordiv), mod
 
 
 def _int_binary(b: ir.IRBuilder, op: str, x: ir.Value, y: ir.Value, dt: DType,
@@ -151,13 +187,36 @@ def _int_binary(b: ir.IRBuilder, op: str, x: ir.Value, y: ir.Value, dt: DType,
         cmp = (b.icmp_signed if signed else b.icmp_unsigned)(">" if op == "max" else "<", x, y)
         return b.select(cmp, x, y)
     if op in ("floordiv", "mod"):
+        # A divisor of 0 (or -1 of the smallest integer) is undefined behaviour in LLVM IR (a
+        # trap on x86) and reaches the division even where no caller passed one: lanes past a
+        # row's end compute on guarded loads of 0 and drop the result. NumPy defines both:
+        # x // 0 and x % 0 are 0, x // -1 is -x (wrapping), x % -1 is 0. A constant divisor
+        # other than 0 and -1 needs no guard.
+        one = ir.Constant(x.type, 1)
+        const = isinstance(y, ir.Constant)
+        by_zero = None if const and y.constant != 0 else b.icmp_unsigned("==", y, zero)
         if not signed:
-            return b.udiv(x, y) if op == "floordiv" else b.urem(x, y)
+            if by_zero is None:
+                return b.udiv(x, y) if op == "floordiv" else b.urem(x, y)
+            safe = b.select(by_zero, one, y)
+            out = b.udiv(x, safe) if op == "floordiv" else b.urem(x, safe)
+            return b.select(by_zero, zero, out)
+        by_minus1 = None if const and y.constant != -1 else \
+            b.icmp_signed("==", y, ir.Constant(x.type, -1))
+        if by_zero is not None and by_minus1 is not None:
+            y = b.select(b.or_(by_zero, by_minus1), one, y)  # x / 1: nothing undefined
+        elif by_zero is not None or by_minus1 is not None:
+            y = one  # a constant 0 or -1
         q, r = b.sdiv(x, y), b.srem(x, y)
         fix = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("<", b.xor(r, y), zero))
-        if op == "floordiv":
-            return b.sub(q, b.zext(fix, x.type))
-        return b.select(fix, b.add(r, y), r)
+        if op == "mod":  # the remainder by 1 is 0: what NumPy gives for 0 and -1
+            return b.select(fix, b.add(r, y), r)
+        q = b.sub(q, b.zext(fix, x.type))
+        if by_minus1 is not None:
+            q = b.select(by_minus1, b.sub(zero, x), q)
+        if by_zero is not None:
+            q = b.select(by_zero, zero, q)
+        return q
     if op in ("shl", "shr") and count_in_range:  # LLVM's shift is defined: no 64-bit guard
         return b.shl(x, y) if op == "shl" else (b.ashr if signed else b.lshr)(x, y)
     if op in ("shl", "shr"):

@@ -18,6 +18,7 @@ from ..expr import sym
 from ..compile_entry import Options, static_dims
 from ..fusion import Fusion
 from ..graph import Graph
+from ..limits import MAX_VARIANTS
 from ..compiled import Compiled, Image, Module
 from ..summary import Arg, KernelSummary, Launch, Scalar, Tensor, Variant
 from ..targets import Arch, parse_target_list
@@ -53,13 +54,40 @@ def trace(b: Build) -> Build:
 
 
 def schedule(b: Build) -> Build:
-    stages = tuple(plan(b.graph, b.general))  # type: ignore[arg-type]
+    stages = fit_variants(plan(b.graph, b.general))  # type: ignore[arg-type]
     scratch: dict[str, DType] = {}
     for st in stages:
         for alt in st.alternatives:
             for s in alt.scratch:
                 scratch[s.name] = s.dtype
     return dataclasses.replace(b, stages=stages, scratch=tuple(scratch.items()))
+
+
+def fit_variants(stages: Sequence[Stage], most: int = MAX_VARIANTS) -> tuple[Stage, ...]:
+    """The stages with few enough alternatives that their product (the summary's variants,
+    :func:`~.schedule.variants`) stays within the format's ``MAX_VARIANTS``: a fusion with
+    several row stages (a softmax and a layernorm of other shapes, three row sums) has one
+    variant per combination. While there are too many, the stage with the most alternatives
+    loses its last conditional one (its widest rows' kernel): the rows it took go to the next
+    alternative whose predicate holds, ultimately the unconditional loop every stage ends
+    with. Programs within the limit are left as they are."""
+    alts = [list(st.alternatives) for st in stages]
+
+    def count() -> int:
+        n = 1
+        for a in alts:
+            n *= len(a)
+        return n
+
+    while count() > most:
+        i = max(range(len(alts)), key=lambda k: (len(alts[k]), -k))
+        conditional = [j for j, c in enumerate(alts[i]) if c.predicate is not None]
+        if not conditional:
+            break
+        del alts[i][conditional[-1]]
+    return tuple(st if len(a) == len(st.alternatives)
+                 else dataclasses.replace(st, alternatives=tuple(a))
+                 for st, a in zip(stages, alts))
 
 
 def symbols_of(graph: Graph) -> list[str]:
