@@ -150,11 +150,13 @@ class _Group(RegisterRows):
             return float32
         return acc
 
-    def _finish(self, r: int, acc: Val, outer: tuple[ir.Value, ...]) -> None:
-        """Combine ``acc`` across the group, finalize (mean), keep it for this row."""
+    def _finish(self, r: int, acc: Val, outer: tuple[ir.Value, ...],
+                acc_dt: DType | None = None) -> None:
+        """Combine ``acc`` (of dtype ``acc_dt``, by default :meth:`_acc`'s) across the group,
+        finalize (mean), keep it for this row."""
         em, node = self.em, self.g.nodes[r]
         kind = node.attrs[0]
-        acc_dt = self._acc(kind, node.dtype)
+        acc_dt = acc_dt or self._acc(kind, node.dtype)
         if self.spec.group == "warp":
             acc = warp_reduce(em, kind, acc_dt, acc)
         elif self.spec.group == "block":

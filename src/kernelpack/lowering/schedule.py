@@ -30,8 +30,8 @@ from ..summary import Scratch
 
 __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "reduces_of", "row_outer",
            "vector_width", "BLOCK", "UNROLL", "ROW_BLOCK", "WARP_ROWS", "CHUNK", "GRID_CAP",
-           "THREAD_ROW_MAX", "WARP_ROW_MAX", "WARP_KEEP_MAX", "REG_GROUPS", "REG_GROUPS_LIGHT",
-           "REG_GROUPS_LIGHT_WIDE", "MIN_THREADS_PER_SM", "TILE_CHUNKS", "TILE_WARP_MAX",
+           "THREAD_ROW_MAX", "WARP_ROW_MAX", "WARP_KEEP_MAX", "REG_GROUPS", "REG_GROUPS_WIDE",
+           "REG_GROUPS_LIGHT", "REG_GROUPS_LIGHT_WIDE", "MIN_THREADS_PER_SM", "TILE_CHUNKS", "TILE_WARP_MAX",
            "TILE_BLOCK", "ONE_ROW_MIN_THREADS", "acc_width", "per_row"]
 
 BLOCK = 256            # threads per block of pointwise, thread-per-row and partial kernels
@@ -65,14 +65,22 @@ TILE_BLOCK = 256
 # register-held rows: (group, 16-byte chunks per thread, threads per block[, resident threads
 # per SM ptxas keeps registers for: MIN_THREADS_PER_SM when left out]), in order; each holds
 # rows up to (32 or threads)·chunks·vec elements. Up to 1024 f32: 8 per thread, more threads
-# per row as rows grow (exp-heavy rows need the warps); then 16 per thread in blocks of 128,
-# 256 and 512 threads, with registers for 1024 resident threads (<= 64 per thread, no spills;
-# 8 rows per SM at 2048, 2 at 8192). H200, float32 softmax, % of copy bandwidth: 32768x2048
-# 77 -> 94, 16384x4096 67 -> 95, 8192x8192 58 -> 88, against 8 per thread in 256 threads and
-# 32 per thread at 116-124 registers (2 rows per SM); see notes/row-perf.md
-REG_GROUPS = (("warp", 1, BLOCK, 1024), ("warp", 2, BLOCK, 1024), ("block", 2, 64, 1024),
-              ("block", 2, 128, 1024), ("block", 4, 128, 1024), ("block", 4, 256, 1024),
-              ("block", 4, 512, 1024))
+# per row as rows grow (exp-heavy rows need the warps), registers for 1536-2048 resident
+# threads (40 registers at 1536, no spills); 2048 and 4096: 16 per thread in blocks of 128 and
+# 256 (1024 resident, <= 64 registers); 8192: 32 per thread in blocks of 256 (114 registers,
+# 2 rows per SM). H200, float32 softmax, % of copy bandwidth (and time / Triton's) after the
+# float32 group sums and max.NaN.f32: 65536x1024 92.5 -> 98.1 (1.05 -> 0.99) with 1536 resident
+# threads; 8192x8192 91.3 -> 94.4 (1.04 -> 1.01) with 256 x 32 against 512 x 16; 262144x256
+# 89 -> 96 and 524288x128 79 -> 91 with 1536 / 2048 resident (2048 spills 24 bytes for 256);
+# see notes/row-perf.md
+REG_GROUPS = (("warp", 1, BLOCK, 2048), ("warp", 2, BLOCK, 1536), ("block", 2, 64, 1536),
+              ("block", 2, 128, 1536), ("block", 4, 128, 1024), ("block", 4, 256, 1024),
+              ("block", 8, 256, 512))
+# the same for 8-byte elements (float64 softmax): the groups measured before the float32 tuning
+# above (2048 resident threads would spill a float64 warp row; unmeasured otherwise)
+REG_GROUPS_WIDE = (("warp", 1, BLOCK, 1024), ("warp", 2, BLOCK, 1024), ("block", 2, 64, 1024),
+                   ("block", 2, 128, 1024), ("block", 4, 128, 1024), ("block", 4, 256, 1024),
+                   ("block", 4, 512, 1024))
 # rows without per-element transcendentals or divisions (layernorm): 32 f32 per thread from
 # 513 on (~128 registers, 512 resident threads per SM): more bytes in flight per register.
 # H200, float32 layernorm: 65536x1024 91% of copy bandwidth for a warp per row with 32 per
@@ -250,8 +258,10 @@ def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
             vec = vector_width(graph, [n for _, n in outs])
             nonempty = ge(length, 1)  # empty rows: the loop schedule (nothing to load)
             light = not _heavy(graph, [n for _, n in outs], set(reduces))
-            table = REG_GROUPS if not light else (REG_GROUPS_LIGHT if vec >= 4
-                                                  else REG_GROUPS_LIGHT_WIDE)
+            if light:
+                table = REG_GROUPS_LIGHT if vec >= 4 else REG_GROUPS_LIGHT_WIDE
+            else:
+                table = REG_GROUPS if vec >= 4 else REG_GROUPS_WIDE
             for group, k, threads, *most in table:
                 cap = (32 if group == "warp" else threads) * vec * k
                 options.append((group, land(nonempty, le(length, cap)), k, threads, False,
