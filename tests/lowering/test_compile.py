@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -357,3 +359,18 @@ def test_float64_trig_compiles_to_the_same_bytes_twice_in_one_process():
     first, second = kp.compile(F64["phase"]), kp.compile(F64["phase"])
     assert kp.save([first]) == kp.save([second])
     assert b"callseq" not in first.modules[0].images[-1].data
+
+
+@pytest.mark.parametrize("targets,isa", [(["sm_100", "ptx"], (8, 6)), (["sm_120", "ptx"], (8, 7)),
+                                         (["sm_100f", "ptx"], (8, 8)), (["sm_110", "ptx"], (9, 0))])
+def test_newer_architectures_get_the_ptx_isa_that_knows_them(targets, isa):
+    """With only Blackwell-class targets the PTX is emitted for them, at the first PTX ISA that
+    has them (LLVM aborts the whole process for an older ISA: run in a child process)."""
+    code = ("import kernelpack as kp, sys\n"
+            "from kernelpack.lowering.workloads import make\n"
+            f"c = kp.compile(make(kp.float32)['softmax'], targets={targets!r})\n"
+            "print([(im.kind, str(im.arch), im.ptx_isa) for im in c.modules[0].images])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    arch = targets[0]
+    assert out.stdout.strip() == repr([("cubin", arch, None), ("ptx", arch, isa)])

@@ -3,21 +3,46 @@
 This is the only place the lowering touches ``llvmlite.binding`` (native code); building IR
 (:mod:`kernelpack.lowering.codegen`) is pure Python. Target machines are made once per
 (arch, PTX ISA) and reused. LLVM's own NVPTX defaults are kept except the PTX ISA, which is
-pinned to 8.0 (``+ptx80``, CUDA 12.0) so the ``ptx`` image JITs on any driver from 12.0 on.
+pinned to 8.0 (``+ptx80``, CUDA 12.0) so the ``ptx`` image JITs on any driver from 12.0 on —
+or to the first ISA that knows the architecture, where that is newer (sm_100: 8.6, sm_120:
+8.7, sm_103/sm_121/family ``f`` targets: 8.8, sm_88/sm_110: 9.0). LLVM does not raise for an
+ISA too old for its target: it aborts the process, so this choice is made here.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from functools import lru_cache
 
 from ..errors import CompileError
 
-__all__ = ["TRIPLE", "PTX_FEATURES", "llvm_version", "target_machine", "pass_builder",
+__all__ = ["TRIPLE", "PTX_FEATURES", "ptx_features", "llvm_version", "target_machine", "pass_builder",
            "data_layout", "emit_ptx"]
 
 TRIPLE = "nvptx64-nvidia-cuda"
 PTX_FEATURES = "+ptx80"
+_CPU_RE = re.compile(r"sm_(\d+?)(\d)([af]?)$")
+
+
+def ptx_features(cpu: str) -> str:
+    """The PTX ISA feature for ``cpu`` (``sm_90a``): ``+ptx80`` unless the architecture needs a
+    newer ISA (PTX ISA notes: sm_100/101 8.6, sm_120 8.7, sm_103/121 and ``f`` targets 8.8,
+    sm_88/110 9.0)."""
+    match = _CPU_RE.match(cpu)
+    if not match:
+        return PTX_FEATURES
+    cc, suffix = int(match.group(1)) * 10 + int(match.group(2)), match.group(3)
+    need = 80
+    if cc >= 100:
+        need = 86
+    if cc >= 120:
+        need = 87
+    if cc in (103, 121) or suffix == "f":
+        need = 88
+    if cc == 88 or 110 <= cc < 120:
+        need = 90
+    return f"+ptx{need}"
 _LOCK = threading.Lock()
 
 
@@ -44,7 +69,7 @@ def target_machine(cpu: str, opt: int = 3):
     llvm = _binding()
     try:
         target = llvm.Target.from_triple(TRIPLE)
-        tm = target.create_target_machine(cpu=cpu, features=PTX_FEATURES, opt=opt)
+        tm = target.create_target_machine(cpu=cpu, features=ptx_features(cpu), opt=opt)
     except RuntimeError as exc:
         raise CompileError(f"LLVM has no NVPTX target for {cpu}: {exc}") from exc
     tm.set_asm_verbosity(False)
