@@ -1,6 +1,6 @@
 """Seeded random fusions on a GPU: compile → save → load → launch, against NumPy in float64.
 
-The programs come from tests/lowering/fusion_gen.py (the CPU suite runs a few of them through
+The programs come from tests/lowering/fusion_gen/ (the CPU suite runs a few of them through
 the SIMT emulator at small sizes); here more seeds run at GPU sizes (up to ~2M elements, rows
 up to 300000 long) through the real runtime, torch tensors in and out. Outputs are
 preallocated and poisoned (NaN, or an integer pattern) so an element the kernel forgets to
@@ -26,15 +26,19 @@ if not torch.cuda.is_available():  # pragma: no cover - depends on the machine
 
 
 def _load_generator():
-    """tests/lowering/fusion_gen.py by path: no package layout or import mode assumed."""
+    """The package tests/lowering/fusion_gen/ by path: no package layout or import mode
+    assumed."""
     import importlib.util
     import pathlib
     import sys
 
-    path = pathlib.Path(__file__).resolve().parent.parent / "lowering" / "fusion_gen.py"
-    spec = importlib.util.spec_from_file_location("kp_fusion_gen", path)
+    path = pathlib.Path(__file__).resolve().parent.parent / "lowering" / "fusion_gen"
+    spec = importlib.util.spec_from_file_location(
+        "kp_fusion_gen", path / "__init__.py", submodule_search_locations=[str(path)])
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being built
+    # registered first: its relative imports find their submodules through it (and dataclasses
+    # look their module up while being built)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 

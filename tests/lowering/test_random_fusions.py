@@ -96,6 +96,6 @@ def test_ill_conditioned_outputs_are_rare():
 
 
 def _as_outputs(case, refs):
-    from .fusion_gen import _NP_STORAGE
+    from .fusion_gen.dtypes import NP_STORAGE
 
-    return [np.asarray(r).astype(_NP_STORAGE[dt.name]) for r, dt in zip(refs, case.out_dtypes)]
+    return [np.asarray(r).astype(NP_STORAGE[dt.name]) for r, dt in zip(refs, case.out_dtypes)]

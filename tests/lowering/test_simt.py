@@ -321,7 +321,7 @@ def test_float_floor_division_and_modulo_follow_numpy(dt):
     """``//`` is NumPy's divmod quotient, not ``floor(x / y)``: ``1.0 // 0.1`` is 9 (0.1 is a
     little more than a tenth; the rounded division gives exactly 10), ``7 // -0.7`` is -11;
     inf // 1 is NaN, -1 // inf is -1, x // 0 is x / 0; remainders take the divisor's sign,
-    zeros included. Bit for bit, signs of zeros too (found by tests/lowering/fusion_gen.py)."""
+    zeros included. Bit for bit, signs of zeros too (found by tests/lowering/fusion_gen/)."""
     @kp.fusion
     def divmod_(x: T[dt, "n"], y: T[dt, "n"]):
         return x // y, x % y, x // 0.1, x % 0.1

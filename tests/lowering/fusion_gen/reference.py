@@ -1,0 +1,96 @@
+"""The NumPy reference's runtime: the namespace its generated source runs in, and its inputs.
+
+The reference is generated as source alongside the fusion, line for line; the helpers here
+(``_model``, ``_red``, ``_erf``, ``_sigmoid``) follow the DSL's typing rules and reduction
+semantics (empty ``max``/``min`` give the identity, float32 sums accumulate in float64).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .dtypes import NP_MODEL
+from .values import Param
+
+
+# The reference runs in three precisions: "64" is the reference (floats in float64); "32" keeps
+# float32/complex64 values in their own precision (sums accumulate in float64, as the lowering
+# does) and "ld" computes floats in long double. How far "32" (for outputs with float32 rounding
+# in them) or "ld" (for the others) is from "64" says how well-conditioned an output is: where
+# even a correct evaluation in the kernel's precision could not meet the tolerance (a mean of
+# values centred on their mean is 0 plus rounding noise), the comparison means nothing and the
+# output is skipped (and counted).
+MODES = {
+    "64": NP_MODEL,
+    "32": dict(NP_MODEL, float16=np.float32, float32=np.float32, complex64=np.complex64),
+    "ld": dict(NP_MODEL, float16=np.longdouble, float32=np.longdouble, float64=np.longdouble,
+               complex64=np.clongdouble, complex128=np.clongdouble),
+}
+
+
+def ref_namespace(mode: str) -> dict:
+    """The globals the reference source is exec'd in, for the precision ``mode``."""
+    types = MODES[mode]
+
+    def _model(v: Any, name: str) -> np.ndarray:
+        """``v`` as the reference's array of the DSL dtype ``name``."""
+        v = np.asarray(v)
+        target = types[name]
+        if v.dtype == target:
+            return v
+        if v.dtype.kind == "c" and np.dtype(target).kind != "c":
+            v = v.real
+        return v.astype(target)
+
+    def _red(kind: str, v: np.ndarray, axis: Any, keepdims: bool, name: str) -> np.ndarray:
+        v = np.asarray(v)
+        if kind in ("max", "min"):
+            if v.dtype.kind == "f":
+                ident = -np.inf if kind == "max" else np.inf
+            elif v.dtype.kind == "b":
+                ident = kind == "min"
+            else:
+                info = np.iinfo(v.dtype)
+                ident = info.min if kind == "max" else info.max
+            fn = np.max if kind == "max" else np.min
+            r = fn(v, axis=axis, keepdims=keepdims, initial=ident)
+        elif v.dtype.kind in "bi" and kind != "mean":
+            fn = np.sum if kind == "sum" else np.prod
+            r = fn(v, axis=axis, keepdims=keepdims, dtype=np.int64)
+        else:
+            # floats: the lowering accumulates float32 in float64 (complex64 in complex64)
+            acc = {np.dtype(np.float32): np.float64, np.dtype(np.float16): np.float64}
+            if v.dtype.kind in "bi":
+                acc_t = types["float64"]
+            else:
+                acc_t = acc.get(v.dtype, v.dtype)
+            w = v.astype(acc_t)
+            fn = {"sum": np.sum, "prod": np.prod, "mean": np.mean}[kind]
+            r = fn(w, axis=axis, keepdims=keepdims)
+        return _model(r, name)
+
+    def _erf(x: Any) -> np.ndarray:
+        x = np.asarray(x)
+        return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype if x.dtype.kind == "f"
+                                                                    else np.float64)
+
+    def _sigmoid(x: Any) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-x))
+
+    return {"np": np, "_model": _model, "_red": _red, "_erf": _erf, "_sigmoid": _sigmoid,
+            "_types": types}
+
+
+def model_inputs(params: list[Param], inputs: list, mode: str = "64") -> list:
+    """The inputs as the reference takes them: arrays (and scalars) in the reference's types."""
+    types = MODES[mode]
+    out = []
+    for p, v in zip(params, inputs):
+        if p.kind == "scalar":
+            out.append(np.asarray(v, types[p.dt.name])[()])
+        else:
+            out.append(np.asarray(v).astype(types[p.dt.name]))
+    return out

@@ -1,0 +1,165 @@
+"""Reductions (sum prod max min mean over any axes, with and without keepdims) and the row
+patterns that consume them (softmax, log-sum-exp, layernorm, share of a sum, centring).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .dtypes import C64, F32, F64, I32, I64, IMAX, INF, ISAFE
+from .shapes import ShapeOps
+from .values import Val, powb
+
+
+class RowOps(ShapeOps):
+    """Reductions and row patterns over any axis."""
+
+    def op_reduce(self, a: Val | None = None) -> Val | None:
+        if a is None:
+            a = self.choose(lambda v: v.rank >= 1 or self.chance(0.05))
+        if a is None:
+            return None
+        kinds = ["sum", "max", "min", "mean", "prod"]
+        if a.dt.kind == "c":
+            kinds = ["sum", "mean", "prod"]
+        kind = self.pick(kinds)
+        r = a.rank
+        if r == 0:
+            axes: tuple[int, ...] | None = None
+        else:
+            k = int(self.rng.integers(1, r + 1))
+            if self.chance(0.6):  # trailing axes: rows (the row schedules)
+                axes = tuple(range(r - k, r))
+            else:
+                axes = tuple(sorted(self.rng.choice(r, size=k, replace=False).tolist()))
+        full = axes is None or len(axes) == r
+        n = 1
+        empty = False
+        for i in (axes if axes is not None else range(r)):
+            p = a.pos[i]
+            n *= 1 if a.ones[i] else self.extent[p]
+            empty = empty or (not a.ones[i] and self.empty[p])
+        # value intervals
+        lo, hi, r32, amin = a.lo, a.hi, a.r32, 0.0
+        dt = a.dt
+        if kind in ("sum", "prod") and dt.kind == "b" or kind in ("sum", "prod") and dt == I32:
+            dt = I64
+        if kind == "mean" and dt.kind in "bi":
+            dt = F64
+        m = max(abs(lo), abs(hi))
+        if kind == "sum":
+            lo, hi = (min(0.0, lo * n), max(0.0, hi * n)) if dt.kind != "c" else (-m * n, m * n)
+            r32 = r32 or dt in (F32, C64)
+        elif kind == "mean":
+            r32 = r32 or dt in (F32, C64)
+            if dt.kind == "c":
+                lo, hi = -m, m
+        elif kind == "prod":
+            if dt.kind == "c":
+                if m * math.sqrt(2) > 1.25 or n > 64:
+                    return None
+                lo, hi = -2.0, 2.0
+            elif dt.kind == "f":
+                if m > 1.6 or powb(m, n) > 1e12 and m > 1:
+                    return None
+                big = powb(max(m, 1.0), n)
+                lo, hi = (-big if lo < 0 else 0.0), big
+                if a.amin > 0:
+                    amin = powb(a.amin, n)
+            else:
+                big = powb(m, n) if m else 0.0
+                lo, hi = (-big if lo < 0 else 0.0, big)
+            r32 = r32 or dt in (F32, C64)
+        elif empty:  # max/min over an axis that may be empty: the identity
+            lo, hi = (-INF, INF)
+            if dt.kind == "i":
+                lo, hi = -IMAX[dt.name] - 1, IMAX[dt.name]
+        if dt.kind == "i" and not (-ISAFE[dt.name] <= lo and hi <= ISAFE[dt.name]):
+            lo, hi = -IMAX[dt.name] - 1, IMAX[dt.name]
+        if dt.kind == "f" and n and not (abs(lo) < 1e8 and abs(hi) < 1e8):
+            return None
+        keep = self.chance(0.5)
+        style = self.chance(0.5)
+        if axes is None:
+            ax_src = "None"
+        elif len(axes) == 1:
+            ax = axes[0] - (r if self.chance(0.3) else 0)
+            ax_src = repr(ax)
+        else:
+            ax_src = repr(axes)
+        if full and self.chance(0.4) and not keep:
+            call_kp = f"{a.name}.{kind}()"
+        elif style and kind in ("max", "min"):
+            call_kp = f"kp.{kind}({a.name}, axis={ax_src}, keepdims={keep})"
+        else:
+            call_kp = f"{a.name}.{kind}(axis={ax_src}, keepdims={keep})"
+        ref_axis = "None" if axes is None else repr(axes)
+        call_np = f"_red({kind!r}, {a.name}, {ref_axis}, {keep}, {dt.name!r})"
+        red = set(axes if axes is not None else range(r))
+        if keep:
+            pos, ones = a.pos, tuple(True if i in red else o for i, o in enumerate(a.ones))
+        else:
+            pos = tuple(p for i, p in enumerate(a.pos) if i not in red)
+            ones = tuple(o for i, o in enumerate(a.ones) if i not in red)
+        return self.emit(call_kp, call_np, dt, pos, ones, lo=lo, hi=hi, r32=r32, amin=amin,
+                         nan=a.nan or (kind == "mean" and empty) and dt.kind in "fc")
+
+    def op_pattern(self) -> Val | None:
+        """Row patterns over any axis: softmax, log-sum-exp, layernorm, share of a sum."""
+        a = self.choose(lambda v: v.dt in (F32, F64) and v.rank >= 1 and v.bounded(50))
+        if a is None:
+            return None
+        a = self.realign(a)
+        r = a.rank
+        ax = r - 1 if self.chance(0.6) else int(self.rng.integers(r))
+        ax_src = repr(ax - r if self.chance(0.4) else ax)
+        x = a.name
+        kind = self.pick(["softmax", "layernorm", "lse", "share", "center"])
+        if kind == "share" and a.lo < 0.1:
+            kind = "softmax"
+        r32 = a.r32 or a.dt == F32
+        nm = self.fresh
+        if kind == "softmax":
+            m, e, s = nm(), nm(), nm()
+            lines = [f"{m} = {x}.max(axis={ax_src}, keepdims=True)",
+                     f"{e} = kp.exp({x} - {m})",
+                     f"{s} = {e}.sum(axis={ax_src}, keepdims=True)"]
+            out, lo, hi = f"{e} / {s}", 0.0, 1.0
+            np_lines = [f"{m} = _red('max', {x}, {ax}, True, {a.dt.name!r})",
+                        f"{e} = np.exp({x} - {m})",
+                        f"{s} = _red('sum', {e}, {ax}, True, {a.dt.name!r})"]
+            np_out = f"{e} / {s}"
+        elif kind == "lse":
+            m, s = nm(), nm()
+            lines = [f"{m} = kp.max({x}, axis={ax_src}, keepdims=True)",
+                     f"{s} = kp.exp({x} - {m}).sum(axis={ax_src}, keepdims=True)"]
+            np_lines = [f"{m} = _red('max', {x}, {ax}, True, {a.dt.name!r})",
+                        f"{s} = _red('sum', np.exp({x} - {m}), {ax}, True, {a.dt.name!r})"]
+            out, np_out = f"kp.log({s}) + {m}", f"np.log({s}) + {m}"
+            lo, hi = a.lo, a.hi + math.log(max(self.extent[a.pos[ax]], 1))
+        elif kind == "layernorm":
+            mu, d, var = nm(), nm(), nm()
+            eps = 1e-5 if a.dt == F32 else 1e-9
+            lines = [f"{mu} = {x}.mean(axis={ax_src}, keepdims=True)", f"{d} = {x} - {mu}",
+                     f"{var} = ({d} * {d}).mean(axis={ax_src}, keepdims=True)"]
+            np_lines = [f"{mu} = _red('mean', {x}, {ax}, True, {a.dt.name!r})", f"{d} = {x} - {mu}",
+                        f"{var} = _red('mean', {d} * {d}, {ax}, True, {a.dt.name!r})"]
+            out, np_out = f"{d} * kp.rsqrt({var} + {eps!r})", f"{d} / np.sqrt({var} + {eps!r})"
+            n = max(self.extent[a.pos[ax]], 1)
+            lo, hi = -math.sqrt(n), math.sqrt(n)
+            if a.dt == F32:
+                r32 = True
+        elif kind == "share":
+            s = nm()
+            lines = [f"{s} = {x}.sum(axis={ax_src}, keepdims=True)"]
+            np_lines = [f"{s} = _red('sum', {x}, {ax}, True, {a.dt.name!r})"]
+            out, np_out, lo, hi = f"{x} / {s}", f"{x} / {s}", 0.0, 1.0
+        else:
+            s = nm()
+            lines = [f"{s} = {x}.mean(axis={ax_src}, keepdims=True)"]
+            np_lines = [f"{s} = _red('mean', {x}, {ax}, True, {a.dt.name!r})"]
+            out, np_out = f"{x} - {s}", f"{x} - {s}"
+            lo, hi = a.lo - a.hi, a.hi - a.lo
+        self.kp.extend(lines)
+        self.np.extend(np_lines)
+        return self.emit(out, np_out, a.dt, a.pos, a.ones, lo=lo, hi=hi, r32=r32, nan=a.nan)
