@@ -124,7 +124,7 @@ def test_float64_light_thread_rows_have_a_one_row_per_thread_variant():
     c = kp.compile(F64["phase"], targets=["sm_90", "ptx"])
     rows, short = sym("b") * shl(1, "n"), le("n", 32)
     assert [v.predicate for v in c.summary.variants] == [
-        land(short, le(rows, 65535 * 256)), short, le("n", 4096), None]
+        land(short, le(rows, 65535 * 256)), short, le("n", 2048), None]
     assert [v.launches[0].kernel.rsplit("_", 1)[1] for v in c.summary.variants] == [
         "rowthread1", "rowthread", "rowwarpt4", "rowblock256t4"]
     prog = kp.load(kp.save([c]))["phase_float64"]
@@ -226,7 +226,7 @@ def test_rows_without_per_element_transcendentals_hold_more_per_thread():
 
 def test_reduce_only_rows_pick_thread_warp_or_block():
     s = kp.compile(F32["masked_mean"], targets=["sm_90"]).summary
-    assert [v.predicate for v in s.variants] == [le("n", 32), le("n", 4096), None]
+    assert [v.predicate for v in s.variants] == [le("n", 32), le("n", 2048), None]
     assert [v.launches[0].kernel.rsplit("_", 1)[1] for v in s.variants] == [
         "rowthread", "rowwarpt16", "rowblock256t16"]
     assert [int(v.launches[0].block[0]) for v in s.variants] == [256, 256, 256]

@@ -58,9 +58,11 @@ ONE_ROW_MIN_THREADS = {4: 0, 8: 2048}
 # reduce-only rows (masked means) longer than a thread's: tiled loops (lowering/tiles.py), each
 # lane TILE_CHUNKS 16-byte chunks per input in flight per iteration; a warp per row up to
 # TILE_WARP_MAX elements, then TILE_BLOCK threads per row. The plain loops held ~20 bytes in
-# flight per thread (H200, masked_mean 4096 x 16384 float32: 42% of copy bandwidth).
+# flight per thread (H200, masked_mean 4096 x 16384 float32: 42% of copy bandwidth). Rows of
+# 2049..4096 take blocks too: masked_mean 16384 x 4096 ran at 90.2% of copy bandwidth with a
+# warp per row, 91.6% with 256 threads (Triton 92.1%; .gpu/h5/bench3.py, notes/row-perf.md).
 TILE_CHUNKS = 4        # 0: the plain loops (kept for comparisons)
-TILE_WARP_MAX = 4096
+TILE_WARP_MAX = 2048
 TILE_BLOCK = 256
 # register-held rows: (group, 16-byte chunks per thread, threads per block[, resident threads
 # per SM ptxas keeps registers for: MIN_THREADS_PER_SM when left out]), in order; each holds
