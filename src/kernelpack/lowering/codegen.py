@@ -20,7 +20,8 @@ from ..errors import CompileError
 from ..expr import Expr
 from ..graph import COMPARE, Graph, Node
 from .bounds import int_max, shift_count_syms
-from .irutil import I64, Loops, Val, component, const_of, convert, storage_type, to_compute
+from .irutil import I64, Loops, Val, call_function, component, const_of, convert, storage_type, \
+    to_compute
 from .memory import Memory
 
 __all__ = ["Ctx", "Emitter", "NotRowSchedulable", "acc_dtype", "ZERO"]
@@ -332,12 +333,9 @@ class Emitter(Memory):
             self.b.store(p, s)
 
     def libcall(self, name: str, ret: ir.Type, args: Sequence[ir.Value]) -> ir.Value:
-        fn = self.module.globals.get(name)
-        if fn is None:
-            fn = ir.Function(self.module, ir.FunctionType(ret, [a.type for a in args]), name)
         if name.startswith("__nv_"):
             self.uses_libdevice = True
-        return self.b.call(fn, list(args))
+        return call_function(self.b, name, ret, list(args))
 
 
 def node_dtype(graph: Graph, nid: int) -> DType:

@@ -10,7 +10,7 @@ from llvmlite import ir
 
 from ..dtypes import DType
 from .codegen import ZERO, Emitter
-from .irutil import F32, F64, I32, I64, Val
+from .irutil import F32, F64, I32, I64, Val, call_function
 from .mathops import combine
 
 __all__ = ["warp_reduce", "block_reduce"]
@@ -20,10 +20,8 @@ _FULL = ir.Constant(I32, 0xFFFFFFFF)
 
 def _shfl(em: Emitter, v: ir.Value, offset: int) -> ir.Value:
     b = em.b
-    name = "llvm.nvvm.shfl.sync.bfly.i32"
-    fn = em.module.globals.get(name) or ir.Function(
-        em.module, ir.FunctionType(I32, [I32, I32, I32, I32]), name)
-    call = lambda x: b.call(fn, [_FULL, x, ir.Constant(I32, offset), ir.Constant(I32, 31)])  # noqa: E731
+    call = lambda x: call_function(b, "llvm.nvvm.shfl.sync.bfly.i32", I32,  # noqa: E731
+                                   [_FULL, x, ir.Constant(I32, offset), ir.Constant(I32, 31)])
     t = v.type
     if isinstance(t, ir.FloatType):
         return b.bitcast(call(b.bitcast(v, I32)), F32)
@@ -48,10 +46,7 @@ def warp_reduce(em: Emitter, kind: str, dt: DType, v: Val) -> Val:
 
 
 def _barrier(em: Emitter) -> None:
-    name = "llvm.nvvm.barrier0"
-    fn = em.module.globals.get(name) or ir.Function(em.module, ir.FunctionType(ir.VoidType(), []),
-                                                    name)
-    em.b.call(fn, [])
+    call_function(em.b, "llvm.nvvm.barrier0", ir.VoidType(), [])
 
 
 def _smem(em: Emitter) -> ir.GlobalVariable:

@@ -148,11 +148,18 @@ def _truth(b: ir.IRBuilder, v: ir.Value, src: DType) -> ir.Value:
 _SREG = {"tid": "tid.x", "ctaid": "ctaid.x", "nctaid": "nctaid.x", "ntid": "ntid.x"}
 
 
+def call_function(b: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+    """Call ``name`` (an LLVM intrinsic or a libdevice function) with ``args``, declaring it in
+    the builder's module (``ret`` from the argument types) on its first use."""
+    module = b.module
+    fn = module.globals.get(name) or ir.Function(
+        module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return b.call(fn, args)
+
+
 def sreg(b: ir.IRBuilder, module: ir.Module, name: str) -> ir.Value:
     """A special register (``tid``, ``ctaid``, ``nctaid``, ``ntid``) zero-extended to i64."""
-    fname = f"llvm.nvvm.read.ptx.sreg.{_SREG[name]}"
-    fn = module.globals.get(fname) or ir.Function(module, ir.FunctionType(I32, []), fname)
-    return b.zext(b.call(fn, []), I64)
+    return b.zext(call_function(b, f"llvm.nvvm.read.ptx.sreg.{_SREG[name]}", I32, []), I64)
 
 
 class Loops:

@@ -14,7 +14,7 @@ from llvmlite import ir
 
 from ..dtypes import DType
 from ..errors import CompileError
-from .irutil import I1, Val, component, const_of
+from .irutil import I1, Val, call_function, component, const_of
 
 if TYPE_CHECKING:
     from .codegen import Emitter
@@ -132,20 +132,14 @@ def _fminmax(b: ir.IRBuilder, op: str, x: ir.Value, y: ir.Value) -> ir.Value:
     instruction (LLVM's expansion also orders signed zeros, longer than this form)."""
     if isinstance(x.type, ir.FloatType):
         name = "llvm.maximum.f32" if op == "max" else "llvm.minimum.f32"
-        module = b.module
-        fn = module.globals.get(name) or ir.Function(
-            module, ir.FunctionType(x.type, [x.type, x.type]), name)
-        return b.call(fn, [x, y])
+        return call_function(b, name, x.type, [x, y])
     better = b.fcmp_ordered(">" if op == "max" else "<", x, y)
     return b.select(b.or_(better, b.fcmp_unordered("uno", x, x)), x, y)
 
 
 def _copysign(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     bits = "f32" if isinstance(x.type, ir.FloatType) else "f64"
-    name = f"llvm.copysign.{bits}"
-    fn = b.module.globals.get(name) or ir.Function(
-        b.module, ir.FunctionType(x.type, [x.type, x.type]), name)
-    return b.call(fn, [x, y])
+    return call_function(b, f"llvm.copysign.{bits}", x.type, [x, y])
 
 
 def _float_divmod(em: "Emitter", dt: DType, x: ir.Value, y: ir.Value) -> tuple[ir.Value, ir.Value]:

@@ -16,19 +16,14 @@ from llvmlite import ir
 from ..dtypes import DType
 from ..graph import Graph
 from .codegen import ZERO, Ctx, Emitter
-from .irutil import I1, I32, I64, Val, component, const_of, convert, storage_type, to_compute, \
-    to_storage
+from .irutil import I1, I32, I64, Val, call_function, component, const_of, convert, storage_type, \
+    to_compute, to_storage
 from .mathops import combine, identity
 from .schedule import KernelSpec, per_row
 
 __all__ = ["RegisterRows"]
 
 GROUP_F32 = True  # float32 sums of a register row combine across the group in float32
-
-
-def _fabs(em: Emitter, t: ir.Type) -> ir.Function:
-    name = "llvm.fabs.f32" if isinstance(t, ir.FloatType) else "llvm.fabs.f64"
-    return em.module.globals.get(name) or ir.Function(em.module, ir.FunctionType(t, [t]), name)
 
 
 class RegisterRows:
@@ -116,7 +111,8 @@ class RegisterRows:
         for nid, y in divs:
             t = y.type
             rcp = b.fdiv(ir.Constant(t, 1.0), y)
-            mag = b.call(_fabs(em, t), [rcp])
+            mag = call_function(b, "llvm.fabs.f32" if isinstance(t, ir.FloatType)
+                                else "llvm.fabs.f64", t, [rcp])
             tiny = 2.0 ** -126 if isinstance(t, ir.FloatType) else 2.0 ** -1022
             big = 2.0 ** 126 if isinstance(t, ir.FloatType) else 2.0 ** 1022
             ok = b.and_(ok, b.and_(b.fcmp_ordered(">=", mag, ir.Constant(t, tiny)),
