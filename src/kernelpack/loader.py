@@ -20,6 +20,7 @@ from ._fbread import Table
 from ._images import ImageInfo, _decompress  # noqa: F401 - _decompress: kept importable here
 from .errors import FormatError, IntegrityError, KernelPackError, SignatureError
 from .limits import DIGEST_SIZE, FILE_IDENTIFIER, MAX_FILE_SIZE
+from ._records import FrozenRecord
 from .compiled import Compiled, Module
 from .summary import KernelSummary
 from .verify import read_format_version, verify_buffer
@@ -27,36 +28,14 @@ from .verify import read_format_version, verify_buffer
 __all__ = ["load", "Pack", "Program", "ModuleInfo", "ImageInfo", "SignatureInfo"]
 
 
-class SignatureInfo:
+class SignatureInfo(FrozenRecord):
     """The signature block: ``verified`` is True only when checked against trusted keys.
-    Immutable; a plain class, not a frozen dataclass (cheaper to import inside the clock of a
-    process's first load)."""
+    Immutable (a :class:`~kernelpack._records.FrozenRecord`)."""
 
     __slots__ = ("key_id", "public_key", "verified")
 
     def __init__(self, key_id: str, public_key: str, verified: bool) -> None:
-        for name, value in (("key_id", key_id), ("public_key", public_key),
-                            ("verified", verified)):
-            object.__setattr__(self, name, value)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"cannot assign to field {name!r} of an immutable SignatureInfo")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"cannot delete field {name!r} of an immutable SignatureInfo")
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not SignatureInfo:
-            return NotImplemented
-        return (self.key_id, self.public_key, self.verified) == (
-            other.key_id, other.public_key, other.verified)  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash((self.key_id, self.public_key, self.verified))
-
-    def __repr__(self) -> str:
-        return (f"SignatureInfo(key_id={self.key_id!r}, public_key={self.public_key!r}, "
-                f"verified={self.verified!r})")
+        self._set(key_id=key_id, public_key=public_key, verified=verified)
 
 
 class ModuleInfo:

@@ -24,6 +24,7 @@ import operator
 import struct
 from typing import Any, Callable
 
+from .._records import Record
 from ..dtypes import DType
 from ..summary import KernelSummary, Scalar, Tensor
 
@@ -51,19 +52,7 @@ def scalar_range(dtype: DType) -> tuple[int, int] | None:
     return 0, (1 << bits) - 1
 
 
-class _Record:
-    """Plain records with ``__slots__`` (not dataclasses: building a dataclass costs a few
-    hundred microseconds at import, inside the clock of a process's first launch)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__
-                           if not n.startswith("_"))
-        return f"{type(self).__name__}({fields})"
-
-
-class InputSpec(_Record):
+class InputSpec(Record):
     """One caller argument: a tensor (``slot`` is its buffer index) or a scalar (``slot`` is
     its index among the caller's scalars; ``is_symbol``: an integer the planner reads)."""
 
@@ -78,7 +67,7 @@ class InputSpec(_Record):
         self.is_symbol = is_symbol
 
 
-class AllocSpec(_Record):
+class AllocSpec(Record):
     """An output or scratch buffer: its buffer index (its shape and size are the plan's
     ``allocations[name]``). ``kind`` is "output" or "scratch"."""
 
@@ -92,7 +81,7 @@ class AllocSpec(_Record):
         self.zero_init = zero_init
 
 
-class LaunchSpec(_Record):
+class LaunchSpec(Record):
     """One summary launch's parameter block. ``args``: per slot ``(kind, ref)`` (see the
     ``ARG_`` constants); ``order``: for a ``simple`` launch (no :data:`ARG_VALUE`), the
     value-list position of each slot, and ``getter`` reads them as a tuple. ``size`` and
@@ -130,7 +119,7 @@ class LaunchSpec(_Record):
         self.param_buf = buf
 
 
-class VariantSpec(_Record):
+class VariantSpec(Record):
     """One variant: scratch buffers, launches, the number of buffer slots it uses, and its
     fills: per fill slot ``(name, launch, arg)`` — a computed scalar ``name``
     (``Plan.computed``), or (``name`` empty) value argument ``arg`` of launch ``launch``."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from .._records import FrozenRecord
 from ..errors import CompatibilityError
 from ..targets import Arch, parse_arch
 
@@ -68,37 +69,18 @@ def image_label(image: Any) -> str:
     return f"{image.kind} {arch.sm}"
 
 
-class Selection:
+class Selection(FrozenRecord):
     """The chosen image and, for every image of the module, why it was or was not chosen.
-    Immutable; a plain class, not a frozen dataclass, because building a dataclass costs a few
-    hundred microseconds inside a process's first launch."""
+    Immutable (a :class:`~kernelpack._records.FrozenRecord`)."""
 
     __slots__ = ("chosen", "device", "driver_version", "reasons")
 
     def __init__(self, chosen: Any, device: Arch, driver_version: int | None,
                  reasons: list[tuple[Any, str]] | None = None) -> None:
-        object.__setattr__(self, "chosen", chosen)
-        object.__setattr__(self, "device", device)
-        object.__setattr__(self, "driver_version", driver_version)
-        object.__setattr__(self, "reasons", [] if reasons is None else reasons)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"cannot assign to field {name!r} of an immutable Selection")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"cannot delete field {name!r} of an immutable Selection")
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not Selection:
-            return NotImplemented
-        return (self.chosen, self.device, self.driver_version, self.reasons) == (
-            other.chosen, other.device, other.driver_version, other.reasons)  # type: ignore[attr-defined]
+        self._set(chosen=chosen, device=device, driver_version=driver_version,
+                  reasons=[] if reasons is None else reasons)
 
     __hash__ = None  # type: ignore[assignment]  # ``reasons`` is a list: unhashable anyway
-
-    def __repr__(self) -> str:
-        return (f"Selection(chosen={self.chosen!r}, device={self.device!r}, "
-                f"driver_version={self.driver_version!r}, reasons={self.reasons!r})")
 
     @property
     def needs_compile(self) -> bool:
