@@ -15,7 +15,7 @@ from .errors import ConstraintError
 from .expr import INT64_MAX, INT64_MIN
 
 __all__ = ["Plan", "Allocation", "PlannedLaunch", "MAX_BLOCK_THREADS", "MAX_GRID_X",
-           "MAX_GRID_YZ", "NO_COMPUTED", "check_block", "check_smem", "dim", "dim_at",
+           "MAX_GRID_YZ", "NO_COMPUTED", "block_fits", "check_block", "check_smem", "dim", "dim_at",
            "dtype_range", "merge_inputs"]
 
 MAX_BLOCK_THREADS = 1024
@@ -79,9 +79,14 @@ def dtype_range(dtype: DType) -> tuple[int, int]:
     return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype.is_signed else (0, (1 << bits) - 1)
 
 
+def block_fits(bx: int, by: int, bz: int) -> bool:
+    """CUDA's block limits: each dim >= 1, x and y <= 1024, z <= 64, <= 1024 threads."""
+    return (1 <= bx <= 1024 and 1 <= by <= 1024 and 1 <= bz <= 64
+            and bx * by * bz <= MAX_BLOCK_THREADS)
+
+
 def check_block(bx: int, by: int, bz: int, where: str) -> None:
-    if not (1 <= bx <= 1024 and 1 <= by <= 1024 and 1 <= bz <= 64
-            and bx * by * bz <= MAX_BLOCK_THREADS):
+    if not block_fits(bx, by, bz):
         raise ConstraintError(f"{where}: block ({bx}, {by}, {bz}) outside the limits "
                               f"(each dim 1..1024, z 1..64, product <= {MAX_BLOCK_THREADS})")
 

@@ -58,7 +58,7 @@ def fusion_key(f: Fusion, targets: Sequence[str], static: Mapping[str, int] | No
     opts = Options.parse(options)
     from .cache import make_key
 
-    return make_key(kind="fusion", source=f.canonical_bytes(dict(static_dims(f, static))),
+    return make_key(kind="fusion", source=f.canonical_bytes(static),
                     options=opts.as_dict(), targets=list(targets))
 
 

@@ -25,7 +25,7 @@ from .dtypes import as_dtype
 from .errors import CompileError
 from .expr import Expr, ExprLike, as_expr
 from .compiled import Compiled, Image, Module
-from ._plan_types import MAX_BLOCK_THREADS
+from ._plan_types import MAX_BLOCK_THREADS, block_fits
 from .summary import (Arg, Constraint, KernelSummary, Launch, Param, Scalar, Scratch, Tensor,
                       Variant)
 from .summary import _name as check_name
@@ -184,8 +184,7 @@ def _check_constant_block(block: tuple[Expr, ...]) -> None:
     if not all(d.is_const for d in block):
         return
     sizes = tuple(int(d.value) for d in block)
-    x, y, z = (sizes + (1, 1))[:3]
-    if min(sizes) < 1 or x > 1024 or y > 1024 or z > 64 or x * y * z > MAX_BLOCK_THREADS:
+    if not block_fits(*(sizes + (1, 1))[:3]):
         raise ValueError(f"block {sizes}: CUDA needs every dim >= 1 (x, y <= 1024, z <= 64) and "
                          f"at most {MAX_BLOCK_THREADS} threads in all")
 

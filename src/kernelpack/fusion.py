@@ -137,8 +137,8 @@ class Fusion:
                         options: Mapping[str, object] | None = None) -> bytes:
         """A deterministic serialization of the traced graph plus options: the cache key's
         ``source``. Stable across processes (no ids, hashes or addresses)."""
-        doc = {"graph": self.trace(static).canonical(),
-               "static": dict(sorted(self.static_dims(static).items())),
+        fixed = self.static_dims(static)
+        doc = {"graph": self.trace(fixed).canonical(), "static": dict(sorted(fixed.items())),
                "options": {k: repr(v) for k, v in sorted((options or {}).items())}}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
