@@ -6,15 +6,20 @@ interleaved so that clock drift hits all of them alike. Every method's result is
 against torch before anything is timed.
 
 Methods: raw ``cuLaunchKernel`` with a prepacked parameter block (the floor, through
-cuda.bindings), the same driver entry point called through ctypes (releasing / holding the GIL:
-measured slower than cuda.bindings' Cython wrapper, so kernelpack launches through the
-bindings), kernelpack with
+cuda.bindings), the same driver entry point called through kernelpack's C extension
+(``runtime/_launch.c``: the driver's own cost plus one C call, the lowest floor a Python caller
+can reach) and through ctypes (releasing / holding the GIL: slower than cuda.bindings' Cython
+wrapper), kernelpack with
 ``out=``, kernelpack allocating its output (torch in, torch out), the same two calls made on
 the runtime's entry (``program._kp_bound.call``, i.e. without ``Program.__call__``), the
 ``out=`` call asking the driver for the current context on every call (what the fast path
 does with several GPUs), kernelpack with cupy arrays, CuPy ``RawModule`` kernel (the same
 cubin), a Triton kernel, and the torch op ``torch.add(y, x, alpha=a)``. It also prints the
 cost of the pieces of a call (torch attribute reads, allocation forms, a lock, ...).
+
+kernelpack launches through its C extension unless ``KERNELPACK_NATIVE_LAUNCH=0`` (then through
+cuda.bindings, as before the extension existed); the table's header says which, so running the
+script once each way compares the two.
 
 Usage: ``python benchmarks/launch.py [--reps 25] [--launches 1000] [--results FILE]
 [--compare FASTPATH_PY]``; prints a table and ratios and appends a markdown table (device,
@@ -108,6 +113,24 @@ def ctypes_launchers(floor):  # type: ignore[no-untyped-def]
 
         out[f"raw cuLaunchKernel via ctypes, {label}"] = run
     return out
+
+
+def c_extension_launcher(floor):  # type: ignore[no-untyped-def]
+    """The prepacked launch through kernelpack's C extension (``runtime/_launch.c``), bound to
+    the driver's entry point by the runtime; None when the extension is not built."""
+    from kernelpack.runtime.native import launcher
+
+    if not launcher().native:
+        return None
+    from kernelpack.runtime import _launch
+
+    func, grid, _, addr = floor.parts
+    f, launch = int(func), _launch.launch
+
+    def run() -> None:
+        launch(f, grid, 1, 1, 256, 1, 1, 0, 0, addr, 0)
+
+    return run
 
 
 def cupy_launcher(pack, x, y):  # type: ignore[no-untyped-def]
@@ -253,6 +276,9 @@ def main() -> int:
     fns: dict[str, Callable[[], None]] = {}
     notes: list[str] = []
     fns["raw cuLaunchKernel (floor)"] = raw_launcher(pack, x, y, z)
+    c_floor = c_extension_launcher(fns["raw cuLaunchKernel (floor)"])
+    if c_floor is not None:
+        fns["raw cuLaunchKernel via kernelpack's C extension"] = c_floor
     fns.update(ctypes_launchers(fns["raw cuLaunchKernel (floor)"]))
     fns["kernelpack out="] = lambda: prog(x, y, A, out=z)
     fns["kernelpack allocating"] = lambda: prog(x, y, A)
@@ -317,9 +343,13 @@ def main() -> int:
     from kernelpack.runtime.selection import format_cuda_version
     driver = format_cuda_version(get_device(0).driver_version)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    from kernelpack.runtime.native import launcher
+    how = launcher()
     lines = [f"### launch overhead — {dev}, driver CUDA {driver}, {date}", "",
              f"n={N} float32 axpby, {opts.launches} back-to-back launches then sync, median of "
-             f"{opts.reps}; Python {sys.version.split()[0]}, torch {torch.__version__}", "",
+             f"{opts.reps}; Python {sys.version.split()[0]}, torch {torch.__version__}; "
+             f"kernelpack launches through "
+             f"{'its C extension' if how.native else 'cuda.bindings (' + how.reason + ')'}", "",
              "| method | µs / launch | × floor |", "|---|---:|---:|"]
     for name, us in result.items():
         lines.append(f"| {name} | {us:.2f} | {us / floor:.2f} |")
@@ -327,6 +357,10 @@ def main() -> int:
     torch_op = result["torch.add(y, x, alpha=a)"]
     lines += ["", f"- kernelpack out= / floor = {kp_out / floor:.2f} (target <= 1.3)",
               f"- kernelpack allocating / torch op = {kp_alloc / torch_op:.2f} (target <= 1.0)"]
+    c_name = "raw cuLaunchKernel via kernelpack's C extension"
+    if c_name in result:
+        lines.append(f"- kernelpack out= / C-extension floor = {kp_out / result[c_name]:.2f} "
+                     f"(the driver's own cost plus one C call)")
     for peer in ("cupy RawModule kernel", "triton kernel"):
         if peer in result:
             lines.append(f"- kernelpack out= / {peer} = {kp_out / result[peer]:.2f}, allocating / "

@@ -21,7 +21,7 @@ from typing import Iterator
 __all__ = [
     "Knob", "declare", "knob", "knobs", "get", "codegen_env",
     "cache_dir", "cache_max_bytes", "remote_cache_url", "explain_cache_misses",
-    "libdevice_override", "cuda_home",
+    "libdevice_override", "cuda_home", "native_launch", "per_thread_default_stream",
 ]
 
 
@@ -139,6 +139,21 @@ def cuda_home() -> Path | None:
     return Path(value).expanduser() if value else None
 
 
+def native_launch() -> bool:
+    """Whether launches may go through kernelpack's C extension (``$KERNELPACK_NATIVE_LAUNCH``,
+    default on; ``0``/``false``/``no``/``off`` launch through cuda.bindings instead, the same
+    semantics at about twice the host cost)."""
+    return (get("KERNELPACK_NATIVE_LAUNCH") or "").strip().lower() not in ("0", "false", "no",
+                                                                          "off")
+
+
+def per_thread_default_stream() -> bool:
+    """Whether stream handle 0 means the per-thread default stream: cuda.bindings' own switch
+    (``$CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM``, any non-empty value), read so that
+    kernelpack's C launch path asks the driver for the same ``cuLaunchKernel`` flavour."""
+    return bool(get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM"))
+
+
 # ---- the registry ------------------------------------------------------------------------------
 declare("KERNELPACK_CACHE_DIR", None, codegen=False,
         doc="Disk cache root; overrides $XDG_CACHE_HOME/kernelpack.")
@@ -156,3 +171,7 @@ declare("CUDA_HOME", None, codegen=False,
         doc="CUDA toolkit root, searched for libdevice when no wheel provides it.")
 declare("CUDA_PATH", None, codegen=False,
         doc="Alternative spelling of CUDA_HOME (Windows convention).")
+declare("KERNELPACK_NATIVE_LAUNCH", None, codegen=False,
+        doc="0: launch through cuda.bindings instead of kernelpack's C extension.")
+declare("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", None, codegen=False,
+        doc="cuda.bindings' per-thread default stream switch; kernelpack's launches follow it.")

@@ -54,6 +54,17 @@ class CUpointer_attribute(enum.IntEnum):
     CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 
 
+class CUdriverProcAddress_flags(enum.IntEnum):
+    CU_GET_PROC_ADDRESS_DEFAULT = 0
+    CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1
+    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2
+
+
+# The C signature of cuLaunchKernel, for the entry point the fake hands out (see ``native``)
+_LAUNCH_C = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7,
+                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+
 # A kernel implementation: (grid, block, shared_mem, raw parameter bytes at each slot address)
 KernelImpl = Callable[[tuple, tuple, int, list], None]
 
@@ -66,9 +77,15 @@ class FakeDriver:
     CUstream = CUstream
     CUdevice_attribute = CUdevice_attribute
     CUpointer_attribute = CUpointer_attribute
+    CUdriverProcAddress_flags = CUdriverProcAddress_flags
 
     def __init__(self, arch: tuple[int, int] = (9, 0), version: int = 13000, devices: int = 1,
-                 kernels: dict[str, tuple[str, KernelImpl]] | None = None) -> None:
+                 kernels: dict[str, tuple[str, KernelImpl]] | None = None,
+                 native: bool = True) -> None:
+        """``native``: hand out a C entry point for ``cuLaunchKernel`` (a ctypes callback into
+        :meth:`cuLaunchKernel`), so kernelpack's C extension launches through it exactly as
+        it would through the driver's; False: ``cuGetProcAddress`` finds nothing and
+        kernelpack launches through :meth:`cuLaunchKernel` as cuda.bindings'."""
         self.arch = arch
         self.version = version
         self.devices = devices
@@ -80,6 +97,9 @@ class FakeDriver:
         self.launch_error = 0
         self.load_error = 0
         self._next = 1000
+        self.native = native
+        self.callback_errors: list[BaseException] = []
+        self._entry = _LAUNCH_C(self._c_launch)  # kept alive as long as the fake
 
     def _id(self) -> int:
         self._next += 1
@@ -193,6 +213,26 @@ class FakeDriver:
         dst[:n] = ctypes.string_at(int(src), n)
         return (CUresult(0),)
 
+    # ---- entry points ----------------------------------------------------------------------
+    def cuGetProcAddress(self, symbol: bytes, version: int, flags: Any) -> tuple:
+        self.calls.append(("cuGetProcAddress", bytes(symbol), version, int(flags)))
+        if not self.native or symbol != b"cuLaunchKernel":
+            return CUresult(0), 0, 1  # CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+        return CUresult(0), ctypes.cast(self._entry, ctypes.c_void_p).value, 0
+
+    def _c_launch(self, f: int | None, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
+                  shmem: int, stream: int | None, params: int | None, extra: int | None) -> int:
+        """The C entry point: what the driver's cuLaunchKernel would receive (NULL arrives
+        as None). An exception cannot cross back into C, so it is kept and reported as
+        CUDA_ERROR_INVALID_VALUE."""
+        try:
+            self.calls.append(("c entry", f or 0, stream or 0, extra or 0))
+            return int(self.cuLaunchKernel(f or 0, gx, gy, gz, bx, by, bz, shmem, stream or 0,
+                                           params or 0, extra or 0)[0])
+        except BaseException as exc:  # noqa: BLE001 - reported through callback_errors
+            self.callback_errors.append(exc)
+            return int(CUresult.CUDA_ERROR_INVALID_VALUE)
+
     # ---- launch --------------------------------------------------------------------------
     def cuLaunchKernel(self, f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
                        shmem: int, stream: Any, params: int, extra: int) -> tuple:
@@ -217,7 +257,7 @@ class FakeDriver:
 
 def install(monkeypatch: Any, fake: FakeDriver) -> FakeDriver:
     """Make kernelpack.runtime use ``fake`` (and forget devices/libraries of earlier tests)."""
-    from kernelpack.runtime import device, driver, execute, library
+    from kernelpack.runtime import device, driver, execute, library, native
 
     monkeypatch.setattr(driver, "_driver", fake)
     monkeypatch.setattr(driver, "_init_error", None)
@@ -228,6 +268,7 @@ def install(monkeypatch: Any, fake: FakeDriver) -> FakeDriver:
     monkeypatch.setattr(library, "_selections", {})
     monkeypatch.setattr(execute, "_drv_mod", None)
     monkeypatch.setattr(execute, "_streams", {})
+    monkeypatch.setattr(native, "_chosen", None)
     return fake
 
 

@@ -21,6 +21,7 @@ from ..errors import LaunchError
 from . import driver as _drv
 from .arrays import GENERIC, adapter_for
 from .binding import ARG_BUFFER, ARG_SCALAR, fills_of
+from .native import launcher
 
 __all__ = ["run", "cu_stream"]
 
@@ -152,7 +153,7 @@ def _queue(bp: Any, st: Any, plan: Any, variant: Any, vals: list, cs: Any,
     for ptr, nbytes in memsets:
         if nbytes:
             _drv.check(drv.cuMemsetD8Async(ptr, 0, nbytes, cs), f"{name}: zero-filling an output")
-    launch = drv.cuLaunchKernel
+    launch = launcher().launch
     with bp._lock:  # the parameter blocks are shared by every caller of the program
         for ls, func, pl, args in queued:
             if ls.param_buf is None:
@@ -191,10 +192,12 @@ _streams: dict[int, Any] = {}
 
 
 def cu_stream(handle: int) -> Any:
-    """The cached ``CUstream`` object for a raw handle (what ``cuLaunchKernel`` takes)."""
+    """What the process's ``cuLaunchKernel`` takes for a raw stream handle, cached (the handle
+    itself for the C extension, a ``CUstream`` for cuda.bindings; :mod:`.native`). The driver
+    calls of cuda.bindings accept either."""
     s = _streams.get(handle)
     if s is None:
         if len(_streams) > 1024:
             _streams.clear()
-        s = _streams[handle] = _driver().CUstream(handle)
+        s = _streams[handle] = launcher().stream(handle)
     return s

@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 from ..errors import KernelPackError
 from .binding import fills_of
+from .native import launcher
 
 __all__ = ["make_fast_path", "fits", "split_scalars", "FastCore", "ThreadState"]
 
@@ -134,7 +135,7 @@ class FastCore:
         self.local = threading.local()
         self.trust_context = _trust_thread_context()
         drv = _drv.bindings()
-        self.ctx_get, self.launch = drv.cuCtxGetCurrent, drv.cuLaunchKernel
+        self.ctx_get, self.launch = drv.cuCtxGetCurrent, launcher().launch
         self.error_for = _drv.error_for
         self.streams, self.cu_stream = _streams, cu_stream
 

@@ -3,7 +3,8 @@
 Binding (first call) lays out the parameter blocks (:mod:`.binding`) and takes the program's
 :class:`~kernelpack.planner.Planner` (the loader's, shared with ``program.plan()``); the first
 call on a device loads the modules for it (:mod:`.library`) and casts each ``CUkernel`` to the
-``CUfunction`` ``cuLaunchKernel`` takes. A call then reads the arguments (framework fast
+function handle ``cuLaunchKernel`` takes (:mod:`.native`: an int for the C extension, a
+``CUfunction`` for cuda.bindings). A call then reads the arguments (framework fast
 paths), asks the planner for the plan of these shapes and scalars (cached per shape; it checks
 every constraint and evaluates every expression), allocates outputs in the caller's framework
 (or takes ``out=``), writes every slot with one ``struct.pack_into`` and calls
@@ -24,6 +25,7 @@ from .arrays import GENERIC, Adapter, adapter_for, release_held, stream_handle
 from .binding import BoundSummary, scalar_range
 from .device import Device, current_device_ordinal, get_device
 from .library import load_module, preload
+from .native import launcher
 from .execute import run
 from .scalars import convert_scalar
 
@@ -82,8 +84,8 @@ class BoundProgram:
                 libs: dict[str, Any] = {}
                 for name, module in self.modules.items():
                     libs[name] = load_module(module, device)[1]
-                drv = _drv.bindings()
-                funcs = [[drv.CUfunction(int(libs[ls.module].kernels[ls.kernel]))
+                function = launcher().function
+                funcs = [[function(int(libs[ls.module].kernels[ls.kernel]))
                           for ls in v.launches] for v in self.bound.variants]
                 st = self._states[ordinal] = _DeviceState(device, funcs, list(libs.values()))
                 self._defer_fast_path()

@@ -1,0 +1,157 @@
+/*
+ * kernelpack.runtime._launch: cuLaunchKernel for Python with ten plain integers.
+ *
+ * Why this exists: a launch through cuda.bindings costs about 4 us of host time on an H200
+ * host, roughly twice the driver's own cost, because each call converts a CUfunction and a
+ * CUstream object, checks the kernelParams argument's type and builds a CUresult enum for the
+ * answer. kernelpack's launch path already holds every value as a Python int (function handle,
+ * grid, block, shared memory, stream handle, the address of a prepacked kernelParams array),
+ * so this module forwards them to the driver with nothing in between.
+ *
+ * It links against nothing: the caller hands it the address of the driver's cuLaunchKernel,
+ * which runtime/native.py asks the driver for with cuGetProcAddress through cuda.bindings
+ * (so both paths use the same libcuda and the same default-stream semantics). Until then,
+ * launch() raises RuntimeError.
+ *
+ * Built with the limited C API (abi3), so one build serves every Python from 3.10 on.
+ * Optional: when it is not built, runtime/native.py falls back to cuda.bindings.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+/* The driver's own signature (cuda.h): CUresult cuLaunchKernel(CUfunction f, unsigned int
+ * gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, unsigned int sharedMemBytes,
+ * CUstream hStream, void **kernelParams, void **extra). CUresult is an int-sized enum;
+ * CUfunction and CUstream are pointers. */
+typedef int (*launch_fn)(void *, unsigned int, unsigned int, unsigned int, unsigned int,
+                         unsigned int, unsigned int, unsigned int, void *, void **, void **);
+
+static launch_fn cu_launch_kernel = NULL;
+
+/* An unsigned 32-bit argument; -1 with an exception set when it does not fit. */
+static int as_uint(PyObject *o, const char *what, unsigned int *out) {
+    unsigned long v = PyLong_AsUnsignedLong(o);
+    if (v == (unsigned long)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_OverflowError, "%s must be an int in [0, 2**32) (got %R)", what, o);
+        return -1;
+    }
+    if (v > 0xFFFFFFFFUL) {
+        PyErr_Format(PyExc_OverflowError, "%s must be an int in [0, 2**32) (got %R)", what, o);
+        return -1;
+    }
+    *out = (unsigned int)v;
+    return 0;
+}
+
+/* A pointer-sized argument (a handle or an address); -1 with an exception set otherwise. */
+static int as_pointer(PyObject *o, const char *what, void **out) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_OverflowError, "%s must be an int in [0, 2**64) (got %R)", what, o);
+        return -1;
+    }
+    if (sizeof(void *) < sizeof(unsigned long long) && v > (unsigned long long)UINTPTR_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%s does not fit a pointer (got %R)", what, o);
+        return -1;
+    }
+    *out = (void *)(uintptr_t)v;
+    return 0;
+}
+
+static PyObject *bind(PyObject *self, PyObject *address) {
+    void *p;
+    (void)self;
+    if (as_pointer(address, "address", &p) < 0)
+        return NULL;
+    if (p == NULL) {
+        PyErr_SetString(PyExc_ValueError, "address of cuLaunchKernel must not be 0");
+        return NULL;
+    }
+    cu_launch_kernel = (launch_fn)p;
+    Py_RETURN_NONE;
+}
+
+static const char *const uint_names[7] = {
+    "grid x", "grid y", "grid z", "block x", "block y", "block z", "shared_mem",
+};
+
+static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    void *func, *stream, *params;
+    unsigned int dims[7];
+    int i, err;
+    (void)self;
+    if (nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "launch takes 11 arguments (function, grid x/y/z, "
+                     "block x/y/z, shared_mem, stream, kernel_params, extra) (got %zd)", nargs);
+        return NULL;
+    }
+    if (cu_launch_kernel == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "kernelpack.runtime._launch is not bound to the "
+                        "driver yet (call bind(address of cuLaunchKernel) first)");
+        return NULL;
+    }
+    if (as_pointer(args[0], "function", &func) < 0)
+        return NULL;
+    for (i = 0; i < 7; i++)
+        if (as_uint(args[1 + i], uint_names[i], &dims[i]) < 0)
+            return NULL;
+    if (as_pointer(args[8], "stream", &stream) < 0 ||
+        as_pointer(args[9], "kernel_params", &params) < 0)
+        return NULL;
+    if (func == NULL) {
+        PyErr_SetString(PyExc_ValueError, "function handle must not be 0");
+        return NULL;
+    }
+    /* "extra" (the driver's other way of passing parameters) is not supported: only 0 */
+    if (!PyLong_Check(args[10]) || PyObject_IsTrue(args[10])) {
+        PyErr_Format(PyExc_ValueError, "extra must be 0 (got %R)", args[10]);
+        return NULL;
+    }
+    /* The driver copies the parameter values before it returns; the GIL is released meanwhile,
+     * as cuda.bindings does, so other Python threads run during the launch. */
+    Py_BEGIN_ALLOW_THREADS
+    err = cu_launch_kernel(func, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6],
+                           stream, (void **)params, NULL);
+    Py_END_ALLOW_THREADS
+    /* a 1-tuple, as cuda.bindings answers, so callers unpack either the same way */
+    {
+        PyObject *code = PyLong_FromLong(err), *answer;
+        if (code == NULL)
+            return NULL;
+        answer = PyTuple_New(1);
+        if (answer == NULL) {
+            Py_DECREF(code);
+            return NULL;
+        }
+        PyTuple_SetItem(answer, 0, code); /* steals the reference */
+        return answer;
+    }
+}
+
+static PyObject *is_bound(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyBool_FromLong(cu_launch_kernel != NULL);
+}
+
+static PyMethodDef methods[] = {
+    {"bind", (PyCFunction)bind, METH_O,
+     "bind(address): use the cuLaunchKernel at this address (from cuGetProcAddress)."},
+    {"is_bound", (PyCFunction)is_bound, METH_NOARGS,
+     "is_bound() -> bool: whether bind() has been called."},
+    {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
+     "launch(function, gx, gy, gz, bx, by, bz, shared_mem, stream, kernel_params, extra) -> "
+     "(CUresult,)\n\n"
+     "cuLaunchKernel with raw handles, answered like cuda.bindings' (0 = success). "
+     "kernel_params is the address of a void* array (0: no parameters); extra must be 0."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_launch",
+    "cuLaunchKernel with plain integers (see runtime/native.py).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__launch(void) { return PyModule_Create(&module); }
