@@ -13,7 +13,8 @@ setup(
     ext_modules=[
         Extension(
             "kernelpack.runtime._launch",
-            sources=["src/kernelpack/runtime/_launch.c"],
+            sources=["src/kernelpack/runtime/_launch.c", "src/kernelpack/runtime/_fastcall.c"],
+            depends=["src/kernelpack/runtime/_launch.h"],
             define_macros=[("Py_LIMITED_API", "0x030A0000")],
             py_limited_api=True,
             optional=True,

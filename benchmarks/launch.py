@@ -282,6 +282,7 @@ def main() -> int:
     fns.update(ctypes_launchers(fns["raw cuLaunchKernel (floor)"]))
     fns["kernelpack out="] = lambda: prog(x, y, A, out=z)
     fns["kernelpack allocating"] = lambda: prog(x, y, A)
+    prog(x, y, A, out=z)  # the first call binds (general path); the second builds the fast path
     prog(x, y, A, out=z)
     direct = prog._kp_bound.call  # what Program.__call__ reaches, minus its own frames
     args = (x, y, A)
@@ -295,6 +296,17 @@ def main() -> int:
         fastpath._trust_thread_context = trust
     fns["kernelpack out= (runtime entry, cuCtxGetCurrent each call)"] = \
         lambda: asking(args, z, None)
+    from kernelpack.runtime import fast_torch
+    native_call, fast_torch.native_torch_call = fast_torch.native_torch_call, \
+        lambda *a: None
+    try:  # the Python closure that the C fast path replaces (same launcher)
+        closure = fastpath.make_fast_path(prog._kp_bound, prog._kp_bound.__call__)[0]
+    finally:
+        fast_torch.native_torch_call = native_call
+    if closure is not direct:
+        fns["kernelpack out= (runtime entry, Python closure)"] = lambda: closure(args, z, None)
+        fns["kernelpack allocating (runtime entry, Python closure)"] = \
+            lambda: closure(args, None, None)
     if opts.compare:
         before = _load_fastpath(opts.compare).make_fast_path(prog._kp_bound,
                                                              prog._kp_bound.__call__)[0]
@@ -345,11 +357,14 @@ def main() -> int:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     from kernelpack.runtime.native import launcher
     how = launcher()
+    fast_kind = ("C (runtime/_fastcall.c)" if type(getattr(direct, "__self__", None)).__name__
+                 == "FastCall" else "Python closure (runtime/fast_torch.py)")
     lines = [f"### launch overhead — {dev}, driver CUDA {driver}, {date}", "",
              f"n={N} float32 axpby, {opts.launches} back-to-back launches then sync, median of "
              f"{opts.reps}; Python {sys.version.split()[0]}, torch {torch.__version__}; "
              f"kernelpack launches through "
-             f"{'its C extension' if how.native else 'cuda.bindings (' + how.reason + ')'}", "",
+             f"{'its C extension' if how.native else 'cuda.bindings (' + how.reason + ')'}; "
+             f"torch fast path: {fast_kind}", "",
              "| method | µs / launch | × floor |", "|---|---:|---:|"]
     for name, us in result.items():
         lines.append(f"| {name} | {us:.2f} | {us / floor:.2f} |")

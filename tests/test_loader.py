@@ -181,3 +181,35 @@ def test_errors_about_a_path_name_it(data: bytes, tmp_path: Path) -> None:
     signed.write_bytes(data)
     with pytest.raises(kp.SignatureError, match=f"^{signed}: artifact is unsigned"):
         kp.load(str(signed), trusted_keys=[b"\0" * 32])
+
+
+def test_both_call_bases_dispatch_alike() -> None:
+    """Program's base: the extension's CallBase when built, else _PythonCall; same rules."""
+    from kernelpack import loader
+
+    bases = [loader._PythonCall]
+    try:
+        from kernelpack.runtime._launch import CallBase
+    except ImportError:
+        pass
+    else:
+        bases.append(CallBase)
+        assert loader.Program.__mro__[1] is CallBase
+    for base in bases:
+        class Prog(base):  # type: ignore[misc, valid-type]
+            _kp_bound = None
+
+            def _kp_general_call(self, *args, **kwargs):
+                return ("general", args, kwargs)
+
+        class Bound:
+            def call(self, args, out, stream):
+                return ("fast", args, out, stream)
+
+        p = Prog()
+        assert p(1, out=2) in (("general", (1,), {"out": 2}),
+                               ("general", (1,), {"out": 2, "stream": None}))
+        p._kp_bound = Bound()
+        assert p(1, 2) == ("fast", (1, 2), None, None)
+        assert p(out=3, stream=4) == ("fast", (), 3, 4)
+        assert p(1, a=2)[0] == "general" and p(1, a=2)[2]["a"] == 2

@@ -13,7 +13,7 @@ import struct
 from typing import Any
 
 from ._schema import DEFAULTS, ENUMS, SCALARS, STRUCTS, TABLES
-from .verify import Buffer
+from .verify import _VOFFS as _VERIFY_VOFFS, Buffer
 
 __all__ = ["Table"]
 
@@ -46,12 +46,17 @@ def _category(ftype: str) -> tuple[str, str]:
     return "t", ""
 
 
+_READERS: dict[str, Any] = {}  # struct code -> unpack_from: fields of one type share one
+
+
 def _slot(table: str, slot: int, name: str, ftype: str) -> tuple:
     """Everything :meth:`Table.get` needs for one field: (slot, category, reader or element
     code / table name, value when absent)."""
     cat, code = _category(ftype)
     if cat in ("n", "S"):
-        reader: Any = struct.Struct("<" + code).unpack_from
+        reader: Any = _READERS.get(code)
+        if reader is None:
+            reader = _READERS[code] = struct.Struct("<" + code).unpack_from
     elif cat == "t":
         reader = ftype
     else:
@@ -62,8 +67,10 @@ def _slot(table: str, slot: int, name: str, ftype: str) -> tuple:
 _SLOTS = {t: {name: _slot(t, slot, name, ftype) for slot, (name, ftype, _) in enumerate(fields)}
           for t, fields in TABLES.items()}
 _NFIELDS = {t: len(fields) for t, fields in TABLES.items()}
-# a table's vtable entries in one call, one reader per field count
-_VOFFS = [struct.Struct(f"<{k}H").unpack_from for k in range(max(_NFIELDS.values()) + 1)]
+# a table's vtable entries in one call, one reader per field count (the verifier's: the same
+# schema, so the same counts)
+_VOFFS = _VERIFY_VOFFS
+assert len(_VOFFS) == max(_NFIELDS.values()) + 1
 
 
 def _read(buf: Buffer, fpos: int, cat: str, reader: Any) -> Any:

@@ -102,7 +102,7 @@ class ImageInfo:
         where = f"module {self.module!r} image {self.target}"
         self.check_stored()
         stored = self._stored
-        data = bytes(stored) if self.codec == "none" else _decompress(stored, self.raw_size, where)
+        data = bytes(stored) if self.codec == "none" else _inflate(stored, self.raw_size, where)
         if hashlib.sha256(data).hexdigest() != self.raw_digest:
             raise IntegrityError(f"{where}: decompressed bytes do not match raw_digest "
                                  f"(expected sha256 {self.raw_digest})")
@@ -162,9 +162,15 @@ def _decompress(stored: memoryview, raw_size: int, where: str) -> bytes:
     MAX_IMAGE_SIZE at load): one-shot decompression then allocates that much and no more, and
     zstd fails if the data would produce more or fewer bytes than declared.
     """
+    _frame_size(stored, raw_size, where)
+    return _inflate(stored, raw_size, where)
+
+
+def _inflate(stored: memoryview, raw_size: int, where: str) -> bytes:
+    """:func:`_decompress` after the frame's declared size was checked (by
+    :meth:`ImageInfo.check_stored`, which :meth:`ImageInfo.read` has just run)."""
     import zstandard
 
-    _frame_size(stored, raw_size, where)
     try:
         out = _decompressor().decompress(stored, max_output_size=raw_size)
     except zstandard.ZstdError as exc:

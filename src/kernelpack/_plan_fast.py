@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import operator
 import threading
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from ._plan_types import (MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, NO_COMPUTED, Allocation,
                           Plan, PlannedLaunch, dtype_range)
@@ -31,13 +31,14 @@ from ._plan_ops import OPS as _OPS
 from .expr import INT64_MAX, Expr, sym
 from .summary import KernelSummary, Scalar, Tensor
 
-__all__ = ["compile_fast", "FastPlan"]
+__all__ = ["compile_fast"]
 
-FastPlan = Callable[[Sequence[Sequence[int]], Sequence[Any]], Optional[Plan]]
-
+if TYPE_CHECKING:  # type aliases only: subscripting ``Callable`` costs a few hundred µs of
+    # a process's first call when it runs at import
+    FastPlan = Callable[[Sequence[Sequence[int]], Sequence[Any]], Optional[Plan]]
+    Step = tuple[Callable[[int, int, int], int], int, int, int, int]
 
 _ERRORS = (ArithmeticError, TypeError)
-Step = tuple[Callable[[int, int, int], int], int, int, int, int]
 
 
 _PENDING = object()  # a variant body not compiled yet

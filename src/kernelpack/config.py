@@ -14,9 +14,10 @@ the list at the bottom), so the registry is complete before anything reads it.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+
+from ._records import FrozenRecord
 
 __all__ = [
     "Knob", "declare", "knob", "knobs", "get", "codegen_env",
@@ -25,20 +26,26 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Knob:
+class Knob(FrozenRecord):
     """A declared environment variable.
 
     ``codegen`` is True when its value can change the bytes of a compiled artifact; such knobs
     are part of every cache key. Paths that select a toolchain file (``KERNELPACK_LIBDEVICE``)
     are *not* codegen knobs: the key holds the file's digest instead, since an absolute path in
     a key would make identical machines miss.
+
+    A record rather than a dataclass: this module is imported by the runtime's first launch,
+    where building a dataclass would cost about a millisecond.
     """
 
+    __slots__ = ("name", "default", "codegen", "doc")
     name: str
     default: str | None
     codegen: bool
     doc: str
+
+    def __init__(self, name: str, default: str | None, codegen: bool, doc: str) -> None:
+        self._set(name=name, default=default, codegen=codegen, doc=doc)
 
 
 _REGISTRY: dict[str, Knob] = {}

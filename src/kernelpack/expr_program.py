@@ -16,9 +16,9 @@ root only when something needs it, so ``select`` and unused variants never raise
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
+from ._records import FrozenRecord
 from .errors import ExpressionError, FormatError
 from .expr import (INT64_MAX, INT64_MIN, OPERATORS, Expr, ExprEvalError, apply_op, const,
                    iter_nodes, sym)
@@ -37,13 +37,18 @@ _OPNAME = {code: name for name, code in OPCODES.items()}
 _IMM_OPS = (OP_CONST, OP_SYM, OP_LOAD)
 
 
-@dataclass(frozen=True)
-class EncodedExprs:
-    """The three stored vectors of an expression program."""
+class EncodedExprs(FrozenRecord):
+    """The three stored vectors of an expression program. Immutable, compared and hashed by
+    its fields (a :class:`~kernelpack._records.FrozenRecord`, not a frozen dataclass: making
+    the dataclass cost about a millisecond of a process's first ``kp.load``)."""
 
-    symbols: tuple[str, ...]
-    ops: bytes
-    imms: tuple[int, ...]
+    __slots__ = ("symbols", "ops", "imms")
+
+    def __init__(self, symbols: tuple[str, ...], ops: bytes, imms: tuple[int, ...]) -> None:
+        self._set(symbols=symbols, ops=ops, imms=imms)
+
+    def __reduce__(self) -> tuple:
+        return (EncodedExprs, self._fields())  # pickle/copy: __setattr__ refuses assignment
 
 
 class ExprEncoder:
@@ -128,7 +133,8 @@ class ExprEncoder:
 
 
 _MISSING = object()
-Evaluator = Callable[[list], int]
+if TYPE_CHECKING:  # a runtime alias would cost a cold ``Callable[...]`` at import
+    Evaluator = Callable[[list], int]
 
 
 class ExprProgram:
@@ -142,7 +148,8 @@ class ExprProgram:
     def __init__(self, encoded: EncodedExprs) -> None:
         self.encoded = encoded
         self.exprs: list[Expr] = []
-        self._validate_and_build(encoded)
+        self._roots: list[Evaluator] | None = None  # built by the first value()
+        self._validate(encoded)
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -162,8 +169,11 @@ class ExprProgram:
         cached = frame[slot]
         if cached is not _MISSING:
             return cached
+        roots = self._roots
+        if roots is None:
+            roots = self._build()
         try:
-            result = self._roots[root](frame)
+            result = roots[root](frame)
         except ExprEvalError as exc:
             label = f" ({what})" if what else ""
             env = ", ".join(f"{name}={frame[i]}" for i, name in enumerate(self.symbols)
@@ -173,8 +183,12 @@ class ExprProgram:
         frame[slot] = result
         return result
 
-    # ---- validation + closure building ---------------------------------------------------------
-    def _validate_and_build(self, enc: EncodedExprs) -> None:
+    # ---- validation, then (on first evaluation) closure building -------------------------------
+    def _validate(self, enc: EncodedExprs) -> None:
+        """Check the whole program and build its :class:`Expr` roots. The evaluators are built
+        later, by :meth:`_build`: a loaded summary needs only the expressions (the runtime
+        evaluates through the planner), so a process's first ``kp.load`` does not pay for
+        closures nothing calls."""
         if len(enc.symbols) > MAX_SYMBOLS:
             raise FormatError(f"expression program has {len(enc.symbols)} symbols "
                               f"(limit {MAX_SYMBOLS})")
@@ -184,8 +198,8 @@ class ExprProgram:
         if enc.ops and enc.ops[-1] != OP_END:
             raise FormatError("expression program does not end with END")
         nsym = self._nsym = len(enc.symbols)
-        roots: list[Evaluator] = []
-        stack: list[tuple[Evaluator, Expr]] = []
+        exprs = self.exprs
+        stack: list[Expr] = []
         # nesting depth of each stack entry and root (LOADs included): evaluation and printing
         # recurse this deep, so it is bounded here, not left to Python's RecursionError
         depths: list[int] = []
@@ -202,17 +216,17 @@ class ExprProgram:
                     raise FormatError(f"expression immediate at {pos} outside int64")
                 depths.append(1)
                 if code == OP_CONST:
-                    stack.append((_const_fn(imm), const(imm)))
+                    stack.append(const(imm))
                 elif code == OP_SYM:
                     if not 0 <= imm < nsym:
                         raise FormatError(f"expression SYM index {imm} at {pos} outside "
                                           f"0..{nsym - 1}")
-                    stack.append((_sym_fn(imm, enc.symbols[imm]), sym(enc.symbols[imm])))
+                    stack.append(sym(enc.symbols[imm]))
                 else:
-                    if not 0 <= imm < len(roots):
+                    if not 0 <= imm < len(exprs):
                         raise FormatError(f"expression LOAD {imm} at {pos} refers to a root "
-                                          f"not yet defined ({len(roots)} so far)")
-                    stack.append((self._load_fn(imm), self.exprs[imm]))
+                                          f"not yet defined ({len(exprs)} so far)")
+                    stack.append(exprs[imm])
                     depths[-1] = root_depths[imm] + 1
                     if depths[-1] > MAX_EXPR_DEPTH:
                         raise FormatError(f"expression nested deeper than {MAX_EXPR_DEPTH} "
@@ -223,11 +237,9 @@ class ExprProgram:
                 if len(stack) != 1:
                     raise FormatError(f"expression END at {pos} with {len(stack)} values on "
                                       f"the stack (expected 1)")
-                fn, expr = stack.pop()
                 root_depths.append(depths.pop())
-                roots.append(fn)
-                self.exprs.append(expr)
-                if len(roots) > MAX_EXPR_ROOTS:
+                exprs.append(stack.pop())
+                if len(exprs) > MAX_EXPR_ROOTS:
                     raise FormatError(f"expression program has more than {MAX_EXPR_ROOTS} roots")
             else:
                 name = _OPNAME.get(code)
@@ -237,19 +249,44 @@ class ExprProgram:
                 if len(stack) < arity:
                     raise FormatError(f"expression stack underflow at {pos} ({name} needs "
                                       f"{arity}, has {len(stack)})")
-                operands = stack[-arity:]
+                operands = tuple(stack[-arity:])
                 del stack[-arity:]
                 depth = 1 + max(depths[-arity:])
                 del depths[-arity:]
                 if depth > MAX_EXPR_DEPTH:
                     raise FormatError(f"expression nested deeper than {MAX_EXPR_DEPTH} at {pos}")
                 depths.append(depth)
-                fn = _op_fn(name, [f for f, _ in operands])
-                stack.append((fn, Expr(name, tuple(e for _, e in operands))))
+                stack.append(Expr(name, operands))
         if imm_pos != len(enc.imms):
             raise FormatError(f"expression program has {len(enc.imms) - imm_pos} unused "
                               f"immediates")
+
+    def _build(self) -> list[Evaluator]:
+        """The root evaluators, from the program :meth:`_validate` accepted (so nothing is
+        checked again). Idempotent: threads racing here build equal lists."""
+        enc = self.encoded
+        roots: list[Evaluator] = []
+        stack: list[Evaluator] = []
+        imms = iter(enc.imms)
+        for code in enc.ops:
+            if code in _IMM_OPS:
+                imm = next(imms)
+                if code == OP_CONST:
+                    stack.append(_const_fn(imm))
+                elif code == OP_SYM:
+                    stack.append(_sym_fn(imm, enc.symbols[imm]))
+                else:
+                    stack.append(self._load_fn(imm))
+            elif code == OP_END:
+                roots.append(stack.pop())
+            else:
+                name = _OPNAME[code]
+                arity = OPERATORS[name]
+                fns = stack[-arity:]
+                del stack[-arity:]
+                stack.append(_op_fn(name, fns))
         self._roots = roots
+        return roots
 
     def _load_fn(self, index: int) -> Evaluator:
         slot = self._nsym + index

@@ -269,6 +269,12 @@ def install(monkeypatch: Any, fake: FakeDriver) -> FakeDriver:
     monkeypatch.setattr(execute, "_drv_mod", None)
     monkeypatch.setattr(execute, "_streams", {})
     monkeypatch.setattr(native, "_chosen", None)
+    try:  # threads remember the context they confirmed (C fast path): forget the last test's
+        from kernelpack.runtime import _launch
+    except ImportError:
+        pass
+    else:
+        _launch.forget_contexts()
     return fake
 
 

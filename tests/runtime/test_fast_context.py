@@ -22,7 +22,7 @@ from kernelpack.summary import (Arg, Compiled, Image, KernelSummary, Launch, Mod
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_driver import CUresult, FakeDriver, install  # noqa: E402
-from test_fastpath_fake import Tensor as FakeTensor, torch  # noqa: E402,F401  (a fixture)
+from test_fastpath_fake import Tensor as FakeTensor, launch_path, torch  # noqa: E402,F401  (fixtures)
 from test_launch_fake import _axpby_impl, axpby  # noqa: E402
 
 CTX0 = 0x100  # the fake driver's primary context of device 0
@@ -125,7 +125,7 @@ def test_launch_error_with_the_right_context_is_raised(monkeypatch, torch) -> No
         call_program(prog, x, y, 1.0)
 
 
-def test_threads_pack_their_own_blocks(monkeypatch, torch) -> None:
+def test_threads_pack_their_own_blocks(monkeypatch, torch, launch_path) -> None:
     fake = _driver(monkeypatch)
     real_launch = fake.cuLaunchKernel
     used: dict[int, set] = {}
@@ -160,7 +160,10 @@ def test_threads_pack_their_own_blocks(monkeypatch, torch) -> None:
         t.join()
     assert not errors, errors
     blocks = [b for t in threads for b in used[t.ident]]
-    assert len(blocks) == 4 and len(set(blocks)) == 4  # one block per thread, all distinct
+    if launch_path == "closure":
+        assert len(blocks) == 4 and len(set(blocks)) == 4  # one block per thread, all distinct
+    else:  # the C path packs each call's block on its own thread's stack
+        assert not set(used[threads[0].ident]) & set(used[threads[1].ident])
 
 
 def test_value_out_of_range_falls_back_before_launching(monkeypatch, torch) -> None:

@@ -57,6 +57,30 @@ class Tensor:
         return list(struct.unpack(f"<{n}{self.dtype.fmt}", self._buf.raw[:4 * n]))
 
 
+def _has_c_fast_path() -> bool:
+    try:
+        from kernelpack.runtime._launch import FastCall  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def select_path(which: str, monkeypatch) -> str:
+    """Make the torch fast path ``which``: "C" (``_launch.FastCall``, with the C launcher) or
+    "closure" (``KERNELPACK_NATIVE_LAUNCH=0``)."""
+    if which == "C" and not _has_c_fast_path():
+        pytest.skip("the C extension kernelpack.runtime._launch is not built")
+    if which == "closure":
+        monkeypatch.setenv("KERNELPACK_NATIVE_LAUNCH", "0")
+    return which
+
+
+@pytest.fixture(autouse=True, params=["C", "closure"])
+def launch_path(request, monkeypatch) -> str:
+    """Every test here runs on both torch fast paths."""
+    return select_path(request.param, monkeypatch)
+
+
 @pytest.fixture
 def torch(monkeypatch):
     mod = types.ModuleType("torch")
@@ -86,7 +110,7 @@ def fake(monkeypatch):
     return install(monkeypatch, FakeDriver(kernels={"axpby": ("QQQfI", _axpby_impl)}))
 
 
-def test_fast_path_is_taken_and_correct(fake, torch) -> None:
+def test_fast_path_is_taken_and_correct(fake, torch, launch_path) -> None:
     prog = axpby()
     x, y = Tensor([1.0, 2.0, 3.0], torch.float32), Tensor([1.0, 1.0, 1.0], torch.float32)
     first = call_program(prog, x, y, 2.0)          # general path, binds device 0
@@ -94,6 +118,8 @@ def test_fast_path_is_taken_and_correct(fake, torch) -> None:
     bound = bind(prog)
     assert bound.call != bound.__call__             # the fast path is installed
     second = call_program(prog, x, y, 2.0)
+    fast = getattr(bound.call, "__self__", None)
+    assert (type(fast).__name__ == "FastCall") == (launch_path == "C")
     assert first.values() == second.values() == [3.0, 5.0, 7.0]
     assert isinstance(second, Tensor) and second.shape == (3,)
     z = Tensor([0.0] * 3, torch.float32)
@@ -106,6 +132,8 @@ def test_fast_path_is_taken_and_correct(fake, torch) -> None:
     launches = [c for c in fake.calls if c[0] == "cuLaunchKernel"]
     assert len(launches) == 4 and all(c[2] == (1, 1, 1) for c in launches)
     assert launches[-1][5] == 0x77
+    if launch_path == "C":
+        assert fast.fast_calls == 3 and fast.entries == 1
 
 
 def test_fast_path_falls_back_with_the_general_errors(fake, torch) -> None:

@@ -16,18 +16,10 @@
  * Built with the limited C API (abi3), so one build serves every Python from 3.10 on.
  * Optional: when it is not built, runtime/native.py falls back to cuda.bindings.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_launch.h"
 #include <stdint.h>
 
-/* The driver's own signature (cuda.h): CUresult cuLaunchKernel(CUfunction f, unsigned int
- * gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, unsigned int sharedMemBytes,
- * CUstream hStream, void **kernelParams, void **extra). CUresult is an int-sized enum;
- * CUfunction and CUstream are pointers. */
-typedef int (*launch_fn)(void *, unsigned int, unsigned int, unsigned int, unsigned int,
-                         unsigned int, unsigned int, unsigned int, void *, void **, void **);
-
-static launch_fn cu_launch_kernel = NULL;
+kp_launch_fn kp_cu_launch_kernel = NULL;
 
 /* An unsigned 32-bit argument; -1 with an exception set when it does not fit. */
 static int as_uint(PyObject *o, const char *what, unsigned int *out) {
@@ -68,7 +60,7 @@ static PyObject *bind(PyObject *self, PyObject *address) {
         PyErr_SetString(PyExc_ValueError, "address of cuLaunchKernel must not be 0");
         return NULL;
     }
-    cu_launch_kernel = (launch_fn)p;
+    kp_cu_launch_kernel = (kp_launch_fn)p;
     Py_RETURN_NONE;
 }
 
@@ -86,7 +78,7 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                      "block x/y/z, shared_mem, stream, kernel_params, extra) (got %zd)", nargs);
         return NULL;
     }
-    if (cu_launch_kernel == NULL) {
+    if (kp_cu_launch_kernel == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "kernelpack.runtime._launch is not bound to the "
                         "driver yet (call bind(address of cuLaunchKernel) first)");
         return NULL;
@@ -111,7 +103,7 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     /* The driver copies the parameter values before it returns; the GIL is released meanwhile,
      * as cuda.bindings does, so other Python threads run during the launch. */
     Py_BEGIN_ALLOW_THREADS
-    err = cu_launch_kernel(func, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6],
+    err = kp_cu_launch_kernel(func, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6],
                            stream, (void **)params, NULL);
     Py_END_ALLOW_THREADS
     /* a 1-tuple, as cuda.bindings answers, so callers unpack either the same way */
@@ -132,7 +124,7 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *is_bound(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
-    return PyBool_FromLong(cu_launch_kernel != NULL);
+    return PyBool_FromLong(kp_cu_launch_kernel != NULL);
 }
 
 static PyMethodDef methods[] = {
@@ -154,4 +146,13 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__launch(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__launch(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (kp_fastcall_init(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

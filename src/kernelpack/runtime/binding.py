@@ -86,11 +86,12 @@ class LaunchSpec(Record):
     ``ARG_`` constants); ``order``: for a ``simple`` launch (no :data:`ARG_VALUE`), the
     value-list position of each slot, and ``getter`` reads them as a tuple. ``size`` and
     ``offsets`` lay out the block; the shared block itself (``param_buf``, and
-    ``params_addr``, the address of the ``void*`` array pointing at each slot) is made by
-    :meth:`make_block` when the launch first runs on the general path."""
+    ``params_addr``, the address of the ``void*`` array pointing at each slot, which lives in
+    the same buffer after the slots) is made by :meth:`make_block` when the launch first runs
+    on the general path."""
 
     __slots__ = ("module", "kernel", "index", "args", "layout", "size", "offsets", "simple",
-                 "order", "getter", "param_buf", "params_addr", "_keep")
+                 "order", "getter", "param_buf", "params_addr")
 
     def __init__(self, module: str, kernel: str, index: int, args: list[tuple[int, int]],
                  codes: list[str]) -> None:
@@ -106,16 +107,19 @@ class LaunchSpec(Record):
         self.getter: Callable[[list], tuple] | None = None
         self.param_buf: Any = None
         self.params_addr = 0
-        self._keep: Any = None
 
     def make_block(self) -> None:
         """Make the shared parameter block (callers hold the program's lock)."""
-        buf = ctypes.create_string_buffer(max(self.size, 1))
+        # One buffer: the slots at 0, then the ``void*`` array (aligned), written with
+        # struct's native "P". Each ctypes array type (``c_char * n``, ``c_void_p * n``) is
+        # created on first use, ~25 µs apiece inside a process's first call: make only one.
+        count = len(self.offsets)
+        at = -(-self.size // _POINTER_SIZE) * _POINTER_SIZE
+        buf = ctypes.create_string_buffer(max(at + _POINTER_SIZE * count, 1))
         base = ctypes.addressof(buf)
-        pointers = (ctypes.c_void_p * max(len(self.offsets), 1))(
-            *[base + o for o in self.offsets])
-        self._keep = pointers
-        self.params_addr = ctypes.addressof(pointers) if self.offsets else 0
+        if count:
+            struct.pack_into(f"@{count}P", buf, at, *[base + o for o in self.offsets])
+        self.params_addr = base + at if count else 0
         self.param_buf = buf
 
 
@@ -135,6 +139,7 @@ class VariantSpec(Record):
 
 
 _SIZES: dict[str, int] = {}
+_POINTER_SIZE = struct.calcsize("@P")
 
 
 def _offsets(codes: list[str]) -> list[int]:

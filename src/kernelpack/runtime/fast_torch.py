@@ -6,6 +6,9 @@ allocates or checks the output; writes this thread's parameter blocks and launch
 part is written out here rather than called (one Python call is a measurable part of a
 launch); the rare paths live in :class:`~kernelpack.runtime.fastpath.FastCore`. Anything that
 does not fit goes to the general path before anything is launched (see :mod:`.fastpath`).
+
+With the C launcher the same path runs in C instead (:mod:`.fast_native`); this closure is
+what runs without the extension, and for programs beyond the C path's limits.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .arrays import stream_handle
+from .fast_native import native_torch_call
 from .fastpath import Call, FastCore, split_scalars
 
 __all__ = ["torch_path"]
@@ -52,6 +56,11 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
         if dev is None:
             dev = devices[device] = make_device("cuda", device)
         return empty(*shape, dtype=dt, device=dev) if shape else empty((), dtype=dt, device=dev)
+
+    native = native_torch_call(bp, core, slow, torch, tensors, floats, ints, allocate,
+                               stream_handle)
+    if native is not None:
+        return native
 
     def call(args: Any, out: Any, stream: Any) -> Any:
         if len(args) != n_in or (stream is not None and out is None):

@@ -213,11 +213,24 @@ class FastCore:
     def ensure_context(self, st: Any, ts: ThreadState, device: int) -> None:
         """Make ``device``'s primary context current on this thread if it is not (asking the
         driver), and remember it when the thread may trust that (one visible device)."""
+        self.context_was_lost(st)
+        if self.trust_context:
+            ts.ctx = device
+
+    def context_was_lost(self, st: Any) -> bool:
+        """Whether the calling thread's current context was not ``st``'s device's primary
+        context (asking the driver); it is made current then."""
         err, cur = self.ctx_get()
         if err or int(cur) != st.device.ctx_id:
             st.device.make_current()
-        if self.trust_context:
-            ts.ctx = device
+            return True
+        return False
+
+    def launch_error(self, err: Any, j: int, grid: tuple, block: tuple, smem: int) -> Exception:
+        """The LaunchError (or DeviceError, ...) for launch ``j`` failing with ``err``."""
+        exc = self.error_for(err, f"{self.name}: launching {self.launches[j][2]} with grid "
+                                  f"{grid} block {block} shared_mem {smem}")
+        return exc
 
     def relaunch(self, err: Any, st: Any, ts: ThreadState, device: int, sh: int, item: tuple,
                  cs: Any) -> None:
@@ -227,17 +240,14 @@ class FastCore:
         _, _, j, gx, gy, gz, bx, by, bz, smem = item
         if sh < 3 and ts.ctx == device:
             ts.ctx = -1
-            cerr, cur = self.ctx_get()
-            if cerr or int(cur) != st.device.ctx_id:
-                st.device.make_current()
+            if self.context_was_lost(st):
                 err, = self.launch(st.flat[j], gx, gy, gz, bx, by, bz, smem, cs,
                                    ts.addrs[j], 0)
                 if not err:
                     if self.trust_context:
                         ts.ctx = device
                     return
-        exc = self.error_for(err, f"{self.name}: launching {self.launches[j][2]} with grid "
-                                  f"{(gx, gy, gz)} block {(bx, by, bz)} shared_mem {smem}")
+        exc = self.launch_error(err, j, (gx, gy, gz), (bx, by, bz), smem)
         raise exc from exc.__cause__
 
 

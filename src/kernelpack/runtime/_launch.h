@@ -1,0 +1,24 @@
+/*
+ * Shared between the two halves of kernelpack.runtime._launch: the driver's cuLaunchKernel
+ * entry point (bound once by runtime/native.py) and what each half registers in the module.
+ */
+#ifndef KERNELPACK_LAUNCH_H
+#define KERNELPACK_LAUNCH_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* The driver's own signature (cuda.h): CUresult cuLaunchKernel(CUfunction f, unsigned int
+ * gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, unsigned int sharedMemBytes,
+ * CUstream hStream, void **kernelParams, void **extra). CUresult is an int-sized enum;
+ * CUfunction and CUstream are pointers. */
+typedef int (*kp_launch_fn)(void *, unsigned int, unsigned int, unsigned int, unsigned int,
+                            unsigned int, unsigned int, unsigned int, void *, void **, void **);
+
+/* NULL until bind(); set once per process (by _launch.c). */
+extern kp_launch_fn kp_cu_launch_kernel;
+
+/* _fastcall.c: adds the FastCall type and forget_contexts() to the module; -1 on error. */
+int kp_fastcall_init(PyObject *module);
+
+#endif
