@@ -1,24 +1,36 @@
 """Build script for kernelpack's one optional C extension (everything else is pyproject.toml).
 
-``kernelpack.runtime._launch`` forwards a launch to the driver's ``cuLaunchKernel`` with plain
-integers (see ``src/kernelpack/runtime/_launch.c`` for why). It is optional: without a C
-compiler the build skips it and the runtime launches through cuda.bindings instead. It uses the
-limited C API, so one build serves every Python from 3.10 on, and it links against nothing
-(the driver's entry point is handed to it at run time).
+``kernelpack.runtime._launch`` forwards launches to the driver's ``cuLaunchKernel`` with plain
+integers (``_launch.c``) and runs the PyTorch fast path and ``Program.__call__`` in C
+(``_fastcall.c``); see those files for why. It is optional: without a C compiler the build
+skips it, and the runtime does the same in Python through cuda.bindings. It uses the limited C
+API (plus two functions CPython exports from 3.11 on, declared in ``_fastcall.c``), so one
+build serves every later Python (built on 3.12 or later, it needs 3.12: that limited API lets
+``Program`` calls skip tp_call); on 3.10 it is not built. It links against nothing (the
+driver's entry point is handed to it at run time).
 """
+
+import sys
 
 from setuptools import Extension, setup
 
+RUNTIME = "src/kernelpack/runtime/"
+
+# The limited API of the building Python: 3.12's adds vectorcall for CallBase (_fastcall.c).
+LIMITED = (3, 12) if sys.version_info >= (3, 12) else (3, 11)
+
+extensions = [
+    Extension(
+        "kernelpack.runtime._launch",
+        sources=[RUNTIME + "_launch.c", RUNTIME + "_fastcall.c"],
+        depends=[RUNTIME + "_launch.h"],
+        define_macros=[("Py_LIMITED_API", f"0x03{LIMITED[1]:02X}0000")],
+        py_limited_api=True,
+        optional=True,
+    )
+] if sys.version_info >= (3, 11) else []
+
 setup(
-    ext_modules=[
-        Extension(
-            "kernelpack.runtime._launch",
-            sources=["src/kernelpack/runtime/_launch.c", "src/kernelpack/runtime/_fastcall.c"],
-            depends=["src/kernelpack/runtime/_launch.h"],
-            define_macros=[("Py_LIMITED_API", "0x030A0000")],
-            py_limited_api=True,
-            optional=True,
-        )
-    ],
-    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+    ext_modules=extensions,
+    options={"bdist_wheel": {"py_limited_api": f"cp3{LIMITED[1]}"}},
 )

@@ -193,8 +193,12 @@ def test_both_call_bases_dispatch_alike() -> None:
     except ImportError:
         pass
     else:
+        from kernelpack.runtime import _launch
+
         bases.append(CallBase)
         assert loader.Program.__mro__[1] is CallBase
+        if _launch.CALL_VECTORCALL:  # built with 3.12's limited API: Program inherits it
+            assert loader.Program.__flags__ & (1 << 11)  # Py_TPFLAGS_HAVE_VECTORCALL
     for base in bases:
         class Prog(base):  # type: ignore[misc, valid-type]
             _kp_bound = None

@@ -223,10 +223,7 @@ class _Hooks:
 
 def _make(layouts=((24, (0, 8, 16), ((0, "Q", 0), (8, "Q", 1), (16, "f", 2))),),
           floats=((1, 2),), hooks=None, nvals=3, dtype="f32"):
-    import types
-
-    fake_torch = types.SimpleNamespace(empty_like=None)
-    return _launch.FastCall(FakeTensor, fake_torch, types.SimpleNamespace(), hooks or _Hooks(None),
+    return _launch.FastCall(FakeTensor, lambda t: None, lambda d: 0, hooks or _Hooks(None),
                             {}, 2, ((0, 0, dtype),), floats, (), ((1, dtype),), nvals, layouts,
                             True)
 
@@ -246,13 +243,11 @@ def test_layouts_it_cannot_take_are_refused(layouts, message) -> None:
 
 
 def test_int_range_must_fit_its_parameter() -> None:
-    import types
-
     layouts = ((8, (0,), ((0, "i", 1),)),)
     with pytest.raises(ValueError, match="range does not fit"):
-        _launch.FastCall(FakeTensor, types.SimpleNamespace(), types.SimpleNamespace(),
-                         _Hooks(None), {}, 2, ((0, 0, "f32"),), (), ((1, 1, 0, 1 << 40, False),),
-                         (), 2, layouts, True)
+        _launch.FastCall(FakeTensor, lambda t: None, lambda d: 0, _Hooks(None), {}, 2,
+                         ((0, 0, "f32"),), (), ((1, 1, 0, 1 << 40, False),), (), 2, layouts,
+                         True)
 
 
 def test_a_malformed_entry_is_an_error_not_a_crash(monkeypatch, torch) -> None:
@@ -269,7 +264,7 @@ def test_a_malformed_entry_is_an_error_not_a_crash(monkeypatch, torch) -> None:
     assert fast.call([x, 1.0], None, None) == "slow"      # not a tuple
     assert fast.call((x, 1), None, None) == "slow"        # an int for a float
     assert hooks.slow_calls == 4
-    fast = _launch.FastCall(FakeTensor, None, None, hooks, {0: object()}, 2,
+    fast = _launch.FastCall(FakeTensor, lambda t: None, lambda d: 0, hooks, {0: object()}, 2,
                             ((0, 0, torch.float32),), ((1, 2),), (), ((1, torch.float32),), 3,
                             ((24, (0, 8, 16), ((0, "Q", 0), (8, "Q", 1), (16, "f", 2))),), True)
     with pytest.raises(TypeError, match="hooks.entry"):

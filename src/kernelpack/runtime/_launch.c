@@ -13,7 +13,7 @@
  * (so both paths use the same libcuda and the same default-stream semantics). Until then,
  * launch() raises RuntimeError.
  *
- * Built with the limited C API (abi3), so one build serves every Python from 3.10 on.
+ * Built with the limited C API (abi3), so one build serves every Python from 3.11 on.
  * Optional: when it is not built, runtime/native.py falls back to cuda.bindings.
  */
 #include "_launch.h"

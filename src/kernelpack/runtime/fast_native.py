@@ -120,7 +120,8 @@ def native_torch_call(bp: Any, core: FastCore, slow: Call, torch: Any,
                    for i, slot, lo, hi, sym in ints)
     hooks = Hooks(core, slow, allocate, stream_handle, bp._nvals)
     try:
-        fast = FastCall(torch.Tensor, torch, torch._C, hooks, bp._states, len(bp.bound.inputs),
+        fast = FastCall(torch.Tensor, torch.empty_like, torch._C._cuda_getCurrentRawStream,
+                        hooks, bp._states, len(bp.bound.inputs),
                         tuple(tensors), tuple((i, slot) for i, slot in floats), ints_c,
                         tuple((slot, tok) for slot, _, tok in core.outputs), fill_from,
                         layouts, core.trust_context)
