@@ -1,0 +1,143 @@
+"""Host cost of the C fast path itself, without a GPU (a diagnostic, not a target).
+
+``benchmarks/launch.py`` measures kernelpack's launch overhead on a GPU, where the driver's own
+~3.5 µs per launch is most of every number. This script isolates what kernelpack adds. It
+runs ``_launch.FastCall``, the C fast path of ``runtime/_fastcall.c``, on torch *CPU* tensors.
+Its driver entry is bound to a C function that does nothing and returns 0 (libm's
+``fegetround``: no arguments read, 0 under the default rounding mode). So every read, check
+and packing step of a real call runs, and only the driver call is missing.
+
+Rows:
+
+- ``FastCall.call``: the runtime entry (what ``BoundProgram.call`` is), ``out=`` and allocating.
+- ``Program-like call``: the same through ``_launch.CallBase`` (how ``pack[name](...)`` is
+  called).
+- The torch attribute reads a call makes, each timed from Python, for scale.
+
+The program is ``z = a*x + y`` with n = 1024 float32: the same layout as launch.py's
+``axpby``, built by hand here, and the parameter block is checked before timing.
+
+Usage: ``python benchmarks/fastcall_cpu.py [--number 100000] [--repeat 7]``. It needs the
+built extension (``pip install -e .``) and torch (the CPU wheel is enough). Results are
+printed, not written to RESULTS.md: on a shared CI box they describe the box more than
+kernelpack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import struct
+import sys
+import timeit
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+N = 1024
+LAYOUT = struct.Struct("@QQQfI")  # x, y, z, a, n (as launch.py's axpby)
+
+
+class _Hooks:
+    """What FastCall asks Python for (see runtime/fast_native.py's Hooks)."""
+
+    def __init__(self) -> None:
+        self.slow_calls = 0
+
+    def entry(self, key: tuple) -> tuple:
+        (n,) = key[0]
+        block = LAYOUT.pack(0, 0, 0, 0.0, n)  # n is the planner's value in the real path
+        return ((key[0],), (0,), ((0, (n + 127) // 128, 1, 1, 128, 1, 1, 0, block),))
+
+    def slow(self, args: tuple, out: object, stream: object) -> str:
+        self.slow_calls += 1
+        return "slow"
+
+    def confirm_context(self, st: object) -> None:
+        pass
+
+
+class _State:
+    """A device state: FastCall reads the function handles from ``flat``."""
+
+    flat = [0x1000]
+
+
+def _noop_entry() -> int:
+    name = ctypes.util.find_library("m") or "libm.so.6"
+    return ctypes.cast(ctypes.CDLL(name).fegetround, ctypes.c_void_p).value or 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--number", type=int, default=100_000, help="calls per timing")
+    ap.add_argument("--repeat", type=int, default=7, help="timings per row (the best is shown)")
+    opts = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("fastcall_cpu.py needs torch (the CPU wheel is enough): pip install torch")
+        return 2
+    try:
+        from kernelpack.runtime import _launch
+    except ImportError:
+        print("the C extension kernelpack.runtime._launch is not built (pip install -e .)")
+        return 2
+    _launch.bind(_noop_entry())
+    x, y, z = torch.randn(N), torch.randn(N), torch.empty(N)
+    hooks = _Hooks()
+    offsets = (0, 8, 16, 24, 28)
+    dynamic = ((0, "Q", 0), (8, "Q", 1), (16, "Q", 2), (24, "f", 3))
+    f32 = torch.float32
+    fast = _launch.FastCall(torch.Tensor, torch.empty_like, lambda device: 0, hooks,
+                            {-1: _State()}, 3, ((0, 0, f32), (1, 1, f32)), ((2, 3),), (),
+                            ((2, f32),), 4, ((LAYOUT.size, offsets, dynamic),), True)
+    call = fast.call
+
+    class Bound:
+        pass
+
+    class Program(_launch.CallBase):
+        _kp_bound = None
+
+        def _kp_general_call(self, *args: object, **kwargs: object) -> str:
+            return "general"
+
+    bound = Bound()
+    bound.call = call  # type: ignore[attr-defined]
+    prog = Program()
+    prog._kp_bound = bound
+    args = (x, y, 2.0)
+    # correctness first: the fast path ran (not the fallback) and returned the right objects
+    assert call(args, z, None) is z and prog(x, y, 2.0, out=z) is z
+    made = call(args, None, None)
+    assert made.shape == x.shape and made.dtype == f32 and made.data_ptr() != z.data_ptr()
+    assert fast.fast_calls == 3 and hooks.slow_calls == 0, (fast.fast_calls, hooks.slow_calls)
+
+    rows = {
+        "FastCall.call, out=": lambda: call(args, z, None),
+        "FastCall.call, allocating": lambda: call(args, None, None),
+        "Program-like call, out=": lambda: prog(x, y, 2.0, out=z),
+        "Program-like call, allocating": lambda: prog(x, y, 2.0),
+        "(empty lambda: timing floor)": lambda: None,
+        "(torch.empty_like(x))": lambda: torch.empty_like(x),
+        "(x.shape)": lambda: x.shape,
+        "(x.dtype)": lambda: x.dtype,
+        "(x.is_contiguous())": x.is_contiguous,
+        "(x.get_device())": x.get_device,
+        "(x.data_ptr())": x.data_ptr,
+    }
+    print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, "
+          f"CallBase vectorcall: {bool(_launch.CALL_VECTORCALL)}; best of {opts.repeat} x "
+          f"{opts.number} calls; the driver entry is a no-op")
+    print("| call | µs |\n|---|---:|")
+    for name, fn in rows.items():
+        best = min(timeit.repeat(fn, number=opts.number, repeat=opts.repeat)) / opts.number
+        print(f"| {name} | {best * 1e6:.3f} |")
+    assert hooks.slow_calls == 0
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
