@@ -49,7 +49,20 @@ class _Ctx:
         return dtype
 
     def shape(self, roots: tuple[int, ...], *where: object) -> tuple[Expr, ...]:
-        return tuple(self.root(r, *where, ".shape[", i, "]") for i, r in enumerate(roots))
+        n, exprs = self.n, self.exprs
+        for r in roots:  # the common case in one pass; a bad index is named by root()
+            if not 0 <= r < n:
+                return tuple(self.root(r, *where, ".shape[", i, "]")
+                             for i, r in enumerate(roots))
+        return tuple([exprs[r] for r in roots])
+
+    def dims(self, roots: tuple[int, ...], where: str, field: str) -> tuple[Expr, ...]:
+        """A launch's grid or block: :meth:`root` of each index, without a call per index."""
+        n, exprs = self.n, self.exprs
+        for r in roots:
+            if not 0 <= r < n:
+                return tuple(self.root(v, where, field) for v in roots)
+        return tuple([exprs[r] for r in roots])
 
 
 _PROGRAM = ("name", "symbols", "ops", "imms")
@@ -89,8 +102,7 @@ def _launch(c: _Ctx, ln: Table, where: str) -> Launch:
                           f"{'grid' if grid is None else 'block'}")
     return Launch(
         kernel=kernel, module=module,
-        grid=tuple(c.root(v, where, " grid") for v in grid),
-        block=tuple(c.root(v, where, " block") for v in block),
+        grid=c.dims(grid, where, " grid"), block=c.dims(block, where, " block"),
         args=tuple(args), shared_mem=c.root(smem, where, " shared_mem"),
         count=c.opt_root(count, where, " count"), loop=loop)
 

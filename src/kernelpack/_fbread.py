@@ -95,7 +95,24 @@ def _read(buf: Buffer, fpos: int, cat: str, reader: Any) -> Any:
             t = start + 4 * i + off
             out.append(_UTF8(buf[t + 4:t + 4 + _U32(buf, t)[0]], "strict", True)[0])
         return out
-    return [Table(buf, start + 4 * i + off, reader) for i, off in enumerate(offsets)]
+    return _tables(buf, start, offsets, reader)
+
+
+def _tables(buf: Buffer, start: int, offsets: tuple[int, ...], name: str) -> list["Table"]:
+    """The tables of a vector, made as :class:`Table` would make each (inlined: a decoded
+    summary reads a dozen such vectors, and a constructor call per element is most of it)."""
+    out = []
+    nfields, slots, readers = _NFIELDS[name], _SLOTS[name], _VOFFS
+    new = object.__new__
+    for i, off in enumerate(offsets):
+        pos = start + 4 * i + off
+        vt = pos - _I32(buf, pos)[0]
+        count = (_U16(buf, vt)[0] - 4) // 2
+        t = new(Table)
+        t.buf, t.pos, t.name, t._slots = buf, pos, name, slots
+        t._voffs = readers[count if count < nfields else nfields](buf, vt + 4)
+        out.append(t)
+    return out
 
 
 class Table:

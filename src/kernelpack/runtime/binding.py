@@ -85,13 +85,14 @@ class LaunchSpec(Record):
     """One summary launch's parameter block. ``args``: per slot ``(kind, ref)`` (see the
     ``ARG_`` constants); ``order``: for a ``simple`` launch (no :data:`ARG_VALUE`), the
     value-list position of each slot, and ``getter`` reads them as a tuple. ``size`` and
-    ``offsets`` lay out the block; the shared block itself (``param_buf``, and
+    ``offsets`` lay out the block; the shared block itself is made by :meth:`make_block`
+    when the launch first runs on the general path: ``param_mem`` (the bytes the slots are
+    packed into), ``param_buf`` (a ctypes view of its first byte, for ``addressof``) and
     ``params_addr``, the address of the ``void*`` array pointing at each slot, which lives in
-    the same buffer after the slots) is made by :meth:`make_block` when the launch first runs
-    on the general path."""
+    the same buffer after the slots."""
 
     __slots__ = ("module", "kernel", "index", "args", "layout", "size", "offsets", "simple",
-                 "order", "getter", "param_buf", "params_addr")
+                 "order", "getter", "param_buf", "param_mem", "params_addr")
 
     def __init__(self, module: str, kernel: str, index: int, args: list[tuple[int, int]],
                  codes: list[str]) -> None:
@@ -106,21 +107,26 @@ class LaunchSpec(Record):
         self.order: list[int] = []
         self.getter: Callable[[list], tuple] | None = None
         self.param_buf: Any = None
+        self.param_mem: bytearray | None = None
         self.params_addr = 0
 
     def make_block(self) -> None:
         """Make the shared parameter block (callers hold the program's lock)."""
         # One buffer: the slots at 0, then the ``void*`` array (aligned), written with
-        # struct's native "P". Each ctypes array type (``c_char * n``, ``c_void_p * n``) is
-        # created on first use, ~25 µs apiece inside a process's first call: make only one.
+        # struct's native "P". The memory is a bytearray, its address taken through a
+        # ``c_char`` view: a ctypes array type (``create_string_buffer``'s ``c_char * n``) is
+        # created per new size, 20-50 µs of a program's first call. The view keeps the
+        # bytearray exported, so it can never be resized (moved) under the driver.
         count = len(self.offsets)
         at = -(-self.size // _POINTER_SIZE) * _POINTER_SIZE
-        buf = ctypes.create_string_buffer(max(at + _POINTER_SIZE * count, 1))
-        base = ctypes.addressof(buf)
+        mem = bytearray(max(at + _POINTER_SIZE * count, 1))
+        view = _C_CHAR.from_buffer(mem)
+        base = _addressof(view)
         if count:
-            struct.pack_into(f"@{count}P", buf, at, *[base + o for o in self.offsets])
+            struct.pack_into(f"@{count}P", mem, at, *[base + o for o in self.offsets])
         self.params_addr = base + at if count else 0
-        self.param_buf = buf
+        self.param_mem = mem
+        self.param_buf = view
 
 
 class VariantSpec(Record):
@@ -140,6 +146,8 @@ class VariantSpec(Record):
 
 _SIZES: dict[str, int] = {}
 _POINTER_SIZE = struct.calcsize("@P")
+_C_CHAR = ctypes.c_char
+_addressof = ctypes.addressof
 
 
 def _offsets(codes: list[str]) -> list[int]:

@@ -145,7 +145,18 @@ def init() -> Any:
 _initialized = threading.Event()
 
 
+_version: tuple[Any, int] | None = None  # (driver module, its version)
+
+
 def driver_version() -> int:
-    """``cuDriverGetVersion``: the CUDA version the driver supports (13000 = 13.0)."""
+    """``cuDriverGetVersion``: the CUDA version the driver supports (13000 = 13.0). Asked
+    once per driver module (the loaded driver cannot change under a process): a process's
+    first call needs it twice, for the device and for the launcher's entry point."""
+    global _version
     drv = init()
-    return int(check(drv.cuDriverGetVersion(), "cuDriverGetVersion"))
+    cached = _version
+    if cached is not None and cached[0] is drv:
+        return cached[1]
+    version = int(check(drv.cuDriverGetVersion(), "cuDriverGetVersion"))
+    _version = (drv, version)
+    return version

@@ -156,9 +156,9 @@ def _queue(bp: Any, st: Any, plan: Any, variant: Any, vals: list, cs: Any,
     launch = launcher().launch
     with bp._lock:  # the parameter blocks are shared by every caller of the program
         for ls, func, pl, args in queued:
-            if ls.param_buf is None:
+            if ls.param_mem is None:
                 ls.make_block()
-            ls.layout.pack_into(ls.param_buf, 0, *args)
+            ls.layout.pack_into(ls.param_mem, 0, *args)
             (gx, gy, gz), (bx, by, bz), smem = pl.grid, pl.block, pl.shared_mem
             err, = launch(func, gx, gy, gz, bx, by, bz, smem, cs, ls.params_addr, 0)
             if err:
