@@ -78,6 +78,13 @@ def test_torch_in_torch_out(pack, torch) -> None:
     for n in (1, 255, 256, 257, 100_000):  # shape cache: each size planned once, all correct
         x = torch.randn(n, device="cuda")
         torch.testing.assert_close(pack["axpby"](x, x, 1.0), 2 * x)
+    fast = getattr(bound.call, "__self__", None)
+    if type(fast).__name__ == "FastCall":  # the C fast path (the extension is built)
+        done = fast.fast_calls
+        out = torch.empty(1000, device="cuda")
+        assert pack["axpby"](x[:1000], y, 3.0, out=out) is out
+        torch.testing.assert_close(out, 3.0 * x[:1000] + y)
+        assert fast.fast_calls == done + 1
 
 
 def test_threads_share_a_program(pack, torch) -> None:
@@ -244,6 +251,16 @@ def test_two_devices(pack, torch) -> None:
         assert z.device == x.device
         torch.cuda.synchronize(x.device)
         torch.testing.assert_close(z, 2 * x)
+    for _ in range(3):  # warm calls alternate devices on the fast path
+        for dev in ("cuda:0", "cuda:1"):
+            x = torch.randn(1000, device=dev)
+            out = torch.empty_like(x)
+            assert pack["axpby"](x, x, 2.0, out=out) is out
+            z = pack["axpby"](x, x, 0.5)
+            assert z.device == x.device
+            torch.cuda.synchronize(x.device)
+            torch.testing.assert_close(out, 3 * x)
+            torch.testing.assert_close(z, 1.5 * x)
     with pytest.raises(LaunchError, match="device"):
         pack["axpby"](torch.randn(4, device="cuda:0"), torch.randn(4, device="cuda:1"), 1.0)
     assert library.loaded_libraries()

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Sequence
+import weakref
+from typing import Any, Callable, Sequence
 
 from ..errors import LaunchError
 from . import driver as _drv
@@ -52,7 +53,6 @@ class BoundProgram:
     """A program ready to launch; made once per program by :func:`bind`."""
 
     def __init__(self, program: Any) -> None:
-        self.program = program
         self.name = program.summary.name
         self.bound = BoundSummary(program.summary)
         self.modules = _modules_of(program)
@@ -233,7 +233,12 @@ def _out_adapter(out: Any) -> Adapter | None:
     return adapter_for(first)
 
 
-_bound: dict[int, tuple[Any, BoundProgram]] = {}
+# Bound programs of objects that cannot hold attributes (frozen ``kp.Compiled``), by
+# identity: ``id -> (reference to the program, its BoundProgram)``. The reference is weak where
+# the object allows, so a Compiled that is dropped takes its entry with it (a process that
+# compiles and calls many kernels would otherwise keep every one); a BoundProgram holds no
+# reference to its program, or the entry would keep the program alive.
+_bound: dict[int, tuple[Callable[[], Any], BoundProgram]] = {}
 _bind_lock = threading.Lock()
 
 
@@ -245,11 +250,30 @@ def bind(program: Any) -> BoundProgram:
         return bp
     with _bind_lock:
         hit = _bound.get(id(program))
-        if hit is not None and hit[0] is program:
+        if hit is not None and hit[0]() is program:
             return hit[1]
         bp = BoundProgram(program)
         try:
             program._kp_bound = bp
         except (AttributeError, TypeError):
-            _bound[id(program)] = (program, bp)
+            _bound[id(program)] = (_reference(program), bp)
     return bp
+
+
+def _reference(program: Any) -> Callable[[], Any]:
+    """A weak reference to ``program`` that removes its ``_bound`` entry when the program
+    goes; a strong one (the entry then lives as long as the process) where weak references
+    are not supported."""
+    key = id(program)
+
+    def forget(ref: weakref.ref) -> None:
+        # runs from the collector, maybe while this thread holds _bind_lock: no lock here;
+        # only the entry made with this reference is removed (the id may be reused already)
+        hit = _bound.get(key)
+        if hit is not None and hit[0] is ref:
+            del _bound[key]
+
+    try:
+        return weakref.ref(program, forget)
+    except TypeError:
+        return lambda: program
