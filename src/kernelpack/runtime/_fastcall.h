@@ -1,0 +1,158 @@
+/*
+ * Shared by the C fast path's files: _fastcall.c (the call), _fastcall_spec.c (building a
+ * FastCall from what runtime/fast_native.py hands over) and _callbase.c (Program's call).
+ * See _fastcall.c for what the fast path does and why.
+ */
+#ifndef KERNELPACK_FASTCALL_H
+#define KERNELPACK_FASTCALL_H
+
+#include "_launch.h"
+
+#include <float.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Exported by CPython since 3.9, but in the limited API only from 3.12: declared here so that
+ * the abi3 build (Py_LIMITED_API 3.11) can call methods without a bound-method object. */
+#if defined(Py_LIMITED_API) && Py_LIMITED_API + 0 < 0x030C0000
+PyAPI_FUNC(PyObject *) PyObject_VectorcallMethod(PyObject *name, PyObject *const *args,
+                                                 size_t nargsf, PyObject *kwnames);
+#endif
+/* The same for PyObject_Vectorcall: exported since 3.11 (setup.py builds the extension only
+ * for 3.11 and later). */
+#if defined(Py_LIMITED_API) && Py_LIMITED_API + 0 < 0x030C0000
+PyAPI_FUNC(PyObject *) PyObject_Vectorcall(PyObject *callable, PyObject *const *args,
+                                           size_t nargsf, PyObject *kwnames);
+#endif
+#ifndef PY_VECTORCALL_ARGUMENTS_OFFSET
+#define PY_VECTORCALL_ARGUMENTS_OFFSET ((size_t)1 << (8 * sizeof(size_t) - 1))
+#endif
+
+#if defined(_MSC_VER)
+#define KP_THREAD_LOCAL __declspec(thread)
+#else
+#define KP_THREAD_LOCAL _Thread_local
+#endif
+
+/* Limits of what a FastCall takes on (larger programs keep the Python fast path). */
+#define MAX_VALUES 256        /* value slots a call writes (tensors, outputs, scalars) */
+#define MAX_PARAM_BYTES 4096  /* one launch's parameter block: the classic CUDA limit */
+#define MAX_PARAMS 512        /* one launch's parameters */
+#define MAX_KEY 64            /* tensors + symbol scalars in the plan-cache key */
+#define MAX_LAUNCHES 64       /* launches of all variants together */
+#define ENTRY_CACHE_SIZE 256  /* distinct keys kept; cleared when full, as fastpath.py does */
+
+typedef union {
+    uint64_t u;
+    int64_t i;
+    double d;
+} Value;
+
+enum { KIND_NONE = 0, KIND_POINTER, KIND_FLOAT, KIND_INT };
+
+typedef struct {
+    Py_ssize_t arg; /* position in the call's arguments */
+    int slot;       /* value slot */
+    PyObject *dtype;
+} TensorIn;
+
+typedef struct {
+    Py_ssize_t arg;
+    int slot;
+    int as_f32; /* some parameter takes it as float32: a value too large for it falls back */
+} FloatIn;
+
+typedef struct {
+    Py_ssize_t arg;
+    int slot;
+    int64_t lo, hi; /* the dtype's range, clipped to int64 (larger values fall back) */
+    int is_symbol;  /* part of the plan-cache key */
+} IntIn;
+
+typedef struct {
+    int slot;
+    PyObject *dtype;
+} OutSpec;
+
+typedef struct {
+    uint32_t offset;
+    char code; /* struct code */
+    int value; /* value slot */
+} DynParam;
+
+typedef struct {
+    Py_ssize_t size;
+    int nparams;
+    uint32_t *offsets;
+    int ndyn;
+    DynParam *dyn; /* the parameters read from the call; the others come from the template */
+} Layout;
+
+typedef struct {
+    int j; /* which layout / function */
+    unsigned int dims[7];
+    unsigned char *tmpl; /* layouts[j].size bytes */
+} EntryLaunch;
+
+typedef struct {
+    PyObject *shapes;   /* tuple of the outputs' shapes */
+    Py_ssize_t *likes;  /* per output: argument to allocate it like, or -1 */
+    int nlaunch;
+    EntryLaunch *launches;
+} Entry;
+
+/* How a tensor's attribute or method is read. Looked up once on the tensor type: a data
+ * descriptor (torch's getset `dtype`, `shape`) is called through its getter and a method
+ * (`data_ptr`, ...) through vectorcall, skipping the type and instance-dict lookups of every
+ * attribute access (a sixth of the C path's own time). Names the type does not define
+ * (attributes set per instance) are read the generic way. An instance attribute shadowing a
+ * method of the exact tensor type is not honoured (torch tensors have none). */
+typedef struct {
+    PyObject *name;
+    PyObject *descr;    /* NULL: generic lookup */
+    descrgetfunc get;   /* attributes: the descriptor's getter */
+} Access;
+
+typedef struct {
+    Access dtype, shape, is_contiguous, get_device, data_ptr;
+} Reader;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *tensor_type, *empty_like, *raw_stream, *hooks, *states, *cache;
+    Reader rd;
+    Py_ssize_t n_in;
+    int ntensors, nfloats, nints, nouts, nsymbols, nvalues, nlayouts, trust_context;
+    TensorIn *tensors;
+    FloatIn *floats;
+    IntIn *ints;
+    OutSpec *outs;
+    Layout *layouts;
+    PyObject *last_state; /* the device state whose function handles are in last_funcs */
+    void **last_funcs;
+    Py_ssize_t fast_calls; /* calls completed here (tests check which path ran) */
+} FastCall;
+
+static inline PyObject *call_method(PyObject *name, PyObject *const *args, size_t n) {
+    return PyObject_VectorcallMethod(name, args, n | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static inline PyObject *call_method0(PyObject *self, PyObject *name) {
+    return PyObject_VectorcallMethod(name, &self, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* _fastcall_spec.c: the FastCall type's construction and lifetime slots. */
+PyObject *kp_fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs);
+int kp_fastcall_traverse(FastCall *self, visitproc visit, void *arg);
+int kp_fastcall_clear(FastCall *self);
+void kp_fastcall_dealloc(FastCall *self);
+
+/* _callbase.c: adds CallBase and CALL_VECTORCALL to the module; -1 on error. */
+int kp_callbase_init(PyObject *module);
+
+/* _fastcall.c: an interned string into *where; -1 on error. */
+int kp_intern(PyObject **where, const char *text);
+
+#endif
