@@ -54,8 +54,8 @@ class _Hooks:
         self.slow_calls += 1
         return "slow"
 
-    def confirm_context(self, st: object) -> None:
-        pass
+    def context_was_lost(self, st: object) -> bool:
+        return False
 
 
 class _State:

@@ -32,6 +32,13 @@ static int take_keyword(PyObject *key, PyObject *value, PyObject **a) {
     return 1;
 }
 
+/* The call is not for the fast path: drop `bound` (a reference the caller owned) and return
+ * self._kp_general_call. */
+static PyObject *general_method(PyObject *self, PyObject *bound) {
+    Py_DECREF(bound);
+    return PyObject_GetAttr(self, s_general_call);
+}
+
 static PyObject *callbase_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     PyObject *bound = PyObject_GetAttr(self, s_kp_bound), *method, *result;
     if (bound == NULL)
@@ -53,8 +60,7 @@ static PyObject *callbase_call(PyObject *self, PyObject *args, PyObject *kwargs)
             return result;
         }
     }
-    Py_DECREF(bound);
-    method = PyObject_GetAttr(self, s_general_call);
+    method = general_method(self, bound);
     if (method == NULL)
         return NULL;
     result = PyObject_Call(method, args, kwargs);
@@ -103,8 +109,7 @@ static PyObject *callbase_vectorcall(PyObject *self, PyObject *const *args, size
             return result;
         }
     }
-    Py_DECREF(bound);
-    method = PyObject_GetAttr(self, s_general_call);
+    method = general_method(self, bound);
     if (method == NULL)
         return NULL;
     result = PyObject_Vectorcall(method, args, nargsf & ~PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);

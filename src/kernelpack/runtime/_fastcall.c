@@ -33,7 +33,7 @@
 
 static PyTypeObject *FastCallType = NULL;
 
-static PyObject *s_flat, *s_allocate, *s_entry, *s_confirm_context, *s_recover,
+static PyObject *s_flat, *s_allocate, *s_entry, *s_context_was_lost,
     *s_launch_failed, *s_slow, *s_stream_handle;
 
 /* The remembered context (see the top): valid while epoch matches context_epoch. */
@@ -42,6 +42,14 @@ static KP_THREAD_LOCAL long tls_epoch = 0;
 static KP_THREAD_LOCAL long tls_device = -1;
 
 /* ---- small helpers ------------------------------------------------------------------------ */
+
+/* hooks.<name>(arg): a new reference, NULL with an exception set. */
+static PyObject *call_hook(FastCall *self, PyObject *name, PyObject *arg) {
+    PyObject *a[2];
+    a[0] = self->hooks;
+    a[1] = arg;
+    return call_method(name, a, 2);
+}
 
 static PyObject *read_attr(const Access *a, PyObject *obj) {
     if (a->get != NULL)
@@ -241,13 +249,10 @@ static Entry *entry_from(FastCall *self, PyObject *answer) {
  * error. */
 static PyObject *entry_for(FastCall *self, PyObject *key) {
     PyObject *capsule = PyDict_GetItemWithError(self->cache, key), *answer;
-    PyObject *args[2];
     Entry *e;
     if (capsule != NULL || PyErr_Occurred())
         return capsule;
-    args[0] = self->hooks;
-    args[1] = key;
-    answer = call_method(s_entry, args, 2);
+    answer = call_hook(self, s_entry, key);
     if (answer == NULL)
         return NULL;
     if (answer == Py_None) {
@@ -347,9 +352,7 @@ static int recover(FastCall *self, int err, PyObject *st, long device, uint64_t 
     int k;
     if (sh < 3 && tls_epoch == context_epoch && tls_device == device) {
         tls_device = -1;
-        args[0] = self->hooks;
-        args[1] = st;
-        r = call_method(s_recover, args, 2);
+        r = call_hook(self, s_context_was_lost, st);
         if (r == NULL)
             return -1;
         k = PyObject_IsTrue(r);
@@ -514,14 +517,9 @@ static int check_out(FastCall *self, const Entry *e, PyObject *out, long device,
 /* The raw stream handle: the caller's stream= (hooks.stream_handle), else torch's current
  * stream of the device. -1 with an exception set on failure. */
 static int stream_of(FastCall *self, PyObject *stream, PyObject *device_obj, uint64_t *sh) {
-    PyObject *a[2], *r;
-    if (stream == Py_None) {
-        r = PyObject_Vectorcall(self->raw_stream, &device_obj, 1, NULL);
-    } else {
-        a[0] = self->hooks;
-        a[1] = stream;
-        r = call_method(s_stream_handle, a, 2);
-    }
+    PyObject *r = stream == Py_None
+                      ? PyObject_Vectorcall(self->raw_stream, &device_obj, 1, NULL)
+                      : call_hook(self, s_stream_handle, stream);
     if (r == NULL)
         return -1;
     *sh = (uint64_t)PyLong_AsUnsignedLongLong(r);
@@ -536,10 +534,7 @@ static int launch_all(FastCall *self, const Entry *e, PyObject *st, long device,
     void **funcs, *use[MAX_LAUNCHES];
     int k;
     if (sh < 3 && !(tls_epoch == context_epoch && tls_device == device)) {
-        PyObject *a[2], *r;
-        a[0] = self->hooks;
-        a[1] = st;
-        r = call_method(s_confirm_context, a, 2);
+        PyObject *r = call_hook(self, s_context_was_lost, st);
         if (r == NULL)
             return -1;
         Py_DECREF(r);
@@ -676,9 +671,9 @@ static PyType_Slot fastcall_slots[] = {
     {Py_tp_clear, kp_fastcall_clear},
     {Py_tp_methods, fastcall_methods},
     {Py_tp_getset, fastcall_getset},
-    {Py_tp_doc, "FastCall(tensor_type, empty_like, raw_stream, hooks, states, n_in, tensors, floats, "
-                "ints, outputs, n_values, layouts, trust_context): the PyTorch fast path of one "
-                "program (built by runtime/fast_native.py)."},
+    {Py_tp_doc, "FastCall(tensor_type, empty_like, raw_stream, hooks, states, n_in, tensors, "
+                "floats, ints, outputs, n_values, layouts, trust_context): the PyTorch fast "
+                "path of one program (built by runtime/fast_native.py)."},
     {0, NULL},
 };
 
@@ -709,8 +704,8 @@ int kp_intern(PyObject **where, const char *text) {
 int kp_fastcall_init(PyObject *module) {
     if (kp_intern(&s_flat, "flat") < 0 ||
         kp_intern(&s_allocate, "allocate") < 0 || kp_intern(&s_entry, "entry") < 0 ||
-        kp_intern(&s_confirm_context, "confirm_context") < 0 ||
-        kp_intern(&s_recover, "recover") < 0 || kp_intern(&s_launch_failed, "launch_failed") < 0 ||
+        kp_intern(&s_context_was_lost, "context_was_lost") < 0 ||
+        kp_intern(&s_launch_failed, "launch_failed") < 0 ||
         kp_intern(&s_slow, "slow") < 0 || kp_intern(&s_stream_handle, "stream_handle") < 0)
         return -1;
     if (kp_callbase_init(module) < 0)

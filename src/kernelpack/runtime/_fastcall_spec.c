@@ -125,9 +125,24 @@ static int slot_ok(FastCall *self, long slot, unsigned char *kinds, int kind) {
     return 0;
 }
 
+/* A row's (argument position, value slot), both checked; the slot is marked as `kind`. */
+static int arg_and_slot(FastCall *self, PyObject *row, unsigned char *kinds, int kind,
+                        const char *bad_arg, Py_ssize_t *arg, int *slot) {
+    long a, s;
+    if (int_item(row, 0, &a) < 0 || int_item(row, 1, &s) < 0)
+        return -1;
+    if (a < 0 || a >= self->n_in)
+        return bad(bad_arg);
+    if (slot_ok(self, s, kinds, kind) < 0)
+        return -1;
+    *arg = a;
+    *slot = (int)s;
+    return 0;
+}
+
 static int read_inputs(FastCall *self, PyObject *tensors, PyObject *floats, PyObject *ints,
                        PyObject *outs, unsigned char *kinds) {
-    long a, s;
+    long s;
     int k;
     if (rows(tensors, 3, "tensors must be (arg, slot, dtype) rows", &self->ntensors) < 0 ||
         rows(floats, 2, "floats must be (arg, slot) rows", &self->nfloats) < 0 ||
@@ -148,46 +163,29 @@ static int read_inputs(FastCall *self, PyObject *tensors, PyObject *floats, PyOb
     }
     for (k = 0; k < self->ntensors; k++) {
         PyObject *row = PyTuple_GetItem(tensors, k);
-        if (int_item(row, 0, &a) < 0 || int_item(row, 1, &s) < 0)
+        if (arg_and_slot(self, row, kinds, KIND_POINTER,
+                         "a tensor's argument position is out of range", &self->tensors[k].arg,
+                         &self->tensors[k].slot) < 0)
             return -1;
-        if (a < 0 || a >= self->n_in)
-            return bad("a tensor's argument position is out of range");
-        if (slot_ok(self, s, kinds, KIND_POINTER) < 0)
-            return -1;
-        self->tensors[k].arg = a;
-        self->tensors[k].slot = (int)s;
         self->tensors[k].dtype = PyTuple_GetItem(row, 2);
         Py_INCREF(self->tensors[k].dtype);
     }
     for (k = 0; k < self->nfloats; k++) {
-        PyObject *row = PyTuple_GetItem(floats, k);
-        if (int_item(row, 0, &a) < 0 || int_item(row, 1, &s) < 0)
+        if (arg_and_slot(self, PyTuple_GetItem(floats, k), kinds, KIND_FLOAT,
+                         "a float's argument position is out of range", &self->floats[k].arg,
+                         &self->floats[k].slot) < 0)
             return -1;
-        if (a < 0 || a >= self->n_in)
-            return bad("a float's argument position is out of range");
-        if (slot_ok(self, s, kinds, KIND_FLOAT) < 0)
-            return -1;
-        self->floats[k].arg = a;
-        self->floats[k].slot = (int)s;
     }
     for (k = 0; k < self->nints; k++) {
         PyObject *row = PyTuple_GetItem(ints, k);
         IntIn *ii = &self->ints[k];
-        long long lo, hi;
-        if (int_item(row, 0, &a) < 0 || int_item(row, 1, &s) < 0)
+        if (arg_and_slot(self, row, kinds, KIND_INT, "an int's argument position is out of range",
+                         &ii->arg, &ii->slot) < 0)
             return -1;
-        if (a < 0 || a >= self->n_in)
-            return bad("an int's argument position is out of range");
-        if (slot_ok(self, s, kinds, KIND_INT) < 0)
-            return -1;
-        lo = PyLong_AsLongLong(PyTuple_GetItem(row, 2));
-        hi = PyLong_AsLongLong(PyTuple_GetItem(row, 3));
+        ii->lo = PyLong_AsLongLong(PyTuple_GetItem(row, 2));
+        ii->hi = PyLong_AsLongLong(PyTuple_GetItem(row, 3));
         if (PyErr_Occurred())
             return -1;
-        ii->arg = a;
-        ii->slot = (int)s;
-        ii->lo = lo;
-        ii->hi = hi;
         ii->is_symbol = PyObject_IsTrue(PyTuple_GetItem(row, 4));
         if (ii->is_symbol < 0)
             return -1;

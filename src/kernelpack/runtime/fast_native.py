@@ -27,9 +27,14 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 class Hooks:
     """What ``FastCall`` asks Python for: per key the launch entry, output allocation for
-    shapes no input has, the context checks, the launch error, and the fallback."""
+    shapes no input has, the context check, the launch error, and the fallback.
 
-    __slots__ = ("core", "slow", "allocate", "stream_handle", "_nvals", "_sizes")
+    ``context_was_lost(st)`` is :meth:`FastCore.context_was_lost`: asked before a launch on a
+    default stream whose context the thread has not confirmed (the answer is ignored), and
+    after a failed launch on a remembered one (True: it was set again, launch once more)."""
+
+    __slots__ = ("core", "slow", "allocate", "stream_handle", "context_was_lost", "_nvals",
+                 "_sizes")
 
     def __init__(self, core: FastCore, slow: Call, allocate: Callable[..., Any],
                  stream_handle: Callable[[Any], int], nvals: int) -> None:
@@ -37,6 +42,7 @@ class Hooks:
         self.slow = slow
         self.allocate = allocate
         self.stream_handle = stream_handle
+        self.context_was_lost = core.context_was_lost
         self._nvals = nvals
         self._sizes = [size for size, _ in core.layouts]
 
@@ -63,15 +69,6 @@ class Hooks:
                 return None
             launches.append((j, gx, gy, gz, bx, by, bz, smem, bytes(block)))
         return shapes, likes, tuple(launches)
-
-    def confirm_context(self, st: Any) -> None:
-        """Make the device's primary context current on this thread if it is not."""
-        self.core.context_was_lost(st)
-
-    def recover(self, st: Any) -> bool:
-        """After a failed launch on a remembered context: whether it had changed (it is set
-        again, and the launch is worth repeating)."""
-        return self.core.context_was_lost(st)
 
     def launch_failed(self, err: int, j: int, gx: int, gy: int, gz: int, bx: int, by: int,
                       bz: int, smem: int) -> None:

@@ -228,9 +228,8 @@ class FastCore:
 
     def launch_error(self, err: Any, j: int, grid: tuple, block: tuple, smem: int) -> Exception:
         """The LaunchError (or DeviceError, ...) for launch ``j`` failing with ``err``."""
-        exc = self.error_for(err, f"{self.name}: launching {self.launches[j][2]} with grid "
-                                  f"{grid} block {block} shared_mem {smem}")
-        return exc
+        return self.error_for(err, f"{self.name}: launching {self.launches[j][2]} with grid "
+                                   f"{grid} block {block} shared_mem {smem}")
 
     def relaunch(self, err: Any, st: Any, ts: ThreadState, device: int, sh: int, item: tuple,
                  cs: Any) -> None:
