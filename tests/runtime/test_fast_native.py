@@ -292,15 +292,11 @@ def test_call_base_forwards_to_the_bound_call() -> None:
     assert p(1, out=3, x=2) == ("general", (1,), {"out": 3, "x": 2})
 
 
-def test_calls_leave_no_references_behind(monkeypatch, torch) -> None:
-    """Reference counts of everything a call touches are unchanged after many calls, on the
-    allocating, out= and fallback branches (a leak in C would grow them per call)."""
-    _driver(monkeypatch)
-    prog = _scalars_program()
-    x = FakeTensor([1.0, 2.0], torch.float32)
-    z = FakeTensor([0.0, 0.0], torch.float32)
+def _assert_calls_leave_no_references(prog, x, z, watched: tuple) -> None:
+    """Flat reference counts of ``watched`` over 200 rounds of calls on the allocating,
+    out=, explicit-stream and fallback branches (a leak in C would grow them per call)."""
     values = [v for _, _, _, v in SCALARS]
-    watched = (x, z, torch.float32, x.shape, values[1], values[-1])
+    watched = (*watched, values[1], values[-1])
 
     def counts() -> list:
         return [sys.getrefcount(o) for o in watched]
@@ -313,8 +309,53 @@ def test_calls_leave_no_references_behind(monkeypatch, torch) -> None:
 
     calls()
     calls()  # caches filled (the planners keep shapes of the keys they saw)
+    assert type(_fast(prog)).__name__ == "FastCall"
+    gc.collect()  # earlier tests' programs still referencing the shared SCALARS values
     before = counts()
     for _ in range(200):
         calls()
     assert counts() == before
     assert _fast(prog).fast_calls == 2 + 3 + 600  # the very first call binds (general path)
+
+
+def test_calls_leave_no_references_behind(monkeypatch, torch) -> None:
+    _driver(monkeypatch)
+    x = FakeTensor([1.0, 2.0], torch.float32)
+    z = FakeTensor([0.0, 0.0], torch.float32)
+    _assert_calls_leave_no_references(_scalars_program(), x, z,
+                                      (x, z, torch.float32, x.shape))
+
+
+# ---- cupy arrays -------------------------------------------------------------------------
+def test_flavor_and_current_device_are_checked() -> None:
+    from test_fastpath_fake import NDArray
+
+    args = (NDArray, lambda a: None, lambda: None, _Hooks(None), {}, 2, ((0, 0, "f32"),),
+            ((1, 2),), (), ((1, "f32"),), 3,
+            ((24, (0, 8, 16), ((0, "Q", 0), (8, "Q", 1), (16, "f", 2))),), True)
+    assert type(_launch.FastCall(*args, "cupy", lambda: 0)).__name__ == "FastCall"
+    with pytest.raises(ValueError, match="flavor must be 'torch' or 'cupy'"):
+        _launch.FastCall(*args, "numpy", lambda: 0)
+    with pytest.raises(TypeError, match="current_device is a callable for cupy"):
+        _launch.FastCall(*args, "cupy")                    # cupy needs the getter
+    with pytest.raises(TypeError, match="current_device is a callable for cupy"):
+        _launch.FastCall(*args, "torch", lambda: 0)        # torch takes none
+    with pytest.raises(TypeError, match="current_device is a callable for cupy"):
+        _launch.FastCall(*args, "cupy", 0)
+
+
+def test_cupy_calls_leave_no_references_behind(monkeypatch) -> None:
+    from test_fastpath_fake import NDArray, _install_cupy
+
+    cupy = _install_cupy(monkeypatch)
+    _driver(monkeypatch)
+    x, z = NDArray([1.0, 2.0]), NDArray([0.0, 0.0])
+    _assert_calls_leave_no_references(_scalars_program(), x, z,
+                                      (x, z, x.dtype, x.data, cupy.current.stream))
+    assert z.values() == [1.0, 2.0]
+
+
+def test_flavor_and_hooks_are_readable() -> None:
+    hooks = _Hooks(None)
+    fast = _make(hooks=hooks)
+    assert fast.flavor == "torch" and fast.hooks is hooks

@@ -4,6 +4,7 @@ back (with the general path's errors) whenever a call does not fit it."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import struct
 import sys
@@ -163,6 +164,8 @@ class _Mem:
 
 
 class NDArray:
+    _c_contiguous = True  # on the type, as CuPy's stored flag is: the C path reads it
+
     def __init__(self, values: list, dtype: str = "float32", shape: tuple | None = None,
                  contiguous: bool = True) -> None:
         import numpy
@@ -175,6 +178,7 @@ class NDArray:
                                                 max(1, 4 * len(values)))
         self.data = _Mem(ctypes.addressof(self._buf), 0)
         self.flags = types.SimpleNamespace(c_contiguous=contiguous)
+        self.__dict__["_c_contiguous"] = contiguous  # (a subclass may make it a property)
 
     def values(self) -> list:
         return list(struct.unpack(f"<{_prod(self.shape)}{self._fmt}",
@@ -191,9 +195,19 @@ def _install_cupy(monkeypatch):
     mod.ndarray = NDArray
     mod.empty = lambda shape, dtype: NDArray([0] * _prod(shape), str(dtype), tuple(shape))
     mod.empty_like = lambda a: NDArray([0] * _prod(a.shape), str(a.dtype), a.shape)
-    stream = types.SimpleNamespace(ptr=0)
-    mod.cuda = types.SimpleNamespace(get_current_stream=lambda device=None: stream,
-                                     runtime=types.SimpleNamespace(getDevice=lambda: 0))
+    mod.current = types.SimpleNamespace(device=0, stream=types.SimpleNamespace(ptr=0))
+    @contextlib.contextmanager
+    def device(index: int):  # cupy.cuda.Device(index) as a context manager
+        before, mod.current.device = mod.current.device, index
+        try:
+            yield
+        finally:
+            mod.current.device = before
+
+    mod.cuda = types.SimpleNamespace(get_current_stream=lambda device=None: mod.current.stream,
+                                     runtime=types.SimpleNamespace(
+                                         getDevice=lambda: mod.current.device),
+                                     Device=device)
     monkeypatch.setitem(sys.modules, "cupy", mod)
     from kernelpack.runtime import arrays, launcher
     monkeypatch.setattr(arrays, "_adapters", {})
@@ -201,21 +215,52 @@ def _install_cupy(monkeypatch):
     return mod
 
 
-def test_cupy_fast_path(fake, cupy) -> None:
+def test_cupy_fast_path(fake, cupy, launch_path) -> None:
     prog = axpby()
     x, y = NDArray([1.0, 2.0]), NDArray([10.0, 20.0])
     first = call_program(prog, x, y, 2.0)
     from kernelpack.runtime.launcher import bind
     bound = bind(prog)
     assert bound.call != bound.__call__
-    second = call_program(prog, x, y, 2.0)
+    second = call_program(prog, x, y, 2.0)  # builds the fast path, then takes it
+    fast = getattr(bound.call, "__self__", None)
+    assert (type(fast).__name__ == "FastCall") == (launch_path == "C")
     assert isinstance(second, NDArray) and first.values() == second.values() == [12.0, 24.0]
     z = NDArray([0.0, 0.0])
     assert call_program(prog, x, y, 1.0, out=z) is z and z.values() == [11.0, 22.0]
+    cupy.current.stream = types.SimpleNamespace(ptr=0x55)  # CuPy's current stream is used
+    assert call_program(prog, x, y, 1.0, out=z) is z
+    assert [c[5] for c in fake.calls if c[0] == "cuLaunchKernel"][-1] == 0x55
+    if launch_path == "C":
+        assert fast.fast_calls == 3 and fast.entries == 1
     with pytest.raises(LaunchError, match="'x' has dtype int32"):
         call_program(prog, NDArray([1, 2], "int32"), y, 1.0)
     with pytest.raises(LaunchError, match="'y' is not C-contiguous"):
         call_program(prog, x, NDArray([1.0, 2.0], contiguous=False), 1.0)
+    with pytest.raises(LaunchError, match="out 'z' has shape"):
+        call_program(prog, x, y, 1.0, out=NDArray([0.0] * 3))
+    if launch_path == "C":
+        assert fast.fast_calls == 3  # none of those was launched here
+
+
+def test_cupy_arrays_off_the_current_device_take_the_general_path(fake, cupy,
+                                                                 launch_path) -> None:
+    prog = axpby()
+    x, y = NDArray([1.0, 2.0]), NDArray([10.0, 20.0])
+    call_program(prog, x, y, 2.0)
+    call_program(prog, x, y, 2.0)  # builds the fast path, then takes it
+    from kernelpack.runtime.launcher import bind
+    fast = getattr(bind(prog).call, "__self__", None)
+    start = fast.fast_calls if launch_path == "C" else 0
+    cupy.current.device = 1  # CuPy would allocate and stream on device 1: not the arrays'
+    try:
+        assert call_program(prog, x, y, 2.0).values() == [12.0, 24.0]
+    finally:
+        cupy.current.device = 0
+    if launch_path == "C":
+        assert fast.fast_calls == start
+        call_program(prog, x, y, 2.0)
+        assert fast.fast_calls == start + 1
 
 
 def test_framework_imported_after_binding_gets_a_fast_path(fake, torch, monkeypatch) -> None:
@@ -231,10 +276,19 @@ def test_framework_imported_after_binding_gets_a_fast_path(fake, torch, monkeypa
     assert call_program(prog, NDArray([2.0]), NDArray([2.0]), 1.0).values() == [4.0]
 
 
-def test_both_frameworks_dispatch(fake, torch, cupy) -> None:
+def test_both_frameworks_dispatch(fake, torch, cupy, launch_path) -> None:
     prog = axpby()
     t = call_program(prog, Tensor([1.0], torch.float32), Tensor([1.0], torch.float32), 1.0)
     c = call_program(prog, NDArray([1.0]), NDArray([2.0]), 1.0)
     t2 = call_program(prog, Tensor([2.0], torch.float32), Tensor([1.0], torch.float32), 1.0)
     assert (t.values(), c.values(), t2.values()) == ([2.0], [3.0], [3.0])
     assert isinstance(c, NDArray) and isinstance(t2, Tensor)
+    if launch_path == "C":  # torch's C path falls back to cupy's, which falls back to Python
+        from kernelpack.runtime.launcher import bind
+
+        torch_fast = bind(prog).call.__self__
+        cupy_fast = torch_fast.hooks.slow.__self__
+        assert (torch_fast.flavor, cupy_fast.flavor) == ("torch", "cupy")
+        done = cupy_fast.fast_calls
+        assert call_program(prog, NDArray([3.0]), NDArray([2.0]), 1.0).values() == [5.0]
+        assert cupy_fast.fast_calls == done + 1

@@ -163,6 +163,19 @@ def test_cuda_graph_capture_with_out(pack, torch) -> None:
     torch.testing.assert_close(z, 2.0 * x + y)
 
 
+def _fast_call(call, flavor: str):
+    """The C ``FastCall`` taking ``flavor`` arrays in the chain of fast paths starting at
+    ``call`` (torch's falls back to cupy's), or None."""
+    while call is not None:
+        fast = getattr(call, "__self__", None)
+        if type(fast).__name__ != "FastCall":
+            return None
+        if fast.flavor == flavor:
+            return fast
+        call = fast.hooks.slow
+    return None
+
+
 def test_cupy_in_cupy_out(pack, cupy) -> None:
     x = cupy.arange(513, dtype=cupy.float32)
     y = cupy.full(513, 2.0, dtype=cupy.float32)
@@ -171,6 +184,14 @@ def test_cupy_in_cupy_out(pack, cupy) -> None:
     cupy.testing.assert_allclose(z, 3.0 * x + y)
     assert "cupy" in pack["axpby"]._kp_bound._fast_for  # fast path rebuilt for cupy
     cupy.testing.assert_allclose(pack["axpby"](x, y, 3.0), 3.0 * x + y)
+    fast = _fast_call(pack["axpby"]._kp_bound.call, "cupy")
+    if fast is not None:  # the C fast path (the extension is built) takes cupy arrays
+        done = fast.fast_calls
+        out = cupy.empty_like(x)
+        assert pack["axpby"](x, y, 5.0, out=out) is out
+        cupy.testing.assert_allclose(out, 5.0 * x + y)
+        cupy.testing.assert_allclose(pack["axpby"](x, y, 6.0), 6.0 * x + y)
+        assert fast.fast_calls == done + 2
     s = cupy.cuda.Stream(non_blocking=True)
     out = cupy.empty_like(x)
     pack["axpby"](x, y, 1.0, out=out, stream=s)

@@ -34,7 +34,7 @@
 static PyTypeObject *FastCallType = NULL;
 
 static PyObject *s_flat, *s_allocate, *s_entry, *s_context_was_lost,
-    *s_launch_failed, *s_slow, *s_stream_handle;
+    *s_launch_failed, *s_slow, *s_stream_handle, *s_ptr, *s_device_id;
 
 /* The remembered context (see the top): valid while epoch matches context_epoch. */
 static long context_epoch = 1;
@@ -88,26 +88,98 @@ static uint64_t pointer_of(const Reader *rd, PyObject *obj) {
     return (uint64_t)p;
 }
 
-/* 1: obj.dtype is dtype; 0: not; -1: error. */
-static int has_dtype(const Reader *rd, PyObject *obj, PyObject *dtype) {
-    PyObject *d = read_attr(&rd->dtype, obj);
+/* 1: r is expected; 0: not; -1: r is NULL (an error is set). Takes r's reference. */
+static int is_object(PyObject *r, PyObject *expected) {
     int same;
-    if (d == NULL)
+    if (r == NULL)
         return -1;
-    same = d == dtype;
-    Py_DECREF(d);
+    same = r == expected;
+    Py_DECREF(r);
     return same;
 }
 
-/* 1: obj.is_contiguous() is True; 0: not; -1: error. */
-static int contiguous(const Reader *rd, PyObject *obj) {
-    PyObject *r = call_access(&rd->is_contiguous, obj);
-    int yes;
-    if (r == NULL)
+/* 1: obj.dtype is dtype; 0: not; -1: error. */
+static int has_dtype(const Reader *rd, PyObject *obj, PyObject *dtype) {
+    return is_object(read_attr(&rd->dtype, obj), dtype);
+}
+
+/* 1: obj is C-contiguous (torch: is_contiguous() is True; cupy: _c_contiguous is True);
+ * 0: not; -1: error. */
+static int contiguous(const FastCall *self, PyObject *obj) {
+    const Access *a = &self->rd.is_contiguous;
+    return is_object(self->cupy ? read_attr(a, obj) : call_access(a, obj), Py_True);
+}
+
+/* A cupy array's memory: data.ptr into *ptr and, when device is not NULL, data.device_id
+ * into *device. -1 with an exception set on failure. */
+static int cupy_memory(const Reader *rd, PyObject *obj, uint64_t *ptr, long *device) {
+    PyObject *mem = read_attr(&rd->data, obj), *v;
+    int failed;
+    if (mem == NULL)
         return -1;
-    yes = r == Py_True;
-    Py_DECREF(r);
-    return yes;
+    v = PyObject_GetAttr(mem, s_ptr);
+    failed = v == NULL;
+    if (!failed) {
+        *ptr = (uint64_t)PyLong_AsUnsignedLongLong(v);
+        Py_DECREF(v);
+        failed = PyErr_Occurred() != NULL;
+    }
+    if (!failed && device != NULL) {
+        v = PyObject_GetAttr(mem, s_device_id);
+        failed = v == NULL;
+        if (!failed) {
+            *device = PyLong_AsLong(v);
+            Py_DECREF(v);
+            failed = *device == -1 && PyErr_Occurred();
+        }
+    }
+    Py_DECREF(mem);
+    return failed ? -1 : 0;
+}
+
+/* What the call needs of one array: of this path's exact type, with this dtype, contiguous;
+ * its pointer into *ptr, its device into *device and (shape not NULL) its shape, a new
+ * reference, into *shape. 1: read; 0: the general path takes the call; -1: error. */
+static int read_array(FastCall *self, PyObject *obj, PyObject *dtype, uint64_t *ptr,
+                      long *device, PyObject **shape) {
+    const Reader *rd = &self->rd;
+    int r;
+    if ((PyObject *)Py_TYPE(obj) != self->tensor_type)
+        return 0;
+    if ((r = has_dtype(rd, obj, dtype)) < 0)
+        return r;
+    if (r == 0) { /* NumPy dtypes are compared by identity, then equality (fast_cupy.py) */
+        PyObject *d;
+        if (!self->cupy || (d = read_attr(&rd->dtype, obj)) == NULL)
+            return self->cupy ? -1 : 0;
+        r = PyObject_RichCompareBool(d, dtype, Py_EQ);
+        Py_DECREF(d);
+        if (r <= 0)
+            return r;
+    }
+    if ((r = contiguous(self, obj)) <= 0)
+        return r;
+    if (self->cupy) {
+        if (cupy_memory(rd, obj, ptr, device) < 0)
+            return -1;
+    } else {
+        if ((*device = device_of(rd, obj)) == -2)
+            return -1;
+        *ptr = pointer_of(rd, obj);
+        if (PyErr_Occurred())
+            return -1;
+    }
+    if (shape != NULL && (*shape = read_attr(&rd->shape, obj)) == NULL)
+        return -1;
+    return 1;
+}
+
+/* An output just allocated: its pointer into *ptr. -1 with an exception set on failure. */
+static int output_pointer(FastCall *self, PyObject *obj, uint64_t *ptr) {
+    if (self->cupy)
+        return cupy_memory(&self->rd, obj, ptr, NULL);
+    *ptr = pointer_of(&self->rd, obj);
+    return PyErr_Occurred() ? -1 : 0;
 }
 
 static int write_param(unsigned char *at, char code, Value v) {
@@ -396,25 +468,17 @@ static int read_arguments(FastCall *self, PyObject *args, Value *vals, PyObject 
     long d;
     for (k = 0; k < self->ntensors; k++) {
         const TensorIn *ti = &self->tensors[k];
-        PyObject *t = PyTuple_GetItem(args, ti->arg), *shape;
-        if ((PyObject *)Py_TYPE(t) != self->tensor_type)
-            return 0;
-        if ((r = has_dtype(&self->rd, t, ti->dtype)) <= 0 ||
-            (r = contiguous(&self->rd, t)) <= 0)
+        PyObject *shape = NULL;
+        r = read_array(self, PyTuple_GetItem(args, ti->arg), ti->dtype, &vals[ti->slot].u, &d,
+                       &shape);
+        if (shape != NULL)
+            PyTuple_SetItem(key, nk++, shape); /* steals */
+        if (r <= 0)
             return r;
-        if ((d = device_of(&self->rd, t)) == -2)
-            return -1;
         if (k == 0)
             *device = d;
         else if (d != *device)
             return 0;
-        shape = read_attr(&self->rd.shape, t);
-        if (shape == NULL)
-            return -1;
-        PyTuple_SetItem(key, nk++, shape); /* steals */
-        vals[ti->slot].u = pointer_of(&self->rd, t);
-        if (PyErr_Occurred())
-            return -1;
     }
     for (k = 0; k < self->nfloats; k++) {
         const FloatIn *fi = &self->floats[k];
@@ -468,8 +532,7 @@ static PyObject *allocate_outputs(FastCall *self, const Entry *e, PyObject *args
         }
         if (made[k] == NULL)
             goto failed;
-        vals[self->outs[k].slot].u = pointer_of(&self->rd, made[k]);
-        if (PyErr_Occurred())
+        if (output_pointer(self, made[k], &vals[self->outs[k].slot].u) < 0)
             goto failed;
     }
     if (self->nouts == 1)
@@ -491,35 +554,39 @@ failed:
 /* out= (one tensor of this type): dtype, contiguity, shape and device as the entry wants, its
  * pointer into vals. 1: fits; 0: general path; -1: error. */
 static int check_out(FastCall *self, const Entry *e, PyObject *out, long device, Value *vals) {
-    PyObject *shape;
+    PyObject *shape = NULL;
+    uint64_t ptr;
     int r;
     long d;
-    if (self->nouts != 1 || (PyObject *)Py_TYPE(out) != self->tensor_type)
+    if (self->nouts != 1)
         return 0;
-    if ((r = has_dtype(&self->rd, out, self->outs[0].dtype)) <= 0 ||
-        (r = contiguous(&self->rd, out)) <= 0)
-        return r;
-    shape = read_attr(&self->rd.shape, out);
-    if (shape == NULL)
-        return -1;
-    r = PyObject_RichCompareBool(shape, PyTuple_GetItem(e->shapes, 0), Py_EQ);
-    Py_DECREF(shape);
+    r = read_array(self, out, self->outs[0].dtype, &ptr, &d, &shape);
+    if (r > 0)
+        r = PyObject_RichCompareBool(shape, PyTuple_GetItem(e->shapes, 0), Py_EQ);
+    Py_XDECREF(shape);
     if (r <= 0)
         return r;
-    if ((d = device_of(&self->rd, out)) == -2)
-        return -1;
     if (d != device)
         return 0;
-    vals[self->outs[0].slot].u = pointer_of(&self->rd, out);
-    return PyErr_Occurred() ? -1 : 1;
+    vals[self->outs[0].slot].u = ptr;
+    return 1;
 }
 
 /* The raw stream handle: the caller's stream= (hooks.stream_handle), else torch's current
  * stream of the device. -1 with an exception set on failure. */
 static int stream_of(FastCall *self, PyObject *stream, PyObject *device_obj, uint64_t *sh) {
-    PyObject *r = stream == Py_None
-                      ? PyObject_Vectorcall(self->raw_stream, &device_obj, 1, NULL)
-                      : call_hook(self, s_stream_handle, stream);
+    PyObject *r;
+    if (stream != Py_None) {
+        r = call_hook(self, s_stream_handle, stream);
+    } else if (self->cupy) { /* cupy.cuda.get_current_stream().ptr */
+        PyObject *current = PyObject_Vectorcall(self->raw_stream, NULL, 0, NULL);
+        if (current == NULL)
+            return -1;
+        r = PyObject_GetAttr(current, s_ptr);
+        Py_DECREF(current);
+    } else {
+        r = PyObject_Vectorcall(self->raw_stream, &device_obj, 1, NULL);
+    }
     if (r == NULL)
         return -1;
     *sh = (uint64_t)PyLong_AsUnsignedLongLong(r);
@@ -581,6 +648,12 @@ static PyObject *fastcall_call(FastCall *self, PyObject *const *argv, Py_ssize_t
     if (key == NULL)
         return NULL;
     fits = read_arguments(self, args, vals, key, &device);
+    if (fits > 0 && self->cupy) { /* CuPy allocates and streams on its current device */
+        PyObject *current = PyObject_Vectorcall(self->current_device, NULL, 0, NULL);
+        long c = current == NULL ? -1 : PyLong_AsLong(current);
+        Py_XDECREF(current);
+        fits = c == -1 && PyErr_Occurred() ? -1 : c == device;
+    }
     if (fits > 0) {
         device_obj = PyLong_FromLong(device);
         fits = device_obj == NULL ? -1 : 1;
@@ -657,7 +730,24 @@ static PyMethodDef fastcall_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *fastcall_get_flavor(FastCall *self, void *closure) {
+    (void)closure;
+    return PyUnicode_FromString(self->cupy ? "cupy" : "torch");
+}
+
+static PyObject *fastcall_get_hooks(FastCall *self, void *closure) {
+    (void)closure;
+    if (self->hooks == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(self->hooks);
+    return self->hooks;
+}
+
 static PyGetSetDef fastcall_getset[] = {
+    {"flavor", (getter)fastcall_get_flavor, NULL, "the arrays it takes: 'torch' or 'cupy'",
+     NULL},
+    {"hooks", (getter)fastcall_get_hooks, NULL,
+     "the Python side (runtime/fast_native.Hooks): entries, allocation, the fallback", NULL},
     {"fast_calls", (getter)fastcall_get_fast_calls, NULL,
      "calls completed here (not handed to hooks.slow)", NULL},
     {"entries", (getter)fastcall_get_entries, NULL, "distinct keys cached", NULL},
@@ -672,8 +762,10 @@ static PyType_Slot fastcall_slots[] = {
     {Py_tp_methods, fastcall_methods},
     {Py_tp_getset, fastcall_getset},
     {Py_tp_doc, "FastCall(tensor_type, empty_like, raw_stream, hooks, states, n_in, tensors, "
-                "floats, ints, outputs, n_values, layouts, trust_context): the PyTorch fast "
-                "path of one program (built by runtime/fast_native.py)."},
+                "floats, ints, outputs, n_values, layouts, trust_context, flavor='torch', "
+                "current_device=None): the PyTorch (or, with flavor 'cupy' and CuPy's "
+                "current-device getter, the CuPy) fast path of one program (built by "
+                "runtime/fast_native.py)."},
     {0, NULL},
 };
 
@@ -706,7 +798,8 @@ int kp_fastcall_init(PyObject *module) {
         kp_intern(&s_allocate, "allocate") < 0 || kp_intern(&s_entry, "entry") < 0 ||
         kp_intern(&s_context_was_lost, "context_was_lost") < 0 ||
         kp_intern(&s_launch_failed, "launch_failed") < 0 ||
-        kp_intern(&s_slow, "slow") < 0 || kp_intern(&s_stream_handle, "stream_handle") < 0)
+        kp_intern(&s_slow, "slow") < 0 || kp_intern(&s_stream_handle, "stream_handle") < 0 ||
+        kp_intern(&s_ptr, "ptr") < 0 || kp_intern(&s_device_id, "device_id") < 0)
         return -1;
     if (kp_callbase_init(module) < 0)
         return -1;

@@ -115,13 +115,21 @@ typedef struct {
     descrgetfunc get;   /* attributes: the descriptor's getter */
 } Access;
 
+/* torch: dtype, shape (attributes), is_contiguous(), get_device(), data_ptr() (methods).
+ * cupy: dtype, shape, _c_contiguous (a stored flag; `flags` builds an object per read) and
+ * data (the MemoryPointer, whose ptr and device_id are read generically); the two method
+ * accesses are unused. */
 typedef struct {
-    Access dtype, shape, is_contiguous, get_device, data_ptr;
+    Access dtype, shape, is_contiguous, get_device, data_ptr, data;
 } Reader;
 
 typedef struct {
     PyObject_HEAD
     PyObject *tensor_type, *empty_like, *raw_stream, *hooks, *states, *cache;
+    /* cupy arrays: CuPy allocates and streams on its current device, which must be the
+     * arrays' (current_device() is asked per call); raw_stream() is get_current_stream. */
+    int cupy;
+    PyObject *current_device;
     Reader rd;
     Py_ssize_t n_in;
     int ntensors, nfloats, nints, nouts, nsymbols, nvalues, nlayouts, trust_context;

@@ -45,10 +45,16 @@ static void access_clear(Access *a) {
     a->get = NULL;
 }
 
-static int reader_init(Reader *rd, PyObject *type) {
+static int reader_init(Reader *rd, PyObject *type, int cupy) {
     if (access_init(&rd->dtype, type, "dtype", 0) < 0 ||
-        access_init(&rd->shape, type, "shape", 0) < 0 ||
-        access_init(&rd->is_contiguous, type, "is_contiguous", 1) < 0 ||
+        access_init(&rd->shape, type, "shape", 0) < 0)
+        return -1;
+    if (cupy)
+        return access_init(&rd->is_contiguous, type, "_c_contiguous", 0) < 0 ||
+                       access_init(&rd->data, type, "data", 0) < 0
+                   ? -1
+                   : 0;
+    if (access_init(&rd->is_contiguous, type, "is_contiguous", 1) < 0 ||
         access_init(&rd->get_device, type, "get_device", 1) < 0 ||
         access_init(&rd->data_ptr, type, "data_ptr", 1) < 0)
         return -1;
@@ -61,6 +67,7 @@ static void reader_clear(Reader *rd) {
     access_clear(&rd->is_contiguous);
     access_clear(&rd->get_device);
     access_clear(&rd->data_ptr);
+    access_clear(&rd->data);
 }
 
 static Py_ssize_t code_size(char code) {
@@ -310,9 +317,10 @@ static void fastcall_release(FastCall *self);
 PyObject *kp_fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *tensor_type, *empty_like, *raw_stream, *hooks, *states, *tensors, *floats, *ints,
         *outs,
-        *layouts;
+        *layouts, *current_device = Py_None;
+    const char *flavor = "torch";
     Py_ssize_t n_in, nvalues;
-    int trust;
+    int trust, cupy;
     FastCall *self;
     unsigned char kinds[MAX_VALUES];
     allocfunc alloc;
@@ -320,12 +328,23 @@ PyObject *kp_fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         PyErr_SetString(PyExc_TypeError, "FastCall takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OOOOO!nOOOOnOp:FastCall", &tensor_type, &empty_like, &raw_stream,
-                          &hooks, &PyDict_Type, &states, &n_in, &tensors, &floats, &ints,
-                          &outs, &nvalues, &layouts, &trust))
+    if (!PyArg_ParseTuple(args, "OOOOO!nOOOOnOp|sO:FastCall", &tensor_type, &empty_like,
+                          &raw_stream, &hooks, &PyDict_Type, &states, &n_in, &tensors, &floats,
+                          &ints, &outs, &nvalues, &layouts, &trust, &flavor, &current_device))
         return NULL;
     if (!PyType_Check(tensor_type)) {
         PyErr_SetString(PyExc_TypeError, "FastCall: tensor_type must be a type");
+        return NULL;
+    }
+    cupy = strcmp(flavor, "cupy") == 0;
+    if (!cupy && strcmp(flavor, "torch") != 0) {
+        PyErr_Format(PyExc_ValueError, "FastCall: flavor must be 'torch' or 'cupy' (got %s)",
+                     flavor);
+        return NULL;
+    }
+    if (cupy == (current_device == Py_None) || (cupy && !PyCallable_Check(current_device))) {
+        PyErr_SetString(PyExc_TypeError, "FastCall: current_device is a callable for cupy "
+                        "arrays, and only for them");
         return NULL;
     }
     if (n_in < 0 || nvalues < 0 || nvalues > MAX_VALUES) {
@@ -346,12 +365,17 @@ PyObject *kp_fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     Py_INCREF(raw_stream);
     Py_INCREF(hooks);
     Py_INCREF(states);
+    self->cupy = cupy;
+    if (cupy) {
+        Py_INCREF(current_device);
+        self->current_device = current_device;
+    }
     self->cache = PyDict_New();
     self->n_in = n_in;
     self->nvalues = (int)nvalues;
     self->trust_context = trust;
     memset(kinds, KIND_NONE, sizeof kinds);
-    if (self->cache == NULL || reader_init(&self->rd, tensor_type) < 0 ||
+    if (self->cache == NULL || reader_init(&self->rd, tensor_type, cupy) < 0 ||
         read_inputs(self, tensors, floats, ints, outs, kinds) < 0 ||
         read_layouts(self, layouts, kinds) < 0) {
         Py_DECREF(self);
@@ -375,6 +399,8 @@ int kp_fastcall_traverse(FastCall *self, visitproc visit, void *arg) {
     Py_VISIT(self->rd.is_contiguous.descr);
     Py_VISIT(self->rd.get_device.descr);
     Py_VISIT(self->rd.data_ptr.descr);
+    Py_VISIT(self->rd.data.descr);
+    Py_VISIT(self->current_device);
     if (self->tensors)
         for (k = 0; k < self->ntensors; k++)
             Py_VISIT(self->tensors[k].dtype);
@@ -392,6 +418,7 @@ int kp_fastcall_clear(FastCall *self) {
     Py_CLEAR(self->states);
     Py_CLEAR(self->cache);
     Py_CLEAR(self->last_state);
+    Py_CLEAR(self->current_device);
     reader_clear(&self->rd);
     return 0;
 }

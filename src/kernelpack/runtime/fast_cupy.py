@@ -8,6 +8,9 @@ switches devices itself.
 Contiguity is read from ``ndarray._c_contiguous`` where CuPy has it (a stored flag of its
 array type): the public ``flags.c_contiguous`` builds a ``Flags`` object on every read, which
 costs more than the rest of an argument's checks.
+
+With the C launcher, the same steps run in C (:func:`.fast_native.native_cupy_call`, the
+PyTorch path's ``FastCall`` reading CuPy's attributes); the closure below is the fallback.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import operator
 from typing import Any
 
 from .arrays import stream_handle
+from .fast_native import native_cupy_call
 from .fastpath import Call, FastCore, split_scalars
 
 __all__ = ["cupy_path"]
@@ -50,6 +54,16 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
     thread_state, ensure_context, relaunch, fire_all = core.thread_state, \
         core.ensure_context, core.relaunch, core.fire_all
     launch, streams, cu_stream = core.launch, core.streams, core.cu_stream
+
+    def allocate(shape: tuple, dt: Any, device: int) -> Any:
+        """An output no input can be allocated like (CuPy's current device: the C path
+        checked it is ``device``)."""
+        return empty(shape, dtype=dt)
+
+    native = native_cupy_call(bp, core, slow, cupy, tensors, floats, ints, allocate,
+                              stream_handle)
+    if native is not None:
+        return native
 
     def call(args: Any, out: Any, stream: Any) -> Any:
         if len(args) != n_in or (stream is not None and out is None):

@@ -1,4 +1,4 @@
-"""The PyTorch fast path in C: builds a ``_launch.FastCall`` for one program.
+"""The PyTorch and CuPy fast paths in C: builds a ``_launch.FastCall`` for one program.
 
 :mod:`.fast_torch`'s closure spends most of a small launch's host time in the interpreter
 between torch's attribute reads (about 3 µs around a 3.5 µs driver call on an H200 host).
@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from .fastpath import Call, FastCore
 
-__all__ = ["Hooks", "native_torch_call"]
+__all__ = ["Hooks", "native_torch_call", "native_cupy_call"]
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
@@ -101,6 +101,33 @@ def native_torch_call(bp: Any, core: FastCore, slow: Call, torch: Any,
     """The C fast ``call(args, out, stream)`` for torch tensors, or None when the process
     launches through cuda.bindings, the extension is missing, or the program's layout is
     beyond what ``FastCall`` takes (the caller then uses the closure)."""
+    return _native_call(bp, core, slow, (torch.Tensor, torch.empty_like,
+                                         torch._C._cuda_getCurrentRawStream),
+                        tensors, floats, ints, allocate, stream_handle, ())
+
+
+def native_cupy_call(bp: Any, core: FastCore, slow: Call, cupy: Any,
+                     tensors: list[tuple[int, int, Any]], floats: tuple, ints: tuple,
+                     allocate: Callable[..., Any], stream_handle: Callable[[Any], int]
+                     ) -> Call | None:
+    """The same for cupy arrays (``FastCall`` reads ``dtype``, ``shape``, ``_c_contiguous``
+    and ``data.ptr`` / ``data.device_id``, and asks CuPy's current device and stream per
+    call), or None where it cannot be used; a CuPy without the stored ``_c_contiguous`` flag
+    keeps the closure."""
+    if not hasattr(cupy.ndarray, "_c_contiguous"):
+        return None
+    return _native_call(bp, core, slow, (cupy.ndarray, cupy.empty_like,
+                                         cupy.cuda.get_current_stream),
+                        tensors, floats, ints, allocate, stream_handle,
+                        ("cupy", cupy.cuda.runtime.getDevice))
+
+
+def _native_call(bp: Any, core: FastCore, slow: Call, framework: tuple,
+                 tensors: list[tuple[int, int, Any]], floats: tuple, ints: tuple,
+                 allocate: Callable[..., Any], stream_handle: Callable[[Any], int],
+                 flavor: tuple) -> Call | None:
+    """``FastCall(*framework, hooks, ..., *flavor).call``; framework: (array type,
+    empty_like, current-stream accessor)."""
     from .native import launcher
 
     if not launcher().native:
@@ -117,11 +144,10 @@ def native_torch_call(bp: Any, core: FastCore, slow: Call, torch: Any,
                    for i, slot, lo, hi, sym in ints)
     hooks = Hooks(core, slow, allocate, stream_handle, bp._nvals)
     try:
-        fast = FastCall(torch.Tensor, torch.empty_like, torch._C._cuda_getCurrentRawStream,
-                        hooks, bp._states, len(bp.bound.inputs),
+        fast = FastCall(*framework, hooks, bp._states, len(bp.bound.inputs),
                         tuple(tensors), tuple((i, slot) for i, slot in floats), ints_c,
                         tuple((slot, tok) for slot, _, tok in core.outputs), fill_from,
-                        layouts, core.trust_context)
+                        layouts, core.trust_context, *flavor)
     except ValueError:  # beyond FastCall's limits (it says which): the closure takes it
         return None
     return fast.call
