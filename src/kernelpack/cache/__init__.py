@@ -44,7 +44,34 @@ def _log() -> Any:
 
 STAT_NAMES = ("disk_hits", "disk_misses", "remote_hits", "remote_misses", "compiles", "refused",
               "quarantined", "errors", "remote_errors", "remote_waits", "remote_too_large",
-              "puts", "remote_puts")
+              "puts", "remote_puts", "evictions")
+
+
+def _key_list(trusted_keys: object) -> list[object] | None:
+    """``trusted_keys`` as a list, the way ``kp.load`` takes it: one key given bare (a path,
+    hex text, 32 bytes, a key object) is one key, not a sequence of characters or byte values."""
+    if trusted_keys is None:
+        return None
+    if isinstance(trusted_keys, (str, bytes, bytearray, os.PathLike)):
+        return [trusted_keys]
+    if not hasattr(trusted_keys, "__iter__"):
+        if type(trusted_keys).__name__.endswith("PublicKey"):  # a cryptography key object
+            return [trusted_keys]
+        raise TypeError(f"trusted_keys must be a list of public keys (paths, hex, 32 bytes "
+                        f"or key objects) or None (got {type(trusted_keys).__name__})")
+    return list(trusted_keys)
+
+
+def _check_key(param: str, load: Callable[[Any], Any], value: object) -> None:
+    """Run ``load(value)``; its TypeError/ValueError (or a key file that cannot be read) comes
+    out naming ``param``, since the signing module cannot know which argument it was."""
+    try:
+        load(value)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{param}: {exc}") from None
+    except OSError as exc:
+        raise ValueError(f"{param}: cannot read key file {exc.filename or value!r} "
+                         f"({exc.strerror or exc})") from None
 
 
 class CacheWarning(UserWarning):
@@ -102,7 +129,7 @@ class Cache:
             raise TypeError(f"remote must be a redis:// URL or a store with get/put "
                             f"(got {type(remote).__name__})")
         self.remote = remote
-        self._trusted_arg = None if trusted_keys is None else list(trusted_keys)
+        self._trusted_arg = _key_list(trusted_keys)
         self.sign_with = sign_with
         self.require_signed_remote = bool(require_signed_remote)
         self.lock_ttl_s = float(lock_ttl_s)
@@ -119,8 +146,8 @@ class Cache:
             from ..signing import load_private_key
 
             if sign_with is not None:
-                load_private_key(sign_with)
-            _ = self.trusted_keys
+                _check_key("sign_with", load_private_key, sign_with)
+            _check_key("trusted_keys", lambda _: self.trusted_keys, trusted_keys)
         if self.remote is not None and self.require_signed_remote and \
                 self._trusted_arg is None and sign_with is None:
             warnings.warn("remote cache has no trusted_keys and no sign_with: remote entries "
@@ -136,9 +163,12 @@ class Cache:
 
     def stats(self) -> dict[str, int]:
         """This process's counters: hits and misses per tier, compiles, refused (untrusted or
-        unsigned remote entries), quarantined (bad disk entries), errors, waits."""
+        unsigned remote entries), quarantined (bad disk entries), errors, waits, and evictions
+        (disk entries this Cache removed for the size cap, by puts or :meth:`prune`)."""
         with self._stats_lock:
-            return dict(self._stats)
+            out = dict(self._stats)
+        out["evictions"] = self.disk.evicted
+        return out
 
     # ---- trust and codecs --------------------------------------------------------------------
     @property
@@ -223,6 +253,36 @@ class Cache:
         if hit is None and self._remote_tier.readable():
             hit = self._remote_tier.get(key)
         return hit
+
+    def get(self, key: CacheKey | str) -> bytes | None:
+        """The verified artifact bytes of ``key`` from disk, else the remote (put through to
+        disk), or None: the issue's storage interface, over both tiers. Verified as
+        :meth:`load` verifies (a bad disk entry is quarantined, an untrusted remote one
+        refused), since the bytes are executable code whoever asks for them."""
+        if self._from_disk(key) is not None:
+            found = self.disk.read(key)  # the entry just verified (None if evicted since)
+            if found is not None:
+                return found[0]
+        if self._remote_tier.readable():
+            return self._remote_tier.fetch(key)[0]
+        return None
+
+    def put(self, key: CacheKey | str, data: bytes) -> None:
+        """Store artifact bytes (from ``kp.save`` of one program) under ``key`` on disk and on
+        the remote (signed with ``sign_with``). TypeError/ValueError for data that is not such
+        an artifact: signing and sharing garbage would only make every reader refuse it."""
+        check_digest(key)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data must be artifact bytes (got {type(data).__name__})")
+        data = bytes(data)
+        try:
+            self._decode(data, None, "disk")
+        except KernelPackError as exc:
+            raise ValueError(f"data is not a single-program kernelpack artifact "
+                             f"({type(exc).__name__}: {exc})") from None
+        self._put_disk(key, data)
+        if self.remote is not None:
+            self._remote_tier.put(key, data)
 
     def store(self, key: CacheKey | str, compiled: Compiled) -> bytes | None:
         """Serialize ``compiled`` and write it to disk and the remote; the artifact bytes, or

@@ -72,10 +72,24 @@ class DiskStore:
     """The disk tier: ``get(key) -> bytes | None`` and ``put(key, data)`` over one directory."""
 
     def __init__(self, root: str | os.PathLike[str], max_bytes: int | None = None) -> None:
-        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):
-            raise ValueError(f"max_bytes must be a non-negative int or None (got {max_bytes!r})")
+        if not isinstance(root, (str, os.PathLike)) or isinstance(root, bytes):
+            raise TypeError(f"path must be a directory path (str or os.PathLike), or None for "
+                            f"the default (got {type(root).__name__}: {root!r:.60})")
+        if max_bytes is not None and (not isinstance(max_bytes, int) or
+                                      isinstance(max_bytes, bool)):
+            raise TypeError(f"max_bytes must be an int (bytes) or None (got "
+                            f"{type(max_bytes).__name__}: {max_bytes!r})")
+        if max_bytes is not None and max_bytes <= 0:
+            # A cap of 0 would evict every entry right after writing it (a cache that never
+            # hits, silently); $KERNELPACK_CACHE_MAX_BYTES=0 means "no cap", which is None here.
+            raise ValueError(f"max_bytes must be a positive byte count, or None for the default "
+                             f"cap (got {max_bytes})")
         self.root = Path(root)
+        if self.root.exists() and not self.root.is_dir():
+            raise ValueError(f"path {str(self.root)!r} is not a directory (the cache root must "
+                             f"be one)")
         self.max_bytes = max_bytes
+        self.evicted = 0  # entries this store removed for the cap (Cache.stats()["evictions"])
         self._written_since_evict: int | None = None  # None: never evicted in this process
 
     # ---- paths ---------------------------------------------------------------------------------
@@ -233,7 +247,10 @@ class DiskStore:
     def evict(self, max_bytes: int) -> tuple[int, int]:
         """Remove least-recently-used entries until the total is at most ``max_bytes`` (to
         ``LOW_WATER`` of it when over). Returns ``(entries removed, bytes freed)``; does
-        nothing when another process is already evicting."""
+        nothing when another process is already evicting, or when there is no cache there
+        (``kernelpack cache prune`` on a missing directory must not create one)."""
+        if not (self.root / "entries").is_dir():
+            return 0, 0
         lock_dir = self.root / "locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock_dir / "evict", os.O_CREAT | os.O_RDWR, 0o644)
@@ -260,6 +277,7 @@ class DiskStore:
                 total -= e.size
                 with contextlib.suppress(OSError):
                     os.unlink(self._parts_path(e.digest))
+            self.evicted += removed
             return removed, freed
         finally:
             os.close(fd)

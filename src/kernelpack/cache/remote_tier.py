@@ -69,17 +69,23 @@ class RemoteTier:
     def lookup(self, key: CacheKey | str,
                count_miss: bool = True) -> tuple[Compiled | None, str]:
         """(a verified hit or None, ``"hit" | "miss" | "refused" | "error"``)."""
+        _, compiled, status = self.fetch(key, count_miss)
+        return compiled, status
+
+    def fetch(self, key: CacheKey | str,
+              count_miss: bool = True) -> tuple[bytes | None, Compiled | None, str]:
+        """:meth:`lookup` plus the verified artifact bytes (for ``Cache.get``)."""
         cache = self._cache
         digest = check_digest(key)
         try:
             data = cache.remote.get(digest)
         except Exception as exc:
             self.failed("read", exc)
-            return None, "error"
+            return None, None, "error"
         if data is None:
             if count_miss:
                 cache._count("remote_misses")
-            return None, "miss"
+            return None, None, "miss"
         trusted = cache.trusted_keys if cache.require_signed_remote else None
         try:
             from .remote import unwrap_entry
@@ -92,11 +98,11 @@ class RemoteTier:
             cache._count("refused")
             cache._warn(f"remote cache entry {digest[:16]} refused ({type(exc).__name__}: "
                         f"{exc}); compiling locally")
-            return None, "refused"
+            return None, None, "refused"
         cache._count("remote_hits")
         # Refetchable and verified on every read: no fsync; the remote keeps the key record.
         cache._put_disk(key, artifact, sync=False, record=False)
-        return compiled, "hit"
+        return artifact, compiled, "hit"
 
     def put(self, key: CacheKey | str, data: bytes) -> None:
         """Put ``data`` in a signed envelope (and the key's parts, for ``explain``); a failure
