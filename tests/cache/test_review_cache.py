@@ -119,3 +119,23 @@ def test_no_warning_for_a_plain_disk_cache(tmp_path: Path, axpy_cubin: bytes) ->
         cache = Cache(tmp_path, remote=False)
         cache.fetch_or_compile(key_for(6), lambda: from_cubin("k6", axpy_cubin))
         assert cache.fetch_or_compile(key_for(6), lambda: pytest.fail("x")).origin == "disk"
+
+
+def test_close_and_context_manager_release_the_remote_connection(
+        tmp_path: Path, signing_keys: tuple[Path, Path], redis_server: RedisServer) -> None:
+    """A Cache with a Redis remote closes its socket on close() / leaving a with-block, and a
+    dropped client leaves no open socket behind (no ResourceWarning)."""
+    import gc
+
+    private, _ = signing_keys
+    with Cache(tmp_path / "c", remote=redis_server.url, sign_with=str(private)) as cache:
+        assert cache.remote.get("0" * 64) is None          # connects
+        client = cache.remote._client
+        assert client._sock is not None
+    assert cache.remote._client is None and client._sock is None  # closed on exit
+    assert cache.remote.get("0" * 64) is None                # and usable again
+    sock = cache.remote._client._sock
+    assert sock.fileno() >= 0
+    del cache, client
+    gc.collect()
+    assert sock.fileno() == -1  # the dropped client closed its socket

@@ -156,6 +156,19 @@ class Cache:
     def __repr__(self) -> str:
         return f"Cache(path={str(self.disk.root)!r}, remote={self.remote!r})"
 
+    def close(self) -> None:
+        """Close the remote connection, if any (the disk tier holds nothing open). The cache
+        stays usable: a later remote command reconnects."""
+        close = getattr(self.remote, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> "Cache":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # ---- counters ----------------------------------------------------------------------------
     def _count(self, name: str, n: int = 1) -> None:
         with self._stats_lock:

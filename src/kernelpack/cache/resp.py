@@ -71,6 +71,10 @@ class RespClient:
             raise
         return sock
 
+    def __del__(self) -> None:  # a dropped client closes its socket (no ResourceWarning)
+        if getattr(self, "_sock", None) is not None and self._pid == os.getpid():
+            self.close()
+
     def close(self) -> None:
         if self._sock is not None:
             try:
