@@ -13,7 +13,7 @@ wrapper), kernelpack with
 ``out=``, kernelpack allocating its output (torch in, torch out), the same two calls made on
 the runtime's entry (``program._kp_bound.call``, i.e. without ``Program.__call__``), the
 ``out=`` call asking the driver for the current context on every call (what the fast path
-does with several GPUs), kernelpack with cupy arrays, CuPy ``RawModule`` kernel (the same
+does with several GPUs), kernelpack with cupy arrays (out= and allocating), CuPy ``RawModule`` kernel (the same
 cubin), a Triton kernel, and the torch op ``torch.add(y, x, alpha=a)``. It also prints the
 cost of the pieces of a call (torch attribute reads, allocation forms, a lock, ...).
 
@@ -317,6 +317,7 @@ def main() -> int:
         run_cp, zc, xc, yc = cupy_launcher(pack, x, y)
         fns["cupy RawModule kernel"] = run_cp
         fns["kernelpack out= (cupy arrays)"] = lambda: prog(xc, yc, A, out=zc)
+        fns["kernelpack allocating (cupy arrays)"] = lambda: prog(xc, yc, A)
     except Exception as exc:  # report, do not hide: the peer is missing on this machine
         notes.append(f"cupy unavailable: {type(exc).__name__}: {exc}")
         zc = None
@@ -336,7 +337,9 @@ def main() -> int:
         torch.cuda.synchronize()
         res = fn()
         torch.cuda.synchronize()
-        if "cupy" in name:
+        if name == "kernelpack allocating (cupy arrays)":
+            got = torch.as_tensor(res, device="cuda")
+        elif "cupy" in name:
             got = torch.as_tensor(zc, device="cuda")
         elif "kernelpack allocating" in name:
             got = res
@@ -380,6 +383,12 @@ def main() -> int:
         if peer in result:
             lines.append(f"- kernelpack out= / {peer} = {kp_out / result[peer]:.2f}, allocating / "
                          f"{peer} = {kp_alloc / result[peer]:.2f} (target < 1)")
+    cupy_out, cupy_raw = result.get("kernelpack out= (cupy arrays)"), \
+        result.get("cupy RawModule kernel")
+    if cupy_out and cupy_raw:
+        lines.append(f"- with cupy arrays: kernelpack out= / cupy RawModule kernel = "
+                     f"{cupy_out / cupy_raw:.2f}, allocating / cupy RawModule kernel = "
+                     f"{result['kernelpack allocating (cupy arrays)'] / cupy_raw:.2f}")
     lines += [f"- note: {n}" for n in notes]
     text = "\n".join(lines) + "\n"
     print(text)
