@@ -94,11 +94,18 @@ class ImageInfo:
             _frame_size(stored, self.raw_size, where)
         self._stored_ok = True
 
-    def read(self) -> bytes:
+    def read(self, keep: bool = True) -> bytes:
         """The raw image bytes: stored digest checked *before* decompression, size bounded by
-        ``raw_size``, raw digest checked after. Cached. Raises IntegrityError."""
+        ``raw_size``, raw digest checked after. Cached unless ``keep`` is False: a check of
+        every image (``Pack.verify``, ``kernelpack extract``) must not hold them all, since a
+        small file can declare many images of up to MAX_IMAGE_SIZE each. Raises
+        IntegrityError."""
         if self._data is not None:
             return self._data
+        if not keep:
+            data = self.read()
+            self._data = None
+            return data
         where = f"module {self.module!r} image {self.target}"
         if self.codec == "none" and self.raw_digest == self.digest:
             # Stored bytes = raw bytes, one digest for both: hash the copy handed out once

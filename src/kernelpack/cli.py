@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import io
 import json
 import os
 import re
@@ -140,13 +141,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     pack = _load(args.file, args.trusted_key)
     with _about(args.file):
         pack.verify()
+    sig = getattr(pack, "signature", None)
+    if sig is not None and not getattr(sig, "verified", False):
+        # No key is trusted, but "verify" must still catch a file changed after signing: the
+        # signature has to hold under the key it names (the loader checks it only for trusted
+        # keys, so load again trusting that one key).
+        _load(args.file, [bytes.fromhex(sig.public_key)])
     modules = list(pack.modules.values())
     images = [image for m in modules for image in m.images]
     raw = sum(int(getattr(i, "raw_size", 0)) for i in images)
-    sig = getattr(pack, "signature", None)
     signed = ("unsigned" if sig is None else
               f"signed by {getattr(sig, 'key_id', '?')}" +
-              (" (trusted)" if getattr(sig, "verified", False) else " (not checked)"))
+              (" (trusted)" if getattr(sig, "verified", False)
+               else " (signature intact; key not checked: use --trusted-key)"))
     print(f"OK: {args.file}: {len(pack.programs)} program(s), {len(modules)} module(s), "
           f"{len(images)} image(s), {raw} raw bytes; {signed}")
     return 0
@@ -169,13 +176,20 @@ def cmd_extract(args: argparse.Namespace) -> int:
                 raise CLIError(f"images {seen[path]} and {label} map to one file name {name}")
             seen[path] = label
             plan.append((path, image))
-    existing = [str(p) for p, _ in plan if p.exists()]
+    # lexists: a dangling symlink counts too (writing through it would create a file elsewhere)
+    existing = [p for p, _ in plan if os.path.lexists(p)]
     if existing and not args.force:
-        raise CLIError(f"refusing to overwrite {', '.join(existing)} (use --force)")
-    with _about(args.file):  # every image checked before anything is created or written
-        data = [image.read() for _, image in plan]  # decompressed and digest-checked
+        raise CLIError(f"refusing to overwrite {', '.join(map(str, existing))} (use --force)")
+    for path in existing:  # --force replaces files only: fail before anything is written
+        if path.is_symlink() or not path.is_file():
+            raise CLIError(f"{path}: exists and is not a regular file; not overwriting it")
+    with _about(args.file):  # every image checked before anything is created or written,
+        for _, image in plan:  # one at a time: their raw sizes may add up beyond memory
+            image.read(keep=False)  # decompressed and digest-checked
     out.mkdir(parents=True, exist_ok=True)
-    for (path, _), raw in zip(plan, data):
+    for path, image in plan:
+        with _about(args.file):
+            raw = image.read(keep=False)
         path.write_bytes(raw)
         print(f"{path}  ({len(raw)} bytes)")
     if not plan:
@@ -207,6 +221,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         kinds = _param_kinds(program.summary)
     values: dict[str, Any] = {}
     for text in args.values:
+        given = text.partition("=")[0].strip()
+        if given.isidentifier() and given not in kinds:  # before its value is judged by a guess
+            inputs = [p.name for p in program.summary.params
+                      if getattr(p, "role", "in") != "out" and getattr(p, "value", None) is None]
+            raise CLIError(f"{args.program} has no input {given!r} "
+                           f"(inputs: {', '.join(inputs) or 'none'})")
         name, value = parse_assignment(text, kinds)
         if name in values:
             raise CLIError(f"{name} is given twice ({name}={values[name]!r} and {text!r})")
@@ -259,7 +279,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
-    from .serializer import save
+    from .serializer import _write_atomic, resign
     from .signing import key_id, load_private_key, public_key_bytes
 
     key = load_private_key(args.key)
@@ -267,7 +287,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
     with _about(args.file):
         pack.verify()  # never put a signature on bytes that do not verify
     target = args.output or args.file
-    save(pack, target, sign_with=key)
+    _write_atomic(target, resign(pack, key))  # the verified body and blobs, not re-encoded
     print(f"signed {args.file} -> {target} (key id {key_id(public_key_bytes(key))})")
     return 0
 
@@ -288,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = add("inspect", cmd_inspect, "show programs, launches and images of an artifact")
-    p.add_argument("file")
+    p.add_argument("file", help="a .kpack artifact")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--device", type=_arch, metavar="sm_XY",
                    help="explain which image each module would load on this GPU architecture")
@@ -296,33 +316,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --device: also apply the rules of this CUDA driver version")
 
     p = add("verify", cmd_verify, "verify everything, every image included")
-    p.add_argument("file")
+    p.add_argument("file", help="a .kpack artifact")
     p.add_argument("--trusted-key", action="append", metavar="PUB",
                    help="public key file (or hex); the artifact must be signed by one of them")
 
     p = add("extract", cmd_extract,
             "write every image, decompressed, as files for cuobjdump / nvdisasm")
-    p.add_argument("file")
+    p.add_argument("file", help="a .kpack artifact")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
 
     p = add("eval", cmd_eval, "evaluate a program's plan for given shapes and scalars")
-    p.add_argument("file")
-    p.add_argument("program")
+    p.add_argument("file", help="a .kpack artifact")
+    p.add_argument("program", help="program name (inspect lists them)")
     p.add_argument("values", nargs="*", metavar="NAME=VALUE",
                    help="tensor shapes (x=4096,1000) and scalars (s=3, a=0.5)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
     p = add("diff", cmd_diff, "compare two artifacts (exit 0 identical, 1 different)")
-    p.add_argument("a")
-    p.add_argument("b")
+    p.add_argument("a", help="the old artifact")
+    p.add_argument("b", help="the new artifact")
 
     p = add("keygen", cmd_keygen, "create an ed25519 key pair for signing artifacts")
     p.add_argument("-o", "--output", required=True, metavar="NAME",
                    help="private key path; the public key goes to NAME.pub")
 
     p = add("sign", cmd_sign, "re-save an artifact with an ed25519 signature")
-    p.add_argument("file")
+    p.add_argument("file", help="a .kpack artifact")
     p.add_argument("--key", required=True, help="private key file written by keygen")
     p.add_argument("-o", "--output", metavar="OUT", help="output path (default: in place)")
 
@@ -333,8 +353,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _tolerant_output() -> None:
+    """On a terminal that cannot encode every character (``PYTHONIOENCODING=ascii``), show a
+    non-ASCII name from the artifact as ``\\xf1`` instead of failing half-way through the
+    output with UnicodeEncodeError. UTF-8 streams are left as they are."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if (isinstance(stream, io.TextIOWrapper) and encoding != "utf8"
+                and stream.errors == "strict"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kernelpack`` console script; returns the exit status."""
+    _tolerant_output()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -112,10 +112,12 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
+    from .cli_facts import printable  # key records may come from a shared (remote) cache
+
     print(f"{'key':<16}  {'bytes':>10}  {'unused':>8}  {'kind':<10}  program")
     for r in rows:
-        print(f"{r['key'][:16]}  {r['bytes']:>10}  {_age(r['age_s']):>8}  {r['kind']:<10}  "
-              f"{r['program']}")
+        print(f"{r['key'][:16]}  {r['bytes']:>10}  {_age(r['age_s']):>8}  "
+              f"{printable(str(r['kind'])):<10}  {printable(r['program'])}")
     print(f"{len(rows)} entries in {store.root}")
     return 0
 
@@ -170,7 +172,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         print(json.dumps({"key": digest, "parts": dict(record.parts) if record else None,
                           "on_disk": store.path(digest).exists()}, indent=1))
         return 0 if record else 1
-    print(cache.explain(digest))
+    from .cli_facts import printable  # a record's parts are text from whoever wrote the key
+
+    print("\n".join(printable(line) for line in cache.explain(digest).splitlines()))
     if record is None:
         print(f"error: no record of key {digest} in {store.root}", file=sys.stderr)
         return 1

@@ -141,13 +141,21 @@ def selection_facts(images: list[Any], device: str, what: str,
     """Which image the runtime would load on ``device`` under a driver of ``driver_version``
     (None: no driver gate), and why."""
     from .errors import CompatibilityError
-    from .runtime.selection import image_label, select_image
+    from .runtime.selection import _rank, image_label, select_image
+    from .targets import Arch, parse_arch
 
     try:
         sel = select_image(images, device, driver_version, what)
     except CompatibilityError as exc:
+        # Every image was rejected: give the reasons as data too, so that --json readers and
+        # the text renderer need not parse them out of the message.
+        dev = parse_arch(device)
+        dev = Arch(dev.major, dev.minor)  # the device's suffix plays no part (select_image)
         return {"device": device, "driver_version": driver_version, "chosen": None,
-                "error": str(exc), "reasons": []}
+                "error": str(exc),
+                "reasons": [{"image": image_label(img),
+                             "reason": "rejected: " + _rank(img, dev, driver_version)[1]}
+                            for img in images]}
     return {
         "device": device,
         "driver_version": driver_version,
@@ -235,7 +243,8 @@ def _plain(value: Any) -> Any:
 
 def diff_facts(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """Readable lines for what differs between two ``pack_facts``; empty when the programs,
-    modules and images (by raw digest) are the same."""
+    modules and images (by raw digest, and the CUDA version and PTX ISA that a driver checks)
+    are the same."""
     lines: list[str] = []
     progs_a = {p["name"]: p for p in a["programs"]}
     progs_b = {p["name"]: p for p in b["programs"]}
@@ -278,6 +287,10 @@ def _module_changes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
             out.append(f"~ image {t}: raw digest {str(ia['raw_digest'])[:16]} -> "
                        f"{str(ib['raw_digest'])[:16]}, {ia['raw_size']} -> {ib['raw_size']} bytes"
                        f", toolchain {ia['toolchain']!r} -> {ib['toolchain']!r}")
+        else:  # same bytes, but these decide whether a driver accepts the image
+            for key in ("cuda_version", "ptx_isa"):
+                if ia[key] != ib[key]:
+                    out.append(f"~ image {t}: {key} {ia[key]} -> {ib[key]}")
     return out
 
 

@@ -133,14 +133,14 @@ def _render_module(con: Console, module: dict[str, Any]) -> None:
     sel = module.get("selection")
     if sel is None:
         return
-    if sel["error"]:
-        _line(con, f"on {sel['device']}: ", ("no usable image", "red"))
-        for line in sel["error"].splitlines()[1:]:
-            _line(con, "  ", line.strip())
-        return
     driver = sel.get("driver_version")
-    under = f" (driver CUDA {driver // 1000}.{driver % 1000 // 10})" if driver else ""
-    _line(con, f"on {sel['device']}{under}: loads ", (sel["chosen"], "bold"))
+    under = (f" (driver CUDA {driver // 1000}.{driver % 1000 // 10})"
+             if driver is not None else "")
+    if sel["error"]:
+        # the reasons, not the error's lines: printable_facts has escaped its newlines
+        _line(con, f"on {sel['device']}{under}: ", ("no usable image", "red"))
+    else:
+        _line(con, f"on {sel['device']}{under}: loads ", (sel["chosen"], "bold"))
     for r in sel["reasons"]:
         _line(con, f"  {r['image']}: {r['reason']}")
 

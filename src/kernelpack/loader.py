@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from typing import Any, Iterable, Iterator
 
 from ._decode import decode_program
@@ -269,9 +270,14 @@ class Pack:
         module and kernel exist, every image matches its digests. Raises KernelPackError."""
         for name in self.programs:
             self[name].modules  # decodes the summary and checks the references
+        kept = 0
         for module in self.modules.values():
             for image in module.images:
-                image.read()
+                # Checked images stay cached for the launches that follow, up to a budget: a
+                # small file can declare thousands of images of MAX_IMAGE_SIZE raw bytes each.
+                keep = kept + image.raw_size <= _VERIFY_KEEP_BYTES
+                image.read(keep=keep)
+                kept += image.raw_size if keep else 0
 
     def __repr__(self) -> str:
         major, minor = self.format_version
@@ -289,21 +295,38 @@ def _sorted_unique(names: list[str], what: str) -> None:
             raise FormatError(f"body: {what} names must be sorted and unique ({a!r} then {b!r})")
 
 
+# Pack.verify() keeps the raw bytes of the images it checked up to this total (decompressing
+# every image of a hostile file and keeping them all would be an unbounded allocation).
+_VERIFY_KEEP_BYTES = 256 << 20
+
 # Files up to this size are read into memory; larger ones are memory-mapped, so a pack of many
 # programs costs only the pages its used programs and images touch.
 _READ_LIMIT = 1 << 20
 
 
+def _open_nonblocking(path: str, flags: int) -> int:
+    return os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
+
+
 def _open(source: object) -> memoryview:
     if isinstance(source, (bytes, bytearray, memoryview)):
-        view = memoryview(source).cast("B") if isinstance(source, memoryview) else memoryview(source)
-        if len(view) > MAX_FILE_SIZE:
-            raise FormatError(f"file: {len(view)} bytes exceed MAX_FILE_SIZE {MAX_FILE_SIZE}")
-        return view
+        view = memoryview(source)
+        if view.nbytes > MAX_FILE_SIZE:
+            raise FormatError(f"file: {view.nbytes} bytes exceed MAX_FILE_SIZE {MAX_FILE_SIZE}")
+        if view.readonly and view.c_contiguous:
+            return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        # A writable buffer could change between verification and a later (lazy) decode, and
+        # a strided view is not a byte string: the pack reads a private copy.
+        return memoryview(view.tobytes())
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"kp.load takes a path or bytes (got {type(source).__name__})")
-    with open(source, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+    # O_NONBLOCK: opening a FIFO must not wait forever for a writer (no effect on files)
+    with open(source, "rb", opener=_open_nonblocking) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise FormatError(f"{os.fspath(source)}: not a regular file (a FIFO, socket or "
+                              f"device cannot hold an artifact)")
+        size = st.st_size
         if size > MAX_FILE_SIZE:
             raise FormatError(f"{os.fspath(source)}: {size} bytes exceed MAX_FILE_SIZE "
                               f"{MAX_FILE_SIZE}")

@@ -34,7 +34,7 @@ from .compiled import Compiled, Image, Module
 from .summary import KernelSummary
 from .signing import SIGNATURE_DOMAIN  # noqa: F401  (re-exported; cryptography stays lazy)
 
-__all__ = ["save", "encode", "ZSTD_LEVEL", "ARG_KINDS", "ARCH_SUFFIXES", "CODECS",
+__all__ = ["save", "resign", "encode", "ZSTD_LEVEL", "ARG_KINDS", "ARCH_SUFFIXES", "CODECS",
            "SIGNATURE_DOMAIN"]
 
 ZSTD_LEVEL = 9
@@ -223,6 +223,26 @@ def _write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         os.close(dir_fd)
 
 
+def resign(pack: object, sign_with: object) -> bytes:
+    """A loaded ``Pack`` wrapped again around its own body and stored blobs, signed with
+    ``sign_with`` (what ``kernelpack sign`` writes).
+
+    Nothing is decompressed or recompressed: re-saving holds every image's raw bytes at once,
+    and a small file can declare gigabytes of them; and the signature then covers exactly the
+    body that was verified. For a file this writer made, the bytes equal
+    ``save(pack, sign_with=...)``. The caller verifies the pack first.
+    """
+    from ._fbread import Table
+    from .signing import sign_digest
+    from .verify import verify_buffer
+
+    buf = pack._buf  # type: ignore[attr-defined]  # the buffer load() verified
+    fpack = Table(buf, verify_buffer(buf, "Pack", identifier=FILE_IDENTIFIER), "Pack")
+    body = bytes(fpack.view("body"))
+    blobs = [bytes(blob.view("data")) for blob in fpack.get("blobs")]
+    return assemble(body, blobs, sign_digest(sign_with, hashlib.sha256(body).digest()))
+
+
 def save(items: object, path_or_file: PathOrFile = None, *, sign_with: object = None) -> bytes:
     """Serialize programs into one artifact and return its bytes.
 
@@ -240,7 +260,7 @@ def save(items: object, path_or_file: PathOrFile = None, *, sign_with: object = 
     Raises
     ------
     ValueError: duplicate program names, two different modules with one name, a limit exceeded.
-    TypeError: items of the wrong type.
+    TypeError: items of the wrong type, or a ``path_or_file`` that is none of the above.
     """
     body, blobs = encode(_collect(items))
     signature = None
@@ -253,6 +273,9 @@ def save(items: object, path_or_file: PathOrFile = None, *, sign_with: object = 
         return data
     if hasattr(path_or_file, "write"):
         path_or_file.write(data)  # type: ignore[union-attr]
-    else:
-        _write_atomic(path_or_file, data)  # type: ignore[arg-type]
+    elif isinstance(path_or_file, (str, os.PathLike)):
+        _write_atomic(path_or_file, data)
+    else:  # bytes would be artifact data to kp.load, never a path: say so before any I/O
+        raise TypeError(f"kp.save writes to a path (str or os.PathLike), a binary file object "
+                        f"or nowhere (None) (got {type(path_or_file).__name__})")
     return data

@@ -68,9 +68,14 @@ def load_private_key(key: object) -> Any:
                              f"key (keygen's NAME, without .pub)")
         data = _read_key_file(path)
         if b"-----BEGIN" in data:
+            from cryptography.exceptions import UnsupportedAlgorithm
             from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-            loaded = load_pem_private_key(data, password=None)
+            try:  # an encrypted key raises TypeError: name the file, never a traceback
+                loaded = load_pem_private_key(data, password=None)
+            except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+                raise ValueError(f"{path}: not a usable PEM private key (an unencrypted "
+                                 f"ed25519 key is needed): {exc}") from None
             if not isinstance(loaded, ed.Ed25519PrivateKey):
                 raise ValueError(f"{key}: not an ed25519 private key")
             return loaded
@@ -111,9 +116,16 @@ def load_public_key(key: object) -> bytes:
             raise ValueError(f"{path} is a private key; trust its public key {path}.pub")
         data = _read_key_file(path)
         if b"-----BEGIN" in data:
+            from cryptography.exceptions import UnsupportedAlgorithm
             from cryptography.hazmat.primitives import serialization
 
-            loaded = serialization.load_pem_public_key(data)
+            try:
+                loaded = serialization.load_pem_public_key(data)
+            except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+                raise ValueError(f"{path}: not a usable PEM public key: {exc}") from None
+            if not isinstance(loaded, _ed25519().Ed25519PublicKey):  # name the file, not a repr
+                raise ValueError(f"{path}: not an ed25519 public key "
+                                 f"({type(loaded).__name__.lstrip('_')})")
             return load_public_key(loaded)
         try:
             raw = bytes.fromhex(data.strip().decode("ascii"))
