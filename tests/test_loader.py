@@ -217,3 +217,22 @@ def test_both_call_bases_dispatch_alike() -> None:
         assert p(1, 2) == ("fast", (1, 2), None, None)
         assert p(out=3, stream=4) == ("fast", (), 3, 4)
         assert p(1, a=2)[0] == "general" and p(1, a=2)[2]["a"] == 2
+
+
+def test_load_reads_a_private_copy_of_writable_or_strided_buffers() -> None:
+    """What was verified is what is decoded later: a bytearray changed after kp.load does not
+    change the pack, and a strided memoryview loads like its bytes."""
+    data = kp.save([kp_samples.axpy()])
+    buf = bytearray(data)
+    pack = kp.load(buf)
+    buf[:] = bytes(len(buf))  # the caller reuses its buffer
+    assert pack.programs == ["axpy"] and pack["axpy"].summary.name == "axpy"
+    strided = memoryview(bytes(b for byte in data for b in (byte, 0)))[::2]
+    assert kp.load(strided).programs == ["axpy"]
+    assert kp.load(memoryview(data)).nbytes == len(data)
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    done = subprocess.run([sys.executable, "-m", "kernelpack", "--help"], capture_output=True,
+                          text=True, timeout=60)  # noqa: S603
+    assert done.returncode == 0 and "inspect" in done.stdout

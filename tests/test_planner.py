@@ -128,6 +128,19 @@ def test_repeated_launches_expand_in_order() -> None:
         program([Tensor("x", kp.f32, ("n",))], count=n).plan((MAX_LAUNCH_REPEAT + 1,))
 
 
+def test_a_plan_holds_a_bounded_number_of_launches(monkeypatch) -> None:
+    """Repeats are capped per launch and in total: several launches of 2^20 repeats each
+    would otherwise cost gigabytes and minutes to plan (a hostile summary can ask for it)."""
+    from kernelpack import _plan_ref
+
+    monkeypatch.setattr(_plan_ref, "MAX_PLANNED_LAUNCHES", 10)
+    p = program([Tensor("x", kp.f32, ("n",))], count=n)
+    assert len(p.plan((10,)).launches) == 10
+    with pytest.raises(ConstraintError, match="makes the plan 11 launches, more than "
+                                              "MAX_PLANNED_LAUNCHES 10"):
+        program([Tensor("x", kp.f32, ("n",))], count=n).plan((11,))
+
+
 @pytest.mark.parametrize("kw, shape, match", [
     ({"block": (n,)}, 0, r"block \(0, 1, 1\) outside the limits"),
     ({"block": (n,)}, 1025, r"block \(1025, 1, 1\)"),

@@ -19,7 +19,7 @@ from .dtypes import DType
 from .errors import ConstraintError
 from .expr import INT64_MAX, Expr
 from .expr_program import ExprEncoder, ExprProgram
-from .limits import MAX_LAUNCH_REPEAT
+from .limits import MAX_LAUNCH_REPEAT, MAX_PLANNED_LAUNCHES
 from .summary import KernelSummary, Scalar, Tensor
 
 __all__ = ["ReferencePlanner"]
@@ -225,6 +225,10 @@ class ReferencePlanner:
             n = count if count.__class__ is int else value(frame, count.root, count.what)
             if not 0 <= n <= MAX_LAUNCH_REPEAT:
                 raise ConstraintError(f"{launch[8]} count = {n}, expected 0..{MAX_LAUNCH_REPEAT}")
+            if len(planned) + n > MAX_PLANNED_LAUNCHES:
+                raise ConstraintError(f"{launch[8]} count = {n} makes the plan "
+                                      f"{len(planned) + n} launches, more than "
+                                      f"MAX_PLANNED_LAUNCHES {MAX_PLANNED_LAUNCHES}")
             for i in range(n):
                 f = frame.copy()
                 if launch[6] >= 0:

@@ -12,7 +12,7 @@ __all__ = [
     "MAX_FILE_SIZE", "MAX_PROGRAMS", "MAX_MODULES", "MAX_IMAGES_PER_MODULE", "MAX_KERNELS",
     "MAX_PARAMS", "MAX_RANK", "MAX_LAUNCHES", "MAX_ARGS", "MAX_VARIANTS", "MAX_CONSTRAINTS",
     "MAX_SCRATCH", "MAX_NAME_LENGTH", "MAX_TEXT_LENGTH", "MAX_SYMBOLS", "MAX_EXPR_OPS",
-    "MAX_EXPR_ROOTS", "MAX_EXPR_STACK", "MAX_EXPR_DEPTH", "MAX_IMAGE_SIZE", "MAX_LAUNCH_REPEAT",
+    "MAX_EXPR_ROOTS", "MAX_EXPR_STACK", "MAX_EXPR_DEPTH", "MAX_IMAGE_SIZE", "MAX_LAUNCH_REPEAT", "MAX_PLANNED_LAUNCHES",
     "MAX_TABLE_DEPTH", "MAX_BLOBS", "DIGEST_SIZE",
 ]
 
@@ -43,6 +43,8 @@ MAX_EXPR_DEPTH = 256                   # nesting of one expression, LOADs follow
                                        # recursion limit (a chain of NEGs needs no stack)
 MAX_IMAGE_SIZE = 1 << 30               # decompressed bytes of one image
 MAX_LAUNCH_REPEAT = 1 << 20            # evaluated `count` of a repeated launch
+MAX_PLANNED_LAUNCHES = 1 << 20         # launches of one plan, repeats expanded (a few of
+                                       # 2^20-fold launches would otherwise cost gigabytes)
 MAX_TABLE_DEPTH = 16                   # nesting of tables the verifier will follow
 MAX_BLOBS = 1 << 20                    # stored image blobs per file
 DIGEST_SIZE = 32                       # SHA-256
