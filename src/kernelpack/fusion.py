@@ -62,6 +62,9 @@ class Fusion:
             raise TraceError(f"fusion {self.name}: cannot read annotations: {exc}") from exc
         self.params: list[tuple[str, object]] = []
         for p in sig.parameters.values():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise TraceError(f"fusion {self.name}: parameter {p.name!r} is variadic; every "
+                                 f"input needs its own annotated parameter")
             ann = hints.get(p.name)
             if not isinstance(ann, (TensorType, DType)):
                 raise TraceError(f"fusion {self.name}: parameter {p.name!r} needs an annotation "
@@ -91,8 +94,13 @@ class Fusion:
             else:
                 g.params.append((pname, "scalar", ann, ()))  # type: ignore[arg-type]
                 args.append(g.add("scalar", ann, (), attrs=(pname,)))  # type: ignore[arg-type]
+        # keyword-only parameters (after a bare *) are passed by name
+        kinds = [p.kind for p in inspect.signature(self.fn).parameters.values()]
+        pos = [a for a, k in zip(args, kinds) if k != inspect.Parameter.KEYWORD_ONLY]
+        kw = {n: a for (n, _), a, k in zip(self.params, args, kinds)
+              if k == inspect.Parameter.KEYWORD_ONLY}
         with active_graph(g):
-            result = self.fn(*args)
+            result = self.fn(*pos, **kw)
         items = _outputs(self.name, result)
         for oname, value in items:
             if oname in {p[0] for p in g.params}:

@@ -87,6 +87,8 @@ class Graph:
                 return "dtype:" + a.name
             if isinstance(a, float):
                 return "float:" + repr(a)
+            if isinstance(a, complex):  # a complex literal (json has no complex numbers)
+                return "complex:" + repr(a)
             if isinstance(a, tuple):
                 return [enc(x) for x in a]
             return a

@@ -169,4 +169,7 @@ def pad(x: Value, size: object, axis: int = -1) -> Value:
     (ax,) = _axes("pad", x, axis)
     shape = list(x.shape)
     shape[ax] = dim_expr(size)
+    if shape[ax].is_const and x.shape[ax].is_const and shape[ax].value < x.shape[ax].value:
+        raise TraceError(f"pad: size {shape[ax]} is below the length {x.shape[ax]} of axis {ax} "
+                         f"of {_desc(x)} (pad only adds zeros at the end)")
     return x.graph.add("pad", x.dtype, shape, (x.id,), attrs=(ax,))

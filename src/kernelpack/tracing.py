@@ -5,29 +5,27 @@ nodes of a :class:`~kernelpack.graph.Graph` and compute nothing. This module hol
 share — turning numbers and dims into values, dtype promotion, symbolic broadcasting, and the
 unary/binary/reduction/view builders — apart from the public op functions
 (:mod:`kernelpack.ops`) and the decorator (:mod:`kernelpack.fusion`), so the rules live in one
-place. Pure Python with no heavy imports: ``import kernelpack`` stays light.
-
-Typing rules (kept small on purpose): Python numbers are *weak* (they take the tensor's dtype);
-a value of a higher kind (bool < int < float < complex) absorbs a lower one; two tensors of the
-same kind and different widths are a :class:`~kernelpack.errors.TraceError` (cast with
-``.astype``) rather than a silent upcast.
+place. Pure Python with no heavy imports: ``import kernelpack`` stays light. The typing rules
+themselves (promotion, weak constants, broadcasting, reduction axes) are in
+:mod:`kernelpack.promotion`.
 """
 
 from __future__ import annotations
 
 import builtins
+import numbers
+import operator
 from contextlib import contextmanager
 from typing import Iterator
 
 from .dtypes import DType, as_dtype, bool_, complex64, complex128, float32, float64, int64, uint64
 from .errors import TraceError
 from .expr import Expr, const, select
-from .graph import BITWISE, COMPARE, FLOAT_ONLY, Graph, Node
+from .graph import BITWISE, COMPARE, Graph, Node
+from .promotion import _axes, _check_int_fits, _desc, _fmt, _promote, broadcast_shapes
 
 __all__ = ["Value", "trace_value", "broadcast_shapes", "astype", "pow", "active_graph",
            "current_graph"]
-
-_KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
 
 # The graphs being traced, innermost last: ops that create a tensor from nothing but dims
 # (kp.arange, kp.iota) need to know which graph to add to.
@@ -50,6 +48,35 @@ def current_graph() -> Graph | None:
 
 
 # ---- traced values ----------------------------------------------------------------------------
+class _NoAttribute(TraceError, AttributeError):
+    """A missing attribute of a traced tensor (``x.T``, ``x.reshape``): a TraceError for the
+    user, still an AttributeError for ``hasattr`` and Python's protocols."""
+
+
+class _ShapeIndexError(TraceError, IndexError):
+    """``x.shape[i]`` past the rank: a TraceError naming the shape, still an IndexError."""
+
+
+class _Shape(tuple):
+    """``x.shape``: the dims (:class:`~kernelpack.expr.Expr`), indexable like any tuple; an
+    index past the rank names the tensor's shape instead of a bare "tuple index out of
+    range"."""
+
+    __slots__ = ()
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+        try:
+            return tuple.__getitem__(self, i)
+        except IndexError:
+            raise _ShapeIndexError(f"shape index {i!r} out of range for a tensor of shape "
+                                   f"{_fmt(tuple(self))} (rank {len(self)})") from None
+
+
+def _no_value(what: str) -> TraceError:
+    return TraceError(f"{what} of a traced tensor: it has no value while tracing; use kp ops "
+                      f"(kp.exp, .astype, kp.where, x.shape[i] for sizes)")
+
+
 class Value:
     """A symbolic tensor inside a trace: operators record nodes; nothing is computed."""
 
@@ -70,7 +97,7 @@ class Value:
 
     @property
     def shape(self) -> tuple[Expr, ...]:
-        return self.node.shape
+        return _Shape(self.node.shape)
 
     @property
     def ndim(self) -> int:
@@ -86,6 +113,24 @@ class Value:
 
     def __bool__(self) -> bool:
         raise TraceError("the truth of a traced tensor is unknown while tracing; use kp.where")
+
+    def __getattr__(self, name: str) -> object:
+        # only reached for names Value lacks: NumPy methods such as x.reshape or x.T
+        raise _NoAttribute(f"traced tensors have no attribute {name!r} (supported: astype, "
+                           f"real, imag, sum, prod, max, min, mean, shape, dtype, ndim, "
+                           f"indexing with None)")
+
+    def __len__(self) -> int:
+        raise _no_value("len()")
+
+    def __float__(self) -> float:
+        raise _no_value("float()")
+
+    def __int__(self) -> int:
+        raise _no_value("int()")
+
+    def __complex__(self) -> complex:
+        raise _no_value("complex()")
 
     # arithmetic
     def __add__(self, o): return _binary("add", self, o)
@@ -190,74 +235,56 @@ def trace_value(graph: Graph, v: object, like: DType | None = None) -> Value:
         return graph.add("const", bool_, (), attrs=(v, True))
     if isinstance(v, int):
         numeric = like is not None and like.kind in ("i", "u", "f", "c")
-        return graph.add("const", like if numeric else int64, (), attrs=(v, True))
+        dt = like if numeric else int64
+        _check_int_fits(v, dt)
+        return graph.add("const", dt, (), attrs=(v, True))
     if isinstance(v, float):
         dt = like if like is not None and like.kind in ("f", "c") else float64
         return graph.add("const", dt, (), attrs=(v, True))
-    index = getattr(v, "__index__", None)
-    if index is not None and not isinstance(v, (list, tuple)):
-        return trace_value(graph, int(index()), like)
+    if isinstance(v, builtins.complex):
+        # NumPy's weak complex scalar: complex64 beside float32/float16/complex64 tensors,
+        # complex128 otherwise (a float64 or integer tensor, or no tensor)
+        if like is not None and like.kind == "c":
+            dt = like
+        elif like is not None and like.kind == "f" and like.itemsize <= 4:
+            dt = complex64
+        else:
+            dt = complex128
+        return graph.add("const", dt, (), attrs=(v, True))
+    # NumPy scalars (np.float32(2), np.int32(3)) and other registered numbers act as the
+    # Python number of their kind; np.float64 is already a float and np.int64 has __index__
+    if not isinstance(v, (list, tuple)) and getattr(v, "ndim", 0) == 0:
+        if isinstance(v, numbers.Integral) or hasattr(v, "__index__"):
+            try:
+                return trace_value(graph, operator.index(v), like)
+            except TypeError:
+                pass
+        elif isinstance(v, numbers.Real):
+            return trace_value(graph, float(v), like)
+        elif isinstance(v, numbers.Complex):
+            return trace_value(graph, builtins.complex(v), like)
     raise TraceError(f"cannot use {v!r} ({type(v).__name__}) in a fusion: expected a traced "
                      f"tensor, a number or a dim")
 
 
-def _const_dtype(v: Value, like: DType) -> Value:
-    """Re-type a weak constant to ``like`` (a new node; the graph keeps the old one unused)."""
-    node = v.node
-    return v.graph.add("const", like, (), attrs=(node.attrs[0], True))
-
-
-def _promote(op: str, a: Value, b: Value) -> tuple[Value, Value, DType]:
-    ka, kb = _KIND_RANK[a.dtype.kind], _KIND_RANK[b.dtype.kind]
-    if a.weak and not b.weak and ka <= kb:
-        a = _const_dtype(a, b.dtype)
-    elif b.weak and not a.weak and kb <= ka:
-        b = _const_dtype(b, a.dtype)
-    da, db = a.dtype, b.dtype
-    if da == db:
-        return a, b, da
-    ka, kb = _KIND_RANK[da.kind], _KIND_RANK[db.kind]
-    if ka != kb:
-        hi = da if ka > kb else db
-        lo = db if ka > kb else da
-        if hi.is_complex and lo.is_float and lo != hi.real:
-            raise TraceError(f"{op}: dtype mismatch {da} and {db}; cast one with .astype")
-        return a, b, hi
-    raise TraceError(f"{op}: dtype mismatch {_desc(a)} and {_desc(b)}; cast one with .astype")
-
-
-def _desc(v: Value) -> str:
-    return f"{v.dtype}[{', '.join(str(d) for d in v.shape)}]"
-
-
-def broadcast_shapes(op: str, *shapes: tuple[Expr, ...]) -> tuple[Expr, ...]:
-    """NumPy broadcasting with symbolic dims: equal dims match, a literal 1 stretches."""
-    first = shapes[0]
-    if all(s == first for s in shapes):  # the common case (same-shape operands): no work,
-        return tuple(first)              # and the result the loop below would compute
-    rank = builtins.max(len(s) for s in shapes)
-    out: list[Expr] = []
-    for axis in range(rank):
-        dim: Expr = const(1)
-        for s in shapes:
-            d = s[axis - rank + len(s)] if axis - rank + len(s) >= 0 else const(1)
-            if d == dim or (d.is_const and d.value == 1):
-                continue
-            if dim.is_const and dim.value == 1:
-                dim = d
-                continue
-            raise TraceError(f"{op}: shapes {' and '.join(_fmt(s) for s in shapes)} do not "
-                             f"broadcast (axis {axis}: {dim} vs {d})")
-        out.append(dim)
-    return tuple(out)
-
-
-def _fmt(shape: tuple[Expr, ...]) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+def _widen_for_comparison(t: object, lit: object) -> object:
+    """NumPy 2 compares an integer tensor with a Python int outside its dtype exactly
+    (``int32 == 3_000_000_000`` is all False) where arithmetic would raise: widen the tensor
+    to int64 for such a literal (one that fits int64) instead of a trace error."""
+    if (isinstance(t, Value) and t.dtype.kind in "iu" and t.dtype.itemsize < 8
+            and isinstance(lit, int) and not isinstance(lit, bool)):
+        try:
+            _check_int_fits(lit, t.dtype)
+        except TraceError:
+            _check_int_fits(lit, int64)
+            return astype(t, int64)
+    return t
 
 
 def _binary(op: str, a: object, b: object) -> Value:
     g = _graph_of(a, b)
+    if op in COMPARE:
+        a, b = _widen_for_comparison(a, b), _widen_for_comparison(b, a)
     like = b.dtype if isinstance(b, Value) else a.dtype if isinstance(a, Value) else None
     va = trace_value(g, a, like if not isinstance(a, Value) else None)
     vb = trace_value(g, b, va.dtype if not isinstance(b, Value) else None)
@@ -266,22 +293,28 @@ def _binary(op: str, a: object, b: object) -> Value:
     if op in BITWISE and dt.kind not in "iub":
         raise TraceError(f"{op}: needs integer or bool operands (got {_desc(va)}, {_desc(vb)})")
     if op in ("shl", "shr") and dt.kind == "b":
-        raise TraceError(f"{op}: needs integer operands (got {dt})")
+        raise TraceError(f"{op}: needs integer operands (got {_desc(va)}, {_desc(vb)})")
     if op == "complex":
         if dt.kind != "f" or dt not in (float32, float64):
             raise TraceError(f"complex: needs float32 or float64 parts (got {_desc(va)}, "
                              f"{_desc(vb)})")
         return g.add(op, complex64 if dt == float32 else complex128, shape, (va.id, vb.id))
     if op in ("floordiv", "mod", "max", "min") and dt.is_complex:
-        raise TraceError(f"{op}: not defined for complex operands ({dt})")
+        raise TraceError(f"{op}: not defined for complex operands (got {_desc(va)}, "
+                         f"{_desc(vb)})")
+    if op == "pow" and dt.is_complex:  # small integer exponents never get here (see pow)
+        raise TraceError(f"pow: complex powers support only integer exponents -8..8 (got "
+                         f"{_desc(va)} ** {_desc(vb)})")
     if op in COMPARE:
         if dt.is_complex and op not in ("eq", "ne"):
-            raise TraceError(f"{op}: complex numbers are not ordered")
+            raise TraceError(f"{op}: complex numbers are not ordered (got {_desc(va)}, "
+                             f"{_desc(vb)})")
         return g.add(op, bool_, shape, (va.id, vb.id))
     if op == "div" and dt.kind in "iub":
         va, vb, dt = astype(va, float64), astype(vb, float64), float64
     if op in ("add", "sub", "mul", "floordiv", "mod", "pow") and dt.kind == "b":
-        raise TraceError(f"{op}: arithmetic on bool tensors; cast with .astype first")
+        raise TraceError(f"{op}: arithmetic on bool tensors ({_desc(va)}, {_desc(vb)}); cast "
+                         f"with .astype first")
     return g.add(op, dt, shape, (va.id, vb.id))
 
 
@@ -304,11 +337,11 @@ def _unary(op: str, x: object) -> Value | Expr | int:
         return x.graph.add(op, dt, x.shape, (x.id,))
     if op in ("neg", "abs"):
         if dt.kind == "b":
-            raise TraceError(f"{op}: not defined for bool tensors")
+            raise TraceError(f"{op}: not defined for bool tensors (got {_desc(x)})")
         return x.graph.add(op, dt.real if op == "abs" else dt, x.shape, (x.id,))
     if dt.kind in "iub":
         x, dt = astype(x, float64), float64
-    if dt.is_complex and op in FLOAT_ONLY | {"sin", "cos", "sqrt"}:
+    if dt.is_complex and op != "exp":  # the lowering has complex neg, abs, real, imag, exp
         raise TraceError(f"{op}: complex arguments are not supported (got {_desc(x)})")
     return x.graph.add(op, dt, x.shape, (x.id,))
 
@@ -328,27 +361,13 @@ def _view(x: Value, mapping: tuple[int | None, ...]) -> Value:
     return x.graph.add("view", x.dtype, shape, (x.id,), attrs=(mapping,))
 
 
-def _axes(op: str, x: Value, axis: object) -> tuple[int, ...]:
-    if axis is None:
-        return tuple(range(x.ndim))
-    items = axis if isinstance(axis, (tuple, list)) else (axis,)
-    out = []
-    for a in items:
-        if isinstance(a, bool) or not isinstance(a, int) or not -x.ndim <= a < builtins.max(x.ndim, 1):
-            raise TraceError(f"{op}: axis {a!r} out of range for {_desc(x)}")
-        out.append(a % x.ndim)
-    if len(set(out)) != len(out):
-        raise TraceError(f"{op}: repeated axis in {axis!r}")
-    return tuple(sorted(out))
-
-
 def _reduce(kind: str, x: Value, axis: object, keepdims: bool) -> Value:
     if not isinstance(x, Value):
         raise TraceError(f"{kind}: expects a traced tensor (got {x!r})")
     axes = _axes(kind, x, axis)
     dt = x.dtype
     if kind in ("max", "min") and dt.is_complex:
-        raise TraceError(f"{kind}: complex numbers are not ordered")
+        raise TraceError(f"{kind}: complex numbers are not ordered (got {_desc(x)})")
     if kind in ("sum", "prod") and dt.kind in "bi" and dt.itemsize < 8:
         dt = int64
     elif kind in ("sum", "prod") and dt.kind == "u":
@@ -364,14 +383,25 @@ def _reduce(kind: str, x: Value, axis: object, keepdims: bool) -> Value:
 
 def astype(x: Value, dtype: object) -> Value:
     """Convert to ``dtype`` (NumPy ``astype`` semantics; complex → real keeps the real part)."""
-    dt = as_dtype(dtype)
+    try:
+        dt = as_dtype(dtype)
+    except TypeError as exc:
+        raise TraceError(f"astype of {_desc(x)}: {exc}") from None
     if x.dtype == dt:
         return x
     return x.graph.add("cast", dt, x.shape, (x.id,))
 
 
 def pow(x: object, y: object) -> Value:  # noqa: A001
-    """``x ** y``; a small integer exponent becomes multiplications (exact and fast)."""
+    """``x ** y``; a small integer exponent becomes multiplications (exact and fast), a small
+    negative one on a complex base their reciprocal (NumPy's result; complex pow is otherwise
+    not lowered). An integer base with a negative literal exponent is an error, as in NumPy."""
+    if isinstance(x, Value) and isinstance(y, int) and not isinstance(y, bool):
+        if x.dtype.kind in "iu" and y < 0:
+            raise TraceError(f"pow: integers to negative integer powers are not allowed "
+                             f"({_desc(x)} ** {y}); cast to a float dtype first")
+        if x.dtype.is_complex and -8 <= y < 0:
+            return _binary("div", 1, pow(x, -y))
     if isinstance(x, Value) and isinstance(y, int) and not isinstance(y, bool) and 0 <= y <= 8:
         if y == 0:
             return _binary("add", _zeros_like(x), 1)

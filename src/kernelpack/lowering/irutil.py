@@ -8,6 +8,7 @@ float16/bfloat16 are computed in float32 and converted at loads and stores, like
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from typing import Iterator, Union
 
@@ -75,7 +76,8 @@ def to_storage(b: ir.IRBuilder, v: ir.Value, dt: DType) -> ir.Value:
 
 
 def const_of(dt: DType, value: object) -> Val:
-    """A constant of ``dt`` (complex: the real part is ``value``, the imaginary part 0)."""
+    """A constant of ``dt`` (complex: ``value``'s real and imaginary parts; a real ``value``
+    has imaginary part 0)."""
     t = component(dt)
     if dt.kind == "b":
         return ir.Constant(I1, int(bool(value)))
@@ -84,8 +86,50 @@ def const_of(dt: DType, value: object) -> Val:
         bits = 8 * dt.itemsize
         return ir.Constant(t, v & ((1 << bits) - 1) if v < 0 and dt.kind == "u" else v)
     if dt.kind == "c":
-        return (ir.Constant(t, float(value)), ir.Constant(t, 0.0))  # type: ignore[arg-type]
+        z = complex(value)  # type: ignore[arg-type]
+        return (ir.Constant(t, z.real), ir.Constant(t, z.imag))
+    if dt.name in _NARROW:
+        return ir.Constant(t, _narrow_value(float(value), dt))  # type: ignore[arg-type]
     return ir.Constant(t, float(value))  # type: ignore[arg-type]
+
+
+# float16/bfloat16: (significant bits, smallest subnormal, largest finite value)
+_NARROW = {"float16": (11, 2.0 ** -24, 65504.0), "bfloat16": (8, 2.0 ** -133, 255 * 2.0 ** 120)}
+
+
+def _narrow_value(x: float, dt: DType) -> float:
+    """``x`` rounded once (to nearest even) to ``dt``'s precision, as a float: a literal such
+    as ``x16 + 0.1`` is NumPy's ``float16(0.1)``, not the float32 0.1 that would otherwise
+    survive in the float32 compute type."""
+    if math.isnan(x) or math.isinf(x) or x == 0.0:
+        return x
+    bits, tiny, top = _NARROW[dt.name]
+    quantum = max(2.0 ** (math.frexp(x)[1] - bits), tiny)
+    r = round(x / quantum) * quantum  # exact scaling by powers of two; round() ties to even
+    return math.copysign(math.inf, x) if abs(r) > top else r
+
+
+def _round_narrow(b: ir.IRBuilder, v: ir.Value, dst: DType) -> ir.Value:
+    """A float32 or float64 ``v`` rounded once to float16/bfloat16 and held as float32 (their
+    compute type). An explicit cast must round here, not only at the store: ``(x.astype(f16) *
+    2)`` uses the float16 value, and a float64 source rounded through float32 first would
+    round twice (float16(1 + 2**-11 + 2**-40) is 1.001, not 1.0)."""
+    if dst.name == "float16":
+        return b.fpext(b.fptrunc(v, F16), F32)
+    if isinstance(v.type, ir.DoubleType):  # to float32 rounding to odd: then RNE is exact
+        r = b.fptrunc(v, F32)
+        back = b.fpext(r, F64)
+        rb = b.bitcast(r, I32)
+        neg = b.fcmp_ordered("<", v, ir.Constant(F64, 0.0))
+        away = b.select(neg, b.fcmp_ordered("<", back, v), b.fcmp_ordered(">", back, v))
+        toward_zero = b.select(away, b.sub(rb, ir.Constant(I32, 1)), rb)
+        odd = b.or_(toward_zero, ir.Constant(I32, 1))
+        v = b.bitcast(b.select(b.fcmp_ordered("!=", back, v), odd, rb), F32)
+    bits = b.bitcast(v, I32)
+    lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
+    rounded = b.and_(b.add(bits, b.add(lsb, ir.Constant(I32, 0x7FFF))),
+                     ir.Constant(I32, 0xFFFF0000 - (1 << 32)))
+    return b.select(b.fcmp_unordered("uno", v, v), v, b.bitcast(rounded, F32))
 
 
 def convert(b: ir.IRBuilder, v: Val, src: DType, dst: DType) -> Val:
@@ -107,6 +151,10 @@ def convert(b: ir.IRBuilder, v: Val, src: DType, dst: DType) -> Val:
     if src.kind == "b":  # a float from a bool: `selp 1.0, 0.0`, no integer conversion
         return b.zext(v, dt_) if dst.kind in "iu" else b.select(
             v, ir.Constant(dt_, 1.0), ir.Constant(dt_, 0.0))
+    if dst.name in _NARROW:  # computed in float32 but rounded to dst's precision
+        if src.kind in "iu":  # through float64: exact for 32-bit ints, one rounding after
+            v = b.sitofp(v, F64) if src.kind == "i" else b.uitofp(v, F64)
+        return _round_narrow(b, v, dst)
     if src.kind in "iu" and dst.kind in "iu":
         if st.width == dt_.width:
             return v

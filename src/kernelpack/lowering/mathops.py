@@ -222,8 +222,30 @@ def _int_binary(b: ir.IRBuilder, op: str, x: ir.Value, y: ir.Value, dt: DType,
             return b.ashr(x, b.select(too_far, ir.Constant(x.type, x.type.width - 1), y))
         return b.select(too_far, zero, b.lshr(x, y))
     if op == "pow":
-        raise CompileError("integer ** with a tensor exponent is not supported; use floats")
+        return _int_pow(b, x, y, signed)
     raise CompileError(f"unsupported operator {op!r} for {dt}")
+
+
+def _int_pow(b: ir.IRBuilder, x: ir.Value, y: ir.Value, signed: bool) -> ir.Value:
+    """NumPy's integer ``x ** y`` (wrapping on overflow) by squaring, one step per bit of
+    ``y``: a constant exponent folds to a few multiplies. NumPy rejects negative exponents
+    (the tracer does for literals); a kernel cannot raise, so a negative tensor exponent gives
+    the truncated real result: 1 for x == 1, +-1 for x == -1, 0 otherwise."""
+    one = ir.Constant(x.type, 1)
+    result, base = one, x
+    for k in range(x.type.width - (1 if signed else 0)):
+        bit = b.trunc(b.lshr(y, ir.Constant(y.type, k)), ir.IntType(1))
+        result = b.select(bit, b.mul(result, base), result)
+        base = b.mul(base, base)
+    if not signed:
+        return result
+    minus_one = ir.Constant(x.type, -1)
+    odd = b.trunc(y, ir.IntType(1))
+    at_minus_one = b.select(odd, minus_one, one)
+    small = b.select(b.icmp_signed("==", x, one), one,
+                     b.select(b.icmp_signed("==", x, minus_one), at_minus_one,
+                              ir.Constant(x.type, 0)))
+    return b.select(b.icmp_signed("<", y, ir.Constant(y.type, 0)), small, result)
 
 
 def _complex_binary(em: "Emitter", op: str, x: tuple, y: tuple, dt: DType) -> Val:
@@ -233,9 +255,7 @@ def _complex_binary(em: "Emitter", op: str, x: tuple, y: tuple, dt: DType) -> Va
     if op == "sub": return (b.fsub(a, d), b.fsub(c, e))
     if op == "mul": return (b.fsub(b.fmul(a, d), b.fmul(c, e)), b.fadd(b.fmul(a, e), b.fmul(c, d)))
     if op == "div":
-        den = b.fadd(b.fmul(d, d), b.fmul(e, e))
-        return (b.fdiv(b.fadd(b.fmul(a, d), b.fmul(c, e)), den),
-                b.fdiv(b.fsub(b.fmul(c, d), b.fmul(a, e)), den))
+        return _complex_div(em, dt, a, c, d, e)
     if op == "eq":
         return b.and_(b.fcmp_ordered("==", a, d), b.fcmp_ordered("==", c, e))
     if op == "ne":
@@ -285,3 +305,23 @@ def finalize(em: "Emitter", kind: str, dt: DType, acc: Val, count: ir.Value) -> 
     if isinstance(acc, tuple):
         return (em.b.fdiv(acc[0], n), em.b.fdiv(acc[1], n))
     return em.b.fdiv(acc, n)
+
+
+def _complex_div(em: "Emitter", dt: DType, a: ir.Value, c: ir.Value, d: ir.Value,
+                 e: ir.Value) -> tuple:
+    """``(a + ci) / (d + ei)`` by NumPy's algorithm (Smith's): scale by the larger part of the
+    divisor. The textbook ``d*d + e*e`` denominator overflows for |divisor| past ~1e19 in
+    complex64 (quotients came out 0 or NaN) and underflows below ~1e-19 (inf); a zero divisor
+    divides each part by 0, as NumPy does."""
+    b = em.b
+    ad, ae = libm(em, "fabs", dt.real, d), libm(em, "fabs", dt.real, e)
+    big = b.fcmp_ordered(">=", ad, ae)  # NaN parts: the second form, NaN out either way
+    p, q = b.select(big, d, e), b.select(big, e, d)
+    rat = b.fdiv(q, p)
+    scl = b.fdiv(ir.Constant(p.type, 1.0), b.fadd(p, b.fmul(q, rat)))
+    re = b.fmul(b.select(big, b.fadd(a, b.fmul(c, rat)), b.fadd(b.fmul(a, rat), c)), scl)
+    im = b.fmul(b.select(big, b.fsub(c, b.fmul(a, rat)), b.fsub(b.fmul(c, rat), a)), scl)
+    zero = b.fcmp_ordered("==", ad, ir.Constant(ad.type, 0.0))
+    both = b.and_(zero, b.fcmp_ordered("==", ae, ir.Constant(ae.type, 0.0)))
+    return (b.select(both, b.fdiv(a, ad), re), b.select(both, b.fdiv(c, ae), im))
+

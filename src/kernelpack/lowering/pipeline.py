@@ -14,13 +14,13 @@ from typing import Callable, Mapping, Sequence
 
 from ..dtypes import DType, int64
 from ..errors import TraceError
-from ..expr import sym
+from ..expr import ge, sym
 from ..compile_entry import Options, static_dims
 from ..fusion import Fusion
 from ..graph import Graph
 from ..limits import MAX_VARIANTS
 from ..compiled import Compiled, Image, Module
-from ..summary import Arg, KernelSummary, Launch, Scalar, Tensor, Variant
+from ..summary import Arg, Constraint, KernelSummary, Launch, Scalar, Tensor, Variant
 from ..targets import Arch, parse_target_list
 from .schedule import Stage, plan, variants
 
@@ -204,10 +204,31 @@ def summarize(b: Build) -> Build:
                                        tuple(args)))
         out_variants.append(Variant(tuple(launches), tuple(ws), pred))
     try:
-        summary = KernelSummary(graph.name, tuple(params), tuple(out_variants))
+        summary = KernelSummary(graph.name, tuple(params), tuple(out_variants),
+                                _pad_constraints(graph))
     except ValueError as exc:
         raise TraceError(f"fusion {graph.name}: {exc}") from None
     return dataclasses.replace(b, summary=summary)
+
+
+def _pad_constraints(graph: Graph) -> tuple[Constraint, ...]:
+    """``kp.pad`` only adds zeros at the end: a target length below the axis's length would
+    silently drop elements (the kernel reads only the first ``size``), so the plan refuses
+    it; a length that is short for every shape is a TraceError now."""
+    live = graph.reachable(nid for _, nid in graph.outputs)
+    out: list[Constraint] = []
+    for node in graph.nodes:
+        if node.op != "pad" or node.id not in live:
+            continue
+        (axis,) = node.attrs
+        new, old = node.shape[axis], graph.nodes[node.inputs[0]].shape[axis]
+        pred = ge(new, old)
+        message = f"kp.pad: axis {axis} padded to {new} must be at least its length {old}"
+        if pred.is_const and not pred.value:
+            raise TraceError(f"fusion {graph.name}: {message}")
+        if not pred.is_const and new != old:
+            out.append(Constraint(pred, message))
+    return tuple(out)
 
 
 STAGES: tuple[tuple[str, Callable[[Build], Build]], ...] = (
