@@ -10,7 +10,8 @@ so that printed summaries stay readable: ``cdiv(n, 256)`` rather than ``((n + 25
 
 Python operators build expressions: ``+ - * // % << >>``, unary ``-`` and the orderings
 ``< <= > >=``. ``==`` and ``!=`` keep their structural meaning (expressions are dict keys);
-use :func:`eq` / :func:`ne` for symbolic equality.
+use :func:`eq` / :func:`ne` for symbolic equality. Inside a ``@kp.fusion`` trace a dim used
+with a float or with ``/ ** & | ^`` becomes a traced int64 value (``1.0 / x.shape[1]``).
 """
 
 from __future__ import annotations
@@ -43,15 +44,43 @@ ExprLike = Union["Expr", int, str]
 
 
 def _binop(op: str, reflected: bool = False) -> Callable[["Expr", object], "Expr"]:
-    """An Expr operator method: ``self op other`` (or ``other op self``), NotImplemented for
-    an operand that is no int, symbol name or expression."""
+    """An Expr operator method: ``self op other`` (or ``other op self``). An operand that is no
+    int, symbol name or expression gives NotImplemented, except a float or complex number
+    inside a ``@kp.fusion`` trace (see :func:`_traced`)."""
+    dunder = f"__{'r' if reflected else ''}{_DUNDER.get(op, op)}__"
+
     def method(self: "Expr", o: object) -> "Expr":
         try:
             other = as_expr(o)  # type: ignore[arg-type]
         except TypeError:
+            if isinstance(o, (float, complex)):
+                return _traced(self, dunder, o)
             return NotImplemented
         return _make(op, other, self) if reflected else _make(op, self, other)
-    method.__name__ = f"__{'r' if reflected else ''}{op}__"
+    method.__name__ = dunder
+    return method
+
+
+_DUNDER = {"shl": "lshift", "shr": "rshift"}
+
+
+def _traced(self: "Expr", dunder: str, o: object) -> object:
+    """Inside a ``@kp.fusion`` trace, a dim combined with a float (``1.0 / x.shape[1]``) or by
+    an operator no int64 expression has (``/``, ``**``, ``&``, ``|``, ``^``) is the dim as a
+    traced int64 value, as in ``x / x.shape[1]``: NumPy's rules then apply. Outside a trace,
+    NotImplemented (Python's TypeError)."""
+    from .tracing import current_graph, trace_value  # tracing builds on this module
+
+    graph = current_graph()
+    if graph is None:
+        return NotImplemented
+    return getattr(trace_value(graph, self), dunder)(o)
+
+
+def _traced_only(name: str) -> Callable[["Expr", object], object]:
+    def method(self: "Expr", o: object) -> object:
+        return _traced(self, name, o)
+    method.__name__ = name
     return method
 
 
@@ -155,6 +184,12 @@ class Expr:
     def __neg__(self) -> "Expr": return _make("neg", self)
     def __pos__(self) -> "Expr": return self
     __lt__, __le__, __gt__, __ge__ = _binop("lt"), _binop("le"), _binop("gt"), _binop("ge")
+    # Only inside a fusion trace (the dim becomes a traced int64 value): see _traced.
+    __truediv__, __rtruediv__ = _traced_only("__truediv__"), _traced_only("__rtruediv__")
+    __pow__, __rpow__ = _traced_only("__pow__"), _traced_only("__rpow__")
+    __and__, __rand__ = _traced_only("__and__"), _traced_only("__rand__")
+    __or__, __ror__ = _traced_only("__or__"), _traced_only("__ror__")
+    __xor__, __rxor__ = _traced_only("__xor__"), _traced_only("__rxor__")
 
 
 # ---- construction ------------------------------------------------------------------------------

@@ -301,3 +301,34 @@ def test_comparisons_with_out_of_range_literals_are_exact():
     refs = (i == 3000000000, 3000000000 > i, u > -1, u == -1, b < 256, i != -(1 << 40))
     for got, ref in zip(Kernels(cmp)(i, u, b), refs):
         assert np.array_equal(got, ref)
+
+
+def test_dims_with_floats_and_int_only_operators_become_traced_values():
+    """``1.0 / x.shape[1]``, ``x.shape[1] * 0.5``, ``x.shape[1] ** 2`` and ``x.shape[0] & 1``
+    were raw TypeErrors (an int64 expression has no float or ``/ ** &``); inside a fusion the
+    dim is now a traced int64 value, as in ``x / x.shape[1]``. Outside a trace they stay
+    TypeErrors."""
+
+    @kp.fusion
+    def dims(x: T[kp.f64, "n", "m"]):
+        m, n = x.shape[1], x.shape[0]
+        return x * (1.0 / m), x.sum(axis=1) / m, x * (m ** 2), x * (n & 1), x * (m * 0.5), \
+            x * (2 / m)
+
+    g = dims.trace()
+    assert {g.nodes[nid].dtype for _, nid in g.outputs} == {kp.float64}
+    x = np.random.default_rng(3).standard_normal((3, 5))
+    refs = (x / 5, x.sum(axis=1) / 5, x * 25, x * 1, x * 2.5, x * 0.4)
+    for k, (got, ref) in enumerate(zip(Kernels(dims)(x), refs)):
+        _close(got, ref, 1e-12, f"output {k}")
+
+    @kp.fusion
+    def mixed(x: T[kp.f32, "n"]):
+        return x * (1.0 / x.shape[0])  # a float64 value beside float32: cast it
+
+    with pytest.raises(kp.TraceError, match=r"dtype mismatch float32\[n\] and float64\[\]"):
+        mixed.trace()
+    n = kp.sym("n")
+    for bad in (lambda: n / 2, lambda: n * 0.5, lambda: n ** 2, lambda: 1 & n):
+        with pytest.raises(TypeError):
+            bad()
