@@ -73,23 +73,50 @@ def warmup(pack: Any, devices: Iterable[int] | None = None) -> None:
 
     Raises CompatibilityError, CompileError, LaunchError or DeviceError as a call would.
     """
-    from .device import current_device_ordinal
+    from .device import current_device_ordinal, get_device
     from .launcher import bind
 
-    if devices is None:
-        devices = [current_device_ordinal()]
-    devices = [int(d) for d in devices]
+    devices = _device_list(devices)
     if hasattr(pack, "programs") and hasattr(pack, "__getitem__") and \
             isinstance(getattr(pack, "programs"), list):
         programs = [pack[name] for name in pack.programs]
     elif hasattr(pack, "summary"):
         programs = [pack]
     else:
-        programs = list(pack)
+        try:
+            programs = list(pack)
+        except TypeError:
+            raise TypeError(f"warmup takes a Pack, a program or an iterable of programs "
+                            f"(got {type(pack).__name__})") from None
+        for program in programs:
+            if not hasattr(program, "summary"):
+                raise TypeError(f"warmup: {program!r} is not a program (pass pack[name] or a "
+                                f"kp.Compiled)")
+    if devices is None:
+        devices = [current_device_ordinal()]
+    for ordinal in devices:  # every device checked before any program loads on one
+        get_device(ordinal)
     for program in programs:
         bound = bind(program)
         for ordinal in devices:
             bound.warmup(ordinal)
+
+
+def _device_list(devices: Iterable[int] | None) -> list[int] | None:
+    """``devices=`` as a list of ordinals, checked before anything loads: ``int(d)`` would
+    turn ``1.5`` or ``True`` into device 1 and ``"01"`` into devices 0 and 1."""
+    if devices is None:
+        return None
+    if isinstance(devices, (int, str, bytes)):
+        raise TypeError(f"warmup: devices= takes a list of device ordinals, e.g. [0] "
+                        f"(got {type(devices).__name__} {devices!r})")
+    out = []
+    for d in devices:
+        if isinstance(d, bool) or not hasattr(d, "__index__"):
+            raise TypeError(f"warmup: devices= holds {d!r} ({type(d).__name__}), expected an "
+                            f"int device ordinal")
+        out.append(d.__index__())
+    return out
 
 
 def __getattr__(name: str) -> Any:

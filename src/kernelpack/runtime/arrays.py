@@ -40,6 +40,8 @@ class Adapter:
         return dtype
 
     def dtype_name(self, token: Any) -> str:
+        if token is None:  # a typestr / DLPack type kernelpack has no dtype for
+            return "unsupported by kernelpack"
         return str(token).removeprefix("torch.")
 
     def empty(self, shape: tuple[int, ...], dtype: DType, device: int, stream: int) -> tuple[Any, int]:
@@ -74,10 +76,12 @@ GENERIC = GenericAdapter()
 
 
 def _typestr_dtype(typestr: str) -> DType | None:
-    kind, size = typestr[1:2], typestr[2:]
+    order, kind, size = typestr[:1], typestr[1:2], typestr[2:]
     names = {"b": "bool", "i": "int", "u": "uint", "f": "float", "c": "complex"}
     if kind not in names or not size.isdigit():
         return None
+    if order == ">" and int(size) > 1:
+        return None  # big-endian: the device reads little-endian values, this would be garbage
     try:
         return as_dtype("bool" if kind == "b" else names[kind] + str(int(size) * 8))
     except TypeError:
@@ -124,13 +128,17 @@ def _read_cai(cai: dict, what: str, stream: int) -> ArrayFacts:
         ptr = int(cai["data"][0] or 0)
         dtype = _typestr_dtype(str(cai["typestr"]))
         strides = cai.get("strides")
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        if strides is not None:
+            strides = tuple(int(s) for s in strides)
+            if len(strides) != len(shape):
+                raise ValueError(f"{len(strides)} strides for shape {shape}")
+        producer = cai.get("stream")
+        producer = None if producer is None else int(producer)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise LaunchError(f"argument {what!r}: malformed __cuda_array_interface__ ({exc})") from None
-    contiguous = _contiguous(shape, tuple(strides) if strides is not None else None,
-                             dtype.itemsize if dtype else 1)
-    producer = cai.get("stream")
+    _check_data(ptr, shape, what)
+    contiguous = _contiguous(shape, strides, dtype.itemsize if dtype else 1)
     if producer is not None and ptr:
-        producer = int(producer)
         consumer = 0 if stream in (1, 2) else stream
         producer = 0 if producer in (1, 2) else producer
         if producer != consumer:
@@ -140,16 +148,44 @@ def _read_cai(cai: dict, what: str, stream: int) -> ArrayFacts:
     return ptr, shape, dtype, device, contiguous
 
 
+def _check_data(ptr: int, shape: tuple[int, ...], what: str) -> None:
+    """A NULL data pointer is valid only for an empty array: launching with one would make
+    the kernel fault on the device (and poison the context), so it is refused here."""
+    if ptr:
+        return
+    for d in shape:
+        if d == 0:
+            return
+    raise LaunchError(f"argument {what!r}: data pointer is NULL for a non-empty array of "
+                      f"shape {shape}")
+
+
 def _read_dlpack(obj: Any, what: str, stream: int) -> ArrayFacts:
     from .dlpack import KDL_CUDA, KDL_CUDA_MANAGED, read_capsule
 
+    # Ask where the array lives first: a host producer (NumPy) refuses a CUDA ``stream=``
+    # with its own exception type, and its memory must be refused anyway.
+    where = getattr(obj, "__dlpack_device__", None)
+    if where is not None:
+        try:
+            device_type = int(where()[0])
+        except Exception as exc:  # noqa: BLE001 - a broken producer: name the argument
+            raise LaunchError(f"argument {what!r}: __dlpack_device__() failed "
+                              f"({type(exc).__name__}: {exc})") from exc
+        if device_type not in (KDL_CUDA, KDL_CUDA_MANAGED):
+            return 0, (), None, -1, True
     try:
-        capsule = obj.__dlpack__(stream=stream if stream else 1)
-    except TypeError:
-        capsule = obj.__dlpack__()
+        try:
+            capsule = obj.__dlpack__(stream=stream if stream else 1)
+        except TypeError:
+            capsule = obj.__dlpack__()
+    except Exception as exc:  # noqa: BLE001 - BufferError, RuntimeError, ... of the producer
+        raise LaunchError(f"argument {what!r}: __dlpack__() failed "
+                          f"({type(exc).__name__}: {exc})") from exc
     view = read_capsule(capsule, what)
     if view.device_type not in (KDL_CUDA, KDL_CUDA_MANAGED):
         return view.ptr, view.shape, view.dtype, -1, True
+    _check_data(view.ptr, view.shape, what)
     itemsize = view.dtype.itemsize if view.dtype else 1
     strides = tuple(s * itemsize for s in view.strides) if view.strides is not None else None
     hold(view)  # the capsule must live until the launch is queued
@@ -279,24 +315,47 @@ def adapter_for(obj: Any) -> Adapter:
 
 def stream_handle(stream: Any) -> int:
     """A raw ``CUstream`` handle from ``stream=``: an int, a torch stream (``cuda_stream``), a
-    cupy stream (``ptr``), or anything with ``__cuda_stream__`` (the CUDA stream protocol)."""
+    cupy stream (``ptr``), or anything with ``__cuda_stream__`` (the CUDA stream protocol).
+
+    The handle is checked here, before anything is allocated or launched: a float or a bool
+    is refused rather than truncated (``1.5`` or ``True`` would silently become the legacy
+    default stream, handle 1), and a handle outside ``0 .. 2**64-1`` is a ValueError naming
+    ``stream=`` instead of an OverflowError from the launcher."""
     if stream is None:
         raise TypeError("stream_handle needs a stream (got None)")
     if isinstance(stream, int) and not isinstance(stream, bool):
-        if stream < 0:
-            raise ValueError(f"stream handle must be >= 0 (got {stream})")
-        return stream
+        return _checked_handle(stream, stream)
+    if isinstance(stream, (bool, float, complex, str, bytes, bytearray)):
+        raise TypeError(f"stream= takes a torch/cupy stream, a CUstream or an int handle "
+                        f"(got {type(stream).__name__} {stream!r})")
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
-        value = proto() if callable(proto) else proto
-        return int(value[1])
+        try:
+            value = proto() if callable(proto) else proto
+            handle = value[1]
+        except Exception as exc:  # noqa: BLE001 - a broken protocol object: say which
+            raise TypeError(f"stream=: __cuda_stream__ of {type(stream).__name__} did not give "
+                            f"a (version, handle) pair ({exc})") from None
+        if not isinstance(handle, int) or isinstance(handle, bool):
+            raise TypeError(f"stream=: __cuda_stream__ of {type(stream).__name__} gave handle "
+                            f"{handle!r}, expected an int")
+        return _checked_handle(handle, stream)
     for attr in ("cuda_stream", "ptr", "handle"):
         value = getattr(stream, attr, None)
-        if isinstance(value, int):
-            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return _checked_handle(value, stream)
     try:
-        return int(stream)  # cuda.bindings CUstream and similar handle objects
+        handle = int(stream)  # cuda.bindings CUstream and similar handle objects
     except (TypeError, ValueError):
         raise TypeError(f"stream= takes a torch/cupy stream, a CUstream or an int handle "
                         f"(got {type(stream).__name__})") from None
+    return _checked_handle(handle, stream)
 
+
+def _checked_handle(handle: int, stream: Any) -> int:
+    """``handle`` if it can be a ``CUstream`` (0 .. 2**64-1), else ValueError naming stream=."""
+    if not 0 <= handle < (1 << 64):
+        what = "" if stream is handle else f" from {type(stream).__name__}"
+        raise ValueError(f"stream=: a stream handle must be >= 0 and < 2**64 "
+                         f"(got {handle}{what})")
+    return handle

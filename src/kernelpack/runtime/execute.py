@@ -72,6 +72,9 @@ def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: 
             shape = planned.shape
             ad = adapter_for(arr)
             ptr, ashape, dt, dev, contiguous = ad.read(arr, alloc.name, sh)
+            if dev == -1:
+                raise LaunchError(f"{name}: out {alloc.name!r} is in host memory; pass a CUDA "
+                                  f"array on device {device}")
             tok = ad.dtype_token(alloc.dtype)
             if dt is not tok and dt != tok:
                 raise LaunchError(f"{name}: out {alloc.name!r} has dtype {ad.dtype_name(dt)}, "

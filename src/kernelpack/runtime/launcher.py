@@ -159,13 +159,13 @@ class BoundProgram:
                         adapter = ad
                     tokens = self._tokens_for(ad)
                 ptr, shape, dt, dev, contiguous = ad.read(arg, spec.name, sh)
+                if dev == -1:  # before the dtype: a host array's dtype may be unreadable
+                    raise LaunchError(f"{self.name}: argument {spec.name!r} is in host memory; "
+                                      f"move it to a CUDA device first")
                 if dt is not tokens[i] and dt != tokens[i]:
                     raise LaunchError(f"{self.name}: argument {spec.name!r} has dtype "
                                       f"{ad.dtype_name(dt)}, expected {spec.dtype}")
                 shapes.append(shape)
-                if dev == -1:
-                    raise LaunchError(f"{self.name}: argument {spec.name!r} is in host memory; "
-                                      f"move it to a CUDA device first")
                 if dev != device:
                     if device == -2:
                         device = dev
@@ -218,19 +218,29 @@ def _modules_of(program: Any) -> dict[str, Any]:
                     f"kp.Compiled")
 
 
+def _first_out(out: Any) -> Any:
+    """The first array of ``out=`` (None when it holds none: ``()``/``{}``, whose count
+    :func:`~.execute.run` then checks against the outputs with its own message)."""
+    if isinstance(out, dict):
+        return next(iter(out.values()), None)
+    if isinstance(out, (tuple, list)):
+        return out[0] if out else None
+    return out
+
+
 def _out_device(out: Any) -> int:
-    first = next(iter(out.values())) if isinstance(out, dict) else (
-        out[0] if isinstance(out, (tuple, list)) else out)
-    ad = adapter_for(first)
-    return ad.read(first, "out", 0)[3]
+    """The device of ``out=`` when no input says (only scalars, or NULL-pointer size-0
+    arrays); the current device when ``out=`` holds no array or its device is unknown."""
+    first = _first_out(out)
+    if first is None:
+        return current_device_ordinal()
+    dev = adapter_for(first).read(first, "out", 0)[3]
+    return dev if dev >= 0 else current_device_ordinal()
 
 
 def _out_adapter(out: Any) -> Adapter | None:
-    if out is None:
-        return None
-    first = next(iter(out.values())) if isinstance(out, dict) else (
-        out[0] if isinstance(out, (tuple, list)) else out)
-    return adapter_for(first)
+    first = None if out is None else _first_out(out)
+    return None if first is None else adapter_for(first)
 
 
 # Bound programs of objects that cannot hold attributes (frozen ``kp.Compiled``), by

@@ -57,8 +57,19 @@ def convert_scalar(value: Any, dtype: DType, rng: tuple[int, int] | None, name: 
     if value.__class__ is float:
         v = value
     else:
+        # float() parses text ("2.0", b"nan"): a string where a number belongs is a bug in the
+        # caller, not a value to convert
+        if isinstance(value, (str, bytes, bytearray, memoryview)):
+            raise TypeError(f"{program}: scalar {name!r} is {dtype}; pass a number "
+                            f"(got {type(value).__name__} {value!r})")
         try:
             v = float(value)
+        except OverflowError:  # an int beyond any float (10**400)
+            bits = value.bit_length() if isinstance(value, int) else None
+            # (str() of an int past 4300 digits raises in Python 3.11+)
+            shown = f"an int of {bits} bits" if bits else f"a {type(value).__name__}"
+            raise ConstraintError(f"{program}: scalar {name!r} = {shown} overflows "
+                                  f"{dtype}") from None
         except (TypeError, ValueError):
             raise TypeError(f"{program}: scalar {name!r} is {dtype}; pass a number "
                             f"(got {type(value).__name__})") from None
