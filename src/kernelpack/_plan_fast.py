@@ -26,7 +26,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from ._plan_types import (MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, NO_COMPUTED, Allocation,
-                          Plan, PlannedLaunch, dtype_range)
+                          Plan, PlannedLaunch, dtype_range, tensors_first)
 from ._plan_ops import OPS as _OPS
 from .expr import INT64_MAX, Expr, sym
 from .summary import KernelSummary, Scalar, Tensor
@@ -176,7 +176,7 @@ def compile_fast(summary: KernelSummary) -> FastPlan | None:
     sym_scalars: list[tuple[int, int, int, int, bool]] = []
     deferred_exprs: list[tuple[int, Expr]] = []
     nscalars = 0
-    for p in s.inputs:
+    for p in tensors_first(s.inputs):  # as the reference planner decides origins
         if isinstance(p, Tensor):
             dims: list[tuple[int, Any]] = []
             for d in p.shape:

@@ -14,7 +14,7 @@ import operator
 from typing import Any, Mapping, Sequence
 
 from ._plan_types import (MAX_GRID_X, MAX_GRID_YZ, Allocation, Plan, PlannedLaunch,
-                          check_block, check_smem, dim, dim_at, dtype_range)
+                          check_block, check_smem, dim, dim_at, dtype_range, tensors_first)
 from .dtypes import DType
 from .errors import ConstraintError
 from .expr import INT64_MAX, Expr
@@ -58,7 +58,10 @@ class ReferencePlanner:
         self._tensors: list[tuple[str, tuple[tuple[int, Any, str], ...]]] = []
         self._scalars: list[tuple[str, int, str, tuple[int, int]]] = []
         deferred: list[tuple[Any, str]] = []
-        for p in s.inputs:
+        # Tensors first: plan_shapes binds every dim before it reads a scalar, so a symbol
+        # that a tensor dim and an integer scalar both name is set by the dim (in any order of
+        # declaration) and the scalar is checked against it.
+        for p in tensors_first(s.inputs):
             if isinstance(p, Tensor):
                 dims = []
                 for i, d in enumerate(p.shape):

@@ -16,7 +16,7 @@ from .expr import INT64_MAX, INT64_MIN
 
 __all__ = ["Plan", "Allocation", "PlannedLaunch", "MAX_BLOCK_THREADS", "MAX_GRID_X",
            "MAX_GRID_YZ", "NO_COMPUTED", "block_fits", "check_block", "check_smem", "dim", "dim_at",
-           "dtype_range", "merge_inputs"]
+           "dtype_range", "merge_inputs", "tensors_first"]
 
 MAX_BLOCK_THREADS = 1024
 MAX_GRID_X = (1 << 31) - 1
@@ -69,6 +69,15 @@ class Plan(NamedTuple):
     allocations: dict[str, Allocation]
     launches: tuple[PlannedLaunch, ...]
     computed: Mapping[str, int] = NO_COMPUTED
+
+
+def tensors_first(inputs: Sequence[Any]) -> list[Any]:
+    """``inputs`` with the tensors before the scalars (each kind in its own order): both
+    planners decide which parameter sets a symbol in this order, and bind in it."""
+    from .summary import Tensor  # (summary is loaded by then: the planners take one)
+
+    return [p for p in inputs if isinstance(p, Tensor)] + \
+        [p for p in inputs if not isinstance(p, Tensor)]
 
 
 def dtype_range(dtype: DType) -> tuple[int, int]:

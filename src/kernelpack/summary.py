@@ -37,19 +37,35 @@ def _name(value: object, what: str) -> str:
     return value
 
 
+def _dim(value: object, what: str) -> Expr:
+    """One dimension. A bool is refused: ``True`` would silently become 1."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, a symbol name or an expression (got {value!r})")
+    try:
+        return as_expr(value)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise TypeError(f"{what}: {exc}") from None
+
+
 def _shape(shape: Iterable[ExprLike], what: str) -> tuple[Expr, ...]:
-    if isinstance(shape, (str, int, Expr)):
+    if isinstance(shape, (str, bytes, int, Expr)) or not isinstance(shape, Iterable):
         raise TypeError(f"{what}: shape must be a sequence of dims (got {shape!r})")
-    dims = tuple(as_expr(d) for d in shape)
+    dims = tuple(_dim(d, f"{what}: shape[{i}]") for i, d in enumerate(shape))
     if len(dims) > MAX_RANK:
         raise ValueError(f"{what}: rank {len(dims)} exceeds the limit {MAX_RANK}")
+    for i, d in enumerate(dims):
+        if d.is_const and int(d.value) < 0:  # type: ignore[arg-type]
+            raise ValueError(f"{what}: shape[{i}] = {d.value} is negative")
     return dims
 
 
 def _dim3(values: ExprLike | Sequence[ExprLike], what: str) -> tuple[Expr, Expr, Expr]:
     if isinstance(values, (int, str, Expr)):
         values = (values,)
-    dims = [as_expr(v) for v in values]
+    elif isinstance(values, bytes) or not isinstance(values, Iterable):
+        raise TypeError(f"{what} must be an int, a symbol name, an expression or a tuple of 1 "
+                        f"to 3 of them (got {values!r})")
+    dims = [_dim(v, what) for v in values]
     if not 1 <= len(dims) <= 3:
         raise ValueError(f"{what} takes 1 to 3 dimensions (got {len(dims)})")
     dims += [const(1)] * (3 - len(dims))
@@ -223,7 +239,11 @@ class Launch:
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernel, str) or not self.kernel or len(self.kernel) > MAX_NAME_LENGTH:
-            raise ValueError(f"launch kernel must be a non-empty entry name (got {self.kernel!r})")
+            raise ValueError(f"launch kernel must be a non-empty entry name of at most "
+                             f"{MAX_NAME_LENGTH} characters (got {self.kernel!r:.80})")
+        if not isinstance(self.loop, str):  # None would reach the serializer as a string
+            raise TypeError(f"launch {self.kernel!r}: loop must be a symbol name or '' "
+                            f"(got {self.loop!r})")
         _name(self.module, "launch module")
         object.__setattr__(self, "grid", _dim3(self.grid, "grid"))
         object.__setattr__(self, "block", _dim3(self.block, "block"))
@@ -373,6 +393,9 @@ class KernelSummary:
                 loop = frozenset([launch.loop]) if launch.loop else frozenset()
                 if launch.loop and launch.loop in bound:
                     raise ValueError(f"{where}: loop symbol {launch.loop!r} shadows a bound symbol")
+                if launch.loop in scalars:  # computed scalars share the symbols' namespace
+                    raise ValueError(f"{where}: loop symbol {launch.loop!r} is also the name of "
+                                     f"a scalar parameter")
                 if launch.count is not None:
                     need(launch.count, where + " count")
                 for expr in launch.expressions():

@@ -37,10 +37,11 @@ def source_bytes(value: object, what: str) -> bytes:
 def external_key(args: tuple, kwargs: dict[str, Any]) -> tuple[CacheKey, Callable[[], Compiled]]:
     """The key of ``kp.external(*args, **kwargs)`` and a build function calling it with the
     source already read. Misuse (no source, two sources) is left to ``kp.external``."""
-    from ..external import external
+    from ..external import _sequence, external
 
     kwargs = dict(kwargs)
-    targets = list(kwargs.pop("targets", ("sm_80", "sm_90")))
+    # checked as kp.external checks it: a bare "sm_80" is not a list of characters
+    targets = list(_sequence(kwargs.pop("targets", ("sm_80", "sm_90")), "targets"))
     given = [k for k in _SOURCES if kwargs.get(k) is not None]
     if len(given) != 1:
         external(*args, targets=targets, **kwargs)  # raises the TypeError naming the problem

@@ -1,0 +1,284 @@
+"""The images of :func:`kernelpack.external.external`'s sources: PTX assembled into cubins
+with nvJitLink, NVPTX LLVM IR through LLVM's backend, CUDA C through NVRTC, and cubins checked
+as ELF files for the CUDA machine (architecture and entry), all without a GPU.
+
+Split from :mod:`kernelpack.external`, which builds the summary: this module holds what each
+source kind needs to become checked images for the requested targets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import struct
+from pathlib import Path
+from typing import Mapping, Sequence, Union
+
+from .compiled import Image
+from .errors import CompileError
+from .targets import Arch, parse_arch, parse_target_list
+
+__all__ = ["read_source", "ptx_entries", "cubin_entries", "cubin_arch", "images_from_ptx",
+           "images_from_cuda", "images_from_cubins", "ptx_from_llvm_ir"]
+
+PtxSource = Union[str, bytes, os.PathLike]
+
+_ENTRY_RE = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)")
+_PTX_COMMENT_RE = re.compile(rb"//[^\n]*|/\*.*?\*/", re.DOTALL)
+_ELF_MAGIC = b"\x7fELF"
+_EM_CUDA = 190
+_STT_FUNC = 2
+_STO_CUDA_ENTRY = 0x10
+
+
+# ---- PTX ---------------------------------------------------------------------------------------
+def read_source(source: PtxSource, what: str = "source") -> bytes:
+    """Source text from a str/bytes or a file path. A str is text when it looks like code (has
+    a newline, a PTX directive or ``__global__``), a path otherwise: file names never contain
+    newlines."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source).rstrip(b"\0")
+    if isinstance(source, str) and any(mark in source for mark in ("\n", ".entry", ".version",
+                                                                    "define ", "__global__")):
+        return source.encode().rstrip(b"\0")
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        try:
+            return path.read_bytes().rstrip(b"\0")
+        except OSError as exc:
+            raise ValueError(f"{what}: cannot read file {str(path)!r}: {exc.strerror}") from exc
+    raise TypeError(f"{what} must be text (str/bytes) or a path (got {type(source).__name__})")
+
+
+def ptx_from_llvm_ir(ir: bytes, targets: Sequence[str]) -> tuple[str, str]:
+    """LLVM IR → PTX with llvmlite's NVPTX backend, for the lowest requested architecture (so
+    that nvJitLink can build every higher one from it). Its ``a``/``f`` suffix is dropped when
+    the targets span several architectures: PTX for ``sm_90a`` cannot be built for ``sm_100``,
+    while PTX for ``sm_90`` builds both."""
+    archs, _ = parse_target_list(targets)
+    lowest = archs[0]
+    if any((a.major, a.minor) != (lowest.major, lowest.minor) for a in archs):
+        lowest = Arch(lowest.major, lowest.minor)
+    try:
+        import llvmlite.binding as llvm
+    except ImportError as exc:
+        raise CompileError("llvm_ir= needs llvmlite: install kernelpack[compile]") from exc
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    try:
+        module = llvm.parse_assembly(ir.decode("utf-8", "replace"))
+        module.verify()
+    except RuntimeError as exc:
+        raise CompileError("llvm_ir: LLVM rejected the IR", str(exc)) from exc
+    import llvmlite
+
+    triple = "nvptx64-nvidia-cuda"
+    if module.triple and module.triple != triple:
+        raise CompileError(f"llvm_ir: target triple must be {triple!r} (got {module.triple!r})")
+    module.triple = triple
+    machine = llvm.Target.from_triple(triple).create_target_machine(cpu=lowest.sm, opt=3)
+    version = ".".join(str(v) for v in llvm.llvm_version_info)
+    return machine.emit_assembly(module), f"LLVM {version} NVPTX (llvmlite {llvmlite.__version__})"
+
+
+def ptx_entries(ptx: bytes) -> list[str]:
+    """The kernel entry names declared in PTX text (``.entry NAME``), in order. Comments are
+    skipped: a commented-out ``// .entry old(`` is not a kernel ptxas will build."""
+    code = _PTX_COMMENT_RE.sub(b" ", ptx)
+    return [m.group(1).decode("ascii", "replace") for m in _ENTRY_RE.finditer(code)]
+
+
+def images_from_ptx(ptx: bytes, entry: str, targets: Sequence[str],
+                     ptx_toolchain: str) -> list[Image]:
+    from .toolchain import nvjitlink  # imports cuda.bindings lazily: only compilation needs it
+
+    if b"\0" in ptx:
+        raise ValueError("ptx: the PTX text contains a NUL byte")
+    entries = ptx_entries(ptx)
+    if entry not in entries:
+        raise CompileError(f"kernel entry {entry!r} is not in the PTX (entries found: "
+                           f"{entries or 'none'})")
+    # Without these nvJitLink only says "bad input: does not match type NVJITLINK_INPUT_PTX".
+    nvjitlink.ptx_isa(ptx)
+    written_for = nvjitlink.ptx_target(ptx)
+    archs, want_ptx = parse_target_list(targets)
+    below = [a for a in archs if (a.major, a.minor) < (written_for.major, written_for.minor)]
+    if below:  # ptxas would say only "SM version specified by .target is higher than default"
+        names = sorted({t.strip().lower() for t in targets if t != "ptx"
+                        and parse_arch(t) in below})
+        raise CompileError(f"the PTX is written for {written_for.sm} (.target), which targets "
+                           f"{names} are below: nothing can be built or JIT-compiled for them")
+    toolchain, cuda = nvjitlink.toolchain_id(), nvjitlink.cuda_version()
+    named = {t.strip().lower() for t in targets}
+    images: list[Image] = []
+    for arch in archs:
+        if arch.compute in named and arch.sm not in named:
+            continue  # "compute_80" without "sm_80" asks for PTX only
+        data = nvjitlink.ptx_to_cubin(ptx, arch, name=f"{entry}.ptx")
+        _check_cubin(data, arch, entry)  # the text scan above cannot see every PTX construct
+        images.append(Image("cubin", arch, data, toolchain=toolchain, cuda_version=cuda))
+    if want_ptx:
+        # The PTX was written elsewhere: its provenance is its ISA (.version), which is what the
+        # driver's JIT must support; cuda_version 0 says "no toolkit produced this image".
+        images.append(nvjitlink.ptx_image(ptx, toolchain=ptx_toolchain))
+    if not images:
+        raise ValueError(f"targets {list(targets)!r} ask for no image")
+    return images
+
+
+# ---- CUDA C ------------------------------------------------------------------------------------
+def images_from_cuda(source: bytes, entry: str, targets: Sequence[str], options: tuple[str, ...],
+                      program: str) -> tuple[list[Image], str]:
+    """Compile CUDA C with NVRTC: a cubin per ``sm_XY`` target, PTX per PTX target (the lowest
+    architecture for ``"ptx"``, as for ``llvm_ir=``; each explicit ``compute_XY``). Returns
+    the images and the kernel's entry as the code names it (the mangled name for a C++ name
+    expression)."""
+    from .toolchain import nvjitlink, nvrtc  # nvjitlink only for ptx_image: no library load
+
+    if b"\0" in source:
+        raise ValueError("cuda: the source contains a NUL byte")
+    archs, want_ptx = parse_target_list(targets)
+    named = {t.strip().lower() for t in targets}
+    jobs = [(arch, False) for arch in archs if not (arch.compute in named and arch.sm not in named)]
+    if want_ptx:
+        ptx_archs = {arch for arch in archs if arch.compute in named}
+        if "ptx" in named:
+            ptx_archs.add(archs[0])
+        jobs += [(arch, True) for arch in sorted(ptx_archs)]
+    expression = entry if nvrtc.needs_name_expression(entry) else None
+    hint = ("" if expression is not None else
+            "; a C++ kernel needs extern \"C\" or a name expression as entry ('k<float>')")
+    toolchain, cuda_version = nvrtc.toolchain_id(), nvrtc.cuda_version()
+    kernel: str | None = None
+    images: list[Image] = []
+    for arch, is_ptx in jobs:
+        out = nvrtc.compile_program(source, arch, ptx=is_ptx, options=options,
+                                    name_expression=expression, name=program)
+        name = out.lowered_name or entry
+        if kernel is not None and name != kernel:  # cannot happen for one source; be explicit
+            raise CompileError(f"NVRTC lowered {entry!r} to {kernel!r} and to {name!r} for "
+                               f"different targets")
+        kernel = name
+        if is_ptx:
+            found = ptx_entries(out.data)
+            if kernel not in found:
+                raise CompileError(f"kernel entry {kernel!r} is not in the PTX for "
+                                   f"{arch.compute} (entries found: {found or 'none'}){hint}")
+            image = nvjitlink.ptx_image(out.data, toolchain=toolchain)
+            if image.arch != arch:
+                raise CompileError(f"NVRTC made PTX for {image.arch.compute}, not "
+                                   f"{arch.compute}")
+            images.append(dataclasses.replace(image, cuda_version=cuda_version))
+        else:
+            _check_cubin(out.data, arch, kernel, hint)
+            images.append(Image("cubin", arch, out.data, toolchain=toolchain,
+                                cuda_version=cuda_version))
+    if kernel is None:
+        raise ValueError(f"targets {list(targets)!r} ask for no image")
+    return images, kernel
+
+
+# ---- cubins ------------------------------------------------------------------------------------
+def images_from_cubins(cubin: bytes | Mapping[str, bytes], entry: str,
+                        targets: Sequence[str]) -> list[Image]:
+    if isinstance(cubin, Mapping):
+        items = list(cubin.items())
+        if not items:
+            raise ValueError("cubin: the dict names no target")
+    elif isinstance(cubin, (bytes, bytearray, memoryview)):
+        if not all(isinstance(t, str) for t in targets):
+            raise TypeError(f"targets must be strings such as 'sm_90' (got {list(targets)!r})")
+        sms = sorted({t.strip().lower() for t in targets})
+        if len(sms) != 1 or "ptx" in sms:
+            raise ValueError(f"cubin bytes need exactly one sm_XY target, or pass a dict "
+                             f"{{'sm_90': bytes, ...}} (got targets={list(targets)!r})")
+        items = [(sms[0], bytes(cubin))]
+    else:
+        raise TypeError(f"cubin must be bytes or a dict of target -> bytes "
+                        f"(got {type(cubin).__name__})")
+    images: list[Image] = []
+    for target, data in items:
+        if not isinstance(target, str) or not target.strip().lower().startswith("sm_"):
+            raise ValueError(f"cubin target must be sm_XY (got {target!r})")
+        arch = parse_arch(target)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"cubin for {arch.sm} must be bytes (got {type(data).__name__})")
+        data = bytes(data)
+        _check_cubin(data, arch, entry)
+        images.append(Image("cubin", arch, data, toolchain="external cubin"))
+    return images
+
+
+def _check_cubin(data: bytes, arch: Arch, entry: str, hint: str = "") -> None:
+    """A cubin must be a CUDA ELF built for ``arch`` that defines the kernel ``entry``."""
+    built_for = cubin_arch(data, what=f"cubin for {arch.sm}")
+    if built_for is not None and built_for != arch.major * 10 + arch.minor:
+        raise CompileError(f"cubin declared as {arch.sm} was built for sm_{built_for}")
+    found = cubin_entries(data, what=f"cubin for {arch.sm}")
+    if entry not in found:
+        raise CompileError(f"kernel entry {entry!r} is not in the cubin for {arch.sm} "
+                           f"(entries found: {found or 'none'}){hint}")
+
+
+def _elf_header(data: bytes, what: str) -> tuple[int, int, int, int]:
+    """Check the ELF identification of a cubin; returns (shoff, shentsize, shnum, flags)."""
+    if data[:4] != _ELF_MAGIC:
+        raise CompileError(f"{what} is not an ELF file (starts with {data[:4]!r}, expected "
+                           f"{_ELF_MAGIC!r}); pass PTX with ptx= instead")
+    if len(data) < 64 or data[4] != 2 or data[5] != 1:
+        raise CompileError(f"{what} is not a 64-bit little-endian ELF file")
+    machine = struct.unpack_from("<H", data, 18)[0]
+    if machine != _EM_CUDA:
+        raise CompileError(f"{what} is an ELF file for machine {machine}, not CUDA "
+                           f"({_EM_CUDA})")
+    (shoff,) = struct.unpack_from("<Q", data, 40)
+    (flags,) = struct.unpack_from("<I", data, 48)
+    shentsize, shnum = struct.unpack_from("<HH", data, 58)
+    return shoff, shentsize, shnum, flags
+
+
+def cubin_arch(data: bytes, what: str = "cubin") -> int | None:
+    """The SM number (90 for sm_90) a cubin was built for, from its ELF flags; None when the
+    ELF ABI version is one this reader does not know."""
+    _elf_header(data, what)
+    abi = data[8]
+    (flags,) = struct.unpack_from("<I", data, 48)
+    if abi >= 8:
+        return (flags >> 8) & 0xFF
+    if abi == 7:
+        return flags & 0xFF
+    return None
+
+
+def cubin_entries(data: bytes, what: str = "cubin") -> list[str]:
+    """Kernel entry names of a cubin: function symbols marked as CUDA entries.
+
+    Every offset is checked against the file size; a malformed ELF gives CompileError.
+    """
+    shoff, shentsize, shnum, _ = _elf_header(data, what)
+    if shentsize < 64 or shoff + shnum * shentsize > len(data):
+        raise CompileError(f"{what}: section header table outside the file")
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+                for i in range(shnum)]
+    names: list[str] = []
+    for _name, sh_type, _f, _a, offset, size, link, _i, _al, entsize in sections:
+        if sh_type != 2:  # SHT_SYMTAB
+            continue
+        if link >= shnum or offset + size > len(data) or entsize < 24:
+            raise CompileError(f"{what}: malformed symbol table")
+        str_off, str_size = sections[link][4], sections[link][5]
+        if str_off + str_size > len(data):
+            raise CompileError(f"{what}: string table outside the file")
+        for pos in range(offset, offset + size - entsize + 1, entsize):
+            st_name, info, other = struct.unpack_from("<IBB", data, pos)
+            if info & 0xF != _STT_FUNC or not other & _STO_CUDA_ENTRY:
+                continue
+            if st_name >= str_size:
+                raise CompileError(f"{what}: symbol name outside the string table")
+            start = str_off + st_name
+            end = data.find(b"\0", start, str_off + str_size)
+            if end < 0:
+                raise CompileError(f"{what}: unterminated symbol name")
+            names.append(data[start:end].decode("ascii", "replace"))
+    return names
