@@ -367,12 +367,12 @@ def test_diff_names_the_bad_file_and_never_calls_a_corrupt_one_identical(files, 
     empty = tmp_path / "empty.kpack"
     empty.write_bytes(b"")
     for argv in ([files["a"], empty], [empty, files["a"]]):
-        code, out, err = run(capsys, "diff", *argv)
-        assert code == 1 and out == "" and err.startswith(f"error: {empty}: header")
+        code, out, err = run(capsys, "diff", *argv)  # 2: trouble, not "different" (1)
+        assert code == 2 and out == "" and err.startswith(f"error: {empty}: header")
     bad = tmp_path / "bad.kpack"
     _corrupt_image(files["a"], bad)  # same metadata, so the recorded digests are equal
     code, out, err = run(capsys, "diff", files["a"], bad)
-    assert code == 1 and err.startswith(f"error: {bad}: module") and "digest" in err
+    assert code == 2 and err.startswith(f"error: {bad}: module") and "digest" in err
 
 
 def test_extract_of_a_corrupt_file_writes_nothing(files, capsys, tmp_path) -> None:

@@ -333,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tensor shapes (x=4096,1000) and scalars (s=3, a=0.5)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
-    p = add("diff", cmd_diff, "compare two artifacts (exit 0 identical, 1 different)")
+    p = add("diff", cmd_diff, "compare two artifacts (exit 0 identical, 1 different, 2 on an error)")
     p.add_argument("a", help="the old artifact")
     p.add_argument("b", help="the new artifact")
 
@@ -386,7 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .cli_facts import printable
 
         print(f"error: {printable(one_line) or type(exc).__name__}", file=sys.stderr)
-        return 1
+        # diff answers 1 for "different", so trouble is 2 there (as for diff(1) and cmp(1))
+        return 2 if args.command == "diff" else 1
 
 
 if __name__ == "__main__":  # pragma: no cover
