@@ -339,6 +339,8 @@ def _unary(op: str, x: object) -> Value | Expr | int:
         if dt.kind == "b":
             raise TraceError(f"{op}: not defined for bool tensors (got {_desc(x)})")
         return x.graph.add(op, dt.real if op == "abs" else dt, x.shape, (x.id,))
+    if op in ("floor", "ceil") and dt.kind in "iub":
+        return x  # integral already: NumPy 2 keeps the dtype (no float64 round trip)
     if dt.kind in "iub":
         x, dt = astype(x, float64), float64
     if dt.is_complex and op != "exp":  # the lowering has complex neg, abs, real, imag, exp

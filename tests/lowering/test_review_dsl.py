@@ -332,3 +332,21 @@ def test_dims_with_floats_and_int_only_operators_become_traced_values():
     for bad in (lambda: n / 2, lambda: n * 0.5, lambda: n ** 2, lambda: 1 & n):
         with pytest.raises(TypeError):
             bad()
+
+
+def test_floor_and_ceil_of_integers_keep_their_dtype():
+    """NumPy 2 keeps integer and bool dtypes through floor/ceil (they were float64 here)."""
+
+    @kp.fusion
+    def fc(i: T[kp.i32, "n"], b: T[kp.bool_, "n"], x: T[kp.f32, "n"]):
+        return kp.floor(i), kp.ceil(i), kp.floor(b), kp.floor(x)
+
+    g = fc.trace()
+    assert [g.nodes[nid].dtype for _, nid in g.outputs] == [kp.int32, kp.int32, kp.bool_,
+                                                           kp.float32]
+    i = np.array([-3, 0, 7], dtype=np.int32)
+    b = np.array([True, False, True])
+    x = np.array([-1.5, 0.25, 2.0], dtype=np.float32)
+    for got, ref in zip(Kernels(fc)(i, b, x), (np.floor(i), np.ceil(i), np.floor(b),
+                                               np.floor(x))):
+        assert np.array_equal(np.asarray(got), ref)

@@ -56,6 +56,8 @@ class UnaryOps(Builder):
                 src = self.pick([f"kp.abs({name})", f"abs({name})"])
                 return self.emit(src, f"np.abs({name})", a.dt, a.pos, a.ones,
                                  **self.same(a, lo=min(a.amin, m), hi=m, neg1=False))
+            if op in ("floor", "ceil") and a.dt.kind == "i":  # integral already: same dtype
+                return self.emit(f"kp.{op}({name})", name, a.dt, a.pos, a.ones, **self.same(a))
             if op == "invert":
                 return self.emit(f"~{name}", f"~{name}", a.dt, a.pos, a.ones,
                                  **self.same(a, lo=-hi - 1, hi=-lo - 1, amin=0, neg1=True))
