@@ -166,10 +166,12 @@ class _Mem:
 class NDArray:
     _c_contiguous = True  # on the type, as CuPy's stored flag is: the C path reads it
 
-    def __init__(self, values: list, dtype: str = "float32", shape: tuple | None = None,
-                 contiguous: bool = True) -> None:
+    def __init__(self, values: list | tuple, dtype: object = "float32",
+                 shape: tuple | None = None, contiguous: bool = True) -> None:
         import numpy
 
+        if isinstance(values, tuple):  # cupy.ndarray(shape, dtype): zeros here
+            values, shape = [0] * _prod(values), values
         self.dtype = numpy.dtype(dtype)
         self.shape = tuple(shape if shape is not None else (len(values),))
         fmt = self.dtype.char

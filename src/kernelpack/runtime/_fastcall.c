@@ -520,7 +520,13 @@ static PyObject *allocate_outputs(FastCall *self, const Entry *e, PyObject *args
     int k;
     for (k = 0; k < self->nouts; k++) {
         PyObject *a[4];
-        if (e->likes[k] >= 0) {
+        if (self->cupy) {
+            /* cupy.ndarray(shape, dtype): what cupy.empty does, without its Python frame, and
+             * cheaper than empty_like's order logic; CuPy's current device is the arrays'. */
+            a[0] = PyTuple_GetItem(e->shapes, k);
+            a[1] = self->outs[k].dtype;
+            made[k] = PyObject_Vectorcall(self->tensor_type, a, 2, NULL);
+        } else if (e->likes[k] >= 0) {
             a[0] = PyTuple_GetItem(args, e->likes[k]);
             made[k] = PyObject_Vectorcall(self->empty_like, a, 1, NULL);
         } else {
