@@ -9,6 +9,9 @@ primary context lives as long as the process, like the frameworks' own.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
+from typing import Iterator
+
 from ..errors import DeviceError
 from ..targets import Arch
 from . import driver as _drv
@@ -56,6 +59,20 @@ class Device:
         if current is None or int(current) != self.ctx_id:
             _drv.check(drv.cuCtxSetCurrent(self.ctx),
                        f"making device {self.ordinal}'s context current")
+
+    @contextmanager
+    def pushed(self) -> Iterator[None]:
+        """This device's primary context current for the ``with`` body, then the calling
+        thread's previous one again (push/pop). For work off the launch path — loading a
+        library, ``warmup`` — which must not switch the caller's current device behind its
+        back (``torch.cuda.current_device()`` reads the current context)."""
+        drv = _drv.bindings()
+        _drv.check(drv.cuCtxPushCurrent(self.ctx),
+                   f"making device {self.ordinal}'s context current")
+        try:
+            yield
+        finally:
+            drv.cuCtxPopCurrent()
 
     def __repr__(self) -> str:
         return f"<Device {self.ordinal}: {self.name} ({self.arch.sm})>"

@@ -103,7 +103,13 @@ def check(result: Any, what: str) -> Any:
     err = result[0]
     if err:
         exc = error_for(err, what)
-        raise exc from exc.__cause__
+        try:
+            raise exc from exc.__cause__
+        finally:
+            # the frame would hold its own exception (exception -> traceback -> this frame):
+            # a cycle keeping every frame it passes, and a failed call's outputs (device
+            # memory), alive until the garbage collector runs
+            del exc
     if len(result) == 1:
         return None
     if len(result) == 2:
@@ -123,7 +129,14 @@ def init() -> Any:
         return drv
     with _lock:
         if _init_error is not None:
-            raise _init_error
+            # A fresh error each time: raising the remembered one again would append this
+            # call's frames to its traceback, which would grow (and keep every failed caller's
+            # arguments alive) for as long as the process keeps trying.
+            again = type(_init_error)(*_init_error.args)
+            try:
+                raise again from _init_error.__cause__
+            finally:
+                del again
         if _initialized.is_set():
             return _driver
         try:

@@ -168,7 +168,10 @@ def _queue(bp: Any, st: Any, plan: Any, variant: Any, vals: list, cs: Any,
                 failure = _drv.error_for(err, f"{name}: launching {ls.kernel} with grid "
                                               f"{(gx, gy, gz)} block {(bx, by, bz)} "
                                               f"shared_mem {smem}")
-                raise failure from failure.__cause__
+                try:
+                    raise failure from failure.__cause__
+                finally:
+                    del failure  # no exception -> frame cycle: the call's outputs go now
 
 
 def _arg_values(nbuf: int, ls: Any, pl: Any, vals: list) -> tuple:

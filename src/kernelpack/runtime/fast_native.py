@@ -73,7 +73,10 @@ class Hooks:
     def launch_failed(self, err: int, j: int, gx: int, gy: int, gz: int, bx: int, by: int,
                       bz: int, smem: int) -> None:
         exc = self.core.launch_error(err, j, (gx, gy, gz), (bx, by, bz), smem)
-        raise exc from exc.__cause__
+        try:  # the local would tie the error's traceback (and the call's outputs) in a cycle
+            raise exc from exc.__cause__
+        finally:
+            del exc
 
 
 def _layouts(bp: Any, fill_from: int) -> tuple | None:

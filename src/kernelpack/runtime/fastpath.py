@@ -247,7 +247,10 @@ class FastCore:
                         ts.ctx = device
                     return
         exc = self.launch_error(err, j, (gx, gy, gz), (bx, by, bz), smem)
-        raise exc from exc.__cause__
+        try:  # the local would tie the error's traceback (and the call's outputs) in a cycle
+            raise exc from exc.__cause__
+        finally:
+            del exc
 
 
 def split_scalars(bp: Any) -> tuple[tuple, tuple]:

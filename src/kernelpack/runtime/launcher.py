@@ -259,6 +259,9 @@ def bind(program: Any) -> BoundProgram:
     if bp is not None:
         return bp
     with _bind_lock:
+        bp = getattr(program, "_kp_bound", None)  # bound by a thread that held the lock first
+        if bp is not None:
+            return bp
         hit = _bound.get(id(program))
         if hit is not None and hit[0]() is program:
             return hit[1]

@@ -8,6 +8,11 @@ compiled with nvJitLink for the device and the cubin kept in the cache directory
 (``<cache>/runtime-ptx/``), written atomically. Only when nvJitLink is missing (or newer in
 major than the driver) does the driver JIT it, with a warning.
 
+Selections are cached by what decides them (each image's kind, arch, toolkit and PTX ISA, and
+the device), never by module object: a cache holding the modules' images would keep every
+pack ever loaded in memory (an image reads from its artifact's buffer), and one keyed by
+``id()`` would grow with every pack a long-running process loads and drops.
+
 Error guarantee: a failed load leaves nothing loaded — a library whose kernels cannot all be
 found is unloaded before the error propagates, and nothing is recorded in the registry.
 """
@@ -50,7 +55,8 @@ class LoadedLibrary:
 
 
 _libraries: dict[tuple, LoadedLibrary] = {}
-_selections: dict[tuple, tuple[Selection, LoadedLibrary]] = {}
+# selection key (see _selection_key) -> (index of the chosen image, reason per image)
+_selections: dict[tuple, tuple[int, list[str]]] = {}
 _lock = threading.RLock()
 
 
@@ -121,13 +127,20 @@ def load_module(module: Any, device: Device) -> tuple[Selection, LoadedLibrary]:
     LaunchError
         Another driver failure (named, chained to the CUresult).
     """
-    sel_key = (id(module), module.name, device.ordinal)
+    images = tuple(module.images)
+    sel_key = _selection_key(images, device)
     with _lock:
-        hit = _selections.get(sel_key)
-        if hit is not None and any(img is hit[0].chosen for img in module.images):
-            return hit
         what = f"module {module.name!r}"
-        selection = select_image(module.images, device.arch, device.driver_version, what)
+        hit = _selections.get(sel_key)
+        if hit is not None:  # the same choice, made again with this module's own images
+            index, reasons = hit
+            selection = Selection(images[index], device.arch, device.driver_version,
+                                  list(zip(images, reasons)))
+        else:
+            selection = select_image(images, device.arch, device.driver_version, what)
+            chosen = selection.chosen
+            _selections[sel_key] = (next(i for i, img in enumerate(images) if img is chosen),
+                                    [reason for _, reason in selection.reasons])
         image = selection.chosen
         key = _image_key(image)
         if image.kind == "ptx":
@@ -142,14 +155,31 @@ def load_module(module: Any, device: Device) -> tuple[Selection, LoadedLibrary]:
             for name in missing:
                 lib.kernels[name] = _drv.check(drv.cuLibraryGetKernel(lib.handle, name.encode()),
                                                f"cuLibraryGetKernel({name!r}) in {what}")
-        _selections[sel_key] = (selection, lib)
         return selection, lib
+
+
+def _selection_key(images: tuple, device: Device) -> tuple:
+    """Everything :func:`select_image` reads: per image its kind, arch, toolkit version and
+    PTX ISA, and the device (whose arch and driver are fixed for the process). No image
+    object: the key must not keep a pack's buffer alive."""
+    return (device.ordinal, tuple(
+        (img.kind, img.arch, int(getattr(img, "cuda_version", 0) or 0),
+         _isa(getattr(img, "ptx_isa", None))) for img in images))
+
+
+def _isa(isa: Any) -> tuple | None:
+    return None if isa is None else tuple(isa)
 
 
 def _load_chosen(module: Any, image: Any, key: tuple, device: Device, what: str) -> LoadedLibrary:
     label = f"{what} ({image_label(image)} for device {device.ordinal}, {device.arch.sm})"
     data = image_bytes(image)
-    device.make_current()
+    with device.pushed():  # the caller's current device is left as it was
+        return _load_code(module, image, key, device, data, label)
+
+
+def _load_code(module: Any, image: Any, key: tuple, device: Device, data: bytes,
+               label: str) -> LoadedLibrary:
     if image.kind == "cubin":
         handle, kernels = _load_library(data, tuple(module.kernels), label)
         return LoadedLibrary(key, handle, kernels, image_label(image), "cubin")
@@ -178,12 +208,12 @@ def preload(lib: LoadedLibrary, device: Device) -> None:
     if device.ordinal in lib.loaded_on:
         return
     drv = _drv.bindings()
-    device.make_current()
-    for name, kernel in lib.kernels.items():
-        func = _drv.check(drv.cuKernelGetFunction(kernel),
-                          f"cuKernelGetFunction({name!r}) on device {device.ordinal}")
-        load = getattr(drv, "cuFuncLoad", None)
-        if load is not None:
-            _drv.check(load(func), f"cuFuncLoad({name!r}) on device {device.ordinal}")
+    with device.pushed():  # warmup must not switch the caller's current device
+        for name, kernel in list(lib.kernels.items()):
+            func = _drv.check(drv.cuKernelGetFunction(kernel),
+                              f"cuKernelGetFunction({name!r}) on device {device.ordinal}")
+            load = getattr(drv, "cuFuncLoad", None)
+            if load is not None:
+                _drv.check(load(func), f"cuFuncLoad({name!r}) on device {device.ordinal}")
     lib.loaded_on.add(device.ordinal)
 
