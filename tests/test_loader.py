@@ -236,3 +236,14 @@ def test_python_dash_m_runs_the_cli() -> None:
     done = subprocess.run([sys.executable, "-m", "kernelpack", "--help"], capture_output=True,
                           text=True, timeout=60)  # noqa: S603
     assert done.returncode == 0 and "inspect" in done.stdout
+
+
+def test_a_loaded_pack_or_program_is_not_pickled_but_says_what_to_send() -> None:
+    import pickle
+
+    pack = kp.load(kp.save([kp_samples.axpy()]))
+    with pytest.raises(TypeError, match="send the artifact's path or bytes"):
+        pickle.dumps(pack)
+    with pytest.raises(TypeError, match=r"pack.compiled\('axpy'\)"):
+        pickle.dumps(pack["axpy"])
+    assert pickle.loads(pickle.dumps(pack.compiled("axpy"))).summary == pack["axpy"].summary

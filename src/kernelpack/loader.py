@@ -169,6 +169,11 @@ class Program(_call_base()):  # type: ignore[misc]
     def __repr__(self) -> str:
         return f"<kernelpack Program {self.name!r}>"
 
+    def __reduce__(self) -> Any:
+        raise TypeError(f"a loaded Program ({self.name!r}) cannot be pickled: it is bound to "
+                        f"its pack's buffer and this process's GPU state; send the artifact "
+                        f"(its path or bytes) or pack.compiled({self.name!r}) instead")
+
 
 class Pack:
     """A verified artifact. Made by :func:`load`; do not construct directly."""
@@ -278,6 +283,11 @@ class Pack:
                 keep = kept + image.raw_size <= _VERIFY_KEEP_BYTES
                 image.read(keep=keep)
                 kept += image.raw_size if keep else 0
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a loaded Pack cannot be pickled (it reads from the artifact's buffer): "
+                        "send the artifact's path or bytes and kp.load it there, or "
+                        "pack.compiled(name) for one program")
 
     def __repr__(self) -> str:
         major, minor = self.format_version
