@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from ..expr import Expr, cdiv, const, emin, ge, land, le
+from ..expr import Expr, cdiv, const, emax, emin, ge, land, le
 from ..graph import Graph
 from ..summary import Scratch
 
@@ -214,7 +214,18 @@ def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
             stages.append(Stage(names, (Choice((spec,)),), general=bool(reduces)))
             continue
         first = graph.nodes[graph.nodes[reduces[0]].inputs[0]]
-        length = _prod(first.shape[len(outer):])
+        # the longest row among the reductions: a thread (or a warp) per row must suit every
+        # one of them. The first's length alone gave a thread per row (float32 sums accumulated
+        # in float32, meant for <= 32 terms) to `x.sum(-1) + y.sum(-1)` with x 2 long and y a
+        # million: 1e-5 .. 5e-5 relative error, one thread reducing the whole long row
+        lengths: list[Expr] = []
+        for r in reduces:
+            one = _prod(graph.nodes[graph.nodes[r].inputs[0]].shape[len(outer):])
+            if one not in lengths:
+                lengths.append(one)
+        length = lengths[0]
+        for one in lengths[1:]:
+            length = emax(length, one)
         rows = _prod(outer)
         keeps_row = any(not _prod(graph.nodes[n].shape[len(outer):]).is_const
                         or _prod(graph.nodes[n].shape[len(outer):]).value != 1 for _, n in outs)
