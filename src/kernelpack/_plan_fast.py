@@ -29,6 +29,7 @@ from ._plan_types import (MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, NO_COMPUTE
                           Plan, PlannedLaunch, dtype_range, tensors_first)
 from ._plan_ops import OPS as _OPS
 from .expr import INT64_MAX, Expr, sym
+from .limits import MAX_EXPR_DEPTH
 from .summary import KernelSummary, Scalar, Tensor
 
 __all__ = ["compile_fast"]
@@ -164,10 +165,32 @@ def _launch(r: _Registers, done: set[int], steps: list[Step], ln: Any, index: in
     return (static, ln.kernel, ln.module, *grid, block, dyn, value_args, args, index)
 
 
+def _expressions(s: KernelSummary) -> list[Expr]:
+    """Every expression of the summary."""
+    exprs = [d for p in s.params if isinstance(p, Tensor) for d in p.shape]
+    exprs += [p.value for p in s.params if isinstance(p, Scalar) and p.value is not None]
+    exprs += [c.predicate for c in s.constraints]
+    for v in s.variants:
+        exprs += [v.predicate] if v.predicate is not None else []
+        exprs += [d for sc in v.scratch for d in sc.shape]
+        for ln in v.launches:
+            exprs += ln.expressions()
+    return exprs
+
+
 def compile_fast(summary: KernelSummary) -> FastPlan | None:
     """The fast plan function of ``summary`` (see module docstring), or None when every call
     must go to the reference planner."""
     s = summary
+    exprs = _expressions(s)
+    # Nested deeper than the format allows: the reference planner cannot encode it
+    # (ValueError), so no call may get a plan here either.
+    if any(e._depth > MAX_EXPR_DEPTH for e in exprs):
+        return None
+    read: set[str] = set()  # symbols some expression reads: their values must be int64
+    if any(isinstance(p, Scalar) and dtype_range(p.dtype)[1] > INT64_MAX for p in s.inputs):
+        for e in exprs:  # (only a uint64 scalar can exceed int64)
+            read |= e.symbols()
     bound = s.bound_symbols()
     r = _Registers(bound)
     index = {name: i for i, name in enumerate(bound)}
@@ -195,6 +218,8 @@ def compile_fast(summary: KernelSummary) -> FastPlan | None:
         else:
             if p.is_symbol:
                 lo, hi = dtype_range(p.dtype)
+                if p.name in read:  # a uint64 above INT64_MAX: the reference's error
+                    hi = min(hi, INT64_MAX)
                 sym_scalars.append((nscalars, index[p.name], lo, hi, p.name in origin))
                 origin.add(p.name)
             nscalars += 1

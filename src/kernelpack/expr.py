@@ -18,15 +18,14 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping, Union
 
+from .expr_eval import INT64_MAX, INT64_MIN, ExprEvalError, apply_op, evaluate
+
 __all__ = [
     "Expr", "ExprLike", "sym", "const", "as_expr",
     "cdiv", "floordiv", "mod", "emin", "emax", "shl", "shr", "select",
     "eq", "ne", "lt", "le", "gt", "ge", "land", "lor", "lnot",
     "INT64_MIN", "INT64_MAX", "OPERATORS", "evaluate",
 ]
-
-INT64_MIN = -(1 << 63)
-INT64_MAX = (1 << 63) - 1
 
 # operator name -> (arity, printed form). The names are stable: the format maps them to opcodes.
 OPERATORS: dict[str, int] = {
@@ -84,10 +83,6 @@ def _traced_only(name: str) -> Callable[["Expr", object], object]:
     return method
 
 
-class ExprEvalError(ArithmeticError):
-    """Raised inside evaluation; callers turn it into a ConstraintError with context."""
-
-
 class Expr:
     """An immutable symbolic int64 expression node.
 
@@ -95,13 +90,15 @@ class Expr:
     operator name from :data:`OPERATORS` with ``args``.
     """
 
-    __slots__ = ("op", "args", "value", "_hash")
+    __slots__ = ("op", "args", "value", "_hash", "_depth")
 
     def __init__(self, op: str, args: tuple["Expr", ...] = (), value: int | str | None = None):
         self.op = op
         self.args = args
         self.value = value
         self._hash = hash((op, args, value))
+        # nesting: what recurses refuses a tree deeper than MAX_EXPR_DEPTH up front
+        self._depth = 1 + max([a._depth for a in args]) if args else 1
 
     # ---- structure -------------------------------------------------------------------------
     def __eq__(self, other: object) -> bool:
@@ -109,8 +106,23 @@ class Expr:
             return True
         if not isinstance(other, Expr):
             return NotImplemented
-        return (self._hash == other._hash and self.op == other.op
-                and self.value == other.value and self.args == other.args)
+        if self._hash != other._hash or self.op != other.op or self.value != other.value:
+            return False
+        if self._depth < 8:  # a small tree: at most a few thousand nodes
+            return self.args == other.args
+        # each pair of nodes once: equal, distinct copies of a shared chain (a file can hold
+        # two) would otherwise be compared tree by tree, exponentially
+        stack, seen = [(self, other)], set()
+        while stack:
+            a, b = stack.pop()
+            if a is b or (id(a), id(b)) in seen:
+                continue
+            seen.add((id(a), id(b)))
+            if (a._hash != b._hash or a.op != b.op or a.value != b.value
+                    or len(a.args) != len(b.args)):
+                return False
+            stack.extend(zip(a.args, b.args))
+        return True
 
     def __ne__(self, other: object) -> bool:
         result = self.__eq__(other)
@@ -141,11 +153,15 @@ class Expr:
         return self.op == "sym"
 
     def symbols(self) -> set[str]:
-        """Names of all symbols the expression reads."""
+        """Names of all symbols the expression reads. Each node once: a loaded program's
+        LOADs make a DAG whose tree is exponentially larger (a hostile file must not hang)."""
         out: set[str] = set()
-        stack = [self]
+        stack, seen = [self], set()
         while stack:
             node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
             if node.op == "sym":
                 out.add(node.value)  # type: ignore[arg-type]
             stack.extend(node.args)
@@ -169,7 +185,7 @@ class Expr:
         return f"Expr({self})"
 
     def __str__(self) -> str:
-        return _format(self, -1)
+        return _format(self, -1, [_PRINT_NODES])
 
     # ---- operators -------------------------------------------------------------------------
     # A right operand that is no ExprLike gives NotImplemented, so Python asks the other side:
@@ -261,49 +277,6 @@ def select(cond: ExprLike, if_true: ExprLike, if_false: ExprLike) -> Expr:
     return _make("select", as_expr(cond), as_expr(if_true), as_expr(if_false))
 
 
-# ---- checked arithmetic (shared by folding and by the evaluator) -------------------------------
-def _checked(r: int, op: str) -> int:
-    if INT64_MIN <= r <= INT64_MAX:
-        return r
-    raise ExprEvalError(f"int64 overflow in {op}")
-
-
-def _div_check(b: int, op: str) -> None:
-    if b == 0:
-        raise ExprEvalError(f"division by zero in {op}")
-
-
-def _shift_check(b: int, op: str) -> None:
-    if not 0 <= b <= 63:
-        raise ExprEvalError(f"shift count {b} outside 0..63 in {op}")
-
-
-def apply_op(op: str, a: int, b: int = 0, c: int = 0) -> int:
-    """Apply one operator to concrete int64 values with overflow/zero-division checks."""
-    if op == "add": return _checked(a + b, op)
-    if op == "sub": return _checked(a - b, op)
-    if op == "mul": return _checked(a * b, op)
-    if op == "floordiv": _div_check(b, op); return _checked(a // b, op)
-    if op == "ceildiv": _div_check(b, op); return _checked(-((-a) // b), op)
-    if op == "mod": _div_check(b, op); return a % b
-    if op == "min": return a if a <= b else b
-    if op == "max": return a if a >= b else b
-    if op == "shl": _shift_check(b, op); return _checked(a << b, op)
-    if op == "shr": _shift_check(b, op); return a >> b
-    if op == "eq": return int(a == b)
-    if op == "ne": return int(a != b)
-    if op == "lt": return int(a < b)
-    if op == "le": return int(a <= b)
-    if op == "gt": return int(a > b)
-    if op == "ge": return int(a >= b)
-    if op == "and": return int(bool(a) and bool(b))
-    if op == "or": return int(bool(a) or bool(b))
-    if op == "not": return int(not a)
-    if op == "neg": return _checked(-a, op)
-    if op == "select": return b if a else c
-    raise ValueError(f"unknown expression operator {op!r}")
-
-
 # ---- simplification ----------------------------------------------------------------------------
 def _make(op: str, *args: Expr) -> Expr:
     if op not in OPERATORS or OPERATORS[op] != len(args):
@@ -312,7 +285,7 @@ def _make(op: str, *args: Expr) -> Expr:
         c, t, f = args
         if c.is_const:
             return t if c.value else f
-        if t == f:
+        if t == f and _cannot_fail(c):  # a condition that can fail must still be evaluated
             return t
         return Expr(op, args)
     if all(a.is_const for a in args):
@@ -324,6 +297,21 @@ def _make(op: str, *args: Expr) -> Expr:
         args = (args[1], args[0])
     simplified = _identity(op, args)
     return simplified if simplified is not None else Expr(op, args)
+
+
+_FALLIBLE = frozenset({"add", "sub", "mul", "floordiv", "ceildiv", "mod", "neg", "shl", "shr"})
+
+
+def _cannot_fail(e: Expr, budget: int = 32) -> bool:
+    """Whether evaluating ``e`` can never raise; a large one counts as fallible."""
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        budget -= 1
+        if budget < 0 or node.op in _FALLIBLE:
+            return False
+        stack.extend(node.args)
+    return True
 
 
 def _identity(op: str, args: tuple[Expr, ...]) -> Expr | None:
@@ -338,11 +326,12 @@ def _identity(op: str, args: tuple[Expr, ...]) -> Expr | None:
         total = int(a.args[1].value) + int(bv)  # type: ignore[arg-type]
         if INT64_MIN <= total <= INT64_MAX:
             return _make("add", a.args[0], const(total))
-    if op == "sub" and a == b:
+    # x - x and x * 0 drop x: only where x cannot fail (1 // n * 0 raises for n = 0)
+    if op == "sub" and a == b and _cannot_fail(a):
         return const(0)
     if op == "mul" and bv == 1:
         return a
-    if op == "mul" and bv == 0:
+    if op == "mul" and bv == 0 and _cannot_fail(a):
         return const(0)
     if op == "mul" and bv is not None and a.op == "mul" and a.args[1].is_const:
         product = int(a.args[1].value) * int(bv)  # type: ignore[arg-type]
@@ -358,54 +347,35 @@ def _identity(op: str, args: tuple[Expr, ...]) -> Expr | None:
 
 
 # ---- printing ----------------------------------------------------------------------------------
-def _format(e: Expr, parent_prec: int) -> str:
+# Printing walks the tree, which a loaded program's LOADs can make exponentially large, and
+# error messages print expressions: past this many nodes the rest prints as "...".
+_PRINT_NODES = 256
+
+
+def _format(e: Expr, parent_prec: int, budget: list[int]) -> str:
+    budget[0] -= 1
+    if budget[0] < 0:
+        return "..."
     if e.op == "const":
         return str(e.value)
     if e.op == "sym":
         return str(e.value)
     if e.op == "neg":
-        inner = _format(e.args[0], 7)
+        inner = _format(e.args[0], 7, budget)
         return f"-{inner}"
     if e.op == "not":
-        text = f"not {_format(e.args[0], 2)}"
+        text = f"not {_format(e.args[0], 2, budget)}"
         return f"({text})" if parent_prec > 2 else text
     if e.op in _INFIX:
         sign, prec = _INFIX[e.op]
         # left-associative: the right operand needs parentheses at equal precedence; a
         # comparison's left one too, or "(a < b) < c" would read as Python's chained a < b < c
         left = prec + 1 if prec == 3 else prec
-        text = f"{_format(e.args[0], left)} {sign} {_format(e.args[1], prec + 1)}"
+        lhs = _format(e.args[0], left, budget)
+        text = f"{lhs} {sign} {_format(e.args[1], prec + 1, budget)}"
         return f"({text})" if prec < parent_prec else text
     name = {"ceildiv": "cdiv"}.get(e.op, e.op)
-    return f"{name}({', '.join(_format(a, -1) for a in e.args)})"
-
-
-# ---- direct evaluation (reference path; the loader uses expr_program) --------------------------
-def evaluate(e: Expr, env: Mapping[str, int]) -> int:
-    """Evaluate ``e`` with checked arithmetic; lazily for ``select``.
-
-    Raises :class:`kernelpack.errors.ExpressionError` naming the expression.
-    """
-    from .errors import ExpressionError
-
-    try:
-        return _eval(e, env)
-    except ExprEvalError as exc:
-        raise ExpressionError(f"cannot evaluate {e}: {exc}") from None
-
-
-def _eval(e: Expr, env: Mapping[str, int]) -> int:
-    if e.op == "const":
-        return int(e.value)  # type: ignore[arg-type]
-    if e.op == "sym":
-        try:
-            value = env[e.value]  # type: ignore[index]
-        except KeyError:
-            raise ExprEvalError(f"symbol {e.value!r} has no value") from None
-        return _checked(int(value), "symbol")
-    if e.op == "select":
-        return _eval(e.args[1] if _eval(e.args[0], env) else e.args[2], env)
-    return apply_op(e.op, *(_eval(a, env) for a in e.args))
+    return f"{name}({', '.join(_format(a, -1, budget) for a in e.args)})"
 
 
 def iter_nodes(roots: Iterable[Expr]) -> Iterable[Expr]:

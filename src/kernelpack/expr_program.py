@@ -83,6 +83,10 @@ class ExprEncoder:
         """Encode; returns the program and, for each added expression in order, its root.
         The validated, ready-to-evaluate :class:`ExprProgram` is kept as ``self.program``
         (building one is the expensive part: callers that evaluate should not build another)."""
+        for expr in self._pending:  # before emit() recurses that deep
+            if expr._depth > MAX_EXPR_DEPTH:
+                raise ValueError(f"expressions exceed the format's limits: expression nested "
+                                 f"deeper than {MAX_EXPR_DEPTH}")
         uses: dict[Expr, int] = {}
         for node in iter_nodes(self._pending):
             for child in node.args:
@@ -313,7 +317,10 @@ def _sym_fn(index: int, name: str) -> Evaluator:
         value = frame[index]
         if value is None:
             raise ExprEvalError(f"symbol {name!r} has no value")
-        return value
+        if INT64_MIN <= value <= INT64_MAX:
+            return value
+        # a uint64 scalar may hold more: fine for the kernel, not for an int64 expression
+        raise ExprEvalError(f"symbol {name!r} = {value} is outside int64")
     return read
 
 
