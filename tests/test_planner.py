@@ -255,3 +255,17 @@ def test_keywords_naming_outputs_or_computed_scalars_say_so() -> None:
         rich.plan(x=(2, 8), m=8, out=(2,))
     with pytest.raises(TypeError, match="has no input 'zz'"):
         rich.plan(x=(2, 8), m=8, zz=1)
+
+
+def test_plans_are_read_only_so_the_cache_cannot_be_changed_by_a_caller() -> None:
+    p = Planner(kp_samples.axpy_summary())
+    plan = p.plan((10,), (10,), 1.0)
+    with pytest.raises(TypeError):
+        plan.symbols["n"] = 99  # type: ignore[index]
+    with pytest.raises(TypeError):
+        plan.allocations["z"] = None  # type: ignore[index]
+    assert p.plan((10,), (10,), 1.0).symbols["n"] == 10
+    fast = kp.load(kp.save([kp_samples.axpy()]))["axpy"].plan((10,), (10,), 1.0)
+    with pytest.raises(TypeError):
+        fast.symbols["n"] = 99  # type: ignore[index]
+    assert fast == plan

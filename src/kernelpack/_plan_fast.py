@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import operator
 import threading
+from types import MappingProxyType as proxy
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from ._plan_types import (MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, NO_COMPUTED, Allocation,
@@ -412,6 +413,6 @@ def _make_run(name: str, ntensors: int, nscalars: int, tensors: tuple, sym_scala
                 launch_args = args
             planned.append(tnew(PlannedLaunch, (kernel, module, (gx, gy, gz), blk, smem,
                                                 launch_args, li)))
-        return tnew(Plan, (name, vi, symbols, allocations, tuple(planned), cvals))
+        return tnew(Plan, (name, vi, proxy(symbols), proxy(allocations), tuple(planned), cvals))
 
     return run

@@ -11,6 +11,7 @@ and of every error message, the fast path only ever agrees with it.
 from __future__ import annotations
 
 import operator
+from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from ._plan_types import (MAX_GRID_X, MAX_GRID_YZ, Allocation, Plan, PlannedLaunch,
@@ -237,8 +238,11 @@ class ReferencePlanner:
                 if launch[6] >= 0:
                     f[launch[6]] = i
                 planned.append(self._launch(f, launch))
-        return Plan(program=self.summary.name, variant=vi, symbols=symbols,
-                    allocations=allocations, launches=tuple(planned), computed=computed)
+        # read-only views: the planners cache plans, so a caller's change would reach every
+        # later call with the same shapes
+        return Plan(program=self.summary.name, variant=vi, symbols=MappingProxyType(symbols),
+                    allocations=MappingProxyType(allocations), launches=tuple(planned),
+                    computed=computed)
 
     def _allocation(self, frame: list, name: str, kind: str, dtype: DType, dims: list,
                     zero: bool) -> Allocation:

@@ -65,8 +65,8 @@ class Plan(NamedTuple):
 
     program: str
     variant: int
-    symbols: dict[str, int]
-    allocations: dict[str, Allocation]
+    symbols: Mapping[str, int]  # read-only views (plans are cached and shared)
+    allocations: Mapping[str, Allocation]
     launches: tuple[PlannedLaunch, ...]
     computed: Mapping[str, int] = NO_COMPUTED
 
