@@ -219,6 +219,13 @@ class Cache:
         warnings.warn(message, CacheWarning, stacklevel=3)
 
     def _from_disk(self, key: CacheKey | str, count_miss: bool = True) -> Compiled | None:
+        hit = self._verified_disk_entry(key, count_miss)
+        return None if hit is None else hit[1]
+
+    def _verified_disk_entry(self, key: CacheKey | str,
+                             count_miss: bool = True) -> tuple[bytes, Compiled] | None:
+        """The disk entry's bytes and what they decode to, read once and verified; None on a
+        miss or a bad entry (quarantined)."""
         digest = check_digest(key)
         try:
             found = self.disk.read(digest)
@@ -246,7 +253,7 @@ class Cache:
                        f"({type(exc).__name__}: {exc}); recompiling")
             return None
         self._count("disk_hits")
-        return compiled
+        return data, compiled
 
     def _put_disk(self, key: CacheKey | str, data: bytes, sync: bool = True,
                   record: bool = True) -> None:
@@ -272,10 +279,9 @@ class Cache:
         disk), or None: the issue's storage interface, over both tiers. Verified as
         :meth:`load` verifies (a bad disk entry is quarantined, an untrusted remote one
         refused), since the bytes are executable code whoever asks for them."""
-        if self._from_disk(key) is not None:
-            found = self.disk.read(key)  # the entry just verified (None if evicted since)
-            if found is not None:
-                return found[0]
+        hit = self._verified_disk_entry(key)
+        if hit is not None:
+            return hit[0]  # the bytes that were verified, not a second read of the file
         if self._remote_tier.readable():
             return self._remote_tier.fetch(key)[0]
         return None
