@@ -23,7 +23,7 @@ import kernelpack as kp
 from kernelpack.lowering import pipeline
 from kernelpack.planner import Planner
 
-__all__ = ["run_fusion", "Kernels"]
+__all__ = ["run_fusion", "Kernels", "assert_close"]
 
 _NP = {"bool": np.bool_, "int8": np.int8, "int16": np.int16, "int32": np.int32,
        "int64": np.int64, "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32,
@@ -183,3 +183,18 @@ class Kernels:
 def run_fusion(fusion: kp.fusion, *inputs: object) -> list[np.ndarray]:
     """Compile ``fusion`` for the host emulator and run it on NumPy inputs."""
     return Kernels(fusion)(*inputs)
+
+
+def assert_close(got, ref, tol: float, what: str) -> None:
+    """An emulated result against its NumPy reference: same shape, NaN in the same places,
+    and the largest error at most ``tol`` relative to the reference's largest magnitude."""
+    got, ref = np.asarray(got), np.asarray(ref)
+    assert got.shape == ref.shape, what
+    if ref.size == 0:
+        return
+    assert np.array_equal(np.isnan(got), np.isnan(ref)), f"{what}: NaN positions differ"
+    keep = ~np.isnan(ref)
+    if not keep.any():
+        return
+    err = np.max(np.abs(got[keep] - ref[keep])) / max(np.max(np.abs(ref[keep])), 1e-300)
+    assert err <= tol, f"{what}: relative error {err:.2e}"

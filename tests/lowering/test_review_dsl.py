@@ -11,16 +11,9 @@ import pytest
 
 import kernelpack as kp
 
-from .simt import Kernels
+from .simt import Kernels, assert_close
 
 T = kp.Tensor
-
-
-def _close(got, ref, tol: float, what: str) -> None:
-    got, ref = np.asarray(got), np.asarray(ref)
-    assert got.shape == ref.shape, what
-    err = np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-300)
-    assert err <= tol, f"{what}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("dt", [kp.float32, kp.float64], ids=["f32", "f64"])
@@ -48,7 +41,7 @@ def test_complex_python_literals_take_numpys_weak_dtype(dt):
             zd ** -2, 0.5j - zd, xd * 2)
     tol = 1e-5 if dt == kp.float32 else 1e-12
     for k, (got, ref) in enumerate(zip(Kernels(lit)(x, z, i), refs)):
-        _close(got, ref, tol, f"output {k}")
+        assert_close(got, ref, tol, f"output {k}")
     # canonical bytes encode the literal (json has no complex numbers) and stay stable
     assert lit.canonical_bytes() == lit.canonical_bytes()
     assert b"complex:" in lit.canonical_bytes()
@@ -148,7 +141,7 @@ def test_numpy_integer_axes_reduce():
 
     x = np.random.default_rng(3).standard_normal((2, 3, 5))
     a, b = Kernels(red)(x)
-    _close(a, x.sum(1), 1e-13, "sum")
+    assert_close(a, x.sum(1), 1e-13, "sum")
     assert np.array_equal(b, x.max(axis=(0, 2), keepdims=True))
 
 
@@ -320,7 +313,7 @@ def test_dims_with_floats_and_int_only_operators_become_traced_values():
     x = np.random.default_rng(3).standard_normal((3, 5))
     refs = (x / 5, x.sum(axis=1) / 5, x * 25, x * 1, x * 2.5, x * 0.4)
     for k, (got, ref) in enumerate(zip(Kernels(dims)(x), refs)):
-        _close(got, ref, 1e-12, f"output {k}")
+        assert_close(got, ref, 1e-12, f"output {k}")
 
     @kp.fusion
     def mixed(x: T[kp.f32, "n"]):

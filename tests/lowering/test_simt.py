@@ -14,24 +14,11 @@ import pytest
 import kernelpack as kp
 from kernelpack.lowering.workloads import REFERENCES, SCALARS, make
 
-from .simt import Kernels
+from .simt import Kernels, assert_close
 
 T = kp.Tensor
 TOL = {kp.float32: 2e-6, kp.float64: 1e-13}
 F32, F64 = make(kp.float32), make(kp.float64)
-
-
-def _check(got, ref, tol, what):
-    got, ref = np.asarray(got), np.asarray(ref)
-    assert got.shape == ref.shape, what
-    if ref.size == 0:
-        return
-    assert np.array_equal(np.isnan(got), np.isnan(ref)), f"{what}: NaN positions differ"
-    keep = ~np.isnan(ref)
-    if not keep.any():
-        return
-    err = np.max(np.abs(got[keep] - ref[keep])) / max(np.max(np.abs(ref[keep])), 1e-300)
-    assert err <= tol, f"{what}: relative error {err:.2e}"
 
 
 def _inputs(k: Kernels, shapes: dict, dt: kp.DType, rng) -> list:
@@ -79,14 +66,14 @@ def test_workload_numerics(name, shapes, dt):
     ins = _inputs(k, shapes, dt, np.random.default_rng(7))
     ref = REFERENCES[name](*[a.astype(np.float64) if isinstance(a, np.ndarray) and
                              a.dtype.kind == "f" else a for a in ins])
-    _check(k(*ins)[0], ref, TOL[dt], f"{name} {shapes}")
+    assert_close(k(*ins)[0], ref, TOL[dt], f"{name} {shapes}")
 
 
 def test_unaligned_inputs_use_the_scalar_loop():
     k = Kernels(F32["axpy"])
     base = np.random.default_rng(1).random(40).astype(np.float32)
     x, y = base[1:10], base[2:11]  # not 16-byte aligned
-    _check(k(x, y, 2.0)[0], 2.0 * x.astype(np.float64) + y, 1e-6, "unaligned")
+    assert_close(k(x, y, 2.0)[0], 2.0 * x.astype(np.float64) + y, 1e-6, "unaligned")
 
 
 def test_complex_outputs_only_4_byte_aligned_use_scalar_stores():
@@ -103,8 +90,8 @@ def test_complex_outputs_only_4_byte_aligned_use_scalar_stores():
     for launch in plan.launches:
         k._launch(launch, {"x": x, alloc.name: out}, {"x": x})
     ref = REFERENCES["phase"](x.astype(np.float64))
-    _check(out, ref, TOL[kp.float32], "4-byte aligned complex64 output")
-    _check(k(x)[0], ref, TOL[kp.float32], "aligned complex64 output")
+    assert_close(out, ref, TOL[kp.float32], "4-byte aligned complex64 output")
+    assert_close(k(x)[0], ref, TOL[kp.float32], "aligned complex64 output")
 
 
 def test_general_schedule_and_broadcasting():
@@ -114,8 +101,8 @@ def test_general_schedule_and_broadcasting():
 
     x = np.random.default_rng(2).standard_normal((3, 4, 5))
     y = np.random.default_rng(3).standard_normal((1, 5))
-    _check(Kernels(mix)(x, y)[0], x.sum(0)[None] - x.max(1, keepdims=True) + y[None], 1e-13,
-           "mix")
+    assert_close(Kernels(mix)(x, y)[0], x.sum(0)[None] - x.max(1, keepdims=True) + y[None],
+                 1e-13, "mix")
 
 
 def test_integer_ops_follow_python_semantics():
@@ -160,7 +147,7 @@ def test_complex_arithmetic_and_reduction():
     z = x + 1j * y
     w = z * z / (z + 1.0)
     for got, ref in zip(Kernels(cplx)(x, y), (w.real, w.imag, np.abs(z), np.exp(z), z.sum())):
-        _check(got, ref, 1e-13, "complex")
+        assert_close(got, ref, 1e-13, "complex")
 
 
 @pytest.mark.parametrize("dt", [kp.float32, kp.float64], ids=["f32", "f64"])
@@ -188,7 +175,7 @@ def test_math_functions_and_float_semantics(dt):
     for i, (got, ref) in enumerate(zip(Kernels(maths)(x, y), refs)):
         if i in (15, 16) and dt == kp.float32:  # x // 0.3 in float32 rounds 0.3 differently
             ref = (x // npdt(0.3)) if i == 15 else (x % npdt(0.3))
-        _check(got, ref, tol, f"output {i}")
+        assert_close(got, ref, tol, f"output {i}")
 
 
 def test_reductions_kinds_axes_and_keepdims():
@@ -204,14 +191,14 @@ def test_reductions_kinds_axes_and_keepdims():
             i.sum(axis=-1), i.max(axis=0), (i > 0).sum())
     for got, ref in zip(Kernels(reds)(x, i), refs):
         assert got.dtype == np.asarray(ref).dtype or got.dtype.kind == "f"
-        _check(got.astype(np.float64), np.asarray(ref, np.float64), 1e-13, "reduction")
+        assert_close(got.astype(np.float64), np.asarray(ref, np.float64), 1e-13, "reduction")
 
 
 def test_register_rows_skip_elements_past_the_end():
     # rows of 3 with 8 register slots per lane: 29 of 32 lanes hold only out-of-row slots
     k = Kernels(F64["softmax"])
     x = np.random.default_rng(13).standard_normal((5, 3))
-    _check(k(x)[0], REFERENCES["softmax"](x), 1e-13, "short rows")
+    assert_close(k(x)[0], REFERENCES["softmax"](x), 1e-13, "short rows")
 
 
 def test_half_and_bfloat16_storage():
@@ -242,7 +229,7 @@ def test_register_rows_at_variant_edges(n):
     x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in ((3, n), (n,), (n,)))
     ref = REFERENCES["layernorm"](x.astype(np.float64), w.astype(np.float64),
                                   bias.astype(np.float64), SCALARS["eps"])
-    _check(k(x, w, bias, SCALARS["eps"])[0], ref, 2e-6, f"layernorm n={n}")
+    assert_close(k(x, w, bias, SCALARS["eps"])[0], ref, 2e-6, f"layernorm n={n}")
 
 
 def test_register_rows_unaligned_rows_take_the_scalar_body():
@@ -250,8 +237,8 @@ def test_register_rows_unaligned_rows_take_the_scalar_body():
     base = np.random.default_rng(15).standard_normal(1 + 3 * 256).astype(np.float32)
     x = base[1:].reshape(3, 256)
     assert x.ctypes.data % 16 != 0
-    _check(Kernels(F32["softmax"])(x)[0], REFERENCES["softmax"](x.astype(np.float64)), 2e-6,
-           "unaligned softmax")
+    assert_close(Kernels(F32["softmax"])(x)[0], REFERENCES["softmax"](x.astype(np.float64)),
+                 2e-6, "unaligned softmax")
 
 
 def test_division_by_a_row_value_keeps_exact_results_for_extreme_divisors():
@@ -269,7 +256,7 @@ def test_division_by_a_row_value_keeps_exact_results_for_extreme_divisors():
     xd = x.astype(np.float64)
     ref = xd / xd.sum(-1, keepdims=True)
     for i in range(3):
-        _check(got[i], ref[i], 1e-6 if i != 1 else 1e-5, f"row {i}")
+        assert_close(got[i], ref[i], 1e-6 if i != 1 else 1e-5, f"row {i}")
 
 
 @pytest.mark.parametrize("dt", [kp.float32, kp.float64], ids=["f32", "f64"])
@@ -284,13 +271,13 @@ def test_thread_rows_at_every_group_and_rest_length(dt):
     for n in range(1, 33):
         x, m = rng.standard_normal((2, n)).astype(npdt), rng.random((2, n)) < 0.7
         m[:, 0] = True
-        _check(k(x, m)[0], REFERENCES["masked_mean"](x.astype(np.float64), m), TOL[dt],
+        assert_close(k(x, m)[0], REFERENCES["masked_mean"](x.astype(np.float64), m), TOL[dt],
                f"masked_mean n={n}")
     for name in ("phase", "angle"):
         k = Kernels(W[name])
         for n in (1, 7, 8, 9, 10):
             x = ((rng.random((2, n)) * 2 - 1) * np.pi).astype(npdt)
-            _check(k(x)[0], REFERENCES[name](x.astype(np.float64)), TOL[dt], f"{name} n={n}")
+            assert_close(k(x)[0], REFERENCES[name](x.astype(np.float64)), TOL[dt], f"{name} n={n}")
 
 
 def test_one_row_thread_variant_matches_the_row_loop_kernel():
@@ -306,7 +293,7 @@ def test_one_row_thread_variant_matches_the_row_loop_kernel():
         plan = k.planner.plan(x.shape)
         assert plan.variant == 0 and [l.kernel for l in plan.launches] == [one]
         got = k(x)[0]
-        _check(got, REFERENCES["phase"](x), TOL[kp.float64], f"phase n={n}")
+        assert_close(got, REFERENCES["phase"](x), TOL[kp.float64], f"phase n={n}")
         bounded = k.functions[one]
         k.functions[one] = k.functions[plain]  # the same launch through the row-loop kernel
         try:
@@ -391,7 +378,7 @@ def test_several_row_stages_fit_the_variant_limit():
         refs = (x - x.max(1, keepdims=True), y - y.mean(1, keepdims=True),
                 z.astype(np.float64).sum(1))
         for got, ref, tol in zip(k(x, y, z), refs, (1e-6, 1e-13, 1e-6)):
-            _check(got, ref, tol, f"three {a}x{n}")
+            assert_close(got, ref, tol, f"three {a}x{n}")
     c = kp.compile(three, targets=["sm_80"])
     plan = kp.load(kp.save([c]))["three"].plan((7, 100000), (7, 100000), (7, 100000))
     assert [l.kernel for l in plan.launches][-1].startswith("three_2_row")
