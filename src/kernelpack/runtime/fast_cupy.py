@@ -55,13 +55,7 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
         core.ensure_context, core.relaunch, core.fire_all
     launch, streams, cu_stream = core.launch, core.streams, core.cu_stream
 
-    def allocate(shape: tuple, dt: Any, device: int) -> Any:
-        """An output no input can be allocated like (CuPy's current device: the C path
-        checked it is ``device``)."""
-        return empty(shape, dtype=dt)
-
-    native = native_cupy_call(bp, core, slow, cupy, tensors, floats, ints, allocate,
-                              stream_handle)
+    native = native_cupy_call(bp, core, slow, cupy, tensors, floats, ints, stream_handle)
     if native is not None:
         return native
 

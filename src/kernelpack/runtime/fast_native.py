@@ -27,7 +27,8 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 class Hooks:
     """What ``FastCall`` asks Python for: per key the launch entry, output allocation for
-    shapes no input has, the context check, the launch error, and the fallback.
+    shapes no input has (torch; None for cupy, whose outputs ``FastCall`` makes itself), the
+    context check, the launch error, and the fallback.
 
     ``context_was_lost(st)`` is :meth:`FastCore.context_was_lost`: asked before a launch on a
     default stream whose context the thread has not confirmed (the answer is ignored), and
@@ -36,7 +37,7 @@ class Hooks:
     __slots__ = ("core", "slow", "allocate", "stream_handle", "context_was_lost", "_nvals",
                  "_sizes")
 
-    def __init__(self, core: FastCore, slow: Call, allocate: Callable[..., Any],
+    def __init__(self, core: FastCore, slow: Call, allocate: Callable[..., Any] | None,
                  stream_handle: Callable[[Any], int], nvals: int) -> None:
         self.core = core
         self.slow = slow
@@ -111,26 +112,25 @@ def native_torch_call(bp: Any, core: FastCore, slow: Call, torch: Any,
 
 def native_cupy_call(bp: Any, core: FastCore, slow: Call, cupy: Any,
                      tensors: list[tuple[int, int, Any]], floats: tuple, ints: tuple,
-                     allocate: Callable[..., Any], stream_handle: Callable[[Any], int]
-                     ) -> Call | None:
+                     stream_handle: Callable[[Any], int]) -> Call | None:
     """The same for cupy arrays (``FastCall`` reads ``dtype``, ``shape``, ``_c_contiguous``
-    and ``data.ptr`` / ``data.device_id``, and asks CuPy's current device and stream per
-    call), or None where it cannot be used; a CuPy without the stored ``_c_contiguous`` flag
-    keeps the closure."""
+    and ``data.ptr`` / ``data.device_id``, asks CuPy's current device and stream per call,
+    and makes outputs as ``cupy.ndarray(shape, dtype)``: no empty_like and no allocate hook),
+    or None where it cannot be used; a CuPy without the stored ``_c_contiguous`` flag keeps
+    the closure."""
     if not hasattr(cupy.ndarray, "_c_contiguous"):
         return None
-    return _native_call(bp, core, slow, (cupy.ndarray, cupy.empty_like,
-                                         cupy.cuda.get_current_stream),
-                        tensors, floats, ints, allocate, stream_handle,
+    return _native_call(bp, core, slow, (cupy.ndarray, None, cupy.cuda.get_current_stream),
+                        tensors, floats, ints, None, stream_handle,
                         ("cupy", cupy.cuda.runtime.getDevice))
 
 
 def _native_call(bp: Any, core: FastCore, slow: Call, framework: tuple,
                  tensors: list[tuple[int, int, Any]], floats: tuple, ints: tuple,
-                 allocate: Callable[..., Any], stream_handle: Callable[[Any], int],
+                 allocate: Callable[..., Any] | None, stream_handle: Callable[[Any], int],
                  flavor: tuple) -> Call | None:
     """``FastCall(*framework, hooks, ..., *flavor).call``; framework: (array type,
-    empty_like, current-stream accessor)."""
+    empty_like or None, current-stream accessor)."""
     from .native import launcher
 
     if not launcher().native:
