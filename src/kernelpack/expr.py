@@ -155,17 +155,8 @@ class Expr:
     def symbols(self) -> set[str]:
         """Names of all symbols the expression reads. Each node once: a loaded program's
         LOADs make a DAG whose tree is exponentially larger (a hostile file must not hang)."""
-        out: set[str] = set()
-        stack, seen = [self], set()
-        while stack:
-            node = stack.pop()
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            if node.op == "sym":
-                out.add(node.value)  # type: ignore[arg-type]
-            stack.extend(node.args)
-        return out
+        nodes = iter_nodes((self,))
+        return {node.value for node in nodes if node.op == "sym"}  # type: ignore[misc]
 
     def substitute(self, mapping: Mapping[str, ExprLike]) -> "Expr":
         """Replace symbols by expressions (re-simplifying on the way up)."""
