@@ -334,6 +334,9 @@ def main() -> int:
         env["PYTHONPATH"] = str(src) + (os.pathsep + env["PYTHONPATH"]
                                         if env.get("PYTHONPATH") else "")
         env.pop("PYTHONPYCACHEPREFIX", None)  # read the bytecode compileall just wrote
+        # the fake stands in for cuda.bindings.driver: the runtime must take that door (by
+        # default it opens libcuda.so.1 through ctypes, which a CPU machine lacks)
+        env["KERNELPACK_DRIVER"] = "cuda-bindings"
     workdir = Path(tempfile.mkdtemp(prefix="kp-first-call-"))
     paths, how = build_artifacts(workdir, counts)
     started = time.perf_counter()

@@ -23,6 +23,7 @@ __all__ = [
     "Knob", "declare", "knob", "knobs", "get", "codegen_env",
     "cache_dir", "cache_max_bytes", "remote_cache_url", "explain_cache_misses",
     "libdevice_override", "cuda_home", "native_launch", "per_thread_default_stream",
+    "driver_api",
 ]
 
 
@@ -161,6 +162,20 @@ def per_thread_default_stream() -> bool:
     return bool(get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM"))
 
 
+DRIVER_APIS = ("auto", "cuda-bindings")
+
+
+def driver_api() -> str:
+    """How the runtime reaches the CUDA driver (``$KERNELPACK_DRIVER``): ``auto`` (default:
+    ctypes over libcuda on Linux, no cuda.bindings import) or ``cuda-bindings``. Anything else
+    is a ValueError naming the variable."""
+    value = (get("KERNELPACK_DRIVER") or "auto").strip().lower()
+    if value not in DRIVER_APIS:
+        raise ValueError(f"KERNELPACK_DRIVER must be one of {', '.join(DRIVER_APIS)} "
+                         f"(got {value!r})")
+    return value
+
+
 # ---- the registry ------------------------------------------------------------------------------
 declare("KERNELPACK_CACHE_DIR", None, codegen=False,
         doc="Disk cache root; overrides $XDG_CACHE_HOME/kernelpack.")
@@ -182,3 +197,5 @@ declare("KERNELPACK_NATIVE_LAUNCH", None, codegen=False,
         doc="0: launch through cuda.bindings instead of kernelpack's C extension.")
 declare("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", None, codegen=False,
         doc="cuda.bindings' per-thread default stream switch; kernelpack's launches follow it.")
+declare("KERNELPACK_DRIVER", "auto", codegen=False,
+        doc="cuda-bindings: reach the driver through cuda.bindings instead of ctypes (auto).")

@@ -1,4 +1,10 @@
-"""The one door to the CUDA driver: import it, initialize it, and check every result.
+"""The one door to the CUDA driver: open it, initialize it, and check every result.
+
+The driver is reached through :mod:`.libcuda` (ctypes over ``libcuda.so.1``, a few hundred
+microseconds to open) rather than ``cuda.bindings.driver`` (17-45 ms to import, inside a
+process's first launch); both answer in cuda.bindings' calling convention, so the rest of the
+runtime does not care which it holds. ``KERNELPACK_DRIVER=cuda-bindings`` selects the bindings
+(as does any platform but Linux).
 
 Every ``CUresult`` goes through :func:`check`, which turns a failure into a named kernelpack
 error (``DeviceError`` when there is no usable GPU or driver, ``CompatibilityError`` when the
@@ -9,9 +15,11 @@ driver's own name for the failure is always in the message.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
+from .. import config
 from ..errors import CompatibilityError, DeviceError, KernelPackError, LaunchError
 
 __all__ = ["CudaResultError", "bindings", "check", "error_for", "init", "driver_version"]
@@ -47,21 +55,48 @@ _init_error: KernelPackError | None = None
 
 
 def bindings() -> Any:
-    """``cuda.bindings.driver``, imported on first use; DeviceError if it cannot be."""
+    """The driver API object, opened on first use: :class:`.libcuda.LibCuda`, or the
+    ``cuda.bindings.driver`` module (see the module docstring). DeviceError if neither can be
+    had: no driver library on this machine, or one older than CUDA 12.0."""
     global _driver
-    if _driver is not None:
-        return _driver
+    drv = _driver
+    if drv is None:
+        drv = _driver = _open()
+    return drv
+
+
+def _open() -> Any:
+    choice = config.driver_api()
+    if choice == "cuda-bindings" or not sys.platform.startswith("linux"):
+        try:
+            from cuda.bindings import driver
+        except ImportError as exc:
+            raise DeviceError("launching needs the CUDA driver bindings: pip install "
+                              "cuda-bindings (part of kernelpack's dependencies)") from exc
+        return driver
+    from .libcuda import open_driver
+
     try:
-        from cuda.bindings import driver
-    except ImportError as exc:
-        raise DeviceError("launching needs the CUDA driver bindings: pip install "
-                          "cuda-bindings (part of kernelpack's dependencies)") from exc
-    _driver = driver
-    return driver
+        return open_driver(config.per_thread_default_stream())
+    except OSError as exc:
+        raise DeviceError(_NO_DRIVER + f" ({exc})") from exc
+    except LookupError as exc:
+        raise DeviceError(str(exc)) from None
+
+
+_NO_DRIVER = ("no CUDA driver found on this machine (libcuda.so could not be loaded): "
+              "kernelpack can inspect and plan artifacts here, but launching needs an NVIDIA "
+              "GPU and its driver")
 
 
 def _describe(code: int) -> tuple[str, str]:
     drv = bindings()
+    describe = getattr(drv, "describe", None)
+    if describe is not None:  # LibCuda: the driver's own cuGetErrorName / cuGetErrorString
+        try:
+            return describe(code)
+        except Exception:  # describing an error must never hide it
+            return f"CUresult {code}", "no description"
     try:
         name = drv.CUresult(code).name
     except ValueError:
@@ -144,9 +179,7 @@ def init() -> Any:
             try:
                 result = drv.cuInit(0)
             except Exception as exc:  # the driver library itself is missing (no libcuda.so)
-                raise DeviceError("no CUDA driver found on this machine (libcuda.so could not be "
-                                  "loaded): kernelpack can inspect and plan artifacts here, but "
-                                  "launching needs an NVIDIA GPU and its driver") from exc
+                raise DeviceError(_NO_DRIVER) from exc
             check(result, "cuInit (initializing the CUDA driver)")
         except KernelPackError as exc:
             _init_error = exc

@@ -4,8 +4,8 @@ A launch through cuda.bindings costs about twice the driver's own host time (it 
 ``CUfunction``/``CUstream`` objects and builds a ``CUresult`` enum per call). The optional C
 extension :mod:`kernelpack.runtime._launch` forwards plain integers to the driver's entry
 point instead. It links against nothing: this module asks the driver for the entry point with
-``cuGetProcAddress`` through cuda.bindings, so both paths reach the same ``libcuda`` with the
-same default-stream flavour (legacy, or per-thread when cuda.bindings' own switch
+``cuGetProcAddress`` (through :mod:`.driver`), so both paths reach the same ``libcuda`` with
+the same default-stream flavour (legacy, or per-thread when cuda.bindings' own switch
 ``CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM`` is set).
 
 Both launchers are called the same way, ``launch(function, gx, gy, gz, bx, by, bz, shared_mem,
@@ -62,23 +62,40 @@ def launcher() -> Launcher:
 def _choose() -> Launcher:
     global _chosen
     drv = _drv.init()
-    fallback = Launcher(drv.cuLaunchKernel, drv.CUfunction, drv.CUstream, False, "")
     if not config.native_launch():
-        fallback.reason = "KERNELPACK_NATIVE_LAUNCH turns the C extension off"
+        reason = "KERNELPACK_NATIVE_LAUNCH turns the C extension off"
     else:
         try:
             from . import _launch
         except ImportError:
-            fallback.reason = "the C extension kernelpack.runtime._launch is not built"
+            reason = "the C extension kernelpack.runtime._launch is not built"
         else:
             address = _entry_point(drv)
             if address:
                 _launch.bind(address)
                 _chosen = Launcher(_launch.launch, int, int, True, "C extension")
                 return _chosen
-            fallback.reason = "the driver has no cuLaunchKernel entry point to give"
-    _chosen = fallback
+            reason = "the driver has no cuLaunchKernel entry point to give"
+    fallback = _chosen = _fallback(drv)
+    fallback.reason = reason
     return fallback
+
+
+def _fallback(drv: Any) -> Launcher:
+    """The launcher without the C extension: the driver object's own ``cuLaunchKernel``, except
+    that a launch through kernelpack's ctypes door (:mod:`.libcuda`) costs about 1.2 µs more
+    than through cuda.bindings, so those are imported for the launch when they can be (the same
+    libcuda, the same default-stream flavour: both follow cuda.bindings' switch)."""
+    from .libcuda import LibCuda
+
+    if isinstance(drv, LibCuda):
+        try:
+            from cuda.bindings import driver as bindings
+        except ImportError:
+            return Launcher(drv.cuLaunchKernel, int, int, False, "")
+        return Launcher(bindings.cuLaunchKernel, bindings.CUfunction, bindings.CUstream, False,
+                        "")
+    return Launcher(drv.cuLaunchKernel, drv.CUfunction, drv.CUstream, False, "")
 
 
 def _entry_point(drv: Any) -> int:

@@ -1,0 +1,341 @@
+"""The CUDA driver API through ctypes: the calls the runtime makes, without cuda.bindings.
+
+Importing ``cuda.bindings.driver`` costs 17-45 ms (a Cython module with thousands of types),
+paid inside a process's first launch; that alone is most of a warm start's budget
+(``benchmarks/warmstart.py``). The runtime needs about thirty driver functions, all but the
+launch itself called once per process, device or library, so this module reaches them with
+ctypes (already imported by every process that has torch, and by the runtime's parameter
+blocks) and the launch goes through kernelpack's C extension as before.
+
+Every function is found with the driver's own ``cuGetProcAddress``, asking for the ABI this
+module was written against (``_SPECS``: the CUDA version of each signature, so a later driver
+that adds a ``_v3`` still hands back the one these argument types describe) and for the
+default-stream flavour cuda.bindings would use (legacy, or per-thread when its switch
+``CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM`` is set), so both doors reach the same entry
+points. Functions are resolved on first use.
+
+The calling convention is cuda.bindings': ``cuX(inputs...) -> (CUresult, *outputs)``, with
+handles as plain ints (NULL is 0). Handle arguments go through ``int()``, so cuda.bindings'
+handle objects (``CUstream``) are accepted too. That lets :mod:`.driver` hand either object to
+the rest of the runtime.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, byref, c_char_p, c_int, c_size_t, c_ubyte, c_uint, c_uint64, c_void_p
+from typing import Any, Callable
+
+__all__ = ["LibCuda", "open_driver", "MIN_DRIVER_VERSION"]
+
+#: ``cuLibraryLoadData`` (context-independent loading) first shipped with CUDA 12.0 (R525)
+MIN_DRIVER_VERSION = 12000
+
+_P, _I, _U, _Z, _Q = c_void_p, c_int, c_uint, c_size_t, c_uint64
+_PI, _PP, _PQ, _PS = POINTER(c_int), POINTER(c_void_p), POINTER(c_uint64), POINTER(c_char_p)
+
+# name -> (CUDA version of the ABI below, argument types); every function returns CUresult
+_SPECS: dict[str, tuple[int, tuple[Any, ...]]] = {
+    "cuInit": (2000, (_U,)),
+    "cuDriverGetVersion": (2020, (_PI,)),
+    "cuDeviceGetCount": (2000, (_PI,)),
+    "cuDeviceGet": (2000, (_PI, _I)),
+    "cuDeviceGetAttribute": (2000, (_PI, _I, _I)),
+    "cuDeviceGetName": (2000, (_P, _I, _I)),
+    "cuDevicePrimaryCtxRetain": (7000, (_PP, _I)),
+    "cuCtxGetCurrent": (4000, (_PP,)),
+    "cuCtxSetCurrent": (4000, (_P,)),
+    "cuCtxPushCurrent": (4000, (_P,)),
+    "cuCtxPopCurrent": (4000, (_PP,)),
+    "cuCtxGetDevice": (2000, (_PI,)),
+    "cuLibraryLoadData": (12000, (_PP, c_char_p, _P, _P, _U, _P, _P, _U)),
+    "cuLibraryGetKernel": (12000, (_PP, _P, c_char_p)),
+    "cuLibraryUnload": (12000, (_P,)),
+    "cuKernelGetFunction": (12000, (_PP, _P)),
+    "cuFuncLoad": (12040, (_P,)),
+    "cuLaunchKernel": (4000, (_P, _U, _U, _U, _U, _U, _U, _U, _P, _P, _P)),
+    "cuMemAlloc": (3020, (_PQ, _Z)),
+    "cuMemFree": (3020, (_Q,)),
+    "cuMemAllocAsync": (11020, (_PQ, _Z, _P)),
+    "cuMemFreeAsync": (11020, (_Q, _P)),
+    "cuMemcpyDtoH": (3020, (_P, _Q, _Z)),
+    "cuMemsetD8Async": (3020, (_Q, c_ubyte, _Z, _P)),
+    "cuPointerGetAttribute": (4000, (_P, _I, _Q)),
+    "cuStreamSynchronize": (2000, (_P,)),
+    "cuStreamWaitEvent": (3020, (_P, _P, _U)),
+    "cuEventCreate": (2000, (_PP, _U)),
+    "cuEventRecord": (2000, (_P, _P)),
+    "cuEventDestroy": (4000, (_P,)),
+    "cuGetErrorName": (6000, (_I, _PS)),
+    "cuGetErrorString": (6000, (_I, _PS)),
+}
+
+# CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+#                              cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
+_GET_PROC_ADDRESS = ctypes.CFUNCTYPE(c_int, c_char_p, _PP, c_int, c_uint64, _PI)
+
+_NOT_FOUND = 500  # CUDA_ERROR_NOT_FOUND
+
+
+class CUdevice_attribute:  # the members the runtime reads (cuda.bindings' names)
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+
+
+class CUpointer_attribute:
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+
+
+class CUevent_flags:
+    CU_EVENT_DEFAULT = 0
+    CU_EVENT_DISABLE_TIMING = 2
+
+
+class CUdriverProcAddress_flags:
+    CU_GET_PROC_ADDRESS_DEFAULT = 0
+    CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1
+    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2
+
+
+# cuPointerGetAttribute writes a different type per attribute: the ones supported here
+_POINTER_ATTRIBUTE_TYPES = {CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int}
+
+
+def _handle(value: Any) -> int:
+    """A handle argument as an int: ints, None (NULL) and cuda.bindings' handle objects."""
+    return 0 if value is None else int(value)
+
+
+class LibCuda:
+    """The driver functions the runtime calls, over one ``cuGetProcAddress``.
+
+    ``get_proc_address`` is the driver's ``cuGetProcAddress_v2`` (a ctypes function of type
+    ``_GET_PROC_ADDRESS``; tests hand in a Python one); ``per_thread`` picks the per-thread
+    default-stream flavour of the stream functions.
+    """
+
+    CUdevice_attribute = CUdevice_attribute
+    CUpointer_attribute = CUpointer_attribute
+    CUevent_flags = CUevent_flags
+    CUdriverProcAddress_flags = CUdriverProcAddress_flags
+
+    def __init__(self, get_proc_address: Callable[..., int], per_thread: bool) -> None:
+        self._get = get_proc_address
+        flags = CUdriverProcAddress_flags
+        self._flags = (flags.CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM if per_thread
+                       else flags.CU_GET_PROC_ADDRESS_LEGACY_STREAM)
+        self._fns: dict[str, Callable[..., int]] = {}
+        self._types: dict[tuple[Any, ...], Any] = {}
+
+    def __repr__(self) -> str:
+        return f"<LibCuda: {len(self._fns)} driver functions resolved>"
+
+    # ---- resolving ---------------------------------------------------------------------------
+    def _fn(self, name: str) -> Callable[..., int]:
+        fn = self._fns.get(name)
+        if fn is None:
+            version, argtypes = _SPECS[name]
+            address = self._address(name, version)
+            if not address:
+                return _missing(name)
+            proto = self._types.get(argtypes)
+            if proto is None:
+                proto = self._types[argtypes] = ctypes.CFUNCTYPE(c_int, *argtypes)
+            fn = self._fns[name] = proto(address)
+        return fn
+
+    def _address(self, symbol: str, version: int) -> int:
+        pfn = c_void_p()
+        status = c_int()
+        err = self._get(symbol.encode(), byref(pfn), version, self._flags, byref(status))
+        return 0 if err or status.value != 0 else int(pfn.value or 0)
+
+    def cuGetProcAddress(self, symbol: bytes, version: int, flags: int) -> tuple[int, int, int]:
+        """cuda.bindings' form: ``(CUresult, address, symbolStatus)``."""
+        pfn = c_void_p()
+        status = c_int()
+        err = self._get(bytes(symbol), byref(pfn), int(version), int(flags), byref(status))
+        return (err, int(pfn.value or 0), status.value)
+
+    def describe(self, code: int) -> tuple[str, str]:
+        """The driver's name and description of a CUresult (``CUresult <n>`` / "no
+        description" when it has none)."""
+        name, text = c_char_p(), c_char_p()
+        err = self._fn("cuGetErrorName")(code, byref(name))
+        label = f"CUresult {code}"
+        if not err and name.value:
+            label = name.value.decode(errors="replace")
+        err = self._fn("cuGetErrorString")(code, byref(text))
+        detail = "no description"
+        if not err and text.value:
+            detail = text.value.decode(errors="replace")
+        return label, detail
+
+    # ---- init, devices, contexts -------------------------------------------------------------
+    def cuInit(self, flags: int) -> tuple[int]:
+        return (self._fn("cuInit")(flags),)
+
+    def cuDriverGetVersion(self) -> tuple[int, int]:
+        out = c_int()
+        return (self._fn("cuDriverGetVersion")(byref(out)), out.value)
+
+    def cuDeviceGetCount(self) -> tuple[int, int]:
+        out = c_int()
+        return (self._fn("cuDeviceGetCount")(byref(out)), out.value)
+
+    def cuDeviceGet(self, ordinal: int) -> tuple[int, int]:
+        out = c_int()
+        return (self._fn("cuDeviceGet")(byref(out), int(ordinal)), out.value)
+
+    def cuDeviceGetAttribute(self, attribute: int, device: int) -> tuple[int, int]:
+        out = c_int()
+        return (self._fn("cuDeviceGetAttribute")(byref(out), int(attribute), int(device)),
+                out.value)
+
+    def cuDeviceGetName(self, length: int, device: int) -> tuple[int, bytes]:
+        buf = ctypes.create_string_buffer(int(length))
+        err = self._fn("cuDeviceGetName")(ctypes.addressof(buf), int(length), int(device))
+        return (err, buf.raw)
+
+    def cuDevicePrimaryCtxRetain(self, device: int) -> tuple[int, int]:
+        out = c_void_p()
+        return (self._fn("cuDevicePrimaryCtxRetain")(byref(out), int(device)), out.value or 0)
+
+    def cuCtxGetCurrent(self) -> tuple[int, int]:
+        out = c_void_p()
+        return (self._fn("cuCtxGetCurrent")(byref(out)), out.value or 0)
+
+    def cuCtxSetCurrent(self, ctx: Any) -> tuple[int]:
+        return (self._fn("cuCtxSetCurrent")(_handle(ctx)),)
+
+    def cuCtxPushCurrent(self, ctx: Any) -> tuple[int]:
+        return (self._fn("cuCtxPushCurrent")(_handle(ctx)),)
+
+    def cuCtxPopCurrent(self) -> tuple[int, int]:
+        out = c_void_p()
+        return (self._fn("cuCtxPopCurrent")(byref(out)), out.value or 0)
+
+    def cuCtxGetDevice(self) -> tuple[int, int]:
+        out = c_int()
+        return (self._fn("cuCtxGetDevice")(byref(out)), out.value)
+
+    # ---- libraries and kernels ---------------------------------------------------------------
+    def cuLibraryLoadData(self, code: bytes, jit_options: Any, jit_values: Any, n_jit: int,
+                          library_options: Any, library_values: Any,
+                          n_library: int) -> tuple[int, int]:
+        """Load a cubin or NUL-terminated PTX; options are not supported (none are used)."""
+        if jit_options or jit_values or n_jit or library_options or library_values or n_library:
+            raise ValueError("LibCuda.cuLibraryLoadData takes no JIT or library options")
+        out = c_void_p()
+        err = self._fn("cuLibraryLoadData")(byref(out), bytes(code), None, None, 0, None, None,
+                                            0)
+        return (err, out.value or 0)
+
+    def cuLibraryGetKernel(self, library: Any, name: bytes) -> tuple[int, int]:
+        out = c_void_p()
+        return (self._fn("cuLibraryGetKernel")(byref(out), _handle(library), bytes(name)),
+                out.value or 0)
+
+    def cuLibraryUnload(self, library: Any) -> tuple[int]:
+        return (self._fn("cuLibraryUnload")(_handle(library)),)
+
+    def cuKernelGetFunction(self, kernel: Any) -> tuple[int, int]:
+        out = c_void_p()
+        return (self._fn("cuKernelGetFunction")(byref(out), _handle(kernel)), out.value or 0)
+
+    def cuFuncLoad(self, function: Any) -> tuple[int]:
+        return (self._fn("cuFuncLoad")(_handle(function)),)
+
+    def cuLaunchKernel(self, function: Any, gx: int, gy: int, gz: int, bx: int, by: int,
+                       bz: int, shared_mem: int, stream: Any, kernel_params: Any,
+                       extra: Any) -> tuple[int]:
+        """``kernel_params``: the address of a prepacked ``void*`` array (an int), as the
+        runtime passes it; ``extra`` must be 0/None."""
+        return (self._fn("cuLaunchKernel")(_handle(function), gx, gy, gz, bx, by, bz,
+                                           shared_mem, _handle(stream), _handle(kernel_params),
+                                           _handle(extra)),)
+
+    # ---- memory ------------------------------------------------------------------------------
+    def cuMemAlloc(self, nbytes: int) -> tuple[int, int]:
+        out = c_uint64()
+        return (self._fn("cuMemAlloc")(byref(out), int(nbytes)), out.value)
+
+    def cuMemFree(self, ptr: Any) -> tuple[int]:
+        return (self._fn("cuMemFree")(_handle(ptr)),)
+
+    def cuMemAllocAsync(self, nbytes: int, stream: Any) -> tuple[int, int]:
+        out = c_uint64()
+        return (self._fn("cuMemAllocAsync")(byref(out), int(nbytes), _handle(stream)),
+                out.value)
+
+    def cuMemFreeAsync(self, ptr: Any, stream: Any) -> tuple[int]:
+        return (self._fn("cuMemFreeAsync")(_handle(ptr), _handle(stream)),)
+
+    def cuMemcpyDtoH(self, dst: bytearray, src: Any, nbytes: int) -> tuple[int]:
+        """Copy into a writable host buffer (a bytearray of at least ``nbytes``)."""
+        view = memoryview(dst)
+        if view.readonly or view.nbytes < nbytes:
+            raise ValueError(f"cuMemcpyDtoH needs a writable buffer of {nbytes} bytes")
+        host = ctypes.c_char.from_buffer(dst)
+        return (self._fn("cuMemcpyDtoH")(ctypes.addressof(host), _handle(src), int(nbytes)),)
+
+    def cuMemsetD8Async(self, ptr: Any, value: int, count: int, stream: Any) -> tuple[int]:
+        return (self._fn("cuMemsetD8Async")(_handle(ptr), int(value), int(count),
+                                            _handle(stream)),)
+
+    def cuPointerGetAttribute(self, attribute: int, ptr: Any) -> tuple[int, int]:
+        kind = _POINTER_ATTRIBUTE_TYPES.get(int(attribute))
+        if kind is None:
+            raise ValueError(f"LibCuda.cuPointerGetAttribute does not read attribute "
+                             f"{int(attribute)}")
+        out = kind()
+        err = self._fn("cuPointerGetAttribute")(ctypes.addressof(out), int(attribute),
+                                                _handle(ptr))
+        return (err, out.value)
+
+    # ---- streams and events ------------------------------------------------------------------
+    def cuStreamSynchronize(self, stream: Any) -> tuple[int]:
+        return (self._fn("cuStreamSynchronize")(_handle(stream)),)
+
+    def cuStreamWaitEvent(self, stream: Any, event: Any, flags: int) -> tuple[int]:
+        return (self._fn("cuStreamWaitEvent")(_handle(stream), _handle(event), int(flags)),)
+
+    def cuEventCreate(self, flags: int) -> tuple[int, int]:
+        out = c_void_p()
+        return (self._fn("cuEventCreate")(byref(out), int(flags)), out.value or 0)
+
+    def cuEventRecord(self, event: Any, stream: Any) -> tuple[int]:
+        return (self._fn("cuEventRecord")(_handle(event), _handle(stream)),)
+
+    def cuEventDestroy(self, event: Any) -> tuple[int]:
+        return (self._fn("cuEventDestroy")(_handle(event)),)
+
+
+def _missing(name: str) -> Callable[..., int]:
+    """What an entry point the driver does not have answers: CUDA_ERROR_NOT_FOUND (checked and
+    named like any failure; not cached, so nothing is remembered about it)."""
+    def missing(*args: Any) -> int:
+        return _NOT_FOUND
+
+    missing.__name__ = name
+    return missing
+
+
+def open_driver(per_thread: bool, library: str = "libcuda.so.1") -> LibCuda:
+    """:class:`LibCuda` over the system's driver library.
+
+    Raises
+    ------
+    OSError
+        The library cannot be loaded (no NVIDIA driver on this machine).
+    LookupError
+        The driver has no ``cuGetProcAddress_v2``: it predates CUDA 12.0, which kernelpack's
+        context-independent loading needs.
+    """
+    lib = ctypes.CDLL(library)
+    try:
+        raw = lib.cuGetProcAddress_v2
+    except AttributeError:
+        raise LookupError(f"{library} has no cuGetProcAddress_v2: the NVIDIA driver predates "
+                          f"CUDA 12.0 (R525), which kernelpack needs") from None
+    return LibCuda(_GET_PROC_ADDRESS(ctypes.cast(raw, c_void_p).value), per_thread)
