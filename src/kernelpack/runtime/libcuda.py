@@ -8,8 +8,8 @@ ctypes (already imported by every process that has torch, and by the runtime's p
 blocks) and the launch goes through kernelpack's C extension as before.
 
 Every function is found with the driver's own ``cuGetProcAddress``, asking for the ABI this
-module was written against (``_SPECS``: the CUDA version of each signature, so a later driver
-that adds a ``_v3`` still hands back the one these argument types describe) and for the
+module was written against (``_SPECS``: CUDA 12.0's, so a later driver that adds a ``_v3``
+still hands back the variant these argument types describe) and for the
 default-stream flavour cuda.bindings would use (legacy, or per-thread when its switch
 ``CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM`` is set), so both doors reach the same entry
 points. Functions are resolved on first use.
@@ -34,40 +34,45 @@ MIN_DRIVER_VERSION = 12000
 _P, _I, _U, _Z, _Q = c_void_p, c_int, c_uint, c_size_t, c_uint64
 _PI, _PP, _PQ, _PS = POINTER(c_int), POINTER(c_void_p), POINTER(c_uint64), POINTER(c_char_p)
 
-# name -> (CUDA version of the ABI below, argument types); every function returns CUresult
+# name -> (CUDA version whose ABI the argument types describe, argument types); every function
+# returns CUresult. The version is that of CUDA 12.0 (the oldest driver kernelpack supports;
+# 12.4 for cuFuncLoad, which is newer), not each function's first: cuGetProcAddress answers the
+# newest variant up to the version asked, and the per-thread-stream variants (_ptsz/_ptds) of
+# the stream functions only exist from CUDA 7.0 on, so asking for 3.2's cuMemsetD8Async with the
+# per-thread flag finds nothing. The signatures below are unchanged from 12.0 to 13.x.
 _SPECS: dict[str, tuple[int, tuple[Any, ...]]] = {
-    "cuInit": (2000, (_U,)),
-    "cuDriverGetVersion": (2020, (_PI,)),
-    "cuDeviceGetCount": (2000, (_PI,)),
-    "cuDeviceGet": (2000, (_PI, _I)),
-    "cuDeviceGetAttribute": (2000, (_PI, _I, _I)),
-    "cuDeviceGetName": (2000, (_P, _I, _I)),
-    "cuDevicePrimaryCtxRetain": (7000, (_PP, _I)),
-    "cuCtxGetCurrent": (4000, (_PP,)),
-    "cuCtxSetCurrent": (4000, (_P,)),
-    "cuCtxPushCurrent": (4000, (_P,)),
-    "cuCtxPopCurrent": (4000, (_PP,)),
-    "cuCtxGetDevice": (2000, (_PI,)),
+    "cuInit": (12000, (_U,)),
+    "cuDriverGetVersion": (12000, (_PI,)),
+    "cuDeviceGetCount": (12000, (_PI,)),
+    "cuDeviceGet": (12000, (_PI, _I)),
+    "cuDeviceGetAttribute": (12000, (_PI, _I, _I)),
+    "cuDeviceGetName": (12000, (_P, _I, _I)),
+    "cuDevicePrimaryCtxRetain": (12000, (_PP, _I)),
+    "cuCtxGetCurrent": (12000, (_PP,)),
+    "cuCtxSetCurrent": (12000, (_P,)),
+    "cuCtxPushCurrent": (12000, (_P,)),
+    "cuCtxPopCurrent": (12000, (_PP,)),
+    "cuCtxGetDevice": (12000, (_PI,)),
     "cuLibraryLoadData": (12000, (_PP, c_char_p, _P, _P, _U, _P, _P, _U)),
     "cuLibraryGetKernel": (12000, (_PP, _P, c_char_p)),
     "cuLibraryUnload": (12000, (_P,)),
     "cuKernelGetFunction": (12000, (_PP, _P)),
     "cuFuncLoad": (12040, (_P,)),
-    "cuLaunchKernel": (4000, (_P, _U, _U, _U, _U, _U, _U, _U, _P, _P, _P)),
-    "cuMemAlloc": (3020, (_PQ, _Z)),
-    "cuMemFree": (3020, (_Q,)),
-    "cuMemAllocAsync": (11020, (_PQ, _Z, _P)),
-    "cuMemFreeAsync": (11020, (_Q, _P)),
-    "cuMemcpyDtoH": (3020, (_P, _Q, _Z)),
-    "cuMemsetD8Async": (3020, (_Q, c_ubyte, _Z, _P)),
-    "cuPointerGetAttribute": (4000, (_P, _I, _Q)),
-    "cuStreamSynchronize": (2000, (_P,)),
-    "cuStreamWaitEvent": (3020, (_P, _P, _U)),
-    "cuEventCreate": (2000, (_PP, _U)),
-    "cuEventRecord": (2000, (_P, _P)),
-    "cuEventDestroy": (4000, (_P,)),
-    "cuGetErrorName": (6000, (_I, _PS)),
-    "cuGetErrorString": (6000, (_I, _PS)),
+    "cuLaunchKernel": (12000, (_P, _U, _U, _U, _U, _U, _U, _U, _P, _P, _P)),
+    "cuMemAlloc": (12000, (_PQ, _Z)),
+    "cuMemFree": (12000, (_Q,)),
+    "cuMemAllocAsync": (12000, (_PQ, _Z, _P)),
+    "cuMemFreeAsync": (12000, (_Q, _P)),
+    "cuMemcpyDtoH": (12000, (_P, _Q, _Z)),
+    "cuMemsetD8Async": (12000, (_Q, c_ubyte, _Z, _P)),
+    "cuPointerGetAttribute": (12000, (_P, _I, _Q)),
+    "cuStreamSynchronize": (12000, (_P,)),
+    "cuStreamWaitEvent": (12000, (_P, _P, _U)),
+    "cuEventCreate": (12000, (_PP, _U)),
+    "cuEventRecord": (12000, (_P, _P)),
+    "cuEventDestroy": (12000, (_P,)),
+    "cuGetErrorName": (12000, (_I, _PS)),
+    "cuGetErrorString": (12000, (_I, _PS)),
 }
 
 # CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
