@@ -8,19 +8,70 @@ validate (turned into FormatError naming the program).
 
 from __future__ import annotations
 
-from typing import Any
+from itertools import islice
+from typing import Any, Callable, Iterable
 
 from .dtypes import DType, dtype_from_code
 from .errors import FormatError
-from .expr import Expr
+from .expr import Expr, iter_nodes
 from .expr_program import EncodedExprs, ExprProgram
 from ._fbread import Table
 from .summary import (ROLES, Arg, Constraint, KernelSummary, Launch, Scalar, Scratch, Tensor,
                       Variant)
 
-__all__ = ["decode_program", "ARG_KINDS"]
+__all__ = ["decode_program", "ARG_KINDS", "MAX_EXPR_WORK", "check_expression_work",
+           "field_expressions"]
 
 ARG_KINDS = ("buffer", "scalar", "value")
+
+# What checking and planning a program may cost: the sum, over its expression fields, of the
+# distinct nodes each field's expression reads (a subexpression shared through LOAD counts
+# once per field that reads it). KernelSummary.check, the planner's encoder and printing walk
+# each field's expression on its own, so a few thousand fields that all read one large shared
+# expression made loading quadratic (a 48 KB file took 1.4 s, a 3 MB one minutes). The
+# reference workloads use under 200 and the limit costs well under a second to check;
+# docs/FORMAT.md lists it (it belongs beside the others in limits.py, not owned here).
+MAX_EXPR_WORK = 1 << 20
+
+
+def field_expressions(params: Iterable[Any], constraints: Iterable[Constraint],
+                      variants: Iterable[Variant]) -> Iterable[Expr]:
+    """Every expression a summary's fields hold: what KernelSummary.check walks."""
+    for p in params:
+        if isinstance(p, Tensor):
+            yield from p.shape
+        elif p.value is not None:
+            yield p.value
+    for k in constraints:
+        yield k.predicate
+    for v in variants:
+        if v.predicate is not None:
+            yield v.predicate
+        for sc in v.scratch:
+            yield from sc.shape
+        for ln in v.launches:
+            yield from ln.expressions()
+
+
+def check_expression_work(refs: int, nodes: int, exprs: Callable[[], Iterable[Expr]]) -> None:
+    """Raise FormatError when the ``refs`` expression fields of one program, ``exprs()``,
+    read more than MAX_EXPR_WORK nodes in all (see there). ``nodes`` bounds the size of any
+    one expression (the program's opcode count): below ``refs * nodes`` nothing is walked,
+    so ordinary programs pay two multiplications."""
+    if refs * nodes <= MAX_EXPR_WORK:
+        return
+    total = 0
+    sizes: dict[int, int] = {}
+    for expr in exprs():
+        size = sizes.get(id(expr))
+        if size is None:  # at most the budget left (+1) is walked: a refusal costs no more
+            size = sum(1 for _ in islice(iter_nodes((expr,)), MAX_EXPR_WORK - total + 1))
+            sizes[id(expr)] = size
+        total += size
+        if total > MAX_EXPR_WORK:
+            raise FormatError(f"the expression fields read more than MAX_EXPR_WORK "
+                              f"{MAX_EXPR_WORK} expression nodes in all ({refs} fields; a "
+                              f"shared subexpression counts once per field that reads it)")
 
 
 class _Ctx:
@@ -31,8 +82,10 @@ class _Ctx:
         self.name = name
         self.exprs = prog.exprs
         self.n = prog.root_count
+        self.refs = 0  # expression fields looked up (for check_expression_work)
 
     def root(self, index: int, *where: object) -> Expr:
+        self.refs += 1
         if 0 <= index < self.n:
             return self.exprs[index]
         raise FormatError(f"program {self.name!r}: {''.join(map(str, where))} refers to "
@@ -50,6 +103,7 @@ class _Ctx:
 
     def shape(self, roots: tuple[int, ...], *where: object) -> tuple[Expr, ...]:
         n, exprs = self.n, self.exprs
+        self.refs += len(roots)
         for r in roots:  # the common case in one pass; a bad index is named by root()
             if not 0 <= r < n:
                 return tuple(self.root(r, *where, ".shape[", i, "]")
@@ -59,6 +113,7 @@ class _Ctx:
     def dims(self, roots: tuple[int, ...], where: str, field: str) -> tuple[Expr, ...]:
         """A launch's grid or block: :meth:`root` of each index, without a call per index."""
         n, exprs = self.n, self.exprs
+        self.refs += 3
         for r in roots:
             if not 0 <= r < n:
                 return tuple(self.root(v, where, field) for v in roots)
@@ -136,8 +191,10 @@ def decode_program(fp: Table) -> KernelSummary:
         c = _Ctx(name, prog)
         constraints = [Constraint(c.root(k.get("predicate"), "constraint ", i), k.get("message"))
                        for i, k in enumerate(fp.get("constraints"))]
-        return KernelSummary(name, tuple(_params(c, fp)), tuple(_variants(c, fp)),
-                             tuple(constraints))
+        params, variants = _params(c, fp), _variants(c, fp)
+        check_expression_work(c.refs, len(ops),
+                              lambda: field_expressions(params, constraints, variants))
+        return KernelSummary(name, tuple(params), tuple(variants), tuple(constraints))
     except FormatError as exc:
         if str(exc).startswith("program "):
             raise

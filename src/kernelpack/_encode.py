@@ -19,6 +19,8 @@ from ._generated import (Arg as FArg, Constraint as FConstraint, Dim3 as FDim3,
                          ImageMeta as FImage, Launch as FLaunch, Param as FParam,
                          Program as FProgram, Scratch as FScratch, Variant as FVariant,
                          Version as FVersion)
+from ._decode import check_expression_work
+from .errors import FormatError
 from .expr_program import ExprEncoder
 from .compiled import IMAGE_KINDS, Image
 from .summary import ROLES, KernelSummary, Tensor
@@ -73,12 +75,21 @@ class _Roots:
         loops = [s for s in summary.loop_symbols() if s not in summary.bound_symbols()]
         self.enc = ExprEncoder([*summary.bound_symbols(), *loops])
         self.positions: list[int] = []
+        self.exprs: list[object] = []
 
     def add(self, expr: object) -> int:
+        self.exprs.append(expr)
         return self.enc.add(expr)  # type: ignore[arg-type]
 
     def finish(self) -> None:
+        """Encode; ValueError when readers would refuse the result (writers refuse what
+        readers refuse): the expression program's limits, or MAX_EXPR_WORK."""
         self.encoded, self.positions = self.enc.finish()
+        try:
+            check_expression_work(len(self.exprs), len(self.encoded.ops),
+                                  lambda: self.exprs)  # type: ignore[arg-type,return-value]
+        except FormatError as exc:
+            raise ValueError(f"expressions exceed the format's limits: {exc}") from None
 
     def __getitem__(self, handle: int) -> int:
         return self.positions[handle]

@@ -137,16 +137,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    pack = _load(args.file, args.trusted_key)
-    with _about(args.file):
+def _verified(path: str, trusted_keys: Sequence[str] | None = None) -> Any:
+    """The pack at ``path`` after every check ``verify`` makes: structure, every summary and
+    image, and a signature it carries, which must hold under the key it names even when no
+    key is trusted (the loader checks it only against trusted keys): a file changed after
+    signing fails here."""
+    pack = _load(path, trusted_keys)
+    with _about(path):
         pack.verify()
     sig = getattr(pack, "signature", None)
     if sig is not None and not getattr(sig, "verified", False):
-        # No key is trusted, but "verify" must still catch a file changed after signing: the
-        # signature has to hold under the key it names (the loader checks it only for trusted
-        # keys, so load again trusting that one key).
-        _load(args.file, [bytes.fromhex(sig.public_key)])
+        _load(path, [bytes.fromhex(sig.public_key)])
+    return pack
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    pack = _verified(args.file, args.trusted_key)
+    sig = getattr(pack, "signature", None)
     modules = list(pack.modules.values())
     images = [image for m in modules for image in m.images]
     raw = sum(int(getattr(i, "raw_size", 0)) for i in images)
@@ -183,9 +190,12 @@ def cmd_extract(args: argparse.Namespace) -> int:
     for path in existing:  # --force replaces files only: fail before anything is written
         if path.is_symlink() or not path.is_file():
             raise CLIError(f"{path}: exists and is not a regular file; not overwriting it")
+    checked: set[tuple] = set()
     with _about(args.file):  # every image checked before anything is created or written,
         for _, image in plan:  # one at a time: their raw sizes may add up beyond memory
-            image.read(keep=False)  # decompressed and digest-checked
+            if image.check_key not in checked:  # images sharing a blob: checked once
+                image.read(keep=False)  # decompressed and digest-checked
+                checked.add(image.check_key)
     out.mkdir(parents=True, exist_ok=True)
     for path, image in plan:
         with _about(args.file):
@@ -283,9 +293,9 @@ def cmd_sign(args: argparse.Namespace) -> int:
     from .signing import key_id, load_private_key, public_key_bytes
 
     key = load_private_key(args.key)
-    pack = _load(args.file)
-    with _about(args.file):
-        pack.verify()  # never put a signature on bytes that do not verify
+    # never put a signature on bytes that do not verify, nor over a broken signature: that
+    # file was changed after it was signed, and `verify` refuses it
+    pack = _verified(args.file)
     target = args.output or args.file
     _write_atomic(target, resign(pack, key))  # the verified body and blobs, not re-encoded
     print(f"signed {args.file} -> {target} (key id {key_id(public_key_bytes(key))})")

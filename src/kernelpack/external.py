@@ -18,6 +18,7 @@ import dataclasses
 from typing import Iterable, Mapping, Sequence, Union
 
 from .dtypes import as_dtype
+from .limits import MAX_LAUNCH_REPEAT
 from .errors import CompileError
 from .expr import Expr, ExprLike, as_expr
 from .compiled import Compiled, Module
@@ -201,6 +202,10 @@ def _check_constant_launch(launch: Launch) -> None:
     smem = launch.shared_mem
     if smem.is_const and not 0 <= int(smem.value) < (1 << 32):  # type: ignore[arg-type]
         raise ValueError(f"shared_mem = {smem.value}: expected 0..2^32-1 bytes")
+    count = launch.count
+    if count is not None and count.is_const and not (
+            0 <= int(count.value) <= MAX_LAUNCH_REPEAT):  # type: ignore[arg-type]
+        raise ValueError(f"count = {count.value}: expected 0..{MAX_LAUNCH_REPEAT} repeats")
 
 
 def _bind_args(params: tuple[Param, ...], scratch: tuple[Scratch, ...],

@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import stat
 import struct
 from pathlib import Path
 from typing import Mapping, Sequence, Union
 
 from .compiled import Image
 from .errors import CompileError
+from .limits import MAX_IMAGE_SIZE, MAX_NAME_LENGTH
 from .targets import Arch, parse_arch, parse_target_list
 
 __all__ = ["read_source", "ptx_entries", "cubin_entries", "cubin_arch", "images_from_ptx",
@@ -45,6 +47,14 @@ def read_source(source: PtxSource, what: str = "source") -> bytes:
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         try:
+            # a regular file of bounded size: a device or FIFO (/dev/zero, a pipe) would be
+            # read forever or block
+            st = path.stat()
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{what}: {str(path)!r} is not a regular file")
+            if st.st_size > MAX_IMAGE_SIZE:
+                raise ValueError(f"{what}: {str(path)!r} has {st.st_size} bytes, more than "
+                                 f"MAX_IMAGE_SIZE {MAX_IMAGE_SIZE}")
             return path.read_bytes().rstrip(b"\0")
         except OSError as exc:
             raise ValueError(f"{what}: cannot read file {str(path)!r}: {exc.strerror}") from exc
@@ -254,7 +264,12 @@ def cubin_arch(data: bytes, what: str = "cubin") -> int | None:
 def cubin_entries(data: bytes, what: str = "cubin") -> list[str]:
     """Kernel entry names of a cubin: function symbols marked as CUDA entries.
 
-    Every offset is checked against the file size; a malformed ELF gives CompileError.
+    Every offset is checked against the file size; a malformed ELF gives CompileError. The
+    work stays linear in the file size: symbol tables may not overlap (a thousand section
+    headers naming one table made a 300 KB file take seconds, quadratically more for larger
+    ones), and a name is read up to MAX_NAME_LENGTH bytes (an entry kernelpack can launch is
+    no longer; twenty thousand symbols naming one 500 KB string held 10 GB of names).
+    Longer names are skipped: they cannot be the entry asked for.
     """
     shoff, shentsize, shnum, _ = _elf_header(data, what)
     if shentsize < 64 or shoff + shnum * shentsize > len(data):
@@ -262,14 +277,20 @@ def cubin_entries(data: bytes, what: str = "cubin") -> list[str]:
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
                 for i in range(shnum)]
     names: list[str] = []
+    scanned = 0
     for _name, sh_type, _f, _a, offset, size, link, _i, _al, entsize in sections:
         if sh_type != 2:  # SHT_SYMTAB
             continue
         if link >= shnum or offset + size > len(data) or entsize < 24:
             raise CompileError(f"{what}: malformed symbol table")
+        scanned += size
+        if scanned > len(data):
+            raise CompileError(f"{what}: symbol tables overlap (together {scanned}+ bytes in a "
+                               f"{len(data)}-byte file)")
         str_off, str_size = sections[link][4], sections[link][5]
         if str_off + str_size > len(data):
             raise CompileError(f"{what}: string table outside the file")
+        str_end = str_off + str_size
         for pos in range(offset, offset + size - entsize + 1, entsize):
             st_name, info, other = struct.unpack_from("<IBB", data, pos)
             if info & 0xF != _STT_FUNC or not other & _STO_CUDA_ENTRY:
@@ -277,8 +298,10 @@ def cubin_entries(data: bytes, what: str = "cubin") -> list[str]:
             if st_name >= str_size:
                 raise CompileError(f"{what}: symbol name outside the string table")
             start = str_off + st_name
-            end = data.find(b"\0", start, str_off + str_size)
+            end = data.find(b"\0", start, min(str_end, start + MAX_NAME_LENGTH + 1))
             if end < 0:
+                if start + MAX_NAME_LENGTH + 1 < str_end:
+                    continue  # longer than any entry name: not the one asked for
                 raise CompileError(f"{what}: unterminated symbol name")
             names.append(data[start:end].decode("ascii", "replace"))
     return names

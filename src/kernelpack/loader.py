@@ -13,10 +13,10 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from ._decode import decode_program
-from ._fbread import Table
+from ._fbread import ByteViews, Table
 from ._images import ImageInfo, _decompress  # noqa: F401 - _decompress: kept importable here
 from .errors import FormatError, IntegrityError, KernelPackError, SignatureError
 from .limits import DIGEST_SIZE, FILE_IDENTIFIER, MAX_FILE_SIZE
@@ -43,7 +43,7 @@ class ModuleInfo:
 
     __slots__ = ("name", "kernels", "images", "_module")
 
-    def __init__(self, fm: Table, blobs: list[memoryview]) -> None:
+    def __init__(self, fm: Table, blobs: ByteViews | Sequence[memoryview]) -> None:
         self.name, kernels, fimages = fm.values(("name", "kernels", "images"))
         if not self.name.isidentifier():
             raise FormatError(f"module name {self.name!r} is not an identifier")
@@ -185,6 +185,12 @@ class Pack:
         if not fpack.has("body"):
             raise FormatError("file: Pack.body is missing")
         body = fpack.view("body")
+        if not isinstance(buf.obj, bytes):
+            # A memory-mapped file can be rewritten in place (`cp new.kpack model.kpack`) after
+            # this check: summaries are decoded later, so they must read the bytes verified
+            # here, a private copy of the small body. Images are read from the map and checked
+            # against their digests at every read.
+            body = memoryview(bytes(body))
         digest = fpack.get("body_digest")
         if len(digest) != DIGEST_SIZE:
             raise FormatError(f"file: Pack.body_digest is {len(digest)} bytes, expected "
@@ -198,7 +204,7 @@ class Pack:
         self._buf = buf
         fbody = Table.root(body, "Body")
         self.generator: str = fbody.get("generator")
-        blobs = [blob.view("data") for blob in fpack.get("blobs")]
+        blobs = fpack.byte_views("blobs")  # made when an image names one
         modules = [ModuleInfo(fm, blobs) for fm in fbody.get("modules")]
         _sorted_unique([m.name for m in modules], "module")
         self.modules: dict[str, ModuleInfo] = {m.name: m for m in modules}
@@ -272,17 +278,23 @@ class Pack:
 
     def verify(self) -> None:
         """Check everything load() leaves for later: every summary decodes, every launch's
-        module and kernel exist, every image matches its digests. Raises KernelPackError."""
+        module and kernel exist, every image matches its digests (images naming one blob
+        with the same claims are decompressed once: see ``ImageInfo.check_key``). Raises
+        KernelPackError."""
         for name in self.programs:
             self[name].modules  # decodes the summary and checks the references
         kept = 0
+        checked: set[tuple] = set()
         for module in self.modules.values():
             for image in module.images:
+                if image.check_key in checked:
+                    continue  # the same blob under the same claims: checked already
                 # Checked images stay cached for the launches that follow, up to a budget: a
                 # small file can declare thousands of images of MAX_IMAGE_SIZE raw bytes each.
                 keep = kept + image.raw_size <= _VERIFY_KEEP_BYTES
                 image.read(keep=keep)
                 kept += image.raw_size if keep else 0
+                checked.add(image.check_key)
 
     def __reduce__(self) -> Any:
         raise TypeError("a loaded Pack cannot be pickled (it reads from the artifact's buffer): "
@@ -363,8 +375,11 @@ def load(path_or_bytes: object, *, trusted_keys: Iterable[object] | None = None)
     ------
     FormatError, IntegrityError, SignatureError, CompatibilityError (newer format major).
     """
-    if isinstance(trusted_keys, (bytes, bytearray, str, os.PathLike)):
-        trusted_keys = [trusted_keys]  # one key given bare, not a list of byte values
+    if (isinstance(trusted_keys, (bytes, bytearray, str, os.PathLike))
+            or not isinstance(trusted_keys, (Iterable, type(None)))):
+        # one key given bare (bytes, a path, an Ed25519PublicKey): not a list of byte values,
+        # and not Python's "object is not iterable", which does not say what a key may be
+        trusted_keys = [trusted_keys]
     elif trusted_keys is not None:
         trusted_keys = list(trusted_keys)
     try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import tempfile
 from typing import BinaryIO, Iterable, Union
 
@@ -34,8 +35,8 @@ from .compiled import Compiled, Image, Module
 from .summary import KernelSummary
 from .signing import SIGNATURE_DOMAIN  # noqa: F401  (re-exported; cryptography stays lazy)
 
-__all__ = ["save", "resign", "encode", "ZSTD_LEVEL", "ARG_KINDS", "ARCH_SUFFIXES", "CODECS",
-           "SIGNATURE_DOMAIN"]
+__all__ = ["save", "resign", "encode", "check_readable", "ZSTD_LEVEL", "ARG_KINDS",
+           "ARCH_SUFFIXES", "CODECS", "SIGNATURE_DOMAIN"]
 
 ZSTD_LEVEL = 9
 CODECS = ("none", "zstd")  # ARG_KINDS and ARCH_SUFFIXES: re-exported from ._encode
@@ -78,6 +79,19 @@ def _store(data: bytes) -> tuple[int, bytes]:
 
 
 def _check_image(module: str, image: Image) -> None:
+    """What the ImageMeta fields can hold, checked with a message naming the image (the
+    builder's own errors say "required argument is not an integer")."""
+    where = f"module {module!r} image {image.target}"
+    isa = image.ptx_isa
+    if not isinstance(image.toolchain, str):
+        raise TypeError(f"{where}: toolchain must be a str (got {image.toolchain!r:.80})")
+    if isinstance(image.cuda_version, bool) or not isinstance(image.cuda_version, int):
+        raise TypeError(f"{where}: cuda_version must be an int such as 12080 "
+                        f"(got {image.cuda_version!r:.80})")
+    if isa is not None and (not isinstance(isa, (tuple, list)) or len(isa) != 2 or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in isa)):
+        raise TypeError(f"{where}: ptx_isa must be None or (major, minor) ints "
+                        f"(got {isa!r:.80})")
     if len(image.data) > MAX_IMAGE_SIZE:
         raise ValueError(f"module {module!r} image {image.target}: {len(image.data)} bytes "
                          f"exceed MAX_IMAGE_SIZE {MAX_IMAGE_SIZE}")
@@ -90,7 +104,9 @@ def _check_image(module: str, image: Image) -> None:
 
 
 def encode(compiled: list[Compiled]) -> tuple[bytes, list[bytes]]:
-    """The body bytes and the stored blobs for ``compiled`` (already collected)."""
+    """The body bytes and the stored blobs for ``compiled`` (already collected). The result
+    is not checked against the reader's limits: :func:`save` does that (:func:`check_readable`);
+    tests build hostile files from it."""
     programs: dict[str, KernelSummary] = {}
     modules: dict[str, Module] = {}
     for c in compiled:
@@ -138,6 +154,30 @@ def encode(compiled: list[Compiled]) -> tuple[bytes, list[bytes]]:
     FBody.AddModules(b, mods_vec)
     b.Finish(FBody.End(b))
     return bytes(b.Output()), blobs
+
+
+def check_readable(data: bytes, programs: list[str], modules: list[str]) -> None:
+    """Writers refuse what readers refuse (docs/FORMAT.md §3): open ``data`` as ``kp.load``
+    would (structure, limits, module and image index) and raise ValueError naming the
+    program or module when a reader would refuse it. The summary dataclasses check names in
+    characters, the format limits them in UTF-8 bytes (a 1000-character name of accented
+    letters is 2000 bytes); module kernels, images per module and free text had no check
+    at all: such files were written and then refused by every reader. ``programs`` and
+    ``modules`` are the sorted names, for the message."""
+    from .errors import KernelPackError
+    from .loader import Pack
+
+    try:
+        Pack(memoryview(data), trusted_keys=None)
+    except KernelPackError as exc:
+        def named(match: re.Match[str]) -> str:
+            names = programs if match.group(1) == "programs" else modules
+            index = int(match.group(2))
+            label = f" ({match.group(1)[:-1]} {names[index]!r:.80})" if index < len(names) else ""
+            return match.group(0) + label
+        message = re.sub(r"Body\.(programs|modules)\[(\d+)\]", named, str(exc), count=1)
+        raise ValueError(f"the artifact would not load, so it is not written: "
+                         f"{message}") from None
 
 
 def assemble(body: bytes, blobs: list[bytes], signature: tuple[bytes, bytes] | None) -> bytes:
@@ -259,16 +299,22 @@ def save(items: object, path_or_file: PathOrFile = None, *, sign_with: object = 
 
     Raises
     ------
-    ValueError: duplicate program names, two different modules with one name, a limit exceeded.
+    ValueError: duplicate program names, two different modules with one name, a limit exceeded
+        (also one that only the stored form shows, such as a name over 1024 UTF-8 bytes:
+        nothing a reader would refuse is written).
     TypeError: items of the wrong type, or a ``path_or_file`` that is none of the above.
     """
-    body, blobs = encode(_collect(items))
+    compiled = _collect(items)
+    body, blobs = encode(compiled)
     signature = None
     if sign_with is not None:
         from .signing import sign_digest
 
         signature = sign_digest(sign_with, hashlib.sha256(body).digest())
     data = assemble(body, blobs, signature)
+    check_readable(data, sorted({c.name for c in compiled}),
+                   sorted({ln.module for c in compiled for v in c.summary.variants
+                           for ln in v.launches}))
     if path_or_file is None:
         return data
     if hasattr(path_or_file, "write"):

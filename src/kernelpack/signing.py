@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import stat
 from typing import Any, Iterable
 
 from .errors import SignatureError
@@ -49,7 +50,13 @@ def generate_private_key() -> bytes:
 
 
 def _read_key_file(path: str) -> bytes:
-    with open(path, "rb") as f:
+    """At most 64 KiB of a regular file (O_NONBLOCK: a FIFO named as a key must not wait
+    forever for a writer)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"{path}: not a regular file (a key file is expected)")
+    with open(fd, "rb") as f:
         return f.read(1 << 16)
 
 
@@ -136,6 +143,9 @@ def load_public_key(key: object) -> bytes:
         return raw
     if not isinstance(key, (str, bytes, bytearray, os.PathLike)):
         ed = _ed25519()
+        if isinstance(key, ed.Ed25519PrivateKey):
+            raise ValueError("a private key was given where a public key is trusted: pass "
+                             "key.public_key() (or keygen's NAME.pub)")
         if isinstance(key, ed.Ed25519PublicKey):
             from cryptography.hazmat.primitives import serialization
 

@@ -9,7 +9,8 @@ bounds), every field (inside its table, aligned), every offset target (inside th
 aligned, and referenced only once: no shared sub-objects, so the work is linear in the buffer
 size and the decoder can never be made to loop), every vector (length limit, bounds,
 alignment), every string (bounds, NUL terminator, UTF-8, length limit), every enum value,
-every bool, and the table nesting depth. Any failure is a
+every bool, the table nesting depth, and that the data of all strings and vectors adds up to
+at most the buffer (objects may not overlap: see :meth:`_Walker.overlap`). Any failure is a
 :class:`~kernelpack.errors.FormatError` naming the field, the offset and what was expected.
 """
 
@@ -137,6 +138,16 @@ class _Walker:
     def fail(self, where: object, message: str) -> FormatError:
         return FormatError(f"{self.what}: {_path(where)}: {message}")
 
+    def overlap(self, covered: int, where: object) -> FormatError:
+        """The error for string and vector data adding up to more than the buffer. Distinct
+        positions are not enough: every 4-aligned position of a 64 KiB run of ``00 00 01 00``
+        is a valid 65536-byte string, and each decoded copy costs its full size (a 600 KB
+        file held 1.3 GB). Objects that share no bytes hold at most the buffer, so the walk
+        sums each subtree's data (what :meth:`table` and the others return) and refuses more."""
+        return self.fail(where, f"strings and vectors overlap: their data adds up to more "
+                                f"than the {self.n}-byte buffer ({covered} bytes so far; "
+                                f"objects may not share bytes)")
+
     def need(self, pos: int, size: int, where: object) -> None:
         if pos < 0 or size < 0 or pos + size > self.n:
             raise self.fail(where, f"{size} bytes at offset {pos} run past the end of the "
@@ -177,7 +188,7 @@ class _Walker:
         self.need(pos, t_size, where)
         return vt, vt_size, t_size
 
-    def string(self, target: int, limit: int, where: object) -> None:
+    def string(self, target: int, limit: int, where: object) -> int:
         buf = self.buf
         length = _U32(buf, target)[0]
         if length > limit:
@@ -192,6 +203,7 @@ class _Walker:
         except UnicodeDecodeError as exc:
             raise self.fail(where, f"string at {target} is not valid UTF-8 ({exc.reason} at "
                                    f"byte {exc.start})") from None
+        return length
 
     def vector(self, target: int, elem_size: int, limit: int, where: object) -> int:
         count = _U32(self.buf, target)[0]
@@ -203,7 +215,9 @@ class _Walker:
             raise self.fail(where, f"vector data at {target + 4} is not aligned to {elem_size}")
         return count
 
-    def table(self, pos: int, tname: str, depth: int, where: object) -> None:
+    def table(self, pos: int, tname: str, depth: int, where: object) -> int:
+        """Check the ``tname`` table at ``pos`` and everything below it; returns the bytes of
+        string and vector data in that subtree (see :meth:`overlap`)."""
         if depth > MAX_TABLE_DEPTH:
             raise self.fail(where, f"tables nested deeper than {MAX_TABLE_DEPTH}")
         buf, n = self.buf, self.n
@@ -221,9 +235,9 @@ class _Walker:
         if fields is False:
             fields = layouts[key] = _cached_layout(tname, buf, vt, vt_size, t_size)
         if fields is None:
-            self.slow_table(pos, tname, depth, where)
-            return
+            return self.slow_table(pos, tname, depth, where)
         seen = self.seen
+        covered = 0  # string and vector data bytes below this table (see overlap())
         # The common cases inline; field() / deref() / vector() / string() check them all in
         # the same order with their messages, so on any failure they are called to raise it.
         for name, cat, voff, extra, limit in fields:
@@ -240,7 +254,8 @@ class _Walker:
                     self.deref(fpos, (where, name))  # raises the exact message
                 seen.add(target)
                 if cat == "t":
-                    self.table(target, extra, depth + 1, (where, name))  # type: ignore[arg-type]
+                    covered += self.table(target, extra, depth + 1,  # type: ignore[arg-type]
+                                          (where, name))
                     continue
                 count = _U32(buf, target)[0]
                 start = target + 4
@@ -249,6 +264,7 @@ class _Walker:
                     if count <= limit and end < n and buf[end] == 0:
                         try:
                             _UTF8(buf[start:end], "strict", True)
+                            covered += count
                             continue
                         except UnicodeDecodeError:
                             pass
@@ -258,26 +274,36 @@ class _Walker:
                     if (count <= limit and start + count * extra <= n  # type: ignore[operator]
                             and not start % (extra if extra < 8 else 8)  # type: ignore[operator]
                             and tname != "Pack"):
+                        covered += count * extra  # type: ignore[operator]
                         continue
-                    self.vector(target, extra, limit, (where, name))  # type: ignore[arg-type]
+                    count = self.vector(target, extra, limit,  # type: ignore[arg-type]
+                                        (where, name))
+                    covered += count * extra  # type: ignore[operator]
                     if tname == "Pack" and name == "body" and start % BODY_ALIGNMENT:
                         raise self.fail((where, name), f"nested body at {start} is not "
                                                        f"{BODY_ALIGNMENT}-aligned")
                     continue
-                self.elements(target, count, cat, extra, limit, depth, (where, name))
+                covered += self.elements(target, count, cat, extra, limit, depth,
+                                         (where, name))
                 continue
-            self.field(pos, fpos, tname, name, cat, extra, limit, depth, (where, name))
+            covered += self.field(pos, fpos, tname, name, cat, extra, limit, depth,
+                                  (where, name))
+        if covered > n:
+            raise self.overlap(covered, where)
+        return covered
 
     def elements(self, target: int, count: int, cat: str, extra: object, limit: int,
-                 depth: int, fwhere: object) -> None:
+                 depth: int, fwhere: object) -> int:
         """The elements of a vector of strings (``cat`` "vs") or tables ("vt") at ``target``
-        holding ``count`` offsets: each new, inside and aligned, then checked itself."""
+        holding ``count`` offsets: each new, inside and aligned, then checked itself. Returns
+        the string and vector data bytes below (see :meth:`overlap`)."""
         buf, n = self.buf, self.n
         start = target + 4
         if count > limit or start + 4 * count > n:
             self.vector(target, 4, limit, fwhere)  # raises the exact message
         offsets = struct.unpack_from(f"<{count}I", buf, start)
         seen = self.seen
+        covered = 0
         for i, off in enumerate(offsets):
             epos = start + 4 * i
             elem = epos + off
@@ -289,16 +315,21 @@ class _Walker:
                 if end - elem - 4 <= MAX_NAME_LENGTH and end < n and buf[end] == 0:
                     try:
                         _UTF8(buf[elem + 4:end], "strict", True)
+                        covered += end - elem - 4
                         continue
                     except UnicodeDecodeError:
                         pass
                 self.string(elem, MAX_NAME_LENGTH, (fwhere, i))  # raises the exact message
             else:
-                self.table(elem, extra, depth + 1, (fwhere, i))  # type: ignore[arg-type]
+                covered += self.table(elem, extra, depth + 1, (fwhere, i))  # type: ignore[arg-type]
+            if covered > n:  # per element: stop before more overlapping strings are decoded
+                raise self.overlap(covered, (fwhere, i))
+        return covered
 
-    def slow_table(self, pos: int, tname: str, depth: int, where: object) -> None:
+    def slow_table(self, pos: int, tname: str, depth: int, where: object) -> int:
         """Every field checked in slot order; used for vtables whose fields do not all pass
-        the static checks, so that the first problem is the one reported."""
+        the static checks, so that the first problem is the one reported. Returns what
+        :meth:`table` returns."""
         vt, vt_size, t_size = self.vtable(pos, where)
         buf = self.buf
         plan = _PLANS[tname]
@@ -306,6 +337,7 @@ class _Walker:
         if nslots < len(plan):
             plan = plan[:nslots]  # written by an older minor version: absent fields default
         voffs = _VOFFS[len(plan)](buf, vt + 4)
+        covered = 0
         for (name, cat, size, align, extra, limit), voff in zip(plan, voffs):
             if voff == 0:
                 continue
@@ -317,39 +349,44 @@ class _Walker:
                 raise self.fail((where, name), f"field at {fpos} is not aligned to {align}")
             if cat == "s" or cat == "S":
                 continue
-            self.field(pos, fpos, tname, name, cat, extra, limit, depth, (where, name))
+            covered += self.field(pos, fpos, tname, name, cat, extra, limit, depth,
+                                  (where, name))
+        if covered > self.n:
+            raise self.overlap(covered, where)
+        return covered
 
     def field(self, pos: int, fpos: int, tname: str, name: str, cat: str, extra: object,
-              limit: int, depth: int, fwhere: object) -> None:
-        """The value checks of one field at ``fpos`` (enum and bool values, offset targets)."""
+              limit: int, depth: int, fwhere: object) -> int:
+        """The value checks of one field at ``fpos`` (enum and bool values, offset targets);
+        returns the string and vector data bytes it holds (see :meth:`overlap`)."""
         buf = self.buf
         if cat == "s8" or cat == "S":
             if fpos % 8:
                 raise self.fail(fwhere, f"field at {fpos} is not aligned to 8")
-            return
+            return 0
         if cat == "e":
             value = buf[fpos]
             if value >= extra:  # type: ignore[operator]
                 raise self.fail(fwhere, f"enum value {value} is not one of "
                                                f"0..{extra - 1}")  # type: ignore[operator]
-            return
+            return 0
         if cat == "b":
             if buf[fpos] > 1:
                 raise self.fail(fwhere, f"bool value {buf[fpos]}, expected 0 or 1")
-            return
+            return 0
         target = self.deref(fpos, fwhere)
         if cat == "str":
-            self.string(target, limit, fwhere)
-        elif cat == "v":
-            self.vector(target, extra, limit, fwhere)  # type: ignore[arg-type]
+            return self.string(target, limit, fwhere)
+        if cat == "v":
+            count = self.vector(target, extra, limit, fwhere)  # type: ignore[arg-type]
             if tname == "Pack" and name == "body" and (target + 4) % BODY_ALIGNMENT:
                 raise self.fail(fwhere, f"nested body at {target + 4} is not "
                                         f"{BODY_ALIGNMENT}-aligned")
-        elif cat == "t":
-            self.table(target, extra, depth + 1, fwhere)  # type: ignore[arg-type]
-        else:
-            count = self.vector(target, 4, limit, fwhere)
-            self.elements(target, count, cat, extra, limit, depth, fwhere)
+            return count * extra  # type: ignore[operator]
+        if cat == "t":
+            return self.table(target, extra, depth + 1, fwhere)  # type: ignore[arg-type]
+        count = self.vector(target, 4, limit, fwhere)
+        return self.elements(target, count, cat, extra, limit, depth, fwhere)
 
     def root(self, identifier: bytes | None) -> int:
         if self.n > MAX_FILE_SIZE:
