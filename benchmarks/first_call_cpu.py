@@ -121,13 +121,15 @@ if ARRAYS == "torch":
 
     class Tensor:
         """Methods are bound builtins, as cheap to call as torch's own."""
-        __slots__ = ("dtype", "shape", "data_ptr", "get_device", "is_contiguous")
+        __slots__ = ("dtype", "shape", "data_ptr", "get_device", "is_contiguous", "is_conj",
+                     "is_neg")
 
         def __init__(self, n, dtype, ptr):
             self.dtype, self.shape = dtype, (n,)
             self.data_ptr = ptr.__index__
             self.get_device = (0).__index__
             self.is_contiguous = True.__bool__
+            self.is_conj = self.is_neg = False.__bool__  # torch's lazy-view bits
 
     torch = types.ModuleType("torch")
     torch.float32 = Dtype("float32")

@@ -35,7 +35,8 @@ class Dtype:
 class Tensor:
     """Methods are bound builtins: calling one costs about what a torch method call does."""
 
-    __slots__ = ("dtype", "shape", "data_ptr", "get_device", "is_contiguous", "_buf")
+    __slots__ = ("dtype", "shape", "data_ptr", "get_device", "is_contiguous", "is_conj",
+                 "is_neg", "_buf")
 
     def __init__(self, n: int, dtype: Dtype, device: int = 0) -> None:
         self._buf = ctypes.create_string_buffer(4 * max(n, 1))
@@ -44,6 +45,7 @@ class Tensor:
         self.data_ptr = ctypes.addressof(self._buf).__index__
         self.get_device = device.__index__
         self.is_contiguous = True.__bool__
+        self.is_conj = self.is_neg = False.__bool__  # torch's lazy-view bits
 
 
 def fake_torch() -> types.ModuleType:

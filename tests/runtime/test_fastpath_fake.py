@@ -22,22 +22,33 @@ from test_launch_fake import _axpby_impl, axpby  # noqa: E402
 
 
 class FakeDtype:
-    def __init__(self, name: str, fmt: str) -> None:
-        self.name, self.fmt = name, fmt
+    def __init__(self, name: str, fmt: str, itemsize: int = 4) -> None:
+        self.name, self.fmt, self.itemsize = name, fmt, itemsize
 
     def __repr__(self) -> str:
         return f"torch.{self.name}"
 
 
 class Tensor:
+    """torch.Tensor's attributes over host memory; ``conj``/``neg``: torch's lazy conjugate /
+    negative bits (``x.conj()``, ``x.conj().imag``)."""
+
     def __init__(self, values: list, dtype: FakeDtype, shape: tuple | None = None,
-                 contiguous: bool = True, device: int = 0) -> None:
+                 contiguous: bool = True, device: int = 0, conj: bool = False,
+                 neg: bool = False) -> None:
         self.dtype = dtype
         self.shape = tuple(shape if shape is not None else (len(values),))
         self._buf = ctypes.create_string_buffer(struct.pack(f"<{len(values)}{dtype.fmt}", *values),
                                                 max(1, 4 * len(values)))
         self._contiguous = contiguous
         self._device = device
+        self._conj, self._neg = conj, neg
+
+    def is_conj(self) -> bool:
+        return self._conj
+
+    def is_neg(self) -> bool:
+        return self._neg
 
     def data_ptr(self) -> int:
         return ctypes.addressof(self._buf)
@@ -86,9 +97,13 @@ def launch_path(request, monkeypatch) -> str:
 def torch(monkeypatch):
     mod = types.ModuleType("torch")
     mod.float32, mod.int32 = FakeDtype("float32", "f"), FakeDtype("int32", "i")
+    mod.complex64 = FakeDtype("complex64", "f", 8)  # values: interleaved float32 pairs
     mod.Tensor = Tensor
-    mod.empty = lambda shape, dtype, device: Tensor([0] * _prod(shape), dtype, tuple(shape))
-    mod.empty_like = lambda t: Tensor([0] * _prod(t.shape), t.dtype, t.shape, device=t._device)
+    # ``itemsize // 4`` values of the dtype's format per element (complex64: a float pair)
+    mod.empty = lambda shape, dtype, device: Tensor([0] * (_prod(shape) * dtype.itemsize // 4),
+                                                    dtype, tuple(shape))
+    mod.empty_like = lambda t: Tensor([0] * (_prod(t.shape) * t.dtype.itemsize // 4), t.dtype,
+                                      t.shape, device=t._device)
     mod.device = lambda kind, index: (kind, index)
     mod._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: 0)
     mod.cuda = types.SimpleNamespace(ExternalStream=lambda handle, device=None: ("ext", handle))

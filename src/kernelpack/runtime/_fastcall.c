@@ -103,6 +103,13 @@ static int has_dtype(const Reader *rd, PyObject *obj, PyObject *dtype) {
     return is_object(read_attr(&rd->dtype, obj), dtype);
 }
 
+/* 1: obj is one of torch's lazy views (is_conj() or is_neg() is True: its memory does not
+ * hold its values, see fastpath.lazy_view_checks); 0: not; -1: error. */
+static int lazy_view(const Reader *rd, PyObject *obj) {
+    int r = is_object(call_access(&rd->is_conj, obj), Py_True);
+    return r != 0 ? r : is_object(call_access(&rd->is_neg, obj), Py_True);
+}
+
 /* 1: obj is C-contiguous (torch: is_contiguous() is True; cupy: _c_contiguous is True);
  * 0: not; -1: error. */
 static int contiguous(const FastCall *self, PyObject *obj) {
@@ -206,6 +213,7 @@ static void entry_free(Entry *e) {
         return;
     Py_XDECREF(e->shapes);
     PyMem_Free(e->likes);
+    PyMem_Free(e->views);
     if (e->launches != NULL)
         for (k = 0; k < e->nlaunch; k++)
             PyMem_Free(e->launches[k].tmpl);
@@ -229,21 +237,28 @@ static int as_uint32(PyObject *o, unsigned int *out) {
     return 0;
 }
 
-/* The C entry for hooks.entry(key)'s answer (shapes, likes, launches); NULL with an exception
- * set when the answer is malformed (a bug in fast_native.py, reported as such). */
+/* The C entry for hooks.entry(key)'s answer (shapes, likes, launches, views, view_out); NULL
+ * with an exception set when the answer is malformed (a bug in fast_native.py, reported as
+ * such). */
 static Entry *entry_from(FastCall *self, PyObject *answer) {
-    PyObject *shapes, *likes, *launches;
+    PyObject *shapes, *likes, *launches, *views;
     Entry *e;
     Py_ssize_t k, n;
-    if (!PyTuple_Check(answer) || PyTuple_Size(answer) != 3) {
+    int view_out;
+    if (!PyTuple_Check(answer) || PyTuple_Size(answer) != 5) {
         PyErr_SetString(PyExc_TypeError, "FastCall: hooks.entry must answer None or "
-                        "(shapes, likes, launches)");
+                        "(shapes, likes, launches, views, view_out)");
         return NULL;
     }
     shapes = PyTuple_GetItem(answer, 0);
     likes = PyTuple_GetItem(answer, 1);
     launches = PyTuple_GetItem(answer, 2);
+    views = PyTuple_GetItem(answer, 3);
+    view_out = PyObject_IsTrue(PyTuple_GetItem(answer, 4));
+    if (view_out < 0)
+        return NULL;
     if (!PyTuple_Check(shapes) || !PyTuple_Check(likes) || !PyTuple_Check(launches) ||
+        !PyTuple_Check(views) || PyTuple_Size(views) > self->n_in ||
         PyTuple_Size(shapes) != self->nouts || PyTuple_Size(likes) != self->nouts) {
         PyErr_SetString(PyExc_TypeError, "FastCall: hooks.entry answered tuples of the wrong "
                         "kind or length");
@@ -257,9 +272,24 @@ static Entry *entry_from(FastCall *self, PyObject *answer) {
     e->likes = PyMem_Calloc(self->nouts ? self->nouts : 1, sizeof(Py_ssize_t));
     n = PyTuple_Size(launches);
     e->launches = PyMem_Calloc(n ? n : 1, sizeof(EntryLaunch));
-    if (e->likes == NULL || e->launches == NULL) {
+    e->nviews = PyTuple_Size(views);
+    e->views = PyMem_Calloc(e->nviews ? e->nviews : 1, sizeof(Py_ssize_t));
+    e->view_out = view_out;
+    if (e->likes == NULL || e->launches == NULL || e->views == NULL) {
         entry_free(e);
         return (Entry *)PyErr_NoMemory();
+    }
+    for (k = 0; k < e->nviews; k++) {
+        e->views[k] = PyLong_AsSsize_t(PyTuple_GetItem(views, k));
+        if (e->views[k] == -1 && PyErr_Occurred()) {
+            entry_free(e);
+            return NULL;
+        }
+        if (e->views[k] < 0 || e->views[k] >= self->n_in) {
+            PyErr_SetString(PyExc_ValueError, "FastCall: a view to check is not an argument");
+            entry_free(e);
+            return NULL;
+        }
     }
     for (k = 0; k < self->nouts; k++) {
         e->likes[k] = PyLong_AsSsize_t(PyTuple_GetItem(likes, k));
@@ -574,6 +604,8 @@ static int check_out(FastCall *self, const Entry *e, PyObject *out, long device,
         return r;
     if (d != device)
         return 0;
+    if (e->view_out && self->lazy_views && (r = lazy_view(&self->rd, out)) != 0)
+        return r < 0 ? -1 : 0;
     vals[self->outs[0].slot].u = ptr;
     return 1;
 }
@@ -639,6 +671,7 @@ static PyObject *fastcall_call(FastCall *self, PyObject *const *argv, Py_ssize_t
     long device = -1;
     uint64_t sh;
     int fits;
+    Py_ssize_t k;
     if (nargs != 3) {
         PyErr_Format(PyExc_TypeError, "FastCall.call takes (args, out, stream) (got %zd "
                      "arguments)", nargs);
@@ -686,6 +719,17 @@ static PyObject *fastcall_call(FastCall *self, PyObject *const *argv, Py_ssize_t
     e = (const Entry *)PyCapsule_GetPointer(capsule, "kernelpack.fastcall.entry");
     if (e == NULL)
         goto done;
+    for (k = 0; self->lazy_views && k < e->nviews; k++) {
+        fits = lazy_view(&self->rd, PyTuple_GetItem(args, e->views[k]));
+        if (fits < 0)
+            goto done;
+        if (fits > 0) { /* a lazy view: the general path refuses it */
+            Py_DECREF(st);
+            Py_DECREF(capsule);
+            Py_DECREF(device_obj);
+            goto slow;
+        }
+    }
     if (out == Py_None) {
         result = allocate_outputs(self, e, args, device_obj, vals);
     } else {

@@ -101,6 +101,9 @@ typedef struct {
     Py_ssize_t *likes;  /* per output: argument to allocate it like, or -1 */
     int nlaunch;
     EntryLaunch *launches;
+    Py_ssize_t nviews;  /* arguments that may be torch's lazy conj/neg views: asked per call */
+    Py_ssize_t *views;
+    int view_out;       /* the same for out= */
 } Entry;
 
 /* How a tensor's attribute or method is read. Looked up once on the tensor type: a data
@@ -115,12 +118,13 @@ typedef struct {
     descrgetfunc get;   /* attributes: the descriptor's getter */
 } Access;
 
-/* torch: dtype, shape (attributes), is_contiguous(), get_device(), data_ptr() (methods).
+/* torch: dtype, shape (attributes), is_contiguous(), get_device(), data_ptr(), is_conj(),
+ * is_neg() (methods).
  * cupy: dtype, shape, _c_contiguous (a stored flag; `flags` builds an object per read) and
- * data (the MemoryPointer, whose ptr and device_id are read generically); the two method
+ * data (the MemoryPointer, whose ptr and device_id are read generically); the method
  * accesses are unused. */
 typedef struct {
-    Access dtype, shape, is_contiguous, get_device, data_ptr, data;
+    Access dtype, shape, is_contiguous, get_device, data_ptr, data, is_conj, is_neg;
 } Reader;
 
 typedef struct {
@@ -129,6 +133,9 @@ typedef struct {
     /* cupy arrays: CuPy allocates and streams on its current device, which must be the
      * arrays' (current_device() is asked per call); raw_stream() is get_current_stream. */
     int cupy;
+    /* torch's lazy conjugate/negative views are asked for (the entry says which arguments):
+     * the tensor type has is_conj() and is_neg() */
+    int lazy_views;
     PyObject *current_device;
     Reader rd;
     Py_ssize_t n_in;

@@ -56,7 +56,9 @@ static int reader_init(Reader *rd, PyObject *type, int cupy) {
                    : 0;
     if (access_init(&rd->is_contiguous, type, "is_contiguous", 1) < 0 ||
         access_init(&rd->get_device, type, "get_device", 1) < 0 ||
-        access_init(&rd->data_ptr, type, "data_ptr", 1) < 0)
+        access_init(&rd->data_ptr, type, "data_ptr", 1) < 0 ||
+        access_init(&rd->is_conj, type, "is_conj", 1) < 0 ||
+        access_init(&rd->is_neg, type, "is_neg", 1) < 0)
         return -1;
     return 0;
 }
@@ -68,6 +70,8 @@ static void reader_clear(Reader *rd) {
     access_clear(&rd->get_device);
     access_clear(&rd->data_ptr);
     access_clear(&rd->data);
+    access_clear(&rd->is_conj);
+    access_clear(&rd->is_neg);
 }
 
 static Py_ssize_t code_size(char code) {
@@ -381,6 +385,7 @@ PyObject *kp_fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         Py_DECREF(self);
         return NULL;
     }
+    self->lazy_views = !cupy && self->rd.is_conj.descr != NULL && self->rd.is_neg.descr != NULL;
     return (PyObject *)self;
 }
 
@@ -400,6 +405,8 @@ int kp_fastcall_traverse(FastCall *self, visitproc visit, void *arg) {
     Py_VISIT(self->rd.get_device.descr);
     Py_VISIT(self->rd.data_ptr.descr);
     Py_VISIT(self->rd.data.descr);
+    Py_VISIT(self->rd.is_conj.descr);
+    Py_VISIT(self->rd.is_neg.descr);
     Py_VISIT(self->current_device);
     if (self->tensors)
         for (k = 0; k < self->ntensors; k++)

@@ -223,6 +223,8 @@ class TorchAdapter(Adapter):
         self._raw_stream: Callable[[int], int] | None = raw
 
     def read(self, t: Any, what: str, stream: int) -> ArrayFacts:
+        if t.is_conj() or t.is_neg():
+            raise LaunchError(_lazy_view_message(t, what))
         return t.data_ptr(), t.shape, t.dtype, t.get_device(), t.is_contiguous()
 
     def dtype_token(self, dtype: DType) -> Any:
@@ -242,6 +244,21 @@ class TorchAdapter(Adapter):
         if self._raw_stream is not None:
             return self._raw_stream(device)
         return int(self.torch.cuda.current_stream(device).cuda_stream)
+
+
+def _lazy_view_message(t: Any, what: str) -> str:
+    """Why a torch lazy view cannot be launched on: its memory does not hold its values (the
+    conjugate bit of ``x.conj()``, the negative bit of ``x.conj().imag``), and a kernel reads
+    memory. Refused rather than resolved behind the caller's back: resolving copies, and a
+    copy of an output would be written in vain."""
+    if t.is_conj():
+        kind, how = "a lazily conjugated view (x.conj(): is_conj() is True)", "resolve_conj()"
+    else:
+        kind, how = ("a lazily negated view (such as x.conj().imag: is_neg() is True)",
+                     "resolve_neg()")
+    return (f"argument {what!r} is {kind}: its memory holds the values before the lazy "
+            f"operation, which is what a kernel would read; pass {what}.{how} (a copy with "
+            f"the values in memory)")
 
 
 class CupyAdapter(Adapter):

@@ -98,7 +98,7 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
         entry = cache.get(k) or plan(k)
         if entry is None or st is None or get_device() != device:
             return slow(args, out, stream)  # the general path switches devices itself
-        fills, shapes, todo, likes, one = entry
+        fills, shapes, todo, likes, one, _, _ = entry  # no lazy views in CuPy
         if fills is not None:
             vals[fill_from:] = fills
         if out is None:

@@ -96,7 +96,11 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
         entry = cache.get(k) or plan(k)
         if entry is None or st is None:  # or a first call on this device (or host memory)
             return slow(args, out, stream)
-        fills, shapes, todo, likes, one = entry
+        fills, shapes, todo, likes, one, views, view_out = entry
+        for i in views:  # lazy conjugate/negative views: the general path refuses them
+            t = args[i]
+            if t.is_conj() or t.is_neg():
+                return slow(args, out, stream)
         if fills is not None:
             vals[fill_from:] = fills
         if out is None:
@@ -114,7 +118,8 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
             sh = raw_stream(device)
         elif single_out and out.__class__ is Tensor:
             if (out.dtype is not out_dt or not out.is_contiguous() or out.shape != shapes[0]
-                    or out.get_device() != device):
+                    or out.get_device() != device
+                    or view_out and (out.is_conj() or out.is_neg())):
                 return slow(args, out, stream)
             vals[out_slot] = out.data_ptr()
             ret = out

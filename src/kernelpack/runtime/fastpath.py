@@ -43,7 +43,8 @@ from ..errors import KernelPackError
 from .binding import fills_of
 from .native import launcher
 
-__all__ = ["make_fast_path", "fits", "split_scalars", "FastCore", "ThreadState"]
+__all__ = ["make_fast_path", "fits", "split_scalars", "lazy_view_checks", "FastCore",
+           "ThreadState"]
 
 Call = Callable[[Any, Any, Any], Any]
 
@@ -111,6 +112,11 @@ class FastCore:
         self.variants = bs.variants
         self.ntensors = bs.n_tensors
         self.tensor_index = [i for i, s in enumerate(bs.inputs) if s.is_tensor]
+        # complex tensors (inputs by argument position, then the outputs): torch may hand any
+        # of them over as a lazily conjugated view (see plan())
+        self.complex_in = {i for i, s in enumerate(bs.inputs) if s.is_tensor
+                           and s.dtype.kind == "c"}
+        self.complex_out = [o.dtype.kind == "c" for o in bs.outputs]
         self.in_tokens = in_tokens
         # the planner's scalars: a key carries the symbol ones; the others do not matter to it
         self.symbol_positions = [s.slot for s in bs.inputs if not s.is_tensor and s.is_symbol]
@@ -145,11 +151,13 @@ class FastCore:
         from the planner's plan; None when the planner refuses (the general path then asks it
         again and raises its error). Cached per key.
 
-        Returns ``(fills, shapes, todo, likes, one)``: the computed values (the value list's
-        last ``len(fills)`` slots, or None when there are none), output shapes,
-        the non-empty launches ``(getter, pack_into, j, gx, gy, gz, bx, by, bz, smem)``, per
-        output the index of an input it can be allocated like (-1: none), and the launch
-        when there is exactly one (else None)."""
+        Returns ``(fills, shapes, todo, likes, one, views, view_out)``: the computed values
+        (the value list's last ``len(fills)`` slots, or None when there are none), output
+        shapes, the non-empty launches ``(getter, pack_into, j, gx, gy, gz, bx, by, bz,
+        smem)``, per output the index of an input it can be allocated like (-1: none), the
+        launch when there is exactly one (else None), the arguments to check for torch's lazy
+        conjugate/negative views, and whether ``out=`` needs that check (see
+        :func:`lazy_view_checks`)."""
         nt = self.ntensors
         scalars: list[Any] = [0] * self.n_scalars
         for pos, v in zip(self.symbol_positions, key[nt:]):
@@ -178,7 +186,10 @@ class FastCore:
         if len(self.cache) >= PLAN_CACHE_SIZE:
             self.cache.clear()
         one = todo[0] if len(todo) == 1 else None
-        entry = self.cache[key] = (fills or None, shapes, tuple(todo), tuple(likes), one)
+        views, view_out = lazy_view_checks(self.tensor_index, key, self.complex_in, shapes,
+                                           self.complex_out)
+        entry = self.cache[key] = (fills or None, shapes, tuple(todo), tuple(likes), one,
+                                   views, view_out)
         return entry
 
     # ---- once per thread ----------------------------------------------------------------------
@@ -251,6 +262,32 @@ class FastCore:
             raise exc from exc.__cause__
         finally:
             del exc
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def lazy_view_checks(tensor_index: list[int], key: tuple, complex_in: set[int],
+                     out_shapes: tuple, complex_out: list[bool]) -> tuple[tuple[int, ...], bool]:
+    """Which tensors of a call with these shapes may be torch's lazy views, whose memory does
+    not hold their values: a ``conj()`` of a complex tensor (the conjugate bit; contiguous,
+    same pointer) or the ``.imag`` of one (the negative bit). A kernel reading the memory
+    would see the unconjugated values, so such tensors go to the general path, which refuses
+    them (arrays.TorchAdapter.read). Asking costs two method calls per tensor, so the fast
+    paths ask only where a lazy view can pass their other checks: every complex tensor, and
+    a real one with a single element (a real negative view of more elements is the strided
+    ``.imag`` of a complex tensor, which their contiguity check already sends away; only
+    torch's private ``_neg_view`` makes a contiguous one).
+
+    Returns the argument positions to ask, and whether the single ``out=`` must be asked."""
+    views = tuple(i for i, shape in zip(tensor_index, key)
+                  if i in complex_in or _numel(shape) == 1)
+    view_out = len(out_shapes) == 1 and (complex_out[0] or _numel(out_shapes[0]) == 1)
+    return views, view_out
 
 
 def split_scalars(bp: Any) -> tuple[tuple, tuple]:
