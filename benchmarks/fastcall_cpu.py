@@ -48,7 +48,9 @@ class _Hooks:
     def entry(self, key: tuple) -> tuple:
         (n,) = key[0]
         block = LAYOUT.pack(0, 0, 0, 0.0, n)  # n is the planner's value in the real path
-        return ((key[0],), (0,), ((0, (n + 127) // 128, 1, 1, 128, 1, 1, 0, block),))
+        # no argument to ask for torch's lazy views (float32 tensors of 1024 elements)
+        return ((key[0],), (0,), ((0, (n + 127) // 128, 1, 1, 128, 1, 1, 0, block),), (),
+                False)
 
     def slow(self, args: tuple, out: object, stream: object) -> str:
         self.slow_calls += 1
@@ -90,9 +92,19 @@ def main() -> int:
     offsets = (0, 8, 16, 24, 28)
     dynamic = ((0, "Q", 0), (8, "Q", 1), (16, "Q", 2), (24, "f", 3))
     f32 = torch.float32
-    fast = _launch.FastCall(torch.Tensor, torch.empty_like, lambda device: 0, hooks,
-                            {-1: _State()}, 3, ((0, 0, f32), (1, 1, f32)), ((2, 3),), (),
-                            ((2, f32),), 4, ((LAYOUT.size, offsets, dynamic),), True)
+    api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
+    dlpack = None if api is None else (api, ((2, 32), (2, 32)), ((2, 32),))
+
+    def fastcall(exchange: object) -> object:
+        """FastCall for this program; ``exchange``: DLPack's C exchange API (or None: the
+        tensors' attributes are read)."""
+        return _launch.FastCall(torch.Tensor, torch.empty_like, lambda device: 0, hooks,
+                                {-1: _State()}, 3, ((0, 0, f32), (1, 1, f32)), ((2, 3),), (),
+                                ((2, f32),), 4, ((LAYOUT.size, offsets, dynamic),), True,
+                                "torch", None, exchange)
+
+    fast = fastcall(dlpack)
+    attrs = fastcall(None) if dlpack is not None else None
     call = fast.call
 
     class Bound:
@@ -114,13 +126,20 @@ def main() -> int:
     made = call(args, None, None)
     assert made.shape == x.shape and made.dtype == f32 and made.data_ptr() != z.data_ptr()
     assert fast.fast_calls == 3 and hooks.slow_calls == 0, (fast.fast_calls, hooks.slow_calls)
+    if attrs is not None:  # the same block either way: check the attribute path ran too
+        assert attrs.call(args, z, None) is z and attrs.fast_calls == 1
 
+    how = "exchange API" if dlpack is not None else "attribute reads"
     rows = {
-        "FastCall.call, out=": lambda: call(args, z, None),
-        "FastCall.call, allocating": lambda: call(args, None, None),
+        f"FastCall.call, out= ({how})": lambda: call(args, z, None),
+        f"FastCall.call, allocating ({how})": lambda: call(args, None, None),
         "Program-like call, out=": lambda: prog(x, y, 2.0, out=z),
         "Program-like call, allocating": lambda: prog(x, y, 2.0),
         "(empty lambda: timing floor)": lambda: None,
+        **({} if attrs is None else {
+            "FastCall.call, out= (attribute reads)": lambda: attrs.call(args, z, None),
+            "FastCall.call, allocating (attribute reads)": lambda: attrs.call(args, None, None),
+        }),
         "(torch.empty_like(x))": lambda: torch.empty_like(x),
         "(x.shape)": lambda: x.shape,
         "(x.dtype)": lambda: x.dtype,

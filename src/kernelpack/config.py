@@ -23,7 +23,7 @@ __all__ = [
     "Knob", "declare", "knob", "knobs", "get", "codegen_env",
     "cache_dir", "cache_max_bytes", "remote_cache_url", "explain_cache_misses",
     "libdevice_override", "cuda_home", "native_launch", "per_thread_default_stream",
-    "driver_api",
+    "driver_api", "torch_exchange_api",
 ]
 
 
@@ -176,6 +176,15 @@ def driver_api() -> str:
     return value
 
 
+def torch_exchange_api() -> bool:
+    """Whether the C fast path reads torch tensors through DLPack's C exchange API
+    (``torch.Tensor.__dlpack_c_exchange_api__``, PyTorch 2.10+) where torch has it
+    (``$KERNELPACK_TORCH_EXCHANGE_API``, default on; ``0``/``false``/``no``/``off`` read the
+    tensors' attributes instead, as with older torch)."""
+    return (get("KERNELPACK_TORCH_EXCHANGE_API") or "").strip().lower() not in (
+        "0", "false", "no", "off")
+
+
 # ---- the registry ------------------------------------------------------------------------------
 declare("KERNELPACK_CACHE_DIR", None, codegen=False,
         doc="Disk cache root; overrides $XDG_CACHE_HOME/kernelpack.")
@@ -199,3 +208,5 @@ declare("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", None, codegen=False,
         doc="cuda.bindings' per-thread default stream switch; kernelpack's launches follow it.")
 declare("KERNELPACK_DRIVER", "auto", codegen=False,
         doc="cuda-bindings: reach the driver through cuda.bindings instead of ctypes (auto).")
+declare("KERNELPACK_TORCH_EXCHANGE_API", None, codegen=False,
+        doc="0: the C fast path reads torch tensors' attributes, not DLPack's C exchange API.")

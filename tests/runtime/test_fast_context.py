@@ -22,7 +22,7 @@ from kernelpack.summary import (Arg, Compiled, Image, KernelSummary, Launch, Mod
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_driver import CUresult, FakeDriver, install  # noqa: E402
-from test_fastpath_fake import Tensor as FakeTensor, launch_path, torch  # noqa: E402,F401  (fixtures)
+from test_fastpath_fake import Tensor as FakeTensor, exchange, launch_path, torch  # noqa: E402,F401  (fixtures)
 from test_launch_fake import _axpby_impl, axpby  # noqa: E402
 
 CTX0 = 0x100  # the fake driver's primary context of device 0

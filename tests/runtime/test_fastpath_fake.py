@@ -78,19 +78,33 @@ def _has_c_fast_path() -> bool:
 
 
 def select_path(which: str, monkeypatch) -> str:
-    """Make the torch fast path ``which``: "C" (``_launch.FastCall``, with the C launcher) or
-    "closure" (``KERNELPACK_NATIVE_LAUNCH=0``)."""
-    if which == "C" and not _has_c_fast_path():
+    """Make the torch fast path ``which``: "C" (``_launch.FastCall``, with the C launcher,
+    reading the tensors' attributes), "C-dlpack" (the same through DLPack's C exchange API,
+    which the ``torch`` fixture then gives the stand-in tensors) or "closure"
+    (``KERNELPACK_NATIVE_LAUNCH=0``)."""
+    if which.startswith("C") and not _has_c_fast_path():
         pytest.skip("the C extension kernelpack.runtime._launch is not built")
     if which == "closure":
         monkeypatch.setenv("KERNELPACK_NATIVE_LAUNCH", "0")
     return which
 
 
-@pytest.fixture(autouse=True, params=["C", "closure"])
+@pytest.fixture(autouse=True, params=["C", "C-dlpack", "closure"])
 def launch_path(request, monkeypatch) -> str:
-    """Every test here runs on both torch fast paths."""
+    """Every test here runs on every torch fast path."""
     return select_path(request.param, monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def exchange(launch_path, monkeypatch):
+    """The stand-in tensors' DLPack C exchange API on the "C-dlpack" path (else None)."""
+    if launch_path != "C-dlpack":
+        return None
+    from dlpack_exchange import FakeExchange
+
+    fx = FakeExchange()
+    monkeypatch.setattr(Tensor, "__dlpack_c_exchange_api__", fx.capsule, raising=False)
+    return fx
 
 
 @pytest.fixture
@@ -135,7 +149,7 @@ def test_fast_path_is_taken_and_correct(fake, torch, launch_path) -> None:
     assert bound.call != bound.__call__             # the fast path is installed
     second = call_program(prog, x, y, 2.0)
     fast = getattr(bound.call, "__self__", None)
-    assert (type(fast).__name__ == "FastCall") == (launch_path == "C")
+    assert (type(fast).__name__ == "FastCall") == (launch_path.startswith("C"))
     assert first.values() == second.values() == [3.0, 5.0, 7.0]
     assert isinstance(second, Tensor) and second.shape == (3,)
     z = Tensor([0.0] * 3, torch.float32)
@@ -148,7 +162,7 @@ def test_fast_path_is_taken_and_correct(fake, torch, launch_path) -> None:
     launches = [c for c in fake.calls if c[0] == "cuLaunchKernel"]
     assert len(launches) == 4 and all(c[2] == (1, 1, 1) for c in launches)
     assert launches[-1][5] == 0x77
-    if launch_path == "C":
+    if launch_path.startswith("C"):
         assert fast.fast_calls == 3 and fast.entries == 1
 
 
@@ -241,14 +255,14 @@ def test_cupy_fast_path(fake, cupy, launch_path) -> None:
     assert bound.call != bound.__call__
     second = call_program(prog, x, y, 2.0)  # builds the fast path, then takes it
     fast = getattr(bound.call, "__self__", None)
-    assert (type(fast).__name__ == "FastCall") == (launch_path == "C")
+    assert (type(fast).__name__ == "FastCall") == (launch_path.startswith("C"))
     assert isinstance(second, NDArray) and first.values() == second.values() == [12.0, 24.0]
     z = NDArray([0.0, 0.0])
     assert call_program(prog, x, y, 1.0, out=z) is z and z.values() == [11.0, 22.0]
     cupy.current.stream = types.SimpleNamespace(ptr=0x55)  # CuPy's current stream is used
     assert call_program(prog, x, y, 1.0, out=z) is z
     assert [c[5] for c in fake.calls if c[0] == "cuLaunchKernel"][-1] == 0x55
-    if launch_path == "C":
+    if launch_path.startswith("C"):
         assert fast.fast_calls == 3 and fast.entries == 1
     with pytest.raises(LaunchError, match="'x' has dtype int32"):
         call_program(prog, NDArray([1, 2], "int32"), y, 1.0)
@@ -256,7 +270,7 @@ def test_cupy_fast_path(fake, cupy, launch_path) -> None:
         call_program(prog, x, NDArray([1.0, 2.0], contiguous=False), 1.0)
     with pytest.raises(LaunchError, match="out 'z' has shape"):
         call_program(prog, x, y, 1.0, out=NDArray([0.0] * 3))
-    if launch_path == "C":
+    if launch_path.startswith("C"):
         assert fast.fast_calls == 3  # none of those was launched here
 
 
@@ -268,13 +282,13 @@ def test_cupy_arrays_off_the_current_device_take_the_general_path(fake, cupy,
     call_program(prog, x, y, 2.0)  # builds the fast path, then takes it
     from kernelpack.runtime.launcher import bind
     fast = getattr(bind(prog).call, "__self__", None)
-    start = fast.fast_calls if launch_path == "C" else 0
+    start = fast.fast_calls if launch_path.startswith("C") else 0
     cupy.current.device = 1  # CuPy would allocate and stream on device 1: not the arrays'
     try:
         assert call_program(prog, x, y, 2.0).values() == [12.0, 24.0]
     finally:
         cupy.current.device = 0
-    if launch_path == "C":
+    if launch_path.startswith("C"):
         assert fast.fast_calls == start
         call_program(prog, x, y, 2.0)
         assert fast.fast_calls == start + 1
@@ -300,7 +314,7 @@ def test_both_frameworks_dispatch(fake, torch, cupy, launch_path) -> None:
     t2 = call_program(prog, Tensor([2.0], torch.float32), Tensor([1.0], torch.float32), 1.0)
     assert (t.values(), c.values(), t2.values()) == ([2.0], [3.0], [3.0])
     assert isinstance(c, NDArray) and isinstance(t2, Tensor)
-    if launch_path == "C":  # torch's C path falls back to cupy's, which falls back to Python
+    if launch_path.startswith("C"):  # torch's C path falls back to cupy's, which falls back to Python
         from kernelpack.runtime.launcher import bind
 
         torch_fast = bind(prog).call.__self__

@@ -22,7 +22,7 @@ from kernelpack.summary import Arg, Compiled, Image, KernelSummary, Launch, Modu
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_driver import FakeDriver, install  # noqa: E402
-from test_fastpath_fake import Tensor, launch_path, torch  # noqa: E402,F401 - fixtures
+from test_fastpath_fake import Tensor, exchange, launch_path, torch  # noqa: E402,F401 - fixtures
 from test_launch_fake import _axpby_impl, axpby  # noqa: E402
 
 

@@ -181,10 +181,78 @@ static int read_array(FastCall *self, PyObject *obj, PyObject *dtype, uint64_t *
     return 1;
 }
 
-/* An output just allocated: its pointer into *ptr. -1 with an exception set on failure. */
+/* C-contiguity of a DLTensor as torch's is_contiguous() decides it: size-1 dims' strides do
+ * not matter, and an empty tensor is contiguous. */
+static int dl_contiguous(const KpDLTensor *t) {
+    int64_t expect = 1;
+    int k;
+    if (t->strides == NULL)
+        return 1;
+    for (k = 0; k < t->ndim; k++)
+        if (t->shape[k] == 0)
+            return 1;
+    for (k = t->ndim - 1; k >= 0; k--) {
+        if (t->shape[k] != 1 && t->strides[k] != expect)
+            return 0;
+        expect *= t->shape[k];
+    }
+    return 1;
+}
+
+/* read_array through the exchange API: one C call of torch's instead of five attribute reads.
+ * The DLTensor into *t (its shape borrowed from the tensor), the pointer into *ptr and the
+ * device into *device (-1 for host memory, as get_device() says). 1: read; 0: the general path
+ * takes it (whatever torch refused to describe, too: its error is cleared, and the general
+ * path meets it again and explains). */
+static int read_dl(FastCall *self, PyObject *obj, KpDLDataType want, uint64_t *ptr,
+                   long *device, KpDLTensor *t) {
+    if ((PyObject *)Py_TYPE(obj) != self->tensor_type)
+        return 0;
+    if (self->dlx->dltensor_from_py_object_no_sync(obj, t) != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (t->dtype.code != want.code || t->dtype.bits != want.bits || t->dtype.lanes != 1 ||
+        t->ndim < 0 || t->ndim > MAX_DIMS || !dl_contiguous(t))
+        return 0;
+    if (t->device.device_type == KP_DL_CUDA)
+        *device = t->device.device_id;
+    else if (t->device.device_type == KP_DL_CPU)
+        *device = -1;
+    else
+        return 0;
+    *ptr = (uint64_t)(uintptr_t)t->data + t->byte_offset;
+    return 1;
+}
+
+/* 1: the DLTensor's shape is the tuple of ints `shape`; 0: not; -1: error. */
+static int dl_shape_is(const KpDLTensor *t, PyObject *shape) {
+    int k;
+    if (!PyTuple_Check(shape) || PyTuple_Size(shape) != t->ndim)
+        return 0;
+    for (k = 0; k < t->ndim; k++) {
+        long long d = PyLong_AsLongLong(PyTuple_GetItem(shape, k));
+        if (d == -1 && PyErr_Occurred())
+            return -1;
+        if (d != t->shape[k])
+            return 0;
+    }
+    return 1;
+}
+
+/* An output just allocated: its pointer into *ptr (through the exchange API when it is of the
+ * API's own type, else data_ptr()). -1 with an exception set on failure. */
 static int output_pointer(FastCall *self, PyObject *obj, uint64_t *ptr) {
     if (self->cupy)
         return cupy_memory(&self->rd, obj, ptr, NULL);
+    if (self->dlx != NULL && (PyObject *)Py_TYPE(obj) == self->tensor_type) {
+        KpDLTensor t;
+        if (self->dlx->dltensor_from_py_object_no_sync(obj, &t) == 0) {
+            *ptr = (uint64_t)(uintptr_t)t.data + t.byte_offset;
+            return 0;
+        }
+        PyErr_Clear(); /* data_ptr() says what is wrong, if anything is */
+    }
     *ptr = pointer_of(&self->rd, obj);
     return PyErr_Occurred() ? -1 : 0;
 }
@@ -490,19 +558,33 @@ static int recover(FastCall *self, int err, PyObject *st, long device, uint64_t 
     return -1;
 }
 
-/* The call's arguments into vals and key (tensor shapes, then symbol scalars), and the device
- * of the tensors. 1: read; 0: the call does not fit (general path); -1: error. */
+/* The call's arguments into vals, the device of the tensors, and the plan-cache key: tensor
+ * shapes then symbol scalars, into the tuple `key`, or (exchange-API path, key NULL) as words
+ * into words[*nwords]: per tensor its rank and dims, then the symbols. 1: read; 0: the call
+ * does not fit (general path); -1: error. */
 static int read_arguments(FastCall *self, PyObject *args, Value *vals, PyObject *key,
-                          long *device) {
+                          int64_t *words, Py_ssize_t *nwords, long *device) {
     int k, r, nk = 0;
+    Py_ssize_t nw = 0;
     long d;
     for (k = 0; k < self->ntensors; k++) {
         const TensorIn *ti = &self->tensors[k];
-        PyObject *shape = NULL;
-        r = read_array(self, PyTuple_GetItem(args, ti->arg), ti->dtype, &vals[ti->slot].u, &d,
-                       &shape);
-        if (shape != NULL)
-            PyTuple_SetItem(key, nk++, shape); /* steals */
+        PyObject *obj = PyTuple_GetItem(args, ti->arg);
+        if (key == NULL) {
+            KpDLTensor t;
+            int j;
+            r = read_dl(self, obj, ti->dl, &vals[ti->slot].u, &d, &t);
+            if (r > 0) {
+                words[nw++] = t.ndim;
+                for (j = 0; j < t.ndim; j++)
+                    words[nw++] = t.shape[j];
+            }
+        } else {
+            PyObject *shape = NULL;
+            r = read_array(self, obj, ti->dtype, &vals[ti->slot].u, &d, &shape);
+            if (shape != NULL)
+                PyTuple_SetItem(key, nk++, shape); /* steals */
+        }
         if (r <= 0)
             return r;
         if (k == 0)
@@ -534,12 +616,48 @@ static int read_arguments(FastCall *self, PyObject *args, Value *vals, PyObject 
         if (overflow || x < ii->lo || x > ii->hi)
             return 0;
         vals[ii->slot].i = (int64_t)x;
-        if (ii->is_symbol) {
+        if (!ii->is_symbol)
+            continue;
+        if (key == NULL) {
+            words[nw++] = (int64_t)x;
+        } else {
             Py_INCREF(v);
             PyTuple_SetItem(key, nk++, v);
         }
     }
+    if (nwords != NULL)
+        *nwords = nw;
     return 1;
+}
+
+/* The plan-cache key of words (see read_arguments) as a tuple: shape tuples, then ints. */
+static PyObject *key_of_words(FastCall *self, const int64_t *words) {
+    PyObject *key = PyTuple_New(self->ntensors + self->nsymbols), *item;
+    Py_ssize_t nw = 0;
+    int k, j, ndim;
+    if (key == NULL)
+        return NULL;
+    for (k = 0; k < self->ntensors + self->nsymbols; k++) {
+        if (k < self->ntensors) {
+            ndim = (int)words[nw++];
+            item = PyTuple_New(ndim);
+            for (j = 0; item != NULL && j < ndim; j++) {
+                PyObject *dim = PyLong_FromLongLong(words[nw++]);
+                if (dim == NULL)
+                    Py_CLEAR(item);
+                else
+                    PyTuple_SetItem(item, j, dim);
+            }
+        } else {
+            item = PyLong_FromLongLong(words[nw++]);
+        }
+        if (item == NULL) {
+            Py_DECREF(key);
+            return NULL;
+        }
+        PyTuple_SetItem(key, k, item);
+    }
+    return key;
 }
 
 /* The outputs, allocated like an input where the entry says so, else by hooks.allocate; their
@@ -596,10 +714,17 @@ static int check_out(FastCall *self, const Entry *e, PyObject *out, long device,
     long d;
     if (self->nouts != 1)
         return 0;
-    r = read_array(self, out, self->outs[0].dtype, &ptr, &d, &shape);
-    if (r > 0)
-        r = PyObject_RichCompareBool(shape, PyTuple_GetItem(e->shapes, 0), Py_EQ);
-    Py_XDECREF(shape);
+    if (self->dlx != NULL) {
+        KpDLTensor t;
+        r = read_dl(self, out, self->outs[0].dl, &ptr, &d, &t);
+        if (r > 0)
+            r = dl_shape_is(&t, PyTuple_GetItem(e->shapes, 0));
+    } else {
+        r = read_array(self, out, self->outs[0].dtype, &ptr, &d, &shape);
+        if (r > 0)
+            r = PyObject_RichCompareBool(shape, PyTuple_GetItem(e->shapes, 0), Py_EQ);
+        Py_XDECREF(shape);
+    }
     if (r <= 0)
         return r;
     if (d != device)
@@ -611,9 +736,18 @@ static int check_out(FastCall *self, const Entry *e, PyObject *out, long device,
 }
 
 /* The raw stream handle: the caller's stream= (hooks.stream_handle), else torch's current
- * stream of the device. -1 with an exception set on failure. */
-static int stream_of(FastCall *self, PyObject *stream, PyObject *device_obj, uint64_t *sh) {
+ * stream of the device (through the exchange API where there is one). -1 with an exception
+ * set on failure. */
+static int stream_of(FastCall *self, PyObject *stream, PyObject *device_obj, long device,
+                     uint64_t *sh) {
     PyObject *r;
+    if (stream == Py_None && self->dlx != NULL && device >= 0) {
+        void *current = NULL;
+        if (self->dlx->current_work_stream(KP_DL_CUDA, (int32_t)device, &current) != 0)
+            return -1;
+        *sh = (uint64_t)(uintptr_t)current;
+        return 0;
+    }
     if (stream != Py_None) {
         r = call_hook(self, s_stream_handle, stream);
     } else if (self->cupy) { /* cupy.cuda.get_current_stream().ptr */
@@ -663,6 +797,37 @@ static int launch_all(FastCall *self, const Entry *e, PyObject *st, long device,
     return 0;
 }
 
+/* The entry of the key `words` (exchange-API path; borrowed, Py_None when the planner refuses
+ * it, NULL with *fits -1 on error): the last call's when the key is the same (no Python key is
+ * built), else the cache's through the key tuple, which then becomes the last one. */
+static PyObject *remembered_entry(FastCall *self, const int64_t *words, Py_ssize_t nwords,
+                                  int *fits) {
+    PyObject *key, *capsule;
+    if (nwords == self->last_len && self->last_capsule != NULL &&
+        memcmp(words, self->last_key, (size_t)nwords * sizeof(int64_t)) == 0)
+        return self->last_capsule;
+    key = key_of_words(self, words);
+    if (key == NULL) {
+        *fits = -1;
+        return NULL;
+    }
+    capsule = entry_for(self, key);
+    Py_DECREF(key);
+    if (capsule == NULL) {
+        *fits = -1;
+        return NULL;
+    }
+    if (capsule != Py_None) { /* the cache may drop it: the last key holds its own reference */
+        PyObject *old = self->last_capsule;
+        Py_INCREF(capsule);
+        self->last_capsule = capsule;
+        Py_XDECREF(old);
+        memcpy(self->last_key, words, (size_t)nwords * sizeof(int64_t));
+        self->last_len = nwords;
+    }
+    return capsule;
+}
+
 static PyObject *fastcall_call(FastCall *self, PyObject *const *argv, Py_ssize_t nargs) {
     PyObject *args, *out, *stream, *key, *device_obj = NULL, *capsule = NULL, *st = NULL;
     PyObject *result = NULL, *a[4];
@@ -671,7 +836,8 @@ static PyObject *fastcall_call(FastCall *self, PyObject *const *argv, Py_ssize_t
     long device = -1;
     uint64_t sh;
     int fits;
-    Py_ssize_t k;
+    Py_ssize_t k, nwords = 0;
+    int64_t words[KEY_WORDS];
     if (nargs != 3) {
         PyErr_Format(PyExc_TypeError, "FastCall.call takes (args, out, stream) (got %zd "
                      "arguments)", nargs);
@@ -683,10 +849,13 @@ static PyObject *fastcall_call(FastCall *self, PyObject *const *argv, Py_ssize_t
     if (!PyTuple_Check(args) || PyTuple_Size(args) != self->n_in ||
         (stream != Py_None && out == Py_None))
         goto slow; /* outputs for another stream: the general path */
-    key = PyTuple_New(self->ntensors + self->nsymbols);
-    if (key == NULL)
-        return NULL;
-    fits = read_arguments(self, args, vals, key, &device);
+    key = NULL;
+    if (self->dlx == NULL) {
+        key = PyTuple_New(self->ntensors + self->nsymbols);
+        if (key == NULL)
+            return NULL;
+    }
+    fits = read_arguments(self, args, vals, key, words, &nwords, &device);
     if (fits > 0 && self->cupy) { /* CuPy allocates and streams on its current device */
         PyObject *current = PyObject_Vectorcall(self->current_device, NULL, 0, NULL);
         long c = current == NULL ? -1 : PyLong_AsLong(current);
@@ -702,11 +871,13 @@ static PyObject *fastcall_call(FastCall *self, PyObject *const *argv, Py_ssize_t
         /* none: a first call on this device (or host memory); the general path binds it */
         fits = st != NULL ? 1 : PyErr_Occurred() ? -1 : 0;
     }
-    if (fits > 0) {
+    if (fits > 0 && key == NULL)
+        capsule = remembered_entry(self, words, nwords, &fits);
+    else if (fits > 0)
         capsule = entry_for(self, key); /* Py_None: the planner refuses the key */
+    if (fits > 0)
         fits = capsule == NULL ? -1 : capsule != Py_None;
-    }
-    Py_DECREF(key);
+    Py_XDECREF(key);
     if (fits <= 0) {
         Py_XDECREF(device_obj);
         if (fits < 0)
@@ -745,7 +916,7 @@ static PyObject *fastcall_call(FastCall *self, PyObject *const *argv, Py_ssize_t
             result = out;
         }
     }
-    if (result != NULL && (stream_of(self, stream, device_obj, &sh) < 0 ||
+    if (result != NULL && (stream_of(self, stream, device_obj, device, &sh) < 0 ||
                            launch_all(self, e, st, device, sh, vals) < 0))
         Py_CLEAR(result);
     if (result != NULL)

@@ -43,6 +43,8 @@ PyAPI_FUNC(PyObject *) PyObject_Vectorcall(PyObject *callable, PyObject *const *
 #define MAX_KEY 64            /* tensors + symbol scalars in the plan-cache key */
 #define MAX_LAUNCHES 64       /* launches of all variants together */
 #define ENTRY_CACHE_SIZE 256  /* distinct keys kept; cleared when full, as fastpath.py does */
+/* a key as words (exchange-API path): per tensor its rank and dims, then the symbols */
+#define KEY_WORDS (MAX_KEY * (MAX_DIMS + 1))
 
 typedef union {
     uint64_t u;
@@ -52,10 +54,44 @@ typedef union {
 
 enum { KIND_NONE = 0, KIND_POINTER, KIND_FLOAT, KIND_INT };
 
+/* DLPack's C exchange API (dlpack.h 1.2+, `__dlpack_c_exchange_api__` on a tensor type, a
+ * capsule named "dlpack_exchange_api"): a framework's own functions that describe one of its
+ * tensors as a DLTensor and name its current stream, with no Python call. PyTorch has it from
+ * 2.10. Declared here from the DLPack specification (only the members kernelpack calls are
+ * typed; the layout is the spec's). */
+enum { KP_DL_CPU = 1, KP_DL_CUDA = 2 };
+typedef struct { int32_t device_type; int32_t device_id; } KpDLDevice;
+typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } KpDLDataType;
+typedef struct {
+    void *data;
+    KpDLDevice device;
+    int32_t ndim;
+    KpDLDataType dtype;
+    int64_t *shape;
+    int64_t *strides; /* in elements; NULL: C-contiguous */
+    uint64_t byte_offset;
+} KpDLTensor;
+typedef struct KpDLHeader {
+    uint32_t major, minor;
+    struct KpDLHeader *prev_api;
+} KpDLHeader;
+typedef struct {
+    KpDLHeader header;
+    void *managed_tensor_allocator;
+    void *managed_tensor_from_py_object_no_sync;
+    void *managed_tensor_to_py_object_no_sync;
+    /* 0, or -1 with a Python exception set; the DLTensor borrows the tensor's memory */
+    int (*dltensor_from_py_object_no_sync)(void *py_object, KpDLTensor *out);
+    int (*current_work_stream)(int32_t device_type, int32_t device_id, void **out_stream);
+} KpDLExchangeAPI;
+
+#define MAX_DIMS 16 /* a tensor's rank on the exchange-API path (higher: the general path) */
+
 typedef struct {
     Py_ssize_t arg; /* position in the call's arguments */
     int slot;       /* value slot */
     PyObject *dtype;
+    KpDLDataType dl; /* the dtype as DLPack names it (exchange-API path) */
 } TensorIn;
 
 typedef struct {
@@ -74,6 +110,7 @@ typedef struct {
 typedef struct {
     int slot;
     PyObject *dtype;
+    KpDLDataType dl;
 } OutSpec;
 
 typedef struct {
@@ -137,6 +174,13 @@ typedef struct {
      * the tensor type has is_conj() and is_neg() */
     int lazy_views;
     PyObject *current_device;
+    /* torch's exchange API (NULL: the attribute reads of `rd`), the capsule holding it, and
+     * the last call's key with its entry: a call whose shapes and symbols equal the last
+     * one's takes that entry without building the Python key (last_len -1: none) */
+    const KpDLExchangeAPI *dlx;
+    PyObject *dlx_capsule, *last_capsule;
+    Py_ssize_t last_len;
+    int64_t last_key[KEY_WORDS];
     Reader rd;
     Py_ssize_t n_in;
     int ntensors, nfloats, nints, nouts, nsymbols, nvalues, nlayouts, trust_context;

@@ -316,12 +316,65 @@ static int read_layouts(FastCall *self, PyObject *layouts, const unsigned char *
     return 0;
 }
 
+/* The DLPack (code, bits) rows of `o` (one per item of `n`) into the `dl` of each. */
+static int dl_rows(PyObject *o, int n, KpDLDataType *first, size_t stride) {
+    int k, count;
+    if (rows(o, 2, "DLPack dtypes must be (code, bits) rows", &count) < 0)
+        return -1;
+    if (count != n)
+        return bad("one DLPack dtype per tensor and per output");
+    for (k = 0; k < n; k++) {
+        long code, bits;
+        KpDLDataType *dl = (KpDLDataType *)((char *)first + k * stride);
+        if (int_item(PyTuple_GetItem(o, k), 0, &code) < 0 ||
+            int_item(PyTuple_GetItem(o, k), 1, &bits) < 0)
+            return -1;
+        if (code < 0 || code > 255 || bits <= 0 || bits > 255)
+            return bad("a DLPack dtype is out of range");
+        dl->code = (uint8_t)code;
+        dl->bits = (uint8_t)bits;
+        dl->lanes = 1;
+    }
+    return 0;
+}
+
+/* dlpack: None, or (the tensor type's __dlpack_c_exchange_api__ capsule, the tensors' and the
+ * outputs' DLPack dtypes). An API of another major version, or without the two functions the
+ * call uses, leaves the attribute reads in place. */
+static int read_dlpack(FastCall *self, PyObject *dlpack) {
+    PyObject *capsule;
+    const KpDLExchangeAPI *api;
+    self->last_len = -1;
+    if (dlpack == Py_None)
+        return 0;
+    if (self->cupy)
+        return bad("the DLPack exchange API is read for torch tensors only");
+    if (!PyTuple_Check(dlpack) || PyTuple_Size(dlpack) != 3)
+        return bad("dlpack is (capsule, tensor dtypes, output dtypes)");
+    capsule = PyTuple_GetItem(dlpack, 0);
+    api = (const KpDLExchangeAPI *)PyCapsule_GetPointer(capsule, "dlpack_exchange_api");
+    if (api == NULL)
+        return -1;
+    if (api->header.major != 1 || api->header.minor < 2 ||
+        api->dltensor_from_py_object_no_sync == NULL || api->current_work_stream == NULL)
+        return 0;
+    if (dl_rows(PyTuple_GetItem(dlpack, 1), self->ntensors, &self->tensors[0].dl,
+                sizeof(TensorIn)) < 0 ||
+        dl_rows(PyTuple_GetItem(dlpack, 2), self->nouts, &self->outs[0].dl,
+                sizeof(OutSpec)) < 0)
+        return -1;
+    Py_INCREF(capsule);
+    self->dlx_capsule = capsule;
+    self->dlx = api;
+    return 0;
+}
+
 static void fastcall_release(FastCall *self);
 
 PyObject *kp_fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *tensor_type, *empty_like, *raw_stream, *hooks, *states, *tensors, *floats, *ints,
         *outs,
-        *layouts, *current_device = Py_None;
+        *layouts, *current_device = Py_None, *dlpack = Py_None;
     const char *flavor = "torch";
     Py_ssize_t n_in, nvalues;
     int trust, cupy;
@@ -332,9 +385,10 @@ PyObject *kp_fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         PyErr_SetString(PyExc_TypeError, "FastCall takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OOOOO!nOOOOnOp|sO:FastCall", &tensor_type, &empty_like,
+    if (!PyArg_ParseTuple(args, "OOOOO!nOOOOnOp|sOO:FastCall", &tensor_type, &empty_like,
                           &raw_stream, &hooks, &PyDict_Type, &states, &n_in, &tensors, &floats,
-                          &ints, &outs, &nvalues, &layouts, &trust, &flavor, &current_device))
+                          &ints, &outs, &nvalues, &layouts, &trust, &flavor, &current_device,
+                          &dlpack))
         return NULL;
     if (!PyType_Check(tensor_type)) {
         PyErr_SetString(PyExc_TypeError, "FastCall: tensor_type must be a type");
@@ -381,7 +435,7 @@ PyObject *kp_fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     memset(kinds, KIND_NONE, sizeof kinds);
     if (self->cache == NULL || reader_init(&self->rd, tensor_type, cupy) < 0 ||
         read_inputs(self, tensors, floats, ints, outs, kinds) < 0 ||
-        read_layouts(self, layouts, kinds) < 0) {
+        read_layouts(self, layouts, kinds) < 0 || read_dlpack(self, dlpack) < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -408,6 +462,8 @@ int kp_fastcall_traverse(FastCall *self, visitproc visit, void *arg) {
     Py_VISIT(self->rd.is_conj.descr);
     Py_VISIT(self->rd.is_neg.descr);
     Py_VISIT(self->current_device);
+    Py_VISIT(self->dlx_capsule);
+    Py_VISIT(self->last_capsule);
     if (self->tensors)
         for (k = 0; k < self->ntensors; k++)
             Py_VISIT(self->tensors[k].dtype);
@@ -426,6 +482,10 @@ int kp_fastcall_clear(FastCall *self) {
     Py_CLEAR(self->cache);
     Py_CLEAR(self->last_state);
     Py_CLEAR(self->current_device);
+    Py_CLEAR(self->last_capsule);
+    self->last_len = -1;
+    self->dlx = NULL; /* the capsule owns the table */
+    Py_CLEAR(self->dlx_capsule);
     reader_clear(&self->rd);
     return 0;
 }

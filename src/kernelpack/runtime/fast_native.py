@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from .fastpath import Call, FastCore
 
-__all__ = ["Hooks", "native_torch_call", "native_cupy_call"]
+__all__ = ["Hooks", "native_torch_call", "native_cupy_call", "exchange_api", "dl_dtype"]
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
@@ -106,10 +106,39 @@ def native_torch_call(bp: Any, core: FastCore, slow: Call, torch: Any,
                       ) -> Call | None:
     """The C fast ``call(args, out, stream)`` for torch tensors, or None when the process
     launches through cuda.bindings, the extension is missing, or the program's layout is
-    beyond what ``FastCall`` takes (the caller then uses the closure)."""
+    beyond what ``FastCall`` takes (the caller then uses the closure). Where torch has DLPack's
+    C exchange API, FastCall reads each tensor with one C call of torch's (its pointer, device,
+    dtype, shape and strides) instead of five attribute reads, and torch's current stream too
+    (:func:`exchange_api`)."""
     return _native_call(bp, core, slow, (torch.Tensor, torch.empty_like,
                                          torch._C._cuda_getCurrentRawStream),
-                        tensors, floats, ints, allocate, stream_handle, ())
+                        tensors, floats, ints, allocate, stream_handle,
+                        ("torch", None, exchange_api(torch.Tensor, bp.bound)))
+
+
+# DLPack's type codes (kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex, kDLBool)
+_DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+
+
+def dl_dtype(dtype: Any) -> tuple[int, int]:
+    """A kernelpack dtype as DLPack names it: ``(type code, bits)``."""
+    code = 4 if dtype.name == "bfloat16" else _DL_CODES[dtype.kind]
+    return code, 8 * dtype.itemsize
+
+
+def exchange_api(tensor_type: type, bs: Any) -> tuple | None:
+    """What ``FastCall`` takes to read ``tensor_type``'s tensors through DLPack's C exchange
+    API: ``(the type's __dlpack_c_exchange_api__ capsule, the tensors' and the outputs'
+    DLPack dtypes)``; None where the type has none or ``KERNELPACK_TORCH_EXCHANGE_API=0``.
+    (FastCall itself checks the API's version and functions, and keeps the attribute reads
+    for one it cannot use.)"""
+    from .. import config
+
+    api = getattr(tensor_type, "__dlpack_c_exchange_api__", None)
+    if api is None or type(api).__name__ != "PyCapsule" or not config.torch_exchange_api():
+        return None
+    return (api, tuple(dl_dtype(s.dtype) for s in bs.inputs if s.is_tensor),
+            tuple(dl_dtype(o.dtype) for o in bs.outputs))
 
 
 def native_cupy_call(bp: Any, core: FastCore, slow: Call, cupy: Any,
