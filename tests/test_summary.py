@@ -125,3 +125,32 @@ def test_tensor_annotation() -> None:
         kp.Tensor[kp.f32, 1.5]
     with pytest.raises(ValueError, match=">= 0"):
         kp.Tensor[kp.f32, -1]
+
+
+def test_check_walks_shared_expressions_once_and_still_finds_unbound_symbols() -> None:
+    """Fields that all read one large shared expression (what a loaded program's LOADs make)
+    are checked with each node's symbols computed once; the answer is Expr.symbols()'s."""
+    from kernelpack import summary as summary_module
+
+    chain = kp.sym("n")
+    for i in range(2000):
+        chain = kp.emax(chain + i, kp.sym("m") * 2)
+    outs = tuple(Tensor(f"t{k}", kp.f32, (chain + k,), role="out") for k in range(100))
+    launch = Launch("k", "mod", (1,), (1,), (Arg.buffer("x"),))
+    params = (Tensor("x", kp.f32, ("n",)), Scalar("m", kp.i64))
+    KernelSummary("p", params + outs, (Variant((launch,)),))  # n and m are bound
+    walked = []
+    symbols = summary_module._symbols_of_many()
+    real = kp.Expr.symbols
+    try:
+        kp.Expr.symbols = lambda self: walked.append(self) or real(self)  # type: ignore
+        assert symbols(chain + 1) == {"n", "m"} == real(chain + 1)
+        assert symbols(chain * 3) == {"n", "m"}  # the shared part from the memo
+    finally:
+        kp.Expr.symbols = real  # type: ignore[method-assign]
+    assert walked == []  # check() does not walk each field on its own
+    deep = kp.emax(chain, kp.sym("q"))  # an unbound symbol under the shared chain
+    with pytest.raises(ValueError, match=r"t1\.shape\[0\] reads unbound symbol\(s\) \['q'\]"):
+        KernelSummary("p", params + (Tensor("t0", kp.f32, (chain,), role="out"),
+                                     Tensor("t1", kp.f32, (deep,), role="out")),
+                      (Variant((launch,)),))

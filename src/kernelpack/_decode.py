@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable
 from .dtypes import DType, dtype_from_code
 from .errors import FormatError
 from .expr import Expr, iter_nodes
+from .limits import MAX_EXPR_WORK
 from .expr_program import EncodedExprs, ExprProgram
 from ._fbread import Table
 from .summary import (ROLES, Arg, Constraint, KernelSummary, Launch, Scalar, Scratch, Tensor,
@@ -24,14 +25,10 @@ __all__ = ["decode_program", "ARG_KINDS", "MAX_EXPR_WORK", "check_expression_wor
 
 ARG_KINDS = ("buffer", "scalar", "value")
 
-# What checking and planning a program may cost: the sum, over its expression fields, of the
-# distinct nodes each field's expression reads (a subexpression shared through LOAD counts
-# once per field that reads it). KernelSummary.check, the planner's encoder and printing walk
-# each field's expression on its own, so a few thousand fields that all read one large shared
-# expression made loading quadratic (a 48 KB file took 1.4 s, a 3 MB one minutes). The
-# reference workloads use under 200 and the limit costs well under a second to check;
-# docs/FORMAT.md lists it (it belongs beside the others in limits.py, not owned here).
-MAX_EXPR_WORK = 1 << 20
+# What checking and planning a program may cost is capped by MAX_EXPR_WORK (limits.py): the
+# planner's encoder and printing walk each field's expression on its own, so a few thousand
+# fields that all read one large shared expression made loading quadratic (a 48 KB file took
+# 1.4 s, a 3 MB one minutes).
 
 
 def field_expressions(params: Iterable[Any], constraints: Iterable[Constraint],

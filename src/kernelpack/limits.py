@@ -12,7 +12,8 @@ __all__ = [
     "MAX_FILE_SIZE", "MAX_PROGRAMS", "MAX_MODULES", "MAX_IMAGES_PER_MODULE", "MAX_KERNELS",
     "MAX_PARAMS", "MAX_RANK", "MAX_LAUNCHES", "MAX_ARGS", "MAX_VARIANTS", "MAX_CONSTRAINTS",
     "MAX_SCRATCH", "MAX_NAME_LENGTH", "MAX_TEXT_LENGTH", "MAX_SYMBOLS", "MAX_EXPR_OPS",
-    "MAX_EXPR_ROOTS", "MAX_EXPR_STACK", "MAX_EXPR_DEPTH", "MAX_IMAGE_SIZE", "MAX_LAUNCH_REPEAT", "MAX_PLANNED_LAUNCHES",
+    "MAX_EXPR_ROOTS", "MAX_EXPR_STACK", "MAX_EXPR_DEPTH", "MAX_EXPR_WORK", "MAX_IMAGE_SIZE",
+    "MAX_LAUNCH_REPEAT", "MAX_PLANNED_LAUNCHES",
     "MAX_TABLE_DEPTH", "MAX_BLOBS", "DIGEST_SIZE",
 ]
 
@@ -41,6 +42,11 @@ MAX_EXPR_STACK = 256
 MAX_EXPR_DEPTH = 256                   # nesting of one expression, LOADs followed: evaluation
                                        # recurses this deep, so it must stay far below Python's
                                        # recursion limit (a chain of NEGs needs no stack)
+MAX_EXPR_WORK = 1 << 20                # expression nodes one program's fields read in all:
+                                       # distinct nodes per field, a subexpression shared
+                                       # through LOAD counted once per field that reads it
+                                       # (the encoder and printing walk each field on its own;
+                                       # the reference workloads use under 200)
 MAX_IMAGE_SIZE = 1 << 30               # decompressed bytes of one image
 MAX_LAUNCH_REPEAT = 1 << 20            # evaluated `count` of a repeated launch
 MAX_PLANNED_LAUNCHES = 1 << 20         # launches of one plan, repeats expanded (a few of

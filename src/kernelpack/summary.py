@@ -15,7 +15,7 @@ symbol inside that launch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence, Union
+from typing import Callable, Iterable, Iterator, Sequence, Union
 
 from .dtypes import DType, as_dtype
 from .expr import Expr, ExprLike, as_expr, const
@@ -360,9 +360,10 @@ class KernelSummary:
                 raise ValueError(f"program {self.name!r}: parameter {p.name!r} appears twice")
             seen.add(p.name)
         bound = set(self.bound_symbols())
+        symbols = _symbols_of_many()
 
         def need(expr: Expr, where: str, extra: frozenset[str] = frozenset()) -> None:
-            missing = expr.symbols() - bound - extra
+            missing = symbols(expr) - bound - extra
             if missing:
                 raise ValueError(f"program {self.name!r}: {where} reads unbound symbol(s) "
                                  f"{sorted(missing)} (bound: {sorted(bound)})")
@@ -407,6 +408,34 @@ class KernelSummary:
                     if arg.kind == "scalar" and arg.name not in scalars:
                         raise ValueError(f"{where}: scalar argument {arg.name!r} is not a "
                                          f"scalar parameter")
+
+
+def _symbols_of_many() -> Callable[[Expr], frozenset[str]]:
+    """``Expr.symbols()`` for many expressions that share nodes, each node's symbols computed
+    once: check() asks it of every field, and the fields of a loaded summary can all read one
+    large shared expression (LOAD), which one walk per field made quadratic. The nodes are
+    the summary's, alive for the whole check, so their ids are stable keys."""
+    memo: dict[int, frozenset[str]] = {}
+    empty: frozenset[str] = frozenset()
+
+    def symbols(root: Expr) -> frozenset[str]:
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if id(node) in memo:
+                continue
+            if node.op == "sym":
+                memo[id(node)] = frozenset((node.value,))  # type: ignore[arg-type]
+            elif not node.args:
+                memo[id(node)] = empty
+            elif expanded:
+                memo[id(node)] = empty.union(*(memo[id(a)] for a in node.args))
+            else:
+                stack.append((node, True))
+                stack.extend((a, False) for a in node.args if id(a) not in memo)
+        return memo[id(root)]
+
+    return symbols
 
 
 _COMPILED = frozenset({"Image", "Module", "Compiled", "IMAGE_KINDS"})
