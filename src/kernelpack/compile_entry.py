@@ -34,7 +34,8 @@ class Options:
         if unknown:
             raise TypeError(f"unknown kp.compile option(s) {unknown} (known: {sorted(known)})")
         opt = options.get("opt", 3)
-        if not isinstance(opt, int) or not 0 <= opt <= 3:
+        # a bool is an int to Python: opt=True compiled at -O1 and keyed the cache as opt=True
+        if not isinstance(opt, int) or isinstance(opt, bool) or not 0 <= opt <= 3:
             raise ValueError(f"opt must be 0..3 (got {opt!r})")
         return Options(opt=opt)
 

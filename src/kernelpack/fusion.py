@@ -21,12 +21,14 @@ import functools
 import inspect
 import json
 import operator
+import re
 from typing import Any, Callable, Mapping
 
 from .dtypes import DType
 from .errors import TraceError
 from .expr import Expr, as_expr, const
 from .graph import Graph, Node
+from .limits import MAX_NAME_LENGTH
 # Kept importable from here (outside __all__, as before the split): the op vocabulary and the
 # broadcasting rule were attributes of this module; new code imports them from graph/tracing.
 from .graph import BINARY, BITWISE, COMPARE, FLOAT_ONLY, REDUCTIONS, UNARY  # noqa: F401
@@ -34,7 +36,7 @@ from .ops import (abs, arange, ceil, complex, cos, dim_expr, erf, exp, exp2, flo
                   log, log2, max, maximum, min, minimum, pad, real, rsqrt, sigmoid, sin, sqrt,
                   tan, tanh, where)
 from .summary import TensorType
-from .tracing import Value, active_graph, astype, pow, trace_value
+from .tracing import Value, active_graph, astype, current_graph, pow, trace_value
 from .tracing import broadcast_shapes  # noqa: F401 - kept importable, as above
 
 __all__ = [
@@ -51,7 +53,7 @@ class Fusion:
     def __init__(self, fn: Callable[..., Any], name: str | None = None,
                  localns: Mapping[str, Any] | None = None) -> None:
         self.fn = fn
-        self.name = name or fn.__name__
+        self.name = _program_name(name or getattr(fn, "__name__", None))
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
         sig = inspect.signature(fn)
         try:
@@ -78,8 +80,24 @@ class Fusion:
         return f"<kp.fusion {self.name}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(f"{self.name} is a kp.fusion: compile it with kp.compile({self.name}) "
-                        f"and call the loaded program")
+        """Inside another fusion's trace, a fusion is inlined (``return gelu(x) * 2``): its
+        function runs on the traced values, whose dtypes and ranks must match its
+        annotations. Outside a trace it has nothing to run on."""
+        if current_graph() is None:
+            raise TypeError(f"{self.name} is a kp.fusion: compile it with kp.compile("
+                            f"{self.name}) and call the loaded program")
+        try:
+            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TraceError(f"fusion {self.name} called inside a trace: {exc}") from None
+        for pname, ann in self.params:
+            v = bound.arguments.get(pname)
+            if isinstance(ann, TensorType) and isinstance(v, Value) and (
+                    v.dtype != ann.dtype or v.ndim != len(ann.dims)):
+                raise TraceError(f"fusion {self.name} called inside a trace: {pname} is "
+                                 f"{v.dtype} of rank {v.ndim}, annotated {ann.dtype} of rank "
+                                 f"{len(ann.dims)}")
+        return self.fn(*args, **kwargs)
 
     def trace(self, static: Mapping[str, int] | None = None) -> Graph:
         """Run the function on symbolic tensors. ``static`` fixes named dims to ints."""
@@ -102,8 +120,12 @@ class Fusion:
         with active_graph(g):
             result = self.fn(*pos, **kw)
         items = _outputs(self.name, result)
+        pnames = {p[0] for p in g.params}
+        if not isinstance(result, dict):
+            # default names ("out", "out0", ...) step aside for a parameter of that name
+            items = [(_free_name(oname, pnames), value) for oname, value in items]
         for oname, value in items:
-            if oname in {p[0] for p in g.params}:
+            if oname in pnames:
                 raise TraceError(f"fusion {self.name}: output {oname!r} clashes with a parameter")
             v = trace_value(g, value)
             g.outputs.append((oname, v.id))
@@ -138,6 +160,8 @@ class Fusion:
             if n < 0:
                 raise ValueError(f"fusion {self.name}: static[{k!r}] = {n}: a dim cannot be "
                                  f"negative")
+            if n >= 1 << 63:  # was Expr's "expression constant outside int64", naming no dim
+                raise ValueError(f"fusion {self.name}: static[{k!r}] = {n} does not fit int64")
             out[k] = n
         return out
 
@@ -170,9 +194,39 @@ def _check_bound(g: Graph) -> None:
                                  f"unbound symbol")
 
 
+# Kernel names are the program name plus a suffix ("_0_rowblock256x32"): the name must be a PTX
+# identifier, and leave room for the suffix within the format's name limit.
+_PROGRAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SUFFIX_ROOM = 64
+
+
+def _program_name(name: object) -> str:
+    """The fusion's name, checked before anything is built from it: it names the kernels in the
+    PTX, and LLVM's NVPTX backend *aborts the process* ("Symbol name with unsupported
+    characters") on a ``-``, a space or a non-ASCII letter; a leading digit or a ``.`` got as
+    far as ptxas. ``<lambda>`` (a lambda's name) is refused the same way."""
+    most = MAX_NAME_LENGTH - _SUFFIX_ROOM
+    if not isinstance(name, str) or not _PROGRAM_NAME.match(name) or len(name) > most:
+        raise ValueError(f"a fusion's name must be an ASCII identifier ([A-Za-z_][A-Za-z0-9_]*) "
+                         f"of at most {most} characters: it names the kernels; pass "
+                         f"@kp.fusion(name=...) (got {name!r:.80})")
+    return name
+
+
+def _free_name(name: str, taken: set[str]) -> str:
+    """``name``, or ``name`` with underscores appended until no parameter has it: a fusion
+    with a parameter called ``out`` returning one tensor was a TraceError about an output name
+    the user never chose."""
+    while name in taken:
+        name += "_"
+    return name
+
+
 def _outputs(name: str, result: object) -> list[tuple[str, object]]:
     if isinstance(result, dict):
         items = list(result.items())
+        if not items:
+            raise TraceError(f"fusion {name}: returns no outputs (an empty dict)")
         for k, _ in items:
             if not isinstance(k, str) or not k.isidentifier():
                 raise TraceError(f"fusion {name}: output names must be identifiers (got {k!r})")

@@ -4,13 +4,17 @@ It sits in its own module so that the lowering (:mod:`kernelpack.lowering`) depe
 it reads — nodes, parameters, outputs and the op vocabulary — and not on the tracing front that
 builds it. :meth:`Graph.canonical` is the deterministic description behind
 ``Fusion.canonical_bytes`` (the cache key's source), so its encoding must not change silently.
+It also keeps, per thread, the graphs being traced (:func:`active_graph`), which ops that start
+from dims alone (``kp.arange``) add to.
 Pure Python with no heavy imports: ``import kernelpack`` stays light.
 """
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 from .dtypes import DType
 from .expr import Expr
@@ -18,7 +22,8 @@ from .expr import Expr
 if TYPE_CHECKING:
     from .tracing import Value
 
-__all__ = ["Node", "Graph", "UNARY", "FLOAT_ONLY", "BINARY", "COMPARE", "BITWISE", "REDUCTIONS"]
+__all__ = ["Node", "Graph", "UNARY", "FLOAT_ONLY", "BINARY", "COMPARE", "BITWISE", "REDUCTIONS",
+           "active_graph", "current_graph"]
 
 # The op vocabulary shared by the tracer (which records these names) and the lowering.
 UNARY = ("neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh",
@@ -99,3 +104,36 @@ class Graph:
                        enc(n.attrs)] for n in self.nodes],
             "outputs": [[n, i] for n, i in self.outputs],
         }
+
+
+# The graphs being traced, innermost last, per thread: ops that create a tensor from nothing but
+# dims (kp.arange, kp.iota) need to know which graph to add to. One list shared by every thread
+# gave a thread's kp.arange another thread's graph (two fusions traced at once, e.g. compiled
+# from a thread pool: "a traced tensor from another fusion was used").
+_CURRENT = threading.local()
+
+
+def _stack() -> list[Graph]:
+    stack = getattr(_CURRENT, "graphs", None)
+    if stack is None:
+        stack = _CURRENT.graphs = []
+    return stack
+
+
+@contextmanager
+def active_graph(graph: Graph) -> Iterator[Graph]:
+    """Make ``graph`` the one that dim-only ops (``kp.arange``, ``kp.iota``) add to, in this
+    thread."""
+    stack = _stack()
+    stack.append(graph)
+    try:
+        yield graph
+    finally:
+        stack.pop()
+
+
+def current_graph() -> Graph | None:
+    """The innermost graph this thread is tracing, or ``None`` outside any ``@kp.fusion``
+    trace."""
+    stack = _stack()
+    return stack[-1] if stack else None

@@ -11,11 +11,13 @@ Pure Python with no heavy imports: ``import kernelpack`` stays light.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import operator
+from typing import Any, Callable, Sequence
 
-from .dtypes import as_dtype, bool_, int64
+from .dtypes import DType, bool_, int64
 from .errors import TraceError
-from .expr import Expr, as_expr, const, emax, emin, select
+from .expr import Expr, as_expr, cdiv, const, emax, emin, select
+from .promotion import dsl_dtype
 # The underscore builders are package-internal: this module and tracing are one layer, split
 # so the rules and the public entry points each stay readable.
 from .tracing import (Value, _axes, _binary, _desc, _fmt, _graph_of, _promote, _reduce, _unary,
@@ -24,7 +26,7 @@ from .tracing import (Value, _axes, _binary, _desc, _fmt, _graph_of, _promote, _
 __all__ = [
     "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
     "sigmoid", "floor", "ceil", "abs", "pow", "where", "minimum", "maximum", "min", "max",
-    "arange", "iota", "complex", "real", "imag", "pad", "astype", "dim_expr",
+    "arange", "iota", "complex", "real", "imag", "pad", "astype", "dim_expr", "array_ufunc",
 ]
 
 
@@ -65,10 +67,20 @@ def minimum(a: object, b: object) -> object:
     return _binary("min", a, b)
 
 
+def _two_operands(name: str, axis: object, keepdims: object) -> None:
+    """``kp.max(a, b, axis=0)`` used to ignore ``axis`` (and ``keepdims``) silently and give
+    the elementwise maximum."""
+    if axis is not None or keepdims:
+        raise TraceError(f"kp.{name}(a, b) is the elementwise {name}imum and takes no axis or "
+                         f"keepdims; reduce one tensor with kp.{name}(x, axis=...) (got "
+                         f"axis={axis!r}, keepdims={keepdims!r})")
+
+
 def max(a: object, b: object = None, *, axis=None, keepdims=False) -> object:  # noqa: A001
     """``kp.max(x, axis=...)`` reduces; ``kp.max(a, b)`` is the elementwise maximum."""
     if b is None:
         return _reduce("max", a, axis, keepdims) if isinstance(a, Value) else a
+    _two_operands("max", axis, keepdims)
     return maximum(a, b)
 
 
@@ -76,6 +88,7 @@ def min(a: object, b: object = None, *, axis=None, keepdims=False) -> object:  #
     """``kp.min(x, axis=...)`` reduces; ``kp.min(a, b)`` is the elementwise minimum."""
     if b is None:
         return _reduce("min", a, axis, keepdims) if isinstance(a, Value) else a
+    _two_operands("min", axis, keepdims)
     return minimum(a, b)
 
 
@@ -85,6 +98,8 @@ def where(cond: object, a: object, b: object) -> object:
         return select(cond, a, b)  # type: ignore[arg-type]
     g = _graph_of(cond, a, b)
     vc = trace_value(g, cond)
+    if isinstance(cond, Expr):  # kp.where(x.shape[0] > 3, ...): a symbolic comparison is 0/1
+        vc = _binary("ne", vc, 0)
     if vc.dtype != bool_:
         raise TraceError(f"where: condition must be bool (got {_desc(vc)})")
     like = a.dtype if isinstance(a, Value) else b.dtype if isinstance(b, Value) else None
@@ -108,12 +123,59 @@ def imag(x: Value) -> Value:
     return _unary("imag", x)  # type: ignore[return-value]
 
 
-def arange(n: object, dtype: object = int64) -> Value:
-    """``0, 1, ..., n-1`` where ``n`` is a dim expression (``1 << x.shape[1]``) or an int."""
+def _is_dtype(v: object) -> bool:
+    if isinstance(v, (bool, int, Expr, Value)):
+        return False
+    try:
+        dsl_dtype(v)
+    except TypeError:
+        return False
+    return True
+
+
+def _dtype(op: str, v: object) -> DType:
+    try:
+        return dsl_dtype(v)
+    except TypeError as exc:
+        raise TraceError(f"{op}: {exc}") from None
+
+
+def arange(start: object, stop: object = None, step: object = None,
+           dtype: object = None) -> Value:
+    """NumPy's ``arange`` over sizes: ``kp.arange(n)`` is ``0, 1, ..., n-1`` for a dim
+    expression (``1 << x.shape[1]``), an int or an integer scalar; ``kp.arange(start, stop,
+    step)`` takes such bounds and a nonzero int step (empty where the range is). The second
+    argument may also be the dtype (``kp.arange(n, kp.f32)``), as before; ``kp.arange(0, n)``
+    used to read n as a dtype (a raw TypeError)."""
     graph = current_graph()
     if graph is None:
         raise TraceError("kp.arange is only available inside a @kp.fusion trace")
-    return iota((n,), 0, dtype)
+    if stop is not None and step is None and dtype is None and _is_dtype(stop):
+        stop, dtype = None, stop
+    dt = int64 if dtype is None else _dtype("kp.arange", dtype)
+    if stop is None and step is None:
+        n = dim_expr(start)
+        if n.is_const and n.value < 0:  # NumPy: an empty range
+            n = const(0)
+        return iota((n,), 0, dt)
+    if stop is None:
+        start, stop = 0, start
+    lo, hi = dim_expr(start), dim_expr(stop)
+    try:
+        if isinstance(step, bool):
+            raise TypeError
+        by = 1 if step is None else operator.index(step)
+    except TypeError:
+        raise TraceError(f"kp.arange: step must be a nonzero int (got {step!r:.40})") from None
+    if by == 0:
+        raise TraceError("kp.arange: step must be a nonzero int (got 0)")
+    if lo.is_const and lo.value == 0 and by == 1:
+        return iota((hi,), 0, dt)  # the same as kp.arange(stop)
+    count = emax(cdiv(hi - lo, by) if by > 0 else cdiv(lo - hi, -by), 0)
+    idx: Any = iota((count,), 0, int64)
+    if by != 1:
+        idx = idx * by
+    return (idx + lo).astype(dt)
 
 
 _EXPR_OPS = {"add": "__add__", "sub": "__sub__", "mul": "__mul__", "floordiv": "__floordiv__",
@@ -141,24 +203,38 @@ def dim_expr(v: object) -> Expr:
         raise TraceError(f"size computed by {node.op!r} cannot be expressed symbolically")
     if isinstance(v, bool):
         raise TraceError(f"a size must be an integer (got {v!r})")
+    if not isinstance(v, (int, str, Expr)) and hasattr(v, "__index__"):
+        v = operator.index(v)  # np.int64(4)
     try:
         return as_expr(v)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise TraceError(f"a size must be an int, a dim or an integer scalar (got {v!r})") from exc
+    except (TypeError, ValueError) as exc:  # ValueError: an int outside int64
+        raise TraceError(f"a size must be an int64, a dim or an integer scalar (got "
+                         f"{v!r:.60}): {exc}") from None
 
 
-def iota(shape: Sequence[object], axis: int = 0, dtype: object = int64) -> Value:
-    """A tensor of ``shape`` holding its index along ``axis``."""
+def iota(shape: Sequence[object] | object, axis: int = 0, dtype: object = int64) -> Value:
+    """A tensor of ``shape`` (a sequence of sizes, or one size for 1-D) holding its index
+    along ``axis`` (negative counts from the end, as NumPy's axes do)."""
     graph = current_graph()
     if graph is None:
         raise TraceError("kp.iota is only available inside a @kp.fusion trace")
-    dims = tuple(dim_expr(d) for d in shape)
-    if not 0 <= axis < len(dims):
-        raise TraceError(f"iota: axis {axis} out of range for shape {_fmt(dims)}")
-    dt = as_dtype(dtype)
+    items = shape if isinstance(shape, (tuple, list)) else (shape,)
+    dims = tuple(dim_expr(d) for d in items)
+    negative = [d for d in dims if d.is_const and d.value < 0]
+    if negative:
+        raise TraceError(f"iota: shape {_fmt(dims)} has a negative size")
+    try:
+        if isinstance(axis, bool):
+            raise TypeError
+        ax = operator.index(axis)
+    except TypeError:
+        raise TraceError(f"iota: axis must be an int (got {axis!r:.40})") from None
+    if not -len(dims) <= ax < len(dims):
+        raise TraceError(f"iota: axis {ax} out of range for shape {_fmt(dims)}")
+    dt = _dtype("iota", dtype)
     if dt.is_complex or dt.kind == "b":
         raise TraceError(f"iota: dtype must be integer or float (got {dt})")
-    return graph.add("iota", dt, dims, attrs=(axis,))
+    return graph.add("iota", dt, dims, attrs=(ax % len(dims),))
 
 
 def pad(x: Value, size: object, axis: int = -1) -> Value:
@@ -173,3 +249,37 @@ def pad(x: Value, size: object, axis: int = -1) -> Value:
         raise TraceError(f"pad: size {shape[ax]} is below the length {x.shape[ax]} of axis {ax} "
                          f"of {_desc(x)} (pad only adds zeros at the end)")
     return x.graph.add("pad", x.dtype, shape, (x.id,), attrs=(ax,))
+
+
+# NumPy ufuncs on traced tensors (np.exp(x), np.maximum(x, 0), np.float32(2) * x): the kp op of
+# the same meaning. ``np.exp(x)`` used to fail inside NumPy ("loop of ufunc does not support
+# argument 0 of type Value"), naming neither the op nor what to use instead.
+_UFUNC_BINARY = {"add": "add", "subtract": "sub", "multiply": "mul", "true_divide": "div",
+                 "divide": "div", "floor_divide": "floordiv", "remainder": "mod",
+                 "maximum": "max", "minimum": "min", "equal": "eq", "not_equal": "ne",
+                 "less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge",
+                 "bitwise_and": "and", "bitwise_or": "or", "bitwise_xor": "xor",
+                 "left_shift": "shl", "right_shift": "shr"}
+_UFUNC_UNARY = {"negative": "neg", "absolute": "abs", "invert": "invert", "exp": "exp",
+                "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt", "sin": "sin",
+                "cos": "cos", "tan": "tan", "tanh": "tanh", "floor": "floor", "ceil": "ceil"}
+
+
+def array_ufunc(ufunc: Any, method: str, inputs: tuple, kwargs: dict) -> object:
+    """``Value.__array_ufunc__``: a NumPy ufunc called on traced tensors, as the kp op."""
+    name = getattr(ufunc, "__name__", repr(ufunc))
+    if method == "__call__" and not kwargs:
+        if name in _UFUNC_BINARY and len(inputs) == 2:
+            return _binary(_UFUNC_BINARY[name], *inputs)
+        if name == "power" and len(inputs) == 2:
+            return pow(*inputs)
+        if name in _UFUNC_UNARY and len(inputs) == 1:
+            return _unary(_UFUNC_UNARY[name], inputs[0])
+        if name == "positive" and len(inputs) == 1:
+            return inputs[0]
+        if name == "square" and len(inputs) == 1:
+            return _binary("mul", inputs[0], inputs[0])
+    how = f"np.{name}" + ("" if method == "__call__" else f".{method}")
+    extra = f" with {sorted(kwargs)}" if kwargs else ""
+    raise TraceError(f"{how}{extra} is not supported on traced tensors; use the kp op "
+                     f"(kp.exp, kp.where, x.sum(axis=...), ...) or an operator")

@@ -6,7 +6,8 @@ user's fusion is checked against read in one short module. The functions take tr
 (anything with ``dtype``, ``shape``, ``weak``, ``node`` and ``graph``) and never construct
 one themselves except through ``graph.add``, so this module imports no tracing code.
 
-Typing rules (kept small on purpose): Python numbers are *weak* (they take the tensor's dtype);
+Typing rules (kept small on purpose): Python numbers are *weak* (they take the tensor's dtype),
+and so are integer sizes computed from dims alone (``x.shape[0]`` is a Python int in NumPy);
 a value of a higher kind (bool < int < float < complex) absorbs a lower one; two tensors of the
 same kind and different widths are a :class:`~kernelpack.errors.TraceError` (cast with
 ``.astype``) rather than a silent upcast.
@@ -15,19 +16,24 @@ same kind and different widths are a :class:`~kernelpack.errors.TraceError` (cas
 from __future__ import annotations
 
 import builtins
+import numbers
 import operator
 from typing import TYPE_CHECKING, Any
 
-from .dtypes import DType
+from .dtypes import (DType, as_dtype, bool_, complex64, complex128, float16, float32, float64,
+                     int64, uint64)
 from .errors import TraceError
 from .expr import Expr, const
+from .graph import COMPARE
 
 if TYPE_CHECKING:
+    from .graph import Graph
     from .tracing import Value
 else:
     Value = Any
 
-__all__ = ["broadcast_shapes"]
+__all__ = ["broadcast_shapes", "dsl_dtype", "math_dtype", "trace_value", "widen_for_comparison",
+           "index_axes"]
 
 _KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
 
@@ -63,6 +69,8 @@ def _promote(op: str, a: Value, b: Value) -> tuple[Value, Value, DType]:
     if da == db:
         return a, b, da
     ka, kb = _KIND_RANK[da.kind], _KIND_RANK[db.kind]
+    if ka == kb == 1 and _from_dims(a) != _from_dims(b):
+        return _weak_size(op, a, b)
     if ka != kb:
         hi = da if ka > kb else db
         lo = db if ka > kb else da
@@ -71,6 +79,141 @@ def _promote(op: str, a: Value, b: Value) -> tuple[Value, Value, DType]:
                              f".astype")
         return a, b, hi
     raise TraceError(f"{op}: dtype mismatch {_desc(a)} and {_desc(b)}; cast one with .astype")
+
+
+# integer ops that keep a size computed from dims a size (Expr arithmetic covers + - * // % <<
+# >>; these are the ones a dim reaches as a traced value: x.shape[0] & 1, m ** 9)
+_SIZE_OPS = frozenset({"add", "sub", "mul", "floordiv", "mod", "shl", "shr", "and", "or", "xor",
+                       "pow", "max", "min", "neg", "abs"})
+
+
+def _from_dims(v: Value) -> bool:
+    """Whether ``v`` is a 0-d int64 computed from dims and Python ints alone: a Python int in
+    NumPy (``x.shape[0]``, ``x.shape[1] & 1``), so as weak as an integer literal."""
+    g, stack, seen, dims = v.graph, [v.id], set(), False
+    while stack:
+        nid = stack.pop()
+        if nid in seen:
+            continue
+        seen.add(nid)
+        node = g.nodes[nid]
+        if node.shape or node.dtype != int64:
+            return False
+        if node.op == "dim":
+            dims = True
+        elif node.op == "const":
+            if not node.attrs[1]:
+                return False
+        elif node.op in _SIZE_OPS:
+            stack.extend(node.inputs)
+        else:
+            return False
+    return dims
+
+
+def _weak_size(op: str, a: Value, b: Value) -> tuple[Value, Value, DType]:
+    """An integer tensor beside a size from dims (one of ``a``, ``b``): NumPy types the size
+    like a Python int. Arithmetic takes the tensor's dtype (``i32 + x.shape[0]`` is int32;
+    it was a dtype-mismatch TraceError); a comparison is exact, as NumPy 2 compares with a
+    Python int: a narrow tensor widens to int64 (the size may not fit its dtype)."""
+    size_first = _from_dims(a)
+    t, w = (b, a) if size_first else (a, b)
+    if op in COMPARE and t.dtype != uint64:
+        t = t.graph.add("cast", int64, t.shape, (t.id,)) if t.dtype != int64 else t
+    else:
+        w = w.graph.add("cast", t.dtype, w.shape, (w.id,))
+    dt = t.dtype
+    return (w, t, dt) if size_first else (t, w, dt)
+
+
+def trace_value(graph: Graph, v: object, like: DType | None = None) -> Value:
+    """Turn a Python number, an Expr (a dim) or a Value into a traced Value."""
+    from .tracing import Value  # tracing builds on this module (imported on use)
+
+    if isinstance(v, Value):
+        if v.graph is not graph:
+            raise TraceError("a traced tensor from another fusion was used")
+        return v
+    if isinstance(v, Expr):
+        return graph.add("dim", int64, (), attrs=(v,))
+    if isinstance(v, bool):
+        return graph.add("const", bool_, (), attrs=(v, True))
+    if isinstance(v, int):
+        numeric = like is not None and like.kind in ("i", "u", "f", "c")
+        dt = like if numeric else int64
+        _check_int_fits(v, dt)
+        return graph.add("const", dt, (), attrs=(v, True))
+    if isinstance(v, float):
+        dt = like if like is not None and like.kind in ("f", "c") else float64
+        return graph.add("const", dt, (), attrs=(v, True))
+    if isinstance(v, builtins.complex):
+        # NumPy's weak complex scalar: complex64 beside float32/float16/complex64 tensors,
+        # complex128 otherwise (a float64 or integer tensor, or no tensor)
+        if like is not None and like.kind == "c":
+            dt = like
+        elif like is not None and like.kind == "f" and like.itemsize <= 4:
+            dt = complex64
+        else:
+            dt = complex128
+        return graph.add("const", dt, (), attrs=(v, True))
+    # NumPy scalars (np.float32(2), np.int32(3), np.True_) and other registered numbers act as
+    # the Python number of their kind; np.float64 is already a float and np.int64 has
+    # __index__; a 0-d array is its element
+    if not isinstance(v, (list, tuple)) and getattr(v, "ndim", 0) == 0:
+        kind = getattr(getattr(v, "dtype", None), "kind", None)
+        if kind == "b":
+            return trace_value(graph, bool(v), like)  # type: ignore[arg-type]
+        if kind in ("i", "u", "f", "c") and not isinstance(v, numbers.Number):
+            return trace_value(graph, v[()], like)  # type: ignore[index]
+        if isinstance(v, numbers.Integral) or hasattr(v, "__index__"):
+            try:
+                return trace_value(graph, operator.index(v), like)
+            except TypeError:
+                pass
+        elif isinstance(v, numbers.Real):
+            return trace_value(graph, float(v), like)
+        elif isinstance(v, numbers.Complex):
+            return trace_value(graph, builtins.complex(v), like)
+    raise TraceError(f"cannot use {v!r} ({type(v).__name__}) in a fusion: expected a traced "
+                     f"tensor, a number or a dim")
+
+
+def widen_for_comparison(t: object, lit: object) -> object:
+    """NumPy 2 compares an integer tensor with a Python int outside its dtype exactly
+    (``int32 == 3_000_000_000`` is all False) where arithmetic would raise: widen the tensor
+    to int64 for such a literal (one that fits int64) instead of a trace error."""
+    dt = getattr(t, "dtype", None)
+    if (isinstance(dt, DType) and dt.kind in "iu" and dt.itemsize < 8
+            and isinstance(lit, int) and not isinstance(lit, bool)):
+        try:
+            _check_int_fits(lit, dt)
+        except TraceError:
+            _check_int_fits(lit, int64)
+            return t.graph.add("cast", int64, t.shape, (t.id,))  # type: ignore[attr-defined]
+    return t
+
+
+_PY_TYPES: dict[type, DType] = {bool: bool_, int: int64, float: float64, complex: complex128}
+
+
+def dsl_dtype(value: object) -> DType:
+    """A dtype as NumPy's ``astype`` takes it: a kernelpack dtype or name, NumPy's scalar types
+    (``np.float32``, ``np.bool_``) and Python's ``bool int float complex`` (NumPy's bool,
+    int64, float64, complex128). ``x.astype(float)`` was a TraceError (not a dtype)."""
+    if isinstance(value, type):
+        if value in _PY_TYPES:
+            return _PY_TYPES[value]
+        name = getattr(value, "__name__", None)
+        if getattr(value, "__module__", None) == "numpy" and isinstance(name, str):
+            value = "bool" if name in ("bool_", "bool") else name
+    return as_dtype(value)
+
+
+def math_dtype(dt: DType) -> DType:
+    """The float dtype a math function (exp, sin, sqrt, ...) of a bool or integer tensor
+    computes in, as NumPy picks its loop: float16 for 1-byte types, float32 for 2-byte ones,
+    float64 otherwise (``np.exp(bool_array)`` is float16, ``np.sqrt(int16_array)`` float32)."""
+    return {1: float16, 2: float32}.get(dt.itemsize, float64)
 
 
 def _desc(v: Value) -> str:
@@ -120,3 +263,34 @@ def _axes(op: str, x: Value, axis: object) -> tuple[int, ...]:
     if len(set(out)) != len(out):
         raise TraceError(f"{op}: repeated axis in {axis!r}")
     return tuple(sorted(out))
+
+
+def index_axes(key: object, x: Value) -> tuple[int | None, ...]:
+    """The axes of ``x[key]`` for the one form of indexing fusions have, axis insertion
+    (``x[:, None]``, ``x[None]``, ``x[..., None]``): for each output axis, the input axis it
+    reads, or None for a new unit axis."""
+    items = key if isinstance(key, tuple) else (key,)
+    if sum(1 for k in items if k is Ellipsis) > 1:
+        raise TraceError(f"index {key!r}: at most one '...'")
+    explicit = sum(1 for k in items if k is not None and k is not Ellipsis)
+    for k in items:
+        if not (k is None or k is Ellipsis or (isinstance(k, slice) and k == slice(None))):
+            raise TraceError(f"index {key!r} on {x!r}: only ':', '...' and None "
+                             f"(new axis) are supported")
+    if explicit > x.ndim:
+        raise TraceError(f"index {key!r} has {explicit} axes, tensor has {x.ndim}")
+    if Ellipsis not in items:
+        items = items + (Ellipsis,)
+    mapping: list[int | None] = []
+    src = 0
+    for k in items:
+        if k is None:
+            mapping.append(None)
+        elif k is Ellipsis:
+            for _ in range(x.ndim - explicit):
+                mapping.append(src)
+                src += 1
+        else:
+            mapping.append(src)
+            src += 1
+    return tuple(mapping)

@@ -6,46 +6,24 @@ share — turning numbers and dims into values, dtype promotion, symbolic broadc
 unary/binary/reduction/view builders — apart from the public op functions
 (:mod:`kernelpack.ops`) and the decorator (:mod:`kernelpack.fusion`), so the rules live in one
 place. Pure Python with no heavy imports: ``import kernelpack`` stays light. The typing rules
-themselves (promotion, weak constants, broadcasting, reduction axes) are in
-:mod:`kernelpack.promotion`.
+themselves (promotion, weak constants and sizes, numbers into values, dtypes as NumPy names
+them, broadcasting, reduction axes, indexing) are in :mod:`kernelpack.promotion`; NumPy ufuncs
+on traced values map to kp ops in :mod:`kernelpack.ops`.
 """
 
 from __future__ import annotations
 
 import builtins
-import numbers
-import operator
-from contextlib import contextmanager
-from typing import Iterator
 
-from .dtypes import DType, as_dtype, bool_, complex64, complex128, float32, float64, int64, uint64
+from .dtypes import DType, bool_, complex64, complex128, float32, float64, int64, uint64
 from .errors import TraceError
 from .expr import Expr, const, select
-from .graph import BITWISE, COMPARE, Graph, Node
-from .promotion import _axes, _check_int_fits, _desc, _fmt, _promote, broadcast_shapes
+from .graph import BITWISE, COMPARE, Graph, Node, active_graph, current_graph
+from .promotion import (_axes, _desc, _fmt, _promote, broadcast_shapes, dsl_dtype, index_axes,
+                        math_dtype, trace_value, widen_for_comparison)
 
 __all__ = ["Value", "trace_value", "broadcast_shapes", "astype", "pow", "active_graph",
            "current_graph"]
-
-# The graphs being traced, innermost last: ops that create a tensor from nothing but dims
-# (kp.arange, kp.iota) need to know which graph to add to.
-_CURRENT: list[Graph] = []
-
-
-@contextmanager
-def active_graph(graph: Graph) -> Iterator[Graph]:
-    """Make ``graph`` the one that dim-only ops (``kp.arange``, ``kp.iota``) add to."""
-    _CURRENT.append(graph)
-    try:
-        yield graph
-    finally:
-        _CURRENT.pop()
-
-
-def current_graph() -> Graph | None:
-    """The innermost graph being traced, or ``None`` outside any ``@kp.fusion`` trace."""
-    return _CURRENT[-1] if _CURRENT else None
-
 
 # ---- traced values ----------------------------------------------------------------------------
 class _NoAttribute(TraceError, AttributeError):
@@ -104,6 +82,14 @@ class Value:
         return len(self.node.shape)
 
     @property
+    def size(self) -> Expr:
+        """The element count, like NumPy's ``size``: the product of the dims."""
+        total: Expr = const(1)
+        for d in self.node.shape:
+            total = total * d
+        return total
+
+    @property
     def weak(self) -> bool:
         return self.node.op == "const" and bool(self.node.attrs[1])
 
@@ -117,7 +103,7 @@ class Value:
     def __getattr__(self, name: str) -> object:
         # only reached for names Value lacks: NumPy methods such as x.reshape or x.T
         raise _NoAttribute(f"traced tensors have no attribute {name!r} (supported: astype, "
-                           f"real, imag, sum, prod, max, min, mean, shape, dtype, ndim, "
+                           f"real, imag, sum, prod, max, min, mean, shape, size, dtype, ndim, "
                            f"indexing with None)")
 
     def __len__(self) -> int:
@@ -181,39 +167,51 @@ class Value:
     def imag(self) -> "Value":
         return _unary("imag", self)  # type: ignore[return-value]
 
-    def sum(self, axis=None, keepdims=False): return _reduce("sum", self, axis, keepdims)
-    def prod(self, axis=None, keepdims=False): return _reduce("prod", self, axis, keepdims)
-    def max(self, axis=None, keepdims=False): return _reduce("max", self, axis, keepdims)
-    def min(self, axis=None, keepdims=False): return _reduce("min", self, axis, keepdims)
-    def mean(self, axis=None, keepdims=False): return _reduce("mean", self, axis, keepdims)
+    # NumPy's signatures: x.sum(0, np.float64) passes a dtype, x.max(0, None, True) keepdims
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False):
+        return reduce_api("sum", self, axis, dtype, out, keepdims)
+
+    def prod(self, axis=None, dtype=None, out=None, keepdims=False):
+        return reduce_api("prod", self, axis, dtype, out, keepdims)
+
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False):
+        return reduce_api("mean", self, axis, dtype, out, keepdims)
+
+    def max(self, axis=None, out=None, keepdims=False):
+        return reduce_api("max", self, axis, None, out, keepdims)
+
+    def min(self, axis=None, out=None, keepdims=False):
+        return reduce_api("min", self, axis, None, out, keepdims)
+
+    # NumPy functions (np.exp(x), np.maximum(x, 0)) on traced tensors: kernelpack.ops
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        from .ops import array_ufunc
+
+        return array_ufunc(ufunc, method, inputs, kwargs)
+
+    def __matmul__(self, o): raise _unsupported("@ (matrix product)", self, o)
+    def __rmatmul__(self, o): raise _unsupported("@ (matrix product)", o, self)
+    def __divmod__(self, o): return _binary("floordiv", self, o), _binary("mod", self, o)
+    def __rdivmod__(self, o): return _binary("floordiv", o, self), _binary("mod", o, self)
+
+    def __round__(self, ndigits=None):
+        raise _unsupported("round()", self)
+
+    def __iter__(self):
+        raise _unsupported("iteration", self)
+
+    def __contains__(self, item):
+        raise _unsupported("'in'", self)
 
     def __getitem__(self, key: object) -> "Value":
         """Only axis insertion: ``x[:, None]``, ``x[None]``, ``x[..., None]``."""
-        items = key if isinstance(key, tuple) else (key,)
-        if sum(1 for k in items if k is Ellipsis) > 1:
-            raise TraceError(f"index {key!r}: at most one '...'")
-        explicit = sum(1 for k in items if k is not None and k is not Ellipsis)
-        for k in items:
-            if not (k is None or k is Ellipsis or (isinstance(k, slice) and k == slice(None))):
-                raise TraceError(f"index {key!r} on {self!r}: only ':', '...' and None "
-                                 f"(new axis) are supported")
-        if explicit > self.ndim:
-            raise TraceError(f"index {key!r} has {explicit} axes, tensor has {self.ndim}")
-        if Ellipsis not in items:
-            items = items + (Ellipsis,)
-        mapping: list[int | None] = []  # output axis -> input axis (None: new unit axis)
-        src = 0
-        for k in items:
-            if k is None:
-                mapping.append(None)
-            elif k is Ellipsis:
-                for _ in range(self.ndim - explicit):
-                    mapping.append(src)
-                    src += 1
-            else:
-                mapping.append(src)
-                src += 1
-        return _view(self, tuple(mapping))
+        return _view(self, index_axes(key, self))
+
+
+def _unsupported(what: str, *operands: object) -> TraceError:
+    got = ", ".join(_desc(v) if isinstance(v, Value) else type(v).__name__ for v in operands)
+    return TraceError(f"{what} is not supported on traced tensors (got {got}); fusions hold "
+                      f"elementwise math, broadcasting and reductions")
 
 
 def _graph_of(*values: object) -> Graph:
@@ -223,68 +221,10 @@ def _graph_of(*values: object) -> Graph:
     raise TraceError("kp operations need at least one traced tensor (call them inside @kp.fusion)")
 
 
-def trace_value(graph: Graph, v: object, like: DType | None = None) -> Value:
-    """Turn a Python number, an Expr (a dim) or a Value into a traced Value."""
-    if isinstance(v, Value):
-        if v.graph is not graph:
-            raise TraceError("a traced tensor from another fusion was used")
-        return v
-    if isinstance(v, Expr):
-        return graph.add("dim", int64, (), attrs=(v,))
-    if isinstance(v, bool):
-        return graph.add("const", bool_, (), attrs=(v, True))
-    if isinstance(v, int):
-        numeric = like is not None and like.kind in ("i", "u", "f", "c")
-        dt = like if numeric else int64
-        _check_int_fits(v, dt)
-        return graph.add("const", dt, (), attrs=(v, True))
-    if isinstance(v, float):
-        dt = like if like is not None and like.kind in ("f", "c") else float64
-        return graph.add("const", dt, (), attrs=(v, True))
-    if isinstance(v, builtins.complex):
-        # NumPy's weak complex scalar: complex64 beside float32/float16/complex64 tensors,
-        # complex128 otherwise (a float64 or integer tensor, or no tensor)
-        if like is not None and like.kind == "c":
-            dt = like
-        elif like is not None and like.kind == "f" and like.itemsize <= 4:
-            dt = complex64
-        else:
-            dt = complex128
-        return graph.add("const", dt, (), attrs=(v, True))
-    # NumPy scalars (np.float32(2), np.int32(3)) and other registered numbers act as the
-    # Python number of their kind; np.float64 is already a float and np.int64 has __index__
-    if not isinstance(v, (list, tuple)) and getattr(v, "ndim", 0) == 0:
-        if isinstance(v, numbers.Integral) or hasattr(v, "__index__"):
-            try:
-                return trace_value(graph, operator.index(v), like)
-            except TypeError:
-                pass
-        elif isinstance(v, numbers.Real):
-            return trace_value(graph, float(v), like)
-        elif isinstance(v, numbers.Complex):
-            return trace_value(graph, builtins.complex(v), like)
-    raise TraceError(f"cannot use {v!r} ({type(v).__name__}) in a fusion: expected a traced "
-                     f"tensor, a number or a dim")
-
-
-def _widen_for_comparison(t: object, lit: object) -> object:
-    """NumPy 2 compares an integer tensor with a Python int outside its dtype exactly
-    (``int32 == 3_000_000_000`` is all False) where arithmetic would raise: widen the tensor
-    to int64 for such a literal (one that fits int64) instead of a trace error."""
-    if (isinstance(t, Value) and t.dtype.kind in "iu" and t.dtype.itemsize < 8
-            and isinstance(lit, int) and not isinstance(lit, bool)):
-        try:
-            _check_int_fits(lit, t.dtype)
-        except TraceError:
-            _check_int_fits(lit, int64)
-            return astype(t, int64)
-    return t
-
-
 def _binary(op: str, a: object, b: object) -> Value:
     g = _graph_of(a, b)
     if op in COMPARE:
-        a, b = _widen_for_comparison(a, b), _widen_for_comparison(b, a)
+        a, b = widen_for_comparison(a, b), widen_for_comparison(b, a)
     like = b.dtype if isinstance(b, Value) else a.dtype if isinstance(a, Value) else None
     va = trace_value(g, a, like if not isinstance(a, Value) else None)
     vb = trace_value(g, b, va.dtype if not isinstance(b, Value) else None)
@@ -337,12 +277,15 @@ def _unary(op: str, x: object) -> Value | Expr | int:
         return x.graph.add(op, dt, x.shape, (x.id,))
     if op in ("neg", "abs"):
         if dt.kind == "b":
+            if op == "abs":
+                return x  # NumPy: the absolute value of a bool is itself
             raise TraceError(f"{op}: not defined for bool tensors (got {_desc(x)})")
         return x.graph.add(op, dt.real if op == "abs" else dt, x.shape, (x.id,))
     if op in ("floor", "ceil") and dt.kind in "iub":
         return x  # integral already: NumPy 2 keeps the dtype (no float64 round trip)
     if dt.kind in "iub":
-        x, dt = astype(x, float64), float64
+        dt = math_dtype(dt)
+        x = astype(x, dt)
     if dt.is_complex and op != "exp":  # the lowering has complex neg, abs, real, imag, exp
         raise TraceError(f"{op}: complex arguments are not supported (got {_desc(x)})")
     return x.graph.add(op, dt, x.shape, (x.id,))
@@ -383,10 +326,30 @@ def _reduce(kind: str, x: Value, axis: object, keepdims: bool) -> Value:
     return _view(red, tuple(i for i in range(x.ndim) if i not in axes))
 
 
+def reduce_api(kind: str, x: Value, axis: object, dtype: object, out: object,
+               keepdims: object) -> Value:
+    """A reduction as NumPy's method takes it. ``dtype=`` reduces in that dtype and returns
+    it (``x.sum(-1, np.float64)``: the float64 sum of a float32 tensor); ``out=`` cannot be
+    honoured (a fusion's outputs are what it returns). ``keepdims`` must be a bool: a dtype
+    passed where NumPy expects it (``x.sum(0, kp.f64)``) used to land in keepdims and keep
+    the axis silently."""
+    if out is not None:
+        raise TraceError(f"{kind}: out= is not supported in a fusion (return the result; got "
+                         f"out={out!r:.60})")
+    flag = getattr(getattr(keepdims, "dtype", None), "kind", None) == "b" or (
+        isinstance(keepdims, int) and keepdims in (0, 1))  # bool, np.bool_, 0/1
+    if not flag:
+        raise TraceError(f"{kind}: keepdims must be True or False (got {keepdims!r:.60})")
+    if dtype is None or not isinstance(x, Value):
+        return _reduce(kind, x, axis, bool(keepdims))
+    x = astype(x, dtype)
+    return astype(_reduce(kind, x, axis, bool(keepdims)), x.dtype)
+
+
 def astype(x: Value, dtype: object) -> Value:
     """Convert to ``dtype`` (NumPy ``astype`` semantics; complex → real keeps the real part)."""
     try:
-        dt = as_dtype(dtype)
+        dt = dsl_dtype(dtype)
     except TypeError as exc:
         raise TraceError(f"astype of {_desc(x)}: {exc}") from None
     if x.dtype == dt:
@@ -397,7 +360,17 @@ def astype(x: Value, dtype: object) -> Value:
 def pow(x: object, y: object) -> Value:  # noqa: A001
     """``x ** y``; a small integer exponent becomes multiplications (exact and fast), a small
     negative one on a complex base their reciprocal (NumPy's result; complex pow is otherwise
-    not lowered). An integer base with a negative literal exponent is an error, as in NumPy."""
+    not lowered). An integer base with a negative literal exponent is an error, as in NumPy.
+    A float base takes NumPy's exact forms: ``** 0.5`` is ``sqrt``, ``** -1`` ``1 / x`` (powf
+    is up to 2 ulp off), ``** 2.0`` a square."""
+    if isinstance(x, Value) and x.dtype.kind == "f" and isinstance(y, (int, float)) \
+            and not isinstance(y, bool):
+        if y == 0.5:
+            return _unary("sqrt", x)  # type: ignore[return-value]
+        if y == -1:
+            return _binary("div", 1, x)
+        if isinstance(y, float) and y in (0.0, 1.0, 2.0):
+            y = int(y)
     if isinstance(x, Value) and isinstance(y, int) and not isinstance(y, bool):
         if x.dtype.kind in "iu" and y < 0:
             raise TraceError(f"pow: integers to negative integer powers are not allowed "

@@ -18,15 +18,19 @@ from llvmlite import ir
 from ..dtypes import DType, float64, int64
 from ..errors import CompileError
 from ..expr import Expr
-from ..graph import COMPARE, Graph, Node
+from ..graph import BINARY, COMPARE, UNARY, Graph, Node
 from .bounds import int_max, shift_count_syms
-from .irutil import I64, Loops, Val, call_function, component, const_of, convert, storage_type, \
-    to_compute
+from .irutil import I64, Loops, Val, call_function, component, const_of, convert, int_expr_op, \
+    storage_type, to_compute
 from .memory import Memory
 
 __all__ = ["Ctx", "Emitter", "NotRowSchedulable", "acc_dtype", "ZERO"]
 
 ZERO = ir.Constant(I64, 0)
+# ops whose inputs are computed at the same index (child_ctx): the bottom-up pass of deep
+# chains (Emitter._inputs_first) walks these; past _DEEP nested value() calls it takes over
+_ELEMENTWISE = frozenset(UNARY) | frozenset(BINARY) | {"cast", "where"}
+_DEEP = 48
 _LIBM = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
          "floor", "ceil"}
 
@@ -99,6 +103,7 @@ class Emitter(Memory):
         self.aligned: dict[tuple, ir.Value] = {}  # (buffer, size) -> i1 alignment check
         self.shift_syms = shift_count_syms(graph)  # dims known to be in 0..63
         self.splits: dict[int, tuple[ir.Value, ir.Value, int]] = {}  # see split_index
+        self.depth = 0  # nested value() calls (see _inputs_first)
         for n, (a, d) in self.buffers.items():
             a.add_attribute("noalias")
 
@@ -129,7 +134,7 @@ class Emitter(Memory):
             out = self.dims[e.value]  # type: ignore[index]
         else:
             a = [self.expr(x) for x in e.args]
-            out = _int_op(b, e.op, a)
+            out = int_expr_op(b, e.op, a)
         self.exprs[e] = out
         return out
 
@@ -186,14 +191,56 @@ class Emitter(Memory):
         self.scopes[-1][self._key(nid, ctx)] = v
         self.scopes[-1][("keep", nid, id(ctx))] = ctx  # keeps the ids in the key alive
 
+    def _cached(self, key: tuple) -> bool:
+        return any(key in scope for scope in self.scopes)
+
     def value(self, nid: int, ctx: Ctx) -> Val:
         key = self._key(nid, ctx)
         for scope in reversed(self.scopes):
             if key in scope:
                 return scope[key]
-        out = self._compute(self.graph.nodes[nid], ctx)
+        node = self.graph.nodes[nid]
+        if self.depth >= _DEEP and node.op in _ELEMENTWISE:
+            self._inputs_first(node, ctx)
+        self.depth += 1
+        try:
+            out = self._compute(node, ctx)
+        finally:
+            self.depth -= 1
         self.scopes[-1][key] = out
         return out
+
+    def _inputs_first(self, root: Node, ctx: Ctx) -> None:
+        """Compute the elementwise subgraph below ``root`` bottom-up, in the order the recursion
+        of :meth:`value` would (each input's subgraph in full, inputs in order), so that
+        computing ``root`` then finds its inputs cached. Without it a chain of ~250 dependent
+        operations (a long polynomial) exhausted Python's recursion limit: four frames per
+        node. Only reached past :data:`_DEEP` nested calls, so ordinary fusions emit the same
+        IR as before; other nodes (views, pads, reductions, loads) are computed where they
+        occur and recurse on their own."""
+        order: list[tuple[int, Ctx]] = []
+        expanded: set[tuple] = set()
+        emitted: set[tuple] = set()
+        stack: list[tuple[Node, Ctx, bool]] = [(root, ctx, False)]
+        while stack:
+            node, c, done = stack.pop()
+            key = self._key(node.id, c)
+            if done:
+                if key not in emitted and node is not root:
+                    emitted.add(key)
+                    order.append((node.id, c))
+                continue
+            if key in expanded:
+                continue
+            expanded.add(key)
+            stack.append((node, c, True))
+            for i in reversed(node.inputs):
+                child = self.graph.nodes[i]
+                cc = self.child_ctx(c, child.shape)
+                if not self._cached(self._key(i, cc)):
+                    stack.append((child, cc, child.op not in _ELEMENTWISE))
+        for nid, c in order:
+            self.value(nid, c)
 
     def operand(self, nid: int, ctx: Ctx, dt: DType) -> Val:
         node = self.graph.nodes[nid]
@@ -354,37 +401,3 @@ def operand_dtype(op: str, da: DType, db: DType, out: DType) -> DType:
             return da
         return da if _RANK[da.kind] >= _RANK[db.kind] else db
     return out
-
-
-def _int_op(b: ir.IRBuilder, op: str, a: list[ir.Value]) -> ir.Value:
-    """An Expr operator on i64 values (the evaluator's semantics for valid inputs)."""
-    one = ir.Constant(I64, 1)
-    if op == "add": return b.add(a[0], a[1])
-    if op == "sub": return b.sub(a[0], a[1])
-    if op == "mul": return b.mul(a[0], a[1])
-    if op == "neg": return b.sub(ZERO, a[0])
-    if op == "floordiv":
-        q, r = b.sdiv(a[0], a[1]), b.srem(a[0], a[1])
-        fix = b.and_(b.icmp_signed("!=", r, ZERO),
-                     b.icmp_signed("<", b.xor(r, a[1]), ZERO))
-        return b.sub(q, b.zext(fix, I64))
-    if op == "ceildiv":
-        return b.sub(ZERO, _int_op(b, "floordiv", [b.sub(ZERO, a[0]), a[1]]))
-    if op == "mod":
-        r = b.srem(a[0], a[1])
-        fix = b.and_(b.icmp_signed("!=", r, ZERO), b.icmp_signed("<", b.xor(r, a[1]), ZERO))
-        return b.select(fix, b.add(r, a[1]), r)
-    if op == "min": return b.select(b.icmp_signed("<=", a[0], a[1]), a[0], a[1])
-    if op == "max": return b.select(b.icmp_signed(">=", a[0], a[1]), a[0], a[1])
-    if op == "shl": return b.shl(a[0], a[1])
-    if op == "shr": return b.ashr(a[0], a[1])
-    if op in ("eq", "ne", "lt", "le", "gt", "ge"):
-        sign = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[op]
-        return b.zext(b.icmp_signed(sign, a[0], a[1]), I64)
-    if op == "and":
-        return b.zext(b.and_(b.icmp_signed("!=", a[0], ZERO), b.icmp_signed("!=", a[1], ZERO)), I64)
-    if op == "or":
-        return b.zext(b.or_(b.icmp_signed("!=", a[0], ZERO), b.icmp_signed("!=", a[1], ZERO)), I64)
-    if op == "not": return b.zext(b.icmp_signed("==", a[0], ZERO), I64)
-    if op == "select": return b.select(b.icmp_signed("!=", a[0], ZERO), a[1], a[2])
-    raise CompileError(f"unsupported dim expression operator {op!r}")

@@ -15,9 +15,11 @@ from typing import Iterator, Union
 from llvmlite import ir
 
 from ..dtypes import DType
+from ..errors import CompileError
 
 __all__ = ["I1", "I8", "I32", "I64", "F32", "F64", "Val", "compute_type", "storage_type",
-           "component", "const_of", "convert", "to_compute", "to_storage", "Loops", "sreg"]
+           "component", "const_of", "convert", "to_compute", "to_storage", "Loops", "sreg",
+           "int_expr_op"]
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 I16, F16, F32, F64 = ir.IntType(16), ir.HalfType(), ir.FloatType(), ir.DoubleType()
@@ -246,3 +248,40 @@ class Loops:
         """A one-armed branch."""
         with self.b.if_then(cond):
             yield
+
+
+_ZERO64 = ir.Constant(I64, 0)
+
+
+def int_expr_op(b: ir.IRBuilder, op: str, a: list[ir.Value]) -> ir.Value:
+    """An Expr operator on i64 values (the evaluator's semantics for valid inputs): the dims
+    and sizes a kernel computes from its i64 dim parameters."""
+    if op == "add": return b.add(a[0], a[1])
+    if op == "sub": return b.sub(a[0], a[1])
+    if op == "mul": return b.mul(a[0], a[1])
+    if op == "neg": return b.sub(_ZERO64, a[0])
+    if op == "floordiv":
+        q, r = b.sdiv(a[0], a[1]), b.srem(a[0], a[1])
+        fix = b.and_(b.icmp_signed("!=", r, _ZERO64),
+                     b.icmp_signed("<", b.xor(r, a[1]), _ZERO64))
+        return b.sub(q, b.zext(fix, I64))
+    if op == "ceildiv":
+        return b.sub(_ZERO64, int_expr_op(b, "floordiv", [b.sub(_ZERO64, a[0]), a[1]]))
+    if op == "mod":
+        r = b.srem(a[0], a[1])
+        fix = b.and_(b.icmp_signed("!=", r, _ZERO64),
+                     b.icmp_signed("<", b.xor(r, a[1]), _ZERO64))
+        return b.select(fix, b.add(r, a[1]), r)
+    if op == "min": return b.select(b.icmp_signed("<=", a[0], a[1]), a[0], a[1])
+    if op == "max": return b.select(b.icmp_signed(">=", a[0], a[1]), a[0], a[1])
+    if op == "shl": return b.shl(a[0], a[1])
+    if op == "shr": return b.ashr(a[0], a[1])
+    if op in ("eq", "ne", "lt", "le", "gt", "ge"):
+        sign = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[op]
+        return b.zext(b.icmp_signed(sign, a[0], a[1]), I64)
+    if op in ("and", "or"):
+        both = (b.icmp_signed("!=", a[0], _ZERO64), b.icmp_signed("!=", a[1], _ZERO64))
+        return b.zext(b.and_(*both) if op == "and" else b.or_(*both), I64)
+    if op == "not": return b.zext(b.icmp_signed("==", a[0], _ZERO64), I64)
+    if op == "select": return b.select(b.icmp_signed("!=", a[0], _ZERO64), a[1], a[2])
+    raise CompileError(f"unsupported dim expression operator {op!r}")

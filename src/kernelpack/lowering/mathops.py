@@ -58,7 +58,7 @@ def unary(em: "Emitter", op: str, x: Val, dt: DType, out: DType) -> Val:
         if op == "imag":
             return x[1]
         if op == "abs":
-            return libm(em, "hypot", dt.real, x[0], x[1])
+            return _hypot(em, dt, x[0], x[1])
         if op == "exp":  # e^re · (cos im + i sin im), both from one sincos
             s, c = sincos(em, dt.real, x[1])
             if isinstance(x[0], ir.Constant) and x[0].constant == 0.0:
@@ -91,10 +91,33 @@ def unary(em: "Emitter", op: str, x: Val, dt: DType, out: DType) -> Val:
     if op in ("sin", "cos"):
         s, c = sincos(em, dt, x)
         return s if op == "sin" else c
+    if op == "sqrt" and isinstance(x.type, ir.FloatType):
+        # IEEE (sqrt.rn.f32), as NumPy and nvcc's default -prec-sqrt: libdevice's __nv_sqrtf
+        # asks __nvvm_reflect("__CUDA_PREC_SQRT"), which LLVM folds to 0, and so emitted
+        # sqrt.approx.f32 (1 ulp off for about a third of inputs, e.g. sqrt(5))
+        return call_function(b, "llvm.sqrt.f32", x.type, [x])
     if op in ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tan", "tanh", "erf",
               "floor", "ceil"):
         return libm(em, op, dt, x)
     raise CompileError(f"unsupported unary operator {op!r} for {dt}")
+
+
+def _hypot(em: "Emitter", dt: DType, re: ir.Value, im: ir.Value) -> ir.Value:
+    """``|re + i·im|``. complex64 in float64 (exact squares, no overflow, one IEEE square
+    root, then rounded to float32): libdevice's ``__nv_hypotf`` takes ``sqrt.approx.f32``
+    (its ``__CUDA_PREC_SQRT`` reflects to 0, as for ``kp.sqrt``). An infinite part gives
+    inf, even beside a NaN (C's and NumPy's hypot)."""
+    if dt.real.itemsize == 8:
+        return libm(em, "hypot", dt.real, re, im)
+    b = em.b
+    f64 = ir.DoubleType()
+    a, c = b.fpext(re, f64), b.fpext(im, f64)
+    root = call_function(b, "llvm.sqrt.f64", f64, [b.fma(a, a, b.fmul(c, c))])
+    inf = ir.Constant(f64, float("inf"))
+    absa = call_function(b, "llvm.fabs.f64", f64, [a])
+    absc = call_function(b, "llvm.fabs.f64", f64, [c])
+    either = b.or_(b.fcmp_ordered("==", absa, inf), b.fcmp_ordered("==", absc, inf))
+    return b.fptrunc(b.select(either, inf, root), re.type)
 
 
 def binary(em: "Emitter", op: str, x: Val, y: Val, dt: DType,

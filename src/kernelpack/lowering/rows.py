@@ -68,9 +68,13 @@ def row(em: Emitter, spec: KernelSpec) -> None:
     elif spec.group == "warp":
         gid = b.add(b.mul(bid, c(WARP_ROWS)), b.lshr(tid, c(5)))
         lane, gstride, size = b.and_(tid, c(31)), b.mul(nb, c(WARP_ROWS)), 32
+    elif spec.spread:  # every block: the one row's reductions, then its slice of the outputs
+        gid, lane, gstride, size = ZERO, tid, c(1), spec.block
     else:
         gid, lane, gstride, size = bid, tid, nb, spec.block
     group = _Group(em, spec, tid, lane, size)
+    if spec.spread:
+        group.out_first, group.out_step = b.add(b.mul(bid, c(size)), tid), b.mul(nb, c(size))
     _launch_bounds(em, spec)
 
     def rows(body) -> None:  # type: ignore[no-untyped-def]
@@ -129,6 +133,10 @@ class _Group(RegisterRows):
         self.g = em.graph
         self.levels = levels(self.g, spec.reduces)
         self.overrides = {r: (ws, count) for r, ws, count in spec.partials}
+        # where this thread's outputs start and its stride (None: lane, group size); a
+        # spread kernel's threads share the outputs across blocks (KernelSpec.spread)
+        self.out_first: ir.Value | None = None
+        self.out_step: ir.Value | None = None
 
     def _acc(self, kind: str, dt: DType) -> DType:
         """The accumulator dtype. A thread owns a row only for rows of at most
@@ -220,7 +228,8 @@ class _Group(RegisterRows):
             shape = self.g.nodes[nid].shape
             inner = shape[len(self.spec.shape):]
             length = em.numel(inner)
-            with em.loops.range(self.lane, length, step, "o") as j:
+            first = self.lane if self.out_first is None else self.out_first
+            with em.loops.range(first, length, self.out_step or step, "o") as j:
                 em.push()
                 lin = b.add(b.mul(r, length), j)
                 ctx = Ctx(shape, outer + em.unravel(j, inner), lin)

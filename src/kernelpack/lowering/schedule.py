@@ -15,22 +15,25 @@ layernorm) are held in registers — a warp per row up to 256 elements (float32)
 64..512 threads per row up to 8192 (:data:`REG_GROUPS`) — and longer rows loop. Full
 reductions (outer dims empty) run in two launches: a
 *partial* kernel writes one partial result per 16384 elements into a global workspace of
-``cdiv(n, 16384)`` entries, then one block combines them. Anything else falls back to the
-general schedule: one thread per output element, looping over the reduced indices.
+``cdiv(n, 16384)`` entries, then one block combines them (outputs as long as the input,
+``x / x.sum()``, take a grid of such blocks, each combining the partials and writing a
+slice). Anything else falls back to the general schedule: one thread per output element,
+looping over the reduced indices.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from ..expr import Expr, cdiv, const, emax, emin, ge, land, le
 from ..graph import Graph
 from ..summary import Scratch
+from .traits import heavy as _heavy, per_row, row_transcendental as _row_transcendental
 
 __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "reduces_of", "row_outer",
            "vector_width", "BLOCK", "UNROLL", "ROW_BLOCK", "WARP_ROWS", "CHUNK", "GRID_CAP",
-           "THREAD_ROW_MAX", "WARP_ROW_MAX", "WARP_KEEP_MAX", "REG_GROUPS", "REG_GROUPS_WIDE",
+           "THREAD_ROW_MAX", "WARP_ROW_MAX", "SPREAD", "WARP_KEEP_MAX", "REG_GROUPS",
+           "REG_GROUPS_WIDE",
            "REG_GROUPS_LIGHT", "REG_GROUPS_LIGHT_WIDE", "MIN_THREADS_PER_SM", "TILE_CHUNKS", "TILE_WARP_MAX",
            "TILE_BLOCK", "ONE_ROW_MIN_THREADS", "acc_width", "per_row"]
 
@@ -40,6 +43,9 @@ WARP_ROWS = BLOCK // 32
 CHUNK = 16384          # elements per partial of a full reduction (64 per thread)
 UNROLL = 4             # independent accumulators per thread in a partial
 GRID_CAP = 65535       # grid-stride loops cover the rest; keeps grids launchable everywhere
+# a full reduction's outputs the size of its input (x / x.sum()): a block per this many
+# outputs, at most this many blocks (each combines all cdiv(n, CHUNK) partials itself)
+SPREAD = (4096, 1024)
 THREAD_ROW_MAX = 32    # reduce-only rows this short: one thread per row
 WARP_ROW_MAX = 4096    # reduce-only rows up to this: one warp per row
 WARP_KEEP_MAX = 2048   # rows that are also written back (softmax): warp up to this
@@ -116,6 +122,7 @@ class KernelSpec:
     tiled: bool = False             # row: `slots` chunks per thread per tile of a loop (tiles.py)
     min_threads: int = 0            # row with slots, or thread rows: resident threads per SM
     #                                 ptxas must allow (thread rows: 0 = no bound)
+    spread: bool = False            # a full reduction's last kernel over many blocks (SPREAD)
 
 
 @dataclass(frozen=True)
@@ -197,6 +204,8 @@ def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
     schedule (the codegen found their reductions read across rows)."""
     from .codegen import acc_dtype
 
+    # workspaces avoid parameter and output names (an output "f_0_ws0" was a TraceError)
+    taken = {p[0] for p in graph.params} | {name for name, _ in graph.outputs}
     groups: dict[tuple[Expr, ...], list[tuple[str, int]]] = {}
     for name, nid in graph.outputs:
         groups.setdefault(graph.nodes[nid].shape, []).append((name, nid))
@@ -238,13 +247,20 @@ def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
                     continue
                 count = cdiv(_prod(src.shape), CHUNK)
                 ws = f"{base}_ws{k}"
+                while ws in taken:
+                    ws += "_"
                 scratch.append(Scratch(ws, acc_dtype(node.attrs[0], node.dtype), (count,)))
                 partial_specs.append(KernelSpec(f"{base}_partial{k}", "partial", ((ws, r),),
                                                 src.shape, BLOCK, count, scratch=(ws,)))
                 overrides.append((r, ws, count))
-            final = KernelSpec(base + "_rowblock", "row", tuple(outs), (), ROW_BLOCK, const(1),
+            # outputs as long as the input (x / x.sum()) were all written by one block: with
+            # every reduction read from partials, each block of a grid combines them alike
+            # (a few loads) and writes its slice
+            spread = keeps_row and len(overrides) == len(reduces)
+            grid = emin(cdiv(_prod(shape), SPREAD[0]), SPREAD[1]) if spread else const(1)
+            final = KernelSpec(base + "_rowblock", "row", tuple(outs), (), ROW_BLOCK, grid,
                                group="block", reduces=tuple(reduces), partials=tuple(overrides),
-                               scratch=tuple(w for _, w, _ in overrides))
+                               scratch=tuple(w for _, w, _ in overrides), spread=spread)
             stages.append(Stage(names, (Choice((*partial_specs, final), tuple(scratch)),)))
             continue
         uniform = all(graph.nodes[graph.nodes[r].inputs[0]].shape == first.shape
@@ -318,51 +334,6 @@ def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
                 break
         stages.append(Stage(names, tuple(alts)))
     return stages
-
-
-_HEAVY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh",
-                    "erf", "sigmoid", "div", "pow", "floordiv", "mod"})
-
-
-def per_row(graph: Graph, reduces: Iterable[int]) -> Callable[[int], bool]:
-    """A test of whether a node has one value per row of a kernel whose reductions are
-    ``reduces``: it is built from them, scalars, dims and constants only (memoized)."""
-    reduced = set(reduces)
-    memo: dict[int, bool] = {}
-
-    def uniform(nid: int) -> bool:
-        if nid not in memo:
-            node = graph.nodes[nid]
-            memo[nid] = nid in reduced or node.op in ("scalar", "const", "dim") or (
-                node.op not in ("input", "iota", "reduce", "pad") and bool(node.inputs)
-                and all(uniform(i) for i in node.inputs))
-        return memo[nid]
-
-    return uniform
-
-
-def _heavy(graph: Graph, roots: list[int], reduces: set[int]) -> bool:
-    """Whether the per-element work of a row kernel includes a transcendental or a division
-    (softmax's exp): such rows want more threads per row, not more elements per thread. Work
-    on per-row values (layernorm's rsqrt of the variance) does not count."""
-    uniform = per_row(graph, reduces)
-    starts = [*roots, *(graph.nodes[r].inputs[0] for r in reduces)]
-    return any(graph.nodes[n].op in _HEAVY and graph.nodes[n].dtype.kind in "fc"
-               for n in graph.reachable(starts, through=lambda n: not uniform(n)))
-
-
-_TRANSCENDENTAL = frozenset({"exp", "exp2", "log", "log2", "sin", "cos", "tan", "tanh", "erf",
-                             "sigmoid", "pow"})
-
-
-def _row_transcendental(graph: Graph, roots: list[int]) -> bool:
-    """Whether the work on a kernel's reduction results (after the row's reductions) includes a
-    transcendental: phase's sincos of the summed phase, not masked_mean's division. With one
-    row per thread that long dependent chain is what more resident threads hide; memory-bound
-    terms (masked_mean float64, rows of 8..32) were 3-8% slower with the bound instead."""
-    terms = graph.reachable(roots, through=lambda n: graph.nodes[n].op != "reduce")
-    return any(graph.nodes[n].op in _TRANSCENDENTAL and graph.nodes[n].dtype.kind in "fc"
-               for n in terms)
 
 
 def _depths(graph: Graph, reduces: list[int]) -> set[int]:

@@ -1,0 +1,72 @@
+"""What a row kernel's work looks like, for the schedule's choices: which values are one per row,
+and whether the per-element or per-row work has transcendentals or divisions.
+
+Pure Python over the graph (no LLVM): :mod:`.schedule` picks register-row tables, tiles and the
+one-row-per-thread variant from these; :mod:`.regrows` finds divisions by per-row values.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from ..graph import Graph
+
+__all__ = ["per_row", "heavy", "row_transcendental"]
+
+_HEAVY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh",
+                    "erf", "sigmoid", "div", "pow", "floordiv", "mod"})
+
+
+def per_row(graph: Graph, reduces: Iterable[int]) -> Callable[[int], bool]:
+    """A test of whether a node has one value per row of a kernel whose reductions are
+    ``reduces``: it is built from them, scalars, dims and constants only (memoized)."""
+    reduced = set(reduces)
+    memo: dict[int, bool] = {}
+
+    def uniform(nid: int) -> bool:
+        # iterative (a recursive walk exhausted Python's stack on a chain of ~1000 operations)
+        stack = [nid]
+        while stack:
+            top = stack[-1]
+            if top in memo:
+                stack.pop()
+                continue
+            node = graph.nodes[top]
+            if top in reduced or node.op in ("scalar", "const", "dim"):
+                memo[top] = True
+            elif node.op in ("input", "iota", "reduce", "pad") or not node.inputs:
+                memo[top] = False
+            else:
+                missing = [i for i in node.inputs if i not in memo]
+                if missing:
+                    stack.extend(missing)
+                    continue
+                memo[top] = all(memo[i] for i in node.inputs)
+            stack.pop()
+        return memo[nid]
+
+    return uniform
+
+
+def heavy(graph: Graph, roots: list[int], reduces: set[int]) -> bool:
+    """Whether the per-element work of a row kernel includes a transcendental or a division
+    (softmax's exp): such rows want more threads per row, not more elements per thread. Work
+    on per-row values (layernorm's rsqrt of the variance) does not count."""
+    uniform = per_row(graph, reduces)
+    starts = [*roots, *(graph.nodes[r].inputs[0] for r in reduces)]
+    return any(graph.nodes[n].op in _HEAVY and graph.nodes[n].dtype.kind in "fc"
+               for n in graph.reachable(starts, through=lambda n: not uniform(n)))
+
+
+_TRANSCENDENTAL = frozenset({"exp", "exp2", "log", "log2", "sin", "cos", "tan", "tanh", "erf",
+                             "sigmoid", "pow"})
+
+
+def row_transcendental(graph: Graph, roots: list[int]) -> bool:
+    """Whether the work on a kernel's reduction results (after the row's reductions) includes a
+    transcendental: phase's sincos of the summed phase, not masked_mean's division. With one
+    row per thread that long dependent chain is what more resident threads hide; memory-bound
+    terms (masked_mean float64, rows of 8..32) were 3-8% slower with the bound instead."""
+    terms = graph.reachable(roots, through=lambda n: graph.nodes[n].op != "reduce")
+    return any(graph.nodes[n].op in _TRANSCENDENTAL and graph.nodes[n].dtype.kind in "fc"
+               for n in terms)
