@@ -71,6 +71,31 @@ def test_reductions_keepdims_axes_and_accumulator_dtypes():
     assert outs[3].shape == () and outs[3].dtype == kp.f32
 
 
+def test_functional_reductions_match_the_methods():
+    """kp.sum / kp.prod / kp.mean are NumPy's functional forms of the methods."""
+    @kp.fusion
+    def functional(x: T[kp.f32, "a", "b"]):
+        return (kp.sum(x, axis=1), kp.prod(x, 0, keepdims=True), kp.mean(x, -1, kp.f64),
+                kp.sum(x))
+
+    @kp.fusion
+    def methods(x: T[kp.f32, "a", "b"]):
+        return (x.sum(axis=1), x.prod(0, keepdims=True), x.mean(-1, kp.f64), x.sum())
+
+    got, want = functional.trace(), methods.trace()
+    assert [(n.shape, n.dtype) for n in (got.nodes[i] for _, i in got.outputs)] == \
+        [(n.shape, n.dtype) for n in (want.nodes[i] for _, i in want.outputs)]
+    assert [(n.shape, n.dtype) for n in (got.nodes[i] for _, i in got.outputs)][2] == \
+        ((sym("a"),), kp.f64)
+
+    @kp.fusion
+    def bad(x: T[kp.f32, "a"]):
+        return kp.sum(3) + x
+
+    with pytest.raises(kp.TraceError, match=r"kp\.sum: expects a traced tensor \(got 3\)"):
+        bad.trace()
+
+
 def test_static_dims_are_substituted():
     @kp.fusion
     def f(x: T[kp.f32, "b", "n"]):

@@ -58,6 +58,9 @@ def test_target_list_sorts_dedups_and_detects_ptx() -> None:
 def test_target_list_rejects() -> None:
     with pytest.raises(TypeError, match="must be a list"):
         parse_target_list("sm_80")  # type: ignore[arg-type]
+    for bad in (None, 90):  # was Python's "'NoneType' object is not iterable"
+        with pytest.raises(TypeError, match=rf"must be a list .*\(got {bad}\)"):
+            parse_target_list(bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="name no architecture"):
         parse_target_list(["ptx"])
     with pytest.raises(ValueError, match="sm_8"):

@@ -26,8 +26,8 @@ from .external import external
 from .planner import Plan
 # The fusion DSL is pure Python (no llvmlite); kp.compile imports the lowering on first call.
 from .fusion import (abs, arange, ceil, complex, cos, erf, exp, exp2, floor, fusion, imag, iota,
-                     log, log2, max, maximum, min, minimum, pad, pow, real, rsqrt, sigmoid, sin,
-                     sqrt, tan, tanh, where)
+                     log, log2, max, maximum, mean, min, minimum, pad, pow, prod, real, rsqrt,
+                     sigmoid, sin, sqrt, sum, tan, tanh, where)
 
 
 def compile(f, targets=("sm_80", "sm_90", "ptx"), *, static=None, cache=None,  # type: ignore[no-untyped-def]
@@ -94,5 +94,5 @@ __all__ = [
     # fusion DSL and compilation
     "fusion", "compile", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan",
     "tanh", "erf", "sigmoid", "floor", "ceil", "abs", "pow", "where", "minimum", "maximum",
-    "min", "max", "arange", "iota", "complex", "real", "imag", "pad",
+    "min", "max", "sum", "prod", "mean", "arange", "iota", "complex", "real", "imag", "pad",
 ]

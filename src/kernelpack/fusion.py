@@ -33,8 +33,8 @@ from .limits import MAX_NAME_LENGTH
 # broadcasting rule were attributes of this module; new code imports them from graph/tracing.
 from .graph import BINARY, BITWISE, COMPARE, FLOAT_ONLY, REDUCTIONS, UNARY  # noqa: F401
 from .ops import (abs, arange, ceil, complex, cos, dim_expr, erf, exp, exp2, floor, imag, iota,
-                  log, log2, max, maximum, min, minimum, pad, real, rsqrt, sigmoid, sin, sqrt,
-                  tan, tanh, where)
+                  log, log2, max, maximum, mean, min, minimum, pad, prod, real, rsqrt, sigmoid,
+                  sin, sqrt, sum, tan, tanh, where)
 from .summary import TensorType
 from .tracing import Value, active_graph, astype, current_graph, pow, trace_value
 from .tracing import broadcast_shapes  # noqa: F401 - kept importable, as above
@@ -43,7 +43,8 @@ __all__ = [
     "Node", "Graph", "Fusion", "Value", "fusion", "trace_value",
     "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
     "sigmoid", "floor", "ceil", "abs", "pow", "where", "minimum", "maximum", "min", "max",
-    "arange", "iota", "complex", "real", "imag", "pad", "astype", "dim_expr",
+    "sum", "prod", "mean", "arange", "iota", "complex", "real", "imag", "pad", "astype",
+    "dim_expr",
 ]
 
 

@@ -21,12 +21,13 @@ from .promotion import dsl_dtype
 # The underscore builders are package-internal: this module and tracing are one layer, split
 # so the rules and the public entry points each stay readable.
 from .tracing import (Value, _axes, _binary, _desc, _fmt, _graph_of, _promote, _reduce, _unary,
-                      astype, broadcast_shapes, current_graph, pow, trace_value)
+                      astype, broadcast_shapes, current_graph, pow, reduce_api, trace_value)
 
 __all__ = [
     "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
     "sigmoid", "floor", "ceil", "abs", "pow", "where", "minimum", "maximum", "min", "max",
-    "arange", "iota", "complex", "real", "imag", "pad", "astype", "dim_expr", "array_ufunc",
+    "sum", "prod", "mean", "arange", "iota", "complex", "real", "imag", "pad", "astype",
+    "dim_expr", "array_ufunc",
 ]
 
 
@@ -90,6 +91,23 @@ def min(a: object, b: object = None, *, axis=None, keepdims=False) -> object:  #
         return _reduce("min", a, axis, keepdims) if isinstance(a, Value) else a
     _two_operands("min", axis, keepdims)
     return minimum(a, b)
+
+
+def _reduction(kind: str) -> Callable[..., Value]:
+    def fn(x: object, axis: object = None, dtype: object = None, out: object = None,
+           keepdims: object = False) -> Value:
+        if not isinstance(x, Value):
+            raise TraceError(f"kp.{kind}: expects a traced tensor (got {x!r:.60})")
+        return reduce_api(kind, x, axis, dtype, out, keepdims)
+    fn.__name__ = kind
+    fn.__doc__ = (f"``np.{kind}(x, axis, dtype, keepdims=...)`` of a traced tensor: the same "
+                  f"as ``x.{kind}(...)``.")
+    return fn
+
+
+# NumPy's functional forms beside the methods (kp.max / kp.min are above: they also take two
+# operands). Defined after every use of the builtins in this module.
+sum, prod, mean = _reduction("sum"), _reduction("prod"), _reduction("mean")  # noqa: A001
 
 
 def where(cond: object, a: object, b: object) -> object:

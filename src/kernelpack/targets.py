@@ -59,8 +59,9 @@ def parse_target_list(targets: Iterable[str]) -> tuple[list[Arch], bool]:
     its ``sm_XY`` and keeps the PTX for the source's own ``.target``. At least one
     architecture must be named: ``["ptx"]`` alone is a ValueError.
     """
-    if isinstance(targets, (str, bytes)):
-        raise TypeError(f"targets must be a list such as ['sm_80', 'sm_90', 'ptx'] (got {targets!r})")
+    if isinstance(targets, (str, bytes)) or not hasattr(targets, "__iter__"):
+        raise TypeError(f"targets must be a list such as ['sm_80', 'sm_90', 'ptx'] "
+                        f"(got {targets!r:.80})")
     targets = tuple(targets)
     for item in targets:
         if not isinstance(item, str):
