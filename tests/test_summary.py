@@ -154,3 +154,13 @@ def test_check_walks_shared_expressions_once_and_still_finds_unbound_symbols() -
         KernelSummary("p", params + (Tensor("t0", kp.f32, (chain,), role="out"),
                                      Tensor("t1", kp.f32, (deep,), role="out")),
                       (Variant((launch,)),))
+
+
+def test_numpy_scalar_types_are_dtypes() -> None:
+    """kp.Tensor[np.float32, "n"] (NumPy's scalar types, as a NumPy user writes them)."""
+    np = pytest.importorskip("numpy")
+    assert kp.Tensor[np.float32, "n"].dtype is kp.f32
+    assert kp.Tensor[np.bool_, "n"].dtype is kp.bool_
+    assert kp.dtypes.as_dtype(np.complex128) is kp.c128 and kp.dtypes.as_dtype(np.uint8) is kp.u8
+    with pytest.raises(TypeError, match="not a kernelpack dtype"):
+        kp.Tensor[np.str_, "n"]

@@ -99,10 +99,15 @@ def dtype_from_code(code: int) -> DType | None:
 
 def as_dtype(value: object) -> DType:
     """Accept a :class:`DType`, a name (``"float32"``, ``"f32"``), or anything whose ``str()``
-    or ``.name`` is such a name (NumPy dtypes, ``torch.float32``)."""
+    or ``.name`` is such a name (NumPy dtypes, ``torch.float32``), or a NumPy scalar type
+    (``np.float32``, ``np.bool_``: its ``__name__``)."""
     if isinstance(value, DType):
         return value
-    name = value if isinstance(value, str) else getattr(value, "name", None) or str(value)
+    if isinstance(value, type) and getattr(value, "__module__", None) == "numpy":
+        name = value.__name__
+        name = "bool" if name == "bool_" else name
+    else:
+        name = value if isinstance(value, str) else getattr(value, "name", None) or str(value)
     name = str(name).removeprefix("torch.")
     try:
         return _BY_NAME[name]
