@@ -292,6 +292,8 @@ def _make_run(name: str, ntensors: int, nscalars: int, tensors: tuple, sym_scala
                 return None
             for (kind, a), d in zip(dims, shape):
                 if d.__class__ is not int:
+                    if d.__class__ is bool:  # refused by the reference (never a shape)
+                        return None
                     try:
                         d = index(d)
                     except TypeError:

@@ -26,6 +26,15 @@ from .summary import KernelSummary, Scalar, Tensor
 __all__ = ["ReferencePlanner"]
 
 
+def _numpy_bool(value: Any) -> int | None:
+    """``numpy.bool_`` as 0/1 (it has no ``__index__``, unlike Python's bool, which a scalar
+    takes): what a NumPy comparison gives for a ``kp.bool_`` flag. None for anything else."""
+    cls = value.__class__
+    if cls.__name__ in ("bool_", "bool") and cls.__module__ == "numpy":  # NumPy 1 / 2
+        return 1 if value else 0
+    return None
+
+
 class _Field:
     """A non-constant expression field: its root and a name for error messages."""
 
@@ -182,7 +191,10 @@ class ReferencePlanner:
             try:
                 v = operator.index(value)
             except TypeError:
-                raise TypeError(f"scalar {pname} must be an integer (got {value!r})") from None
+                v = _numpy_bool(value)
+                if v is None:
+                    raise TypeError(f"scalar {pname} must be an integer (got {value!r})") \
+                        from None
             if not lo <= v <= hi:
                 raise ConstraintError(f"scalar {pname} = {v} is outside its dtype range "
                                       f"{lo}..{hi}")

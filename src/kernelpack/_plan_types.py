@@ -106,7 +106,11 @@ def check_smem(smem: int, where: str) -> None:
 
 
 def dim(value: Any, where: str) -> int:
-    """A caller's dimension as a checked int: TypeError / ConstraintError naming ``where``."""
+    """A caller's dimension as a checked int: TypeError / ConstraintError naming ``where``.
+    A bool is refused although Python calls it an int: ``(True, 3)`` is never a shape the
+    caller meant (a mask or a flag passed in the wrong place)."""
+    if value.__class__ is bool:
+        raise TypeError(f"{where} must be an integer, not a bool (got {value!r})")
     try:
         d = operator.index(value)
     except TypeError:

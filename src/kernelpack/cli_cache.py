@@ -92,11 +92,16 @@ def resolve_digest(store: Any, text: str) -> str:
     return found.pop()
 
 
-def _program_name(path: Path) -> str:
+def _program_name(store: Any, digest: str) -> str:
+    """The programs an entry holds, read as the cache reads it (a FIFO or a device planted
+    under an entry's name must not hang or exhaust ``ls``), without refreshing its LRU time."""
     try:
         from .loader import load
 
-        return ",".join(load(path.read_bytes()).programs)
+        found = store.read(digest, touch=False)
+        if found is None:
+            return "<gone>"  # evicted or cleared while we listed
+        return ",".join(load(found[0]).programs)
     except Exception as exc:  # ls shows a bad entry instead of stopping at it
         return f"<invalid: {type(exc).__name__}>"
 
@@ -108,7 +113,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         record = store.read_parts(e.digest)
         rows.append({"key": e.digest, "bytes": e.size, "age_s": round(time.time() - e.mtime, 1),
                      "kind": record.part("kind") if record else "?",
-                     "program": _program_name(e.path)})
+                     "program": _program_name(store, e.digest)})
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

@@ -24,7 +24,7 @@ __all__ = [
     "Expr", "ExprLike", "sym", "const", "as_expr",
     "cdiv", "floordiv", "mod", "emin", "emax", "shl", "shr", "select",
     "eq", "ne", "lt", "le", "gt", "ge", "land", "lor", "lnot",
-    "INT64_MIN", "INT64_MAX", "OPERATORS", "evaluate",
+    "INT64_MIN", "INT64_MAX", "OPERATORS", "evaluate", "canonical_text",
 ]
 
 # operator name -> (arity, printed form). The names are stable: the format maps them to opcodes.
@@ -159,12 +159,22 @@ class Expr:
         return {node.value for node in nodes if node.op == "sym"}  # type: ignore[misc]
 
     def substitute(self, mapping: Mapping[str, ExprLike]) -> "Expr":
-        """Replace symbols by expressions (re-simplifying on the way up)."""
-        if self.op == "sym":
-            return as_expr(mapping[self.value]) if self.value in mapping else self  # type: ignore[index]
-        if self.op == "const":
-            return self
-        return _make(self.op, *(a.substitute(mapping) for a in self.args))
+        """Replace symbols by expressions (re-simplifying on the way up). Each node is
+        rebuilt once: a node shared by several parents (a loaded program's LOADs, or
+        ``e = e + e * m`` built in a loop) must not be walked once per path to it."""
+        done: dict[int, Expr] = {}  # id(node) -> its substitute; nodes live for the call
+
+        def sub(e: Expr) -> Expr:
+            if e.op == "sym":
+                return as_expr(mapping[e.value]) if e.value in mapping else e  # type: ignore[index]
+            if e.op == "const":
+                return e
+            out = done.get(id(e))
+            if out is None:
+                out = done[id(e)] = _make(e.op, *(sub(a) for a in e.args))
+            return out
+
+        return sub(self)
 
     def evaluate(self, env: Mapping[str, int] | None = None, **symbols: int) -> int:
         """Evaluate with checked int64 arithmetic; raises ExpressionError on overflow etc."""
@@ -367,6 +377,28 @@ def _format(e: Expr, parent_prec: int, budget: list[int]) -> str:
         return f"({text})" if prec < parent_prec else text
     name = {"ceildiv": "cdiv"}.get(e.op, e.op)
     return f"{name}({', '.join(_format(a, -1, budget) for a in e.args)})"
+
+
+def canonical_text(e: Expr) -> str:
+    """A complete, deterministic text of ``e`` for cache keys: one entry per distinct node,
+    children first, operands by index (``"s:n;c:256;ceildiv(0,1)"``).
+
+    Why not ``str(e)``: printing stops after :data:`_PRINT_NODES` nodes (error messages must
+    stay short), so two expressions that differ only past that point print alike and would
+    share a key. This text is linear in the number of distinct nodes, never truncated, and
+    equal exactly for structurally equal expressions (however their nodes are shared)."""
+    index: dict[Expr, int] = {}
+    out: list[str] = []
+    for node in iter_nodes((e,)):
+        if node.op == "const":
+            text = f"c:{node.value}"
+        elif node.op == "sym":
+            text = f"s:{node.value}"
+        else:
+            text = f"{node.op}({','.join(str(index[a]) for a in node.args)})"
+        index[node] = len(out)
+        out.append(text)
+    return ";".join(out)
 
 
 def iter_nodes(roots: Iterable[Expr]) -> Iterable[Expr]:

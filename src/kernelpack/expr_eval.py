@@ -81,12 +81,15 @@ def evaluate(e: Expr, env: Mapping[str, int]) -> int:
         raise ExpressionError(f"cannot evaluate an expression nested deeper than "
                               f"MAX_EXPR_DEPTH ({MAX_EXPR_DEPTH})")
     try:
-        return _eval(e, env)
+        return _eval(e, env, {})
     except ExprEvalError as exc:
         raise ExpressionError(f"cannot evaluate {e}: {exc}") from None
 
 
-def _eval(e: Expr, env: Mapping[str, int]) -> int:
+def _eval(e: Expr, env: Mapping[str, int], done: dict[int, int]) -> int:
+    """``done`` maps ``id(node)`` to its value for this call: a node shared by several
+    parents is computed once (without it, ``e = e + e * m`` built 40 times over costs 3^40
+    steps). Only evaluated nodes are recorded, so ``select`` stays lazy."""
     if e.op == "const":
         return int(e.value)  # type: ignore[arg-type]
     if e.op == "sym":
@@ -98,6 +101,11 @@ def _eval(e: Expr, env: Mapping[str, int]) -> int:
             return _checked(operator.index(value), "symbol")
         except TypeError:
             raise ExprEvalError(f"symbol {e.value!r} is {value!r}, not an integer") from None
-    if e.op == "select":
-        return _eval(e.args[1] if _eval(e.args[0], env) else e.args[2], env)
-    return apply_op(e.op, *(_eval(a, env) for a in e.args))
+    result = done.get(id(e))
+    if result is None:
+        if e.op == "select":
+            result = _eval(e.args[1] if _eval(e.args[0], env, done) else e.args[2], env, done)
+        else:
+            result = apply_op(e.op, *(_eval(a, env, done) for a in e.args))
+        done[id(e)] = result
+    return result

@@ -350,10 +350,11 @@ def _op_fn(name: str, fns: list[Evaluator]) -> Evaluator:
         return mul
     if name == "ceildiv":
         def ceildiv(frame: list) -> int:
+            n = a(frame)  # operands left to right, as apply_op gets them: the same error first
             d = b(frame)
             if d == 0:
                 raise ExprEvalError("division by zero in ceildiv")
-            r = -((-a(frame)) // d)
+            r = -((-n) // d)
             if INT64_MIN <= r <= INT64_MAX:
                 return r
             raise ExprEvalError("int64 overflow in ceildiv")

@@ -17,6 +17,7 @@ call needs it.
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping, Set
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ._plan_types import (MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, Allocation, Plan,
@@ -130,13 +131,16 @@ class Planner:
         """A shape as a tuple of ints (NumPy integers converted): a float dim would compare
         equal to an int one in the plan cache, so it is refused here, naming the dim."""
         shape = getattr(value, "shape", value)
-        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__"):
+        # a dict or set has a length too, but no order of dims (a dict's keys would pass)
+        if isinstance(shape, (str, bytes, Mapping, Set)) or not hasattr(shape, "__len__"):
             raise TypeError(f"tensor {name} must be a shape tuple or have .shape "
                             f"(got {value!r:.60})")
         out = []
         for i, d in enumerate(shape):
             if d.__class__ is not int:
                 try:
+                    if d.__class__ is bool:  # see _plan_types.dim
+                        raise TypeError
                     d = operator.index(d)
                 except TypeError:
                     raise TypeError(f"{name}.shape[{i}] must be an integer "

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable
 from .. import config
 from ..errors import KernelPackError
 from ..compiled import Compiled
+from ._args import check_key, key_list, positive_int, seconds
 from .disk import DiskStore, check_digest
 from .keys import CacheKey, make_key
 from .remote_tier import RemoteTier
@@ -45,33 +46,6 @@ def _log() -> Any:
 STAT_NAMES = ("disk_hits", "disk_misses", "remote_hits", "remote_misses", "compiles", "refused",
               "quarantined", "errors", "remote_errors", "remote_waits", "remote_too_large",
               "puts", "remote_puts", "evictions")
-
-
-def _key_list(trusted_keys: object) -> list[object] | None:
-    """``trusted_keys`` as a list, the way ``kp.load`` takes it: one key given bare (a path,
-    hex text, 32 bytes, a key object) is one key, not a sequence of characters or byte values."""
-    if trusted_keys is None:
-        return None
-    if isinstance(trusted_keys, (str, bytes, bytearray, os.PathLike)):
-        return [trusted_keys]
-    if not hasattr(trusted_keys, "__iter__"):
-        if type(trusted_keys).__name__.endswith("PublicKey"):  # a cryptography key object
-            return [trusted_keys]
-        raise TypeError(f"trusted_keys must be a list of public keys (paths, hex, 32 bytes "
-                        f"or key objects) or None (got {type(trusted_keys).__name__})")
-    return list(trusted_keys)
-
-
-def _check_key(param: str, load: Callable[[Any], Any], value: object) -> None:
-    """Run ``load(value)``; its TypeError/ValueError (or a key file that cannot be read) comes
-    out naming ``param``, since the signing module cannot know which argument it was."""
-    try:
-        load(value)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{param}: {exc}") from None
-    except OSError as exc:
-        raise ValueError(f"{param}: cannot read key file {exc.filename or value!r} "
-                         f"({exc.strerror or exc})") from None
 
 
 class CacheWarning(UserWarning):
@@ -99,10 +73,12 @@ class Cache:
         When True (the default) a remote entry without a trusted signature is refused and
         counted; with no trusted key at all the remote is only written, never read.
     ttl_s, max_entry_bytes, timeout_s:
-        Redis entry lifetime, the largest entry put there, and the socket timeout.
+        Redis entry lifetime (whole seconds), the largest entry put there (bytes), and the
+        socket timeout (seconds, > 0).
     lock_ttl_s, wait_s:
-        Fleet-wide compile lock lifetime, and how long a process waits for another machine's
-        compile before compiling itself.
+        Fleet-wide compile lock lifetime (at least 1 ms), and how long a process waits for
+        another machine's compile before compiling itself (>= 0). Every number is checked
+        here, remote or not: TypeError/ValueError naming the parameter.
     explain_misses:
         Log (INFO, logger ``kernelpack.cache``) which key parts differ from the nearest
         recorded key on every compile; default ``$KERNELPACK_CACHE_EXPLAIN``.
@@ -116,6 +92,11 @@ class Cache:
                  explain_misses: bool | None = None) -> None:
         self.disk = DiskStore(config.cache_dir() if path is None else path,
                               config.cache_max_bytes() if max_bytes is None else max_bytes)
+        ttl_s = positive_int("ttl_s", ttl_s, "seconds")
+        max_entry_bytes = positive_int("max_entry_bytes", max_entry_bytes, "bytes")
+        timeout_s = seconds("timeout_s", timeout_s, 0.0, inclusive=False)
+        lock_ttl_s = seconds("lock_ttl_s", lock_ttl_s, 0.001)  # Redis' PX takes whole ms
+        wait_s = seconds("wait_s", wait_s, 0.0)
         if remote is None:
             remote = config.remote_cache_url()
         if isinstance(remote, str):
@@ -129,11 +110,11 @@ class Cache:
             raise TypeError(f"remote must be a redis:// URL or a store with get/put "
                             f"(got {type(remote).__name__})")
         self.remote = remote
-        self._trusted_arg = _key_list(trusted_keys)
+        self._trusted_arg = key_list(trusted_keys)
         self.sign_with = sign_with
         self.require_signed_remote = bool(require_signed_remote)
-        self.lock_ttl_s = float(lock_ttl_s)
-        self.wait_s = float(wait_s)
+        self.lock_ttl_s = lock_ttl_s
+        self.wait_s = wait_s
         self.explain_misses = (config.explain_cache_misses() if explain_misses is None
                                else bool(explain_misses))
         self._trusted: list[bytes] | None = None
@@ -146,12 +127,16 @@ class Cache:
             from ..signing import load_private_key
 
             if sign_with is not None:
-                _check_key("sign_with", load_private_key, sign_with)
-            _check_key("trusted_keys", lambda _: self.trusted_keys, trusted_keys)
-        if self.remote is not None and self.require_signed_remote and \
-                self._trusted_arg is None and sign_with is None:
-            warnings.warn("remote cache has no trusted_keys and no sign_with: remote entries "
-                          "will be written but never read", CacheWarning, stacklevel=2)
+                check_key("sign_with", load_private_key, sign_with)
+            check_key("trusted_keys", lambda _: self.trusted_keys, trusted_keys)
+        if self.remote is not None and self.require_signed_remote:
+            if self._trusted_arg is None and sign_with is None:
+                warnings.warn("remote cache has no trusted_keys and no sign_with: remote "
+                              "entries will be written but never read", CacheWarning,
+                              stacklevel=2)
+            elif self._trusted_arg == []:  # trust no key: every entry would be refused
+                warnings.warn("remote cache has an empty trusted_keys list: remote entries "
+                              "will be written but never read", CacheWarning, stacklevel=2)
 
     def __repr__(self) -> str:
         return f"Cache(path={str(self.disk.root)!r}, remote={self.remote!r})"
@@ -186,7 +171,8 @@ class Cache:
     # ---- trust and codecs --------------------------------------------------------------------
     @property
     def trusted_keys(self) -> list[bytes] | None:
-        """Raw public keys accepted for remote entries (None: none, remote never read)."""
+        """Raw public keys accepted for remote entries (None or empty: none, so the remote
+        is never read)."""
         if self._trusted is None:
             from ..signing import load_public_key, public_key_bytes
 
@@ -241,8 +227,12 @@ class Cache:
         try:
             compiled = self._decode(data, None, "disk")
         except KernelPackError as exc:  # the bytes are bad (the loader's promise)
-            moved = self.disk.quarantine(digest, seen)
-            where = f"moved to {moved}" if moved else "already replaced by another process"
+            try:
+                moved = self.disk.quarantine(digest, seen)
+                where = f"moved to {moved}" if moved else "already replaced by another process"
+            except OSError as move_exc:  # a broken cache dir costs a warning, never a crash
+                self._count("errors")
+                where = f"could not be moved aside ({move_exc})"
             self._count("quarantined")
             self._warn(f"disk cache entry {digest[:16]} is invalid ({type(exc).__name__}: "
                        f"{exc}); {where}; recompiling")
@@ -397,7 +387,14 @@ class Cache:
 
     def prune(self, max_bytes: int | None = None) -> tuple[int, int]:
         """Evict down to ``max_bytes`` (default: the cap) and remove stale temporary files;
-        returns ``(entries removed, bytes freed)``."""
+        returns ``(entries removed, bytes freed)``. ``max_bytes=0`` empties the cache; a
+        negative or non-integer size is refused (it would silently mean 0)."""
+        if max_bytes is not None:
+            message = f"max_bytes must be a byte count >= 0 or None (got {max_bytes!r})"
+            if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
+                raise TypeError(message)
+            if max_bytes < 0:
+                raise ValueError(message)
         self.disk.prune_temps()
         cap = self.disk.max_bytes if max_bytes is None else max_bytes
         return self.disk.evict(cap) if cap is not None else (0, 0)

@@ -20,7 +20,11 @@ Guarantees, and how:
   acquirer re-checks that the path still names the inode it locked, so deleting lock files
   cannot let two holders in.
 - **Bounded.** With ``max_bytes``, least-recently-used entries (by mtime, refreshed on a hit at
-  most once a minute to spare network filesystems) are removed down to 90% of the cap.
+  most once a minute to spare network filesystems; within one process, by its own exact hit
+  times) are removed down to 90% of the cap.
+- **Hostile files.** An entry name that holds anything but a regular file (a FIFO, a device, a
+  symlink to ``/dev/zero``, a directory) or one larger than the format allows is quarantined
+  without being read: it can neither block a reader nor exhaust its memory.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +49,7 @@ __all__ = ["DiskStore", "EntryInfo", "check_digest", "TOUCH_INTERVAL_S", "LOW_WA
            "MAX_QUARANTINED"]
 
 TOUCH_INTERVAL_S = 60.0
+_MAX_USED = 1 << 16  # hit times a store remembers
 MAX_QUARANTINED = 32
 LOW_WATER = 0.9
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -84,13 +90,18 @@ class DiskStore:
             # hits, silently); $KERNELPACK_CACHE_MAX_BYTES=0 means "no cap", which is None here.
             raise ValueError(f"max_bytes must be a positive byte count, or None for the default "
                              f"cap (got {max_bytes})")
-        self.root = Path(root)
+        # ``~`` expanded (as for $KERNELPACK_CACHE_DIR) and made absolute once: a relative root
+        # must not move with a later os.chdir, nor a "~" folder appear in the working directory
+        self.root = Path(root).expanduser().absolute()
         if self.root.exists() and not self.root.is_dir():
             raise ValueError(f"path {str(self.root)!r} is not a directory (the cache root must "
                              f"be one)")
         self.max_bytes = max_bytes
         self.evicted = 0  # entries this store removed for the cap (Cache.stats()["evictions"])
         self._written_since_evict: int | None = None  # None: never evicted in this process
+        # digest -> time of this process's last hit: exact LRU order for what this process
+        # used, where the on-disk mtime is refreshed at most once a TOUCH_INTERVAL_S
+        self._used: dict[str, float] = {}
 
     # ---- paths ---------------------------------------------------------------------------------
     def path(self, key: str | CacheKey) -> Path:
@@ -106,24 +117,38 @@ class DiskStore:
         found = self.read(key)
         return None if found is None else found[0]
 
-    def read(self, key: str | CacheKey) -> tuple[bytes, tuple[int, int]] | None:
+    def read(self, key: str | CacheKey,
+             touch: bool = True) -> tuple[bytes, tuple[int, int]] | None:
         """``(bytes, identity)`` of the entry, or None; ``identity`` (inode, mtime) lets
         :meth:`quarantine` move aside exactly the file that was read and not a good entry
-        another process wrote since."""
-        path = self.path(key)
+        another process wrote since. Anything but a regular file reads as ``b""`` (it never
+        verifies). ``touch=False`` leaves the LRU time alone (``kernelpack cache ls``)."""
+        digest = check_digest(key)
+        path = self.path(digest)
         try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                if st.st_size > MAX_FILE_SIZE:
-                    return b"", (st.st_ino, st.st_mtime_ns)  # can never verify: quarantined
-                data = f.read()
+            # O_NONBLOCK: opening a FIFO planted under the name must not wait for a writer
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             return None
+        try:
+            st = os.fstat(fd)
+            identity = (st.st_ino, st.st_mtime_ns)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_SIZE:
+                return b"", identity  # can never verify (or never end): quarantined unread
+            with open(fd, "rb", closefd=False) as f:
+                data = f.read()  # a regular file of at most MAX_FILE_SIZE bytes
+        finally:
+            os.close(fd)
+        if not touch:
+            return data, identity
         now = time.time()
         if now - st.st_mtime > TOUCH_INTERVAL_S:
             with contextlib.suppress(OSError):  # read-only cache dirs still serve hits
                 os.utime(path, (now, now))
-        return data, (st.st_ino, st.st_mtime_ns)
+        if len(self._used) >= _MAX_USED:
+            self._used.clear()  # a bound, not a policy: the mtimes still order the entries
+        self._used[digest] = now
+        return data, identity
 
     def put(self, key: str | CacheKey, data: bytes, *, sync: bool = True) -> None:
         """Write the entry atomically (temp file, fsync, rename), then evict if over the cap.
@@ -136,6 +161,7 @@ class DiskStore:
         """
         path = self.path(key)
         _write_atomic(path, bytes(data), sync=sync)
+        self._used.pop(check_digest(key), None)  # its mtime is now
         if self.max_bytes is not None:
             pending = (self._written_since_evict or 0) + len(data)
             # Scanning the directory on every put would be O(entries); evict on the first put
@@ -176,11 +202,15 @@ class DiskStore:
         digest = check_digest(key)
         lock_dir = self.root / "locks"
         path = lock_dir / (digest + ".lock")
+        made_dir = False
         while True:
             try:
                 fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
             except FileNotFoundError:
+                if made_dir:  # still missing (a dangling symlink as the lock): not a loop
+                    raise
                 lock_dir.mkdir(parents=True, exist_ok=True)
+                made_dir = True
                 continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -204,16 +234,18 @@ class DiskStore:
     # ---- maintenance ---------------------------------------------------------------------------
     def quarantine(self, key: str | CacheKey, seen: tuple[int, int] | None = None) -> Path | None:
         """Move a bad entry aside (kept for inspection); None when it is already gone, or
-        when it is no longer the file identified by ``seen`` (from :meth:`read`)."""
+        when it is no longer the file identified by ``seen`` (from :meth:`read`). Raises
+        OSError when it cannot be moved (``quarantine`` is not a directory, a read-only
+        cache): the caller warns, and the next good write replaces the entry."""
         digest = check_digest(key)
         qdir = self.root / "quarantine"
-        qdir.mkdir(parents=True, exist_ok=True)
         target = qdir / f"{digest}.{time.time_ns()}{_SUFFIX}"
         try:
             if seen is not None:
                 st = os.stat(self.path(digest))
                 if (st.st_ino, st.st_mtime_ns) != seen:
                     return None  # replaced by a fresh entry since we read it: leave it
+            qdir.mkdir(parents=True, exist_ok=True)
             os.replace(self.path(digest), target)
         except FileNotFoundError:
             return None
@@ -239,8 +271,10 @@ class DiskStore:
                     st = item.stat()
                 except FileNotFoundError:
                     continue
-                out.append(EntryInfo(name[:-len(_SUFFIX)], st.st_size, st.st_mtime,
-                                     Path(item.path)))
+                digest = name[:-len(_SUFFIX)]
+                used = self._used.get(digest, 0.0)
+                out.append(EntryInfo(digest, st.st_size, used if used > st.st_mtime
+                                     else st.st_mtime, Path(item.path)))
         out.sort(key=lambda e: (e.mtime, e.digest))
         return out
 
@@ -275,6 +309,7 @@ class DiskStore:
                     removed += 1
                     freed += e.size
                 total -= e.size
+                self._used.pop(e.digest, None)
                 with contextlib.suppress(OSError):
                     os.unlink(self._parts_path(e.digest))
             self.evicted += removed
@@ -296,7 +331,7 @@ class DiskStore:
     def quarantined(self) -> list[Path]:
         """Quarantined files, oldest first."""
         paths = list((self.root / "quarantine").glob("*" + _SUFFIX))
-        return sorted(paths, key=lambda p: (int(p.name.split(".")[1]), p.name))
+        return sorted(paths, key=_quarantine_order)
 
     def clear(self) -> int:
         """Remove every entry, key record and quarantined file; returns the entries removed."""
@@ -310,6 +345,15 @@ class DiskStore:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
         return count
+
+
+def _quarantine_order(path: Path) -> tuple[int, str]:
+    """``<digest>.<ns>.kpack`` sorts by its time; a file someone else put there (any other
+    name) sorts first instead of stopping every quarantine and ``cache stats`` with a
+    ValueError."""
+    parts = path.name.split(".")
+    stamp = parts[1] if len(parts) == 3 else ""
+    return (int(stamp) if stamp.isdigit() else 0, path.name)
 
 
 def _write_atomic(path: Path, data: bytes, sync: bool = True) -> None:

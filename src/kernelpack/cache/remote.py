@@ -103,6 +103,28 @@ def unwrap_entry(digest: str, data: bytes, trusted_keys: Iterable[object] | None
     return artifact
 
 
+def _check_url(url: str) -> None:
+    """ValueError naming ``remote`` for a URL no client could connect with (a port or
+    database that is not a number, no host): found here, not as a warning at the first miss
+    that then switches the remote off for a while."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    try:
+        parsed.port  # noqa: B018 - urllib checks the port when it is read
+    except ValueError as exc:
+        raise ValueError(f"remote {url!r}: {exc}") from None
+    if parsed.scheme == "unix":
+        if not parsed.path:
+            raise ValueError(f"remote {url!r}: a unix:// URL needs a socket path")
+        return
+    if not parsed.hostname:
+        raise ValueError(f"remote {url!r}: no host (expected redis://host:port/db)")
+    db = parsed.path.strip("/")
+    if db and not db.isdigit():
+        raise ValueError(f"remote {url!r}: the database must be a number (got {db!r})")
+
+
 class RedisStore:
     """``get(key) -> bytes | None`` / ``put(key, data)`` over Redis, plus a fleet-wide lock.
 
@@ -115,6 +137,7 @@ class RedisStore:
                  client: str = "resp") -> None:
         if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"remote must be a redis://host:port/db URL (got {url!r})")
+        _check_url(url)
         if not isinstance(ttl_s, int) or ttl_s <= 0:
             raise ValueError(f"ttl_s must be a positive int (got {ttl_s!r})")
         if not isinstance(max_entry_bytes, int) or max_entry_bytes <= 0:

@@ -60,7 +60,7 @@ class RemoteTier:
         """Reachable, and with a trusted key to check entries against (unless unsigned
         entries were allowed): otherwise the remote is only written."""
         return self.ok() and (not self._cache.require_signed_remote or
-                              self._cache.trusted_keys is not None)
+                              bool(self._cache.trusted_keys))
 
     def get(self, key: CacheKey | str, count_miss: bool = True) -> Compiled | None:
         """A verified hit (put through to disk), or None."""
