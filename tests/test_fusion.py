@@ -250,3 +250,19 @@ def test_zeros_for_imag_and_power_zero_do_not_read_the_values():
             node = g.nodes[node.inputs[0]]
         cond, zero, _ = (g.nodes[i] for i in node.inputs)
         assert cond.op == "const" and cond.attrs[0] is True and zero.attrs[0] == 0
+
+
+def test_canonical_bytes_write_long_size_expressions_in_full():
+    """Two fusions whose sizes differ only past the few hundred nodes str() prints used to
+    get the same cache key (one would be served the other's kernel)."""
+    def make(last: int) -> Fusion:
+        @kp.fusion(name="long_size")
+        def f(x: T[kp.f32, "n"]):
+            e = x.shape[0]
+            for i in range(300):
+                e = kp.emax(e, x.shape[0] - i)
+            return kp.arange(e + last).astype(kp.f32)
+        return f
+
+    assert make(1).canonical_bytes() != make(2).canonical_bytes()
+    assert make(1).canonical_bytes() == make(1).canonical_bytes()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 from .dtypes import DType
-from .expr import Expr
+from .expr import Expr, canonical_text
 
 if TYPE_CHECKING:
     from .tracing import Value
@@ -84,10 +84,13 @@ class Graph:
         return seen
 
     def canonical(self) -> dict:
-        """A JSON-ready description with no ids of Python objects: stable across processes."""
+        """A JSON-ready description with no ids of Python objects: stable across processes.
+        Expressions are written in full (:func:`~kernelpack.expr.canonical_text`), never as
+        ``str()``, which stops printing after a few hundred nodes: two fusions whose sizes
+        differed past that point shared a cache key, and one was served the other's kernel."""
         def enc(a: object) -> object:
             if isinstance(a, Expr):
-                return "expr:" + str(a)
+                return "expr:" + canonical_text(a)
             if isinstance(a, DType):
                 return "dtype:" + a.name
             if isinstance(a, float):
@@ -99,8 +102,9 @@ class Graph:
             return a
         return {
             "name": self.name,
-            "params": [[n, k, d.name, [str(s) for s in shp]] for n, k, d, shp in self.params],
-            "nodes": [[n.op, n.dtype.name, [str(s) for s in n.shape], list(n.inputs),
+            "params": [[n, k, d.name, [canonical_text(s) for s in shp]]
+                       for n, k, d, shp in self.params],
+            "nodes": [[n.op, n.dtype.name, [canonical_text(s) for s in n.shape], list(n.inputs),
                        enc(n.attrs)] for n in self.nodes],
             "outputs": [[n, i] for n, i in self.outputs],
         }
