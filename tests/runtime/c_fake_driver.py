@@ -29,9 +29,13 @@ def _h(value: Any) -> int:
 class CFakeLibcuda:
     """C entry points over ``fake``; ``get_proc_address`` is what ``LibCuda`` takes."""
 
-    def __init__(self, fake: FakeDriver, missing: tuple[str, ...] = ()) -> None:
+    def __init__(self, fake: FakeDriver, missing: tuple[str, ...] = (),
+                 lookup_error: int = 0) -> None:
+        """``missing``: symbols the lookup does not find; ``lookup_error``: a CUresult every
+        lookup answers (34, CUDA_ERROR_STUB_LIBRARY: the toolkit's stub libcuda)."""
         self.fake = fake
         self.missing = set(missing)
+        self.lookup_error = lookup_error
         self.lookups: list[tuple[str, int, int]] = []
         self.strings: list[Any] = []  # C strings handed out stay alive with the fake
         f = fake
@@ -107,6 +111,10 @@ class CFakeLibcuda:
                           status: Any) -> int:
         name = symbol.decode()
         self.lookups.append((name, version, flags))
+        if self.lookup_error:
+            pfn[0] = None
+            status[0] = 0
+            return self.lookup_error
         entry = None if name in self.missing else self.entries.get(name)
         if entry is None:
             pfn[0] = None

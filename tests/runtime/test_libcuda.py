@@ -141,6 +141,16 @@ def test_a_missing_entry_point_is_a_named_driver_error(monkeypatch) -> None:
     assert info.value.__cause__.code == CUresult.CUDA_ERROR_NOT_FOUND
 
 
+def test_a_stub_library_is_a_device_error_naming_it(monkeypatch) -> None:
+    """The CUDA toolkit's stubs/libcuda.so answers CUDA_ERROR_STUB_LIBRARY (34) to
+    everything, cuGetProcAddress included: a plain DeviceError, not 'not found'."""
+    drv = LibCuda(CFakeLibcuda(FakeDriver(), lookup_error=34).get_proc_address, False)
+    install(monkeypatch, drv)
+    with pytest.raises(DeviceError, match="cuInit .* failed: CUDA_ERROR_STUB_LIBRARY") as info:
+        driver.init()
+    assert info.value.__cause__.code == 34
+
+
 def test_describe_uses_the_drivers_names() -> None:
     drv, _ = _make()
     assert drv.describe(200) == ("CUDA_ERROR_INVALID_IMAGE",

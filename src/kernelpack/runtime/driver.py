@@ -27,6 +27,7 @@ __all__ = ["CudaResultError", "bindings", "check", "error_for", "init", "driver_
 # CUresult values that mean "no usable GPU or driver" and "the driver refuses this code".
 _DEVICE_CODES = {
     3: "CUDA_ERROR_NOT_INITIALIZED", 4: "CUDA_ERROR_DEINITIALIZED",
+    34: "CUDA_ERROR_STUB_LIBRARY",
     35: "CUDA_ERROR_INSUFFICIENT_DRIVER", 46: "CUDA_ERROR_DEVICES_UNAVAILABLE",
     100: "CUDA_ERROR_NO_DEVICE", 101: "CUDA_ERROR_INVALID_DEVICE",
     999: "CUDA_ERROR_UNKNOWN", 804: "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
@@ -116,6 +117,8 @@ def error_for(code: int, what: str) -> KernelPackError:
     ``__cause__`` is set to a :class:`CudaResultError`."""
     code = int(code)
     name, text = _describe(code)
+    if name == f"CUresult {code}":  # a driver that cannot name it (a stub library): ours
+        name = _DEVICE_CODES.get(code) or _COMPAT_CODES.get(code) or name
     cause = CudaResultError(code, name, text)
     message = f"{what} failed: {name}: {text}"
     if code in _DEVICE_CODES:

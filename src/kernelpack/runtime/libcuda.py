@@ -140,20 +140,25 @@ class LibCuda:
         fn = self._fns.get(name)
         if fn is None:
             version, argtypes = _SPECS[name]
-            address = self._address(name, version)
+            address, err = self._address(name, version)
             if not address:
-                return _missing(name)
+                return _missing(name, err or _NOT_FOUND)
             proto = self._types.get(argtypes)
             if proto is None:
                 proto = self._types[argtypes] = ctypes.CFUNCTYPE(c_int, *argtypes)
             fn = self._fns[name] = proto(address)
         return fn
 
-    def _address(self, symbol: str, version: int) -> int:
+    def _address(self, symbol: str, version: int) -> tuple[int, int]:
+        """The entry point's address (0: none) and the lookup's own CUresult: a stub
+        library (the toolkit's ``stubs/libcuda.so``) answers CUDA_ERROR_STUB_LIBRARY here,
+        which then names the failure instead of a plain "not found"."""
         pfn = c_void_p()
         status = c_int()
         err = self._get(symbol.encode(), byref(pfn), version, self._flags, byref(status))
-        return 0 if err or status.value != 0 else int(pfn.value or 0)
+        if err or status.value != 0:
+            return 0, err
+        return int(pfn.value or 0), 0
 
     def cuGetProcAddress(self, symbol: bytes, version: int, flags: int) -> tuple[int, int, int]:
         """cuda.bindings' form: ``(CUresult, address, symbolStatus)``."""
@@ -316,11 +321,12 @@ class LibCuda:
         return (self._fn("cuEventDestroy")(_handle(event)),)
 
 
-def _missing(name: str) -> Callable[..., int]:
-    """What an entry point the driver does not have answers: CUDA_ERROR_NOT_FOUND (checked and
-    named like any failure; not cached, so nothing is remembered about it)."""
+def _missing(name: str, code: int) -> Callable[..., int]:
+    """What an entry point the driver did not give answers: the lookup's CUresult, or
+    CUDA_ERROR_NOT_FOUND (checked and named like any failure; not cached, so nothing is
+    remembered about it)."""
     def missing(*args: Any) -> int:
-        return _NOT_FOUND
+        return code
 
     missing.__name__ = name
     return missing
