@@ -237,3 +237,11 @@ def test_printer_does_not_chain_comparisons() -> None:
     # "(n < m) < 3" printed as "n < m < 3" would read as Python's chained comparison
     assert str(kp.lt(n < m, 3)) == "(n < m) < 3"
     assert str(kp.eq(n, m < 3)) == "n == (m < 3)"
+
+
+def test_symbol_names_are_checked_by_type_then_value() -> None:
+    """kp.sym(1) is API misuse (TypeError); kp.sym("1a") a bad value (ValueError)."""
+    with pytest.raises(TypeError, match="a symbol name must be a str \\(got int: 1\\)"):
+        kp.sym(1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="must be a Python identifier"):
+        kp.sym("1a")

@@ -231,7 +231,9 @@ def const(value: int) -> Expr:
 
 def sym(name: str) -> Expr:
     """A named symbol: a tensor dim (``"n"``), an integer scalar parameter, or a loop counter."""
-    if not isinstance(name, str) or not name or not name.isidentifier():
+    if not isinstance(name, str):  # misuse of the API: the type is wrong, not the value
+        raise TypeError(f"a symbol name must be a str (got {type(name).__name__}: {name!r})")
+    if not name or not name.isidentifier():
         raise ValueError(f"a symbol name must be a Python identifier (got {name!r})")
     return Expr("sym", (), name)
 

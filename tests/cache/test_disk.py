@@ -143,6 +143,21 @@ def test_put_enforces_the_cap(tmp_path: Path) -> None:
     assert sum(e.size for e in store.entries()) <= 10_000 + 10_000 // 16 + 1000
 
 
+def test_an_entry_larger_than_the_cap_is_not_kept_and_says_so(tmp_path: Path,
+                                                                axpy_cubin: bytes) -> None:
+    """It used to be written and then evicted at once by the same put: never a hit, and no
+    word of why."""
+    store = DiskStore(tmp_path, max_bytes=500)
+    with pytest.raises(OSError, match="1000 bytes exceed the cache's cap of 500 bytes"):
+        store.put(key_for(0), bytes(1000))
+    assert store.entries() == [] and not store.path(key_for(0)).exists()
+    size = len(kp.save(from_cubin("k0", axpy_cubin)))
+    cache = Cache(tmp_path / "c", remote=False, max_bytes=size - 1)
+    with pytest.warns(CacheWarning, match=r"exceed the cache's cap of \d+ bytes .* not kept"):
+        c = cache.fetch_or_compile(key_for(1), lambda: from_cubin("k0", axpy_cubin))
+    assert c.origin == "compiled" and cache.stats()["errors"] == 1
+
+
 def test_hit_refreshes_lru_time(tmp_path: Path) -> None:
     store = DiskStore(tmp_path)
     store.put(key_for(0), b"x")

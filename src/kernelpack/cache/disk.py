@@ -156,9 +156,14 @@ class DiskStore:
         ``sync=False`` skips the fsync, for entries that are cheap to fetch again (copies of
         remote entries): a crash can then at worst leave an entry that fails verification,
         which is quarantined and refetched.
-        Raises OSError when the disk refuses (full, read-only); the cache turns that into a
-        warning.
+        Raises OSError when the disk refuses (full, read-only), or when the entry alone is
+        larger than the cap (it would be the first evicted, right after the write: it is not
+        written, and the cache's warning says why); the cache turns that into a warning.
         """
+        if self.max_bytes is not None and len(data) > self.max_bytes:
+            raise OSError(errno.EFBIG, f"the entry's {len(data)} bytes exceed the cache's cap of "
+                                       f"{self.max_bytes} bytes (max_bytes / "
+                                       f"KERNELPACK_CACHE_MAX_BYTES), so it is not kept")
         path = self.path(key)
         _write_atomic(path, bytes(data), sync=sync)
         self._used.pop(check_digest(key), None)  # its mtime is now
