@@ -2,7 +2,8 @@
 
 - ``pointwise``: ``for i in grid-stride(total)``: store every output at ``i``.
 - ``row``: see :mod:`kernelpack.lowering.rows`.
-- ``partial``: each block reduces ``CHUNK`` consecutive elements into one workspace entry.
+- ``partial``: each block reduces ``CHUNK`` consecutive elements into one workspace entry
+  (reductions its source reads are loaded once from their one-entry workspaces).
 """
 
 from __future__ import annotations
@@ -108,7 +109,10 @@ def _store_outputs(em: Emitter, spec: KernelSpec, i: ir.Value) -> None:
 def _partial(em: Emitter, spec: KernelSpec) -> None:
     """One block reduces ``CHUNK`` consecutive elements into ``ws[block]``. Each thread keeps
     ``UNROLL`` independent accumulators (loads in flight together, no serial FP add chain),
-    then the block combines them."""
+    then the block combines them. Reductions the source reads (``spec.values``: the mean
+    inside a variance) are loaded once, before the loops. (Taking such a pass's chunks last
+    to first, so that its first blocks find the previous pass's last chunks in L2, measured
+    no faster: H200, variance of 1e8 float32, 0.204 against 0.203 ms.)"""
     b, m, g = em.b, em.module, em.graph
     c = lambda v: ir.Constant(I64, v)  # noqa: E731
     tid, bid = sreg(b, m, "tid"), sreg(b, m, "ctaid")
@@ -117,6 +121,8 @@ def _partial(em: Emitter, spec: KernelSpec) -> None:
     src = g.nodes[node.inputs[0]]
     kind, _ = node.attrs
     acc_dt = acc_dtype(kind, node.dtype)
+    for red, val in spec.values:  # reductions the source reads, finished by a combine kernel
+        em.rowcache[red] = (em.load(val, g.nodes[red].dtype, ZERO), ())
     total = em.numel(spec.shape)
     start = b.mul(bid, c(CHUNK))
     end_ = b.add(start, c(CHUNK))

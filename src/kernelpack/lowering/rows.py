@@ -133,6 +133,7 @@ class _Group(RegisterRows):
         self.g = em.graph
         self.levels = levels(self.g, spec.reduces)
         self.overrides = {r: (ws, count) for r, ws, count in spec.partials}
+        self.values = dict(spec.values)  # reductions a combine kernel finished (fullred.py)
         # where this thread's outputs start and its stride (None: lane, group size); a
         # spread kernel's threads share the outputs across blocks (KernelSpec.spread)
         self.out_first: ir.Value | None = None
@@ -181,6 +182,10 @@ class _Group(RegisterRows):
         for level in self.levels:
             passes: dict[object, list[int]] = {}
             for red in level:
+                if red in self.values:  # one load of the finalized value, nothing to combine
+                    em.rowcache[red] = (em.load(self.values[red], self.g.nodes[red].dtype, ZERO),
+                                        outer)
+                    continue
                 src = self.g.nodes[self.g.nodes[red].inputs[0]]
                 passes.setdefault(("ws", red) if red in self.overrides else src.shape,
                                   []).append(red)

@@ -13,12 +13,13 @@ and then a block
 per row reading tiles of 16-byte chunks (:mod:`.tiles`); rows that are written back (softmax,
 layernorm) are held in registers — a warp per row up to 256 elements (float32), then blocks of
 64..512 threads per row up to 8192 (:data:`REG_GROUPS`) — and longer rows loop. Full
-reductions (outer dims empty) run in two launches: a
+reductions (outer dims empty) run on a grid (:mod:`.fullred`): a
 *partial* kernel writes one partial result per 16384 elements into a global workspace of
 ``cdiv(n, 16384)`` entries, then one block combines them (outputs as long as the input,
 ``x / x.sum()``, take a grid of such blocks, each combining the partials and writing a
-slice). Anything else falls back to the general schedule: one thread per output element,
-looping over the reduced indices.
+slice); a reduction that reads another (a variance) takes its own partial pass after a
+combine kernel has stored the other's value. Anything else falls back to the general
+schedule: one thread per output element, looping over the reduced indices.
 """
 
 from __future__ import annotations
@@ -123,6 +124,9 @@ class KernelSpec:
     min_threads: int = 0            # row with slots, or thread rows: resident threads per SM
     #                                 ptxas must allow (thread rows: 0 = no bound)
     spread: bool = False            # a full reduction's last kernel over many blocks (SPREAD)
+    # (reduction, one-entry workspace): full reductions whose finalized value a combine kernel
+    # stored (fullred.py); the kernel loads it once instead of computing it
+    values: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -175,10 +179,6 @@ def acc_width(graph: Graph, reduces: tuple[int, ...] | list[int]) -> int:
     return 8 if max(sizes, default=4) > 4 else 4
 
 
-def depends_on_reduce(graph: Graph, nid: int) -> bool:
-    return bool(reduces_of(graph, list(graph.nodes[nid].inputs)))
-
-
 def row_outer(graph: Graph, reduces: list[int], out_shape: tuple[Expr, ...]) -> tuple[Expr, ...] | None:
     """The outer dims shared by every reduction (each reducing exactly the trailing axes), or
     None when the reductions do not line up as rows."""
@@ -202,8 +202,6 @@ def row_outer(graph: Graph, reduces: list[int], out_shape: tuple[Expr, ...]) -> 
 def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
     """The stages of ``graph``; groups listed in ``general`` are forced to the fallback
     schedule (the codegen found their reductions read across rows)."""
-    from .codegen import acc_dtype
-
     # workspaces avoid parameter and output names (an output "f_0_ws0" was a TraceError)
     taken = {p[0] for p in graph.params} | {name for name, _ in graph.outputs}
     groups: dict[tuple[Expr, ...], list[tuple[str, int]]] = {}
@@ -238,30 +236,10 @@ def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
         rows = _prod(outer)
         keeps_row = any(not _prod(graph.nodes[n].shape[len(outer):]).is_const
                         or _prod(graph.nodes[n].shape[len(outer):]).value != 1 for _, n in outs)
-        if not outer:
-            partial_specs, scratch, overrides = [], [], []
-            for k, r in enumerate(reduces):
-                node = graph.nodes[r]
-                src = graph.nodes[node.inputs[0]]
-                if depends_on_reduce(graph, r):
-                    continue
-                count = cdiv(_prod(src.shape), CHUNK)
-                ws = f"{base}_ws{k}"
-                while ws in taken:
-                    ws += "_"
-                scratch.append(Scratch(ws, acc_dtype(node.attrs[0], node.dtype), (count,)))
-                partial_specs.append(KernelSpec(f"{base}_partial{k}", "partial", ((ws, r),),
-                                                src.shape, BLOCK, count, scratch=(ws,)))
-                overrides.append((r, ws, count))
-            # outputs as long as the input (x / x.sum()) were all written by one block: with
-            # every reduction read from partials, each block of a grid combines them alike
-            # (a few loads) and writes its slice
-            spread = keeps_row and len(overrides) == len(reduces)
-            grid = emin(cdiv(_prod(shape), SPREAD[0]), SPREAD[1]) if spread else const(1)
-            final = KernelSpec(base + "_rowblock", "row", tuple(outs), (), ROW_BLOCK, grid,
-                               group="block", reduces=tuple(reduces), partials=tuple(overrides),
-                               scratch=tuple(w for _, w, _ in overrides), spread=spread)
-            stages.append(Stage(names, (Choice((*partial_specs, final), tuple(scratch)),)))
+        if not outer:  # every axis reduced: partial passes over a grid (fullred.py)
+            from .fullred import full_stage
+
+            stages.append(full_stage(graph, base, outs, reduces, keeps_row, taken))
             continue
         uniform = all(graph.nodes[graph.nodes[r].inputs[0]].shape == first.shape
                       for r in reduces) and all(

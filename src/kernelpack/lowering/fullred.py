@@ -1,0 +1,112 @@
+"""Full reductions (every axis of their inputs reduced): partial passes, combines, a last kernel.
+
+A stage whose reductions all reduce every axis runs level by level (:func:`.rows.levels`: a
+level's reductions read only reductions of earlier levels). Every reduction gets a *partial*
+kernel: a grid of ``cdiv(numel, CHUNK)`` blocks, each reducing ``CHUNK`` consecutive elements
+into one entry of a workspace. A reduction that a later one reads (the mean inside a variance)
+is then finished by its level's *combine* kernel: one block combines the partials and stores the
+finalized value (the mean, in the reduction's dtype) in a one-entry workspace, which each block
+of the later partial kernels loads once. The last kernel combines the partials of the
+reductions it reads that nothing else reads, loads the values of the others, and writes the
+outputs: one block, or a grid of blocks each combining the partials itself when the outputs
+are as long as the input (``x / x.sum()``; :data:`~.schedule.SPREAD`).
+
+Why a combine kernel rather than every block of the next partial pass combining the first
+partials itself: at n = 1e8 that pass has 6104 blocks, and each would re-read all 6104
+partials (300 MB of L2 reads, about the size of a float32 input), where one block reads them
+once for the price of a launch (a few microseconds). Before this, a reduction reading another
+one ran inside the last kernel's single block: a float32 variance of 1e8 elements streamed the
+input twice through one SM. H200, variance of 1e8 float32: 22.4 ms before, 0.203 ms now (92.6%
+of copy bandwidth for the two passes; torch.var, one Welford pass, 0.159 ms); float64 0.378 ms
+(torch 0.314); ``(x - mean) / norm`` 0.467 ms (torch 0.968; .gpu/h1-bench.py). The order of
+every sum is fixed by the launch shape alone (no atomics), so results are deterministic.
+"""
+
+from __future__ import annotations
+
+from ..expr import Expr, cdiv, const, emin
+from ..graph import Graph
+from ..summary import Scratch
+from .schedule import BLOCK, CHUNK, ROW_BLOCK, SPREAD, Choice, KernelSpec, Stage
+
+__all__ = ["full_stage", "direct_reduces"]
+
+
+def direct_reduces(graph: Graph, roots: list[int]) -> list[int]:
+    """The reductions ``roots`` read without going through another reduction (a root that is
+    a reduction counts), in id order: those whose values a kernel computing the roots needs."""
+    isreduce = lambda n: graph.nodes[n].op == "reduce"  # noqa: E731
+    inner = graph.reachable(roots, through=lambda n: not isreduce(n))
+    found = {i for n in inner for i in graph.nodes[n].inputs if isreduce(i)}
+    return sorted(found | {r for r in roots if isreduce(r)})
+
+
+def _numel(shape: tuple[Expr, ...]) -> Expr:
+    total: Expr = const(1)
+    for d in shape:
+        total = total * d
+    return total
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    """``name``, with underscores appended while a parameter or output already has it (an
+    output named ``f_0_ws0`` was a TraceError)."""
+    while name in taken:
+        name += "_"
+    return name
+
+
+def full_stage(graph: Graph, base: str, outs: list[tuple[str, int]], reduces: list[int],
+               keeps_row: bool, taken: set[str]) -> Stage:
+    """The stage computing outputs ``outs`` (name, node) whose reductions ``reduces`` (id
+    order) all reduce every axis; ``keeps_row``: some output is as long as its input.
+
+    Kernels are named ``{base}_partial{k}`` (``k``: the reduction's index in ``reduces``),
+    ``{base}_combine{level}`` and ``{base}_rowblock``; workspaces ``{base}_ws{k}`` (partials,
+    the accumulator's dtype) and ``{base}_val{k}`` (one finalized value)."""
+    from .codegen import acc_dtype
+    from .rows import levels
+
+    read = {d for r in reduces for d in direct_reduces(graph, [graph.nodes[r].inputs[0]])}
+    kernels: list[KernelSpec] = []
+    scratch: list[Scratch] = []
+    partials: dict[int, tuple[str, Expr]] = {}   # reduction -> (workspace, entries)
+    values: dict[int, str] = {}                  # reduction -> one-entry workspace
+    for depth, level in enumerate(levels(graph, tuple(reduces))):
+        for r in level:
+            k = reduces.index(r)
+            node = graph.nodes[r]
+            src = graph.nodes[node.inputs[0]]
+            count = cdiv(_numel(src.shape), CHUNK)
+            ws = _fresh(f"{base}_ws{k}", taken)
+            scratch.append(Scratch(ws, acc_dtype(node.attrs[0], node.dtype), (count,)))
+            needs = tuple((d, values[d]) for d in direct_reduces(graph, [src.id]))
+            kernels.append(KernelSpec(f"{base}_partial{k}", "partial", ((ws, r),), src.shape,
+                                      BLOCK, count, scratch=(ws, *(v for _, v in needs)),
+                                      values=needs))
+            partials[r] = (ws, count)
+        finished = [r for r in level if r in read]
+        if not finished:
+            continue
+        for r in finished:
+            values[r] = _fresh(f"{base}_val{reduces.index(r)}", taken)
+            scratch.append(Scratch(values[r], graph.nodes[r].dtype, (const(1),)))
+        kernels.append(KernelSpec(
+            f"{base}_combine{depth}", "row", tuple((values[r], r) for r in finished), (),
+            ROW_BLOCK, const(1), group="block", reduces=tuple(finished),
+            partials=tuple((r, *partials[r]) for r in finished),
+            scratch=tuple(partials[r][0] for r in finished)))
+    last = direct_reduces(graph, [nid for _, nid in outs])
+    combined = tuple((r, *partials[r]) for r in last if r not in values)
+    loaded = tuple((r, values[r]) for r in last if r in values)
+    # outputs as long as the input (x / x.sum()) were all written by one block: with every
+    # reduction read from partials or a value, each block of a grid combines them alike (a
+    # few loads) and writes its slice
+    grid = emin(cdiv(_numel(graph.nodes[outs[0][1]].shape), SPREAD[0]), SPREAD[1]) \
+        if keeps_row else const(1)
+    kernels.append(KernelSpec(
+        base + "_rowblock", "row", tuple(outs), (), ROW_BLOCK, grid, group="block",
+        reduces=tuple(last), partials=combined, values=loaded,
+        scratch=tuple(w for _, w, _ in combined) + tuple(v for _, v in loaded),
+        spread=keeps_row))
+    return Stage(tuple(n for n, _ in outs), (Choice(tuple(kernels), tuple(scratch)),))
