@@ -153,12 +153,8 @@ class LibCuda:
         """The entry point's address (0: none) and the lookup's own CUresult: a stub
         library (the toolkit's ``stubs/libcuda.so``) answers CUDA_ERROR_STUB_LIBRARY here,
         which then names the failure instead of a plain "not found"."""
-        pfn = c_void_p()
-        status = c_int()
-        err = self._get(symbol.encode(), byref(pfn), version, self._flags, byref(status))
-        if err or status.value != 0:
-            return 0, err
-        return int(pfn.value or 0), 0
+        err, address, status = self.cuGetProcAddress(symbol.encode(), version, self._flags)
+        return (0, err) if err or status else (address, 0)
 
     def cuGetProcAddress(self, symbol: bytes, version: int, flags: int) -> tuple[int, int, int]:
         """cuda.bindings' form: ``(CUresult, address, symbolStatus)``."""
