@@ -19,6 +19,7 @@ import kernelpack as kp
 from kernelpack.expr import cdiv, const, emin, sym
 from kernelpack.lowering import pipeline
 
+from .full_reduction_fusions import moments, two, unit, unit64, var2d, var_std
 from .simt import Kernels, assert_close
 
 T = kp.Tensor
@@ -31,45 +32,8 @@ def var(x: T[kp.f32, "n"]):
 
 
 @kp.fusion
-def var_std(x: T[kp.f32, "n"]):
-    v = ((x - x.mean()) ** 2).mean()
-    return v, kp.sqrt(v)
-
-
-@kp.fusion
-def moments(x: T[kp.f64, "n"]):
-    d = x - x.mean()
-    v = (d * d).mean()
-    z = d / kp.sqrt(v)
-    return v, kp.sqrt(v), (z * z * z * z).mean()  # the kurtosis reads the variance: 3 levels
-
-
-@kp.fusion
-def unit(x: T[kp.f32, "n"]):
-    y = x - x.mean()
-    return y / kp.sqrt((y * y).sum())
-
-
-@kp.fusion
-def unit64(x: T[kp.f64, "n"]):
-    y = x - x.mean()
-    return y / kp.sqrt((y * y).sum())
-
-
-@kp.fusion
-def two(x: T[kp.f32, "n"], y: T[kp.f32, "m"]):
-    return ((x - x.mean()) ** 2).mean(), ((y - y.mean()) ** 2).sum() + x.sum() * y.max()
-
-
-@kp.fusion
 def cov(x: T[kp.f64, "n"], y: T[kp.f64, "n"]):
     return ((x - x.mean()) * (y - y.mean())).mean()
-
-
-@kp.fusion
-def var2d(x: T[kp.f32, "a", "b"]):
-    d = x - x.mean()
-    return (d * d).mean(), d / kp.sqrt((d * d).sum())
 
 
 @kp.fusion

@@ -11,51 +11,13 @@ import pytest
 
 import kernelpack as kp
 
+from .full_reduction_fusions import moments, two, unit, unit64, var2d, var_std
+
 pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch", reason="the GPU tests launch through torch tensors")
 if not torch.cuda.is_available():  # pragma: no cover - depends on the machine
     pytest.skip("no CUDA GPU visible to torch", allow_module_level=True)
-
-T = kp.Tensor
-
-
-@kp.fusion
-def var_std(x: T[kp.f32, "n"]):
-    v = ((x - x.mean()) ** 2).mean()
-    return v, kp.sqrt(v)
-
-
-@kp.fusion
-def moments(x: T[kp.f64, "n"]):
-    d = x - x.mean()
-    v = (d * d).mean()
-    z = d / kp.sqrt(v)
-    return v, kp.sqrt(v), (z * z * z * z).mean()
-
-
-@kp.fusion
-def unit(x: T[kp.f32, "n"]):
-    y = x - x.mean()
-    return y / kp.sqrt((y * y).sum())
-
-
-@kp.fusion
-def unit64(x: T[kp.f64, "n"]):
-    y = x - x.mean()
-    return y / kp.sqrt((y * y).sum())
-
-
-@kp.fusion
-def two(x: T[kp.f32, "n"], y: T[kp.f32, "m"]):
-    return ((x - x.mean()) ** 2).mean(), ((y - y.mean()) ** 2).sum() + x.sum() * y.max()
-
-
-@kp.fusion
-def var2d(x: T[kp.f32, "a", "b"]):
-    d = x - x.mean()
-    return (d * d).mean(), d / kp.sqrt((d * d).sum())
-
 
 @pytest.fixture(scope="module")
 def pack():
