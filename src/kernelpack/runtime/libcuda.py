@@ -34,46 +34,47 @@ MIN_DRIVER_VERSION = 12000
 _P, _I, _U, _Z, _Q = c_void_p, c_int, c_uint, c_size_t, c_uint64
 _PI, _PP, _PQ, _PS = POINTER(c_int), POINTER(c_void_p), POINTER(c_uint64), POINTER(c_char_p)
 
-# name -> (CUDA version whose ABI the argument types describe, argument types); every function
-# returns CUresult. The version is that of CUDA 12.0 (the oldest driver kernelpack supports;
-# 12.4 for cuFuncLoad, which is newer), not each function's first: cuGetProcAddress answers the
+# name -> argument types; every function returns CUresult. Each is asked for at the ABI of
+# MIN_DRIVER_VERSION, the oldest driver kernelpack supports (_NEWER: the functions it has only
+# from a later version), not at each function's first version: cuGetProcAddress answers the
 # newest variant up to the version asked, and the per-thread-stream variants (_ptsz/_ptds) of
 # the stream functions only exist from CUDA 7.0 on, so asking for 3.2's cuMemsetD8Async with the
 # per-thread flag finds nothing. The signatures below are unchanged from 12.0 to 13.x.
-_SPECS: dict[str, tuple[int, tuple[Any, ...]]] = {
-    "cuInit": (12000, (_U,)),
-    "cuDriverGetVersion": (12000, (_PI,)),
-    "cuDeviceGetCount": (12000, (_PI,)),
-    "cuDeviceGet": (12000, (_PI, _I)),
-    "cuDeviceGetAttribute": (12000, (_PI, _I, _I)),
-    "cuDeviceGetName": (12000, (_P, _I, _I)),
-    "cuDevicePrimaryCtxRetain": (12000, (_PP, _I)),
-    "cuCtxGetCurrent": (12000, (_PP,)),
-    "cuCtxSetCurrent": (12000, (_P,)),
-    "cuCtxPushCurrent": (12000, (_P,)),
-    "cuCtxPopCurrent": (12000, (_PP,)),
-    "cuCtxGetDevice": (12000, (_PI,)),
-    "cuLibraryLoadData": (12000, (_PP, c_char_p, _P, _P, _U, _P, _P, _U)),
-    "cuLibraryGetKernel": (12000, (_PP, _P, c_char_p)),
-    "cuLibraryUnload": (12000, (_P,)),
-    "cuKernelGetFunction": (12000, (_PP, _P)),
-    "cuFuncLoad": (12040, (_P,)),
-    "cuLaunchKernel": (12000, (_P, _U, _U, _U, _U, _U, _U, _U, _P, _P, _P)),
-    "cuMemAlloc": (12000, (_PQ, _Z)),
-    "cuMemFree": (12000, (_Q,)),
-    "cuMemAllocAsync": (12000, (_PQ, _Z, _P)),
-    "cuMemFreeAsync": (12000, (_Q, _P)),
-    "cuMemcpyDtoH": (12000, (_P, _Q, _Z)),
-    "cuMemsetD8Async": (12000, (_Q, c_ubyte, _Z, _P)),
-    "cuPointerGetAttribute": (12000, (_P, _I, _Q)),
-    "cuStreamSynchronize": (12000, (_P,)),
-    "cuStreamWaitEvent": (12000, (_P, _P, _U)),
-    "cuEventCreate": (12000, (_PP, _U)),
-    "cuEventRecord": (12000, (_P, _P)),
-    "cuEventDestroy": (12000, (_P,)),
-    "cuGetErrorName": (12000, (_I, _PS)),
-    "cuGetErrorString": (12000, (_I, _PS)),
+_SPECS: dict[str, tuple[Any, ...]] = {
+    "cuInit": (_U,),
+    "cuDriverGetVersion": (_PI,),
+    "cuDeviceGetCount": (_PI,),
+    "cuDeviceGet": (_PI, _I),
+    "cuDeviceGetAttribute": (_PI, _I, _I),
+    "cuDeviceGetName": (_P, _I, _I),
+    "cuDevicePrimaryCtxRetain": (_PP, _I),
+    "cuCtxGetCurrent": (_PP,),
+    "cuCtxSetCurrent": (_P,),
+    "cuCtxPushCurrent": (_P,),
+    "cuCtxPopCurrent": (_PP,),
+    "cuCtxGetDevice": (_PI,),
+    "cuLibraryLoadData": (_PP, c_char_p, _P, _P, _U, _P, _P, _U),
+    "cuLibraryGetKernel": (_PP, _P, c_char_p),
+    "cuLibraryUnload": (_P,),
+    "cuKernelGetFunction": (_PP, _P),
+    "cuFuncLoad": (_P,),
+    "cuLaunchKernel": (_P, _U, _U, _U, _U, _U, _U, _U, _P, _P, _P),
+    "cuMemAlloc": (_PQ, _Z),
+    "cuMemFree": (_Q,),
+    "cuMemAllocAsync": (_PQ, _Z, _P),
+    "cuMemFreeAsync": (_Q, _P),
+    "cuMemcpyDtoH": (_P, _Q, _Z),
+    "cuMemsetD8Async": (_Q, c_ubyte, _Z, _P),
+    "cuPointerGetAttribute": (_P, _I, _Q),
+    "cuStreamSynchronize": (_P,),
+    "cuStreamWaitEvent": (_P, _P, _U),
+    "cuEventCreate": (_PP, _U),
+    "cuEventRecord": (_P, _P),
+    "cuEventDestroy": (_P,),
+    "cuGetErrorName": (_I, _PS),
+    "cuGetErrorString": (_I, _PS),
 }
+_NEWER = {"cuFuncLoad": 12040}
 
 # CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
 #                              cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
@@ -139,8 +140,8 @@ class LibCuda:
     def _fn(self, name: str) -> Callable[..., int]:
         fn = self._fns.get(name)
         if fn is None:
-            version, argtypes = _SPECS[name]
-            address, err = self._address(name, version)
+            argtypes = _SPECS[name]
+            address, err = self._address(name, _NEWER.get(name, MIN_DRIVER_VERSION))
             if not address:
                 return _missing(name, err or _NOT_FOUND)
             proto = self._types.get(argtypes)
