@@ -214,7 +214,20 @@ class ByteViews:
         return self.count
 
     def __getitem__(self, index: int) -> memoryview:
+        return self._table(index).view("data")
+
+    def _table(self, index: int) -> Table:
         if not 0 <= index < self.count:
             raise IndexError(index)
         pos = self.start + 4 * index
-        return Table(self.buf, pos + _U32(self.buf, pos)[0], self.table).view("data")
+        return Table(self.buf, pos + _U32(self.buf, pos)[0], self.table)
+
+    def span(self, index: int) -> tuple[int, int]:
+        """(offset in the buffer, length) of view ``index``: where a reader that must not
+        touch a memory map later (kernelpack._images.PackFile) finds the bytes."""
+        table = self._table(index)
+        fpos = table._field(table._slots["data"][0])
+        if not fpos:
+            return 0, 0
+        target = table._target(fpos)
+        return target + 4, _U32(self.buf, target)[0]

@@ -11,9 +11,11 @@ not decompress the images that the device never runs.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
+import weakref
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Sequence, Union
 
 from ._fbread import ByteViews, Table
 from .errors import FormatError, IntegrityError
@@ -21,7 +23,7 @@ from .limits import DIGEST_SIZE, MAX_IMAGE_SIZE
 from .compiled import IMAGE_KINDS, Image
 from .targets import Arch
 
-__all__ = ["ImageInfo"]
+__all__ = ["ImageInfo", "PackFile", "FileBlobs"]
 
 _SUFFIXES = ("", "a", "f")
 _CODECS = ("none", "zstd")
@@ -35,6 +37,73 @@ def _arch(major: int, minor: int, suffix: int) -> Arch:
     return Arch(major, minor, _SUFFIXES[suffix])
 
 
+class PackFile:
+    """An open artifact file that images are read from with ``os.pread`` after load.
+
+    A large file is memory-mapped for load's checks, but reading an image through the map
+    later would kill the process with SIGBUS if the file was truncated in the meantime (a
+    rewrite in place, a full disk): a read past the end of a file must be an IntegrityError.
+    The descriptor is a private duplicate, closed when the last reader goes away."""
+
+    __slots__ = ("path", "size", "fd", "__weakref__")
+
+    def __init__(self, fd: int, path: str, size: int) -> None:
+        self.path, self.size = path, size
+        self.fd = os.dup(fd)
+        weakref.finalize(self, os.close, self.fd)
+
+    def read(self, start: int, size: int, where: str) -> bytes:
+        """Bytes [start, start + size): IntegrityError if the file is shorter now."""
+        chunks, have = [], 0
+        while have < size:  # one pread returns at most about 2 GiB
+            chunk = os.pread(self.fd, size - have, start + have)
+            if not chunk:
+                now = os.fstat(self.fd).st_size
+                raise IntegrityError(f"{self.path}: {where}: the file is {now} bytes now, "
+                                     f"{self.size} when it was loaded (truncated after "
+                                     f"load; bytes {start}..{start + size} are gone)")
+            chunks.append(chunk)
+            have += len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class FileBlob:
+    """One stored blob of a :class:`PackFile`: ``len()`` without I/O, bytes read on request."""
+
+    __slots__ = ("file", "start", "size")
+
+    def __init__(self, file: PackFile, start: int, size: int) -> None:
+        self.file, self.start, self.size = file, start, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self, where: str) -> bytes:
+        return self.file.read(self.start, self.size, where)
+
+    def __bytes__(self) -> bytes:  # as bytes(view) of an in-memory blob
+        return self.read("stored blob")
+
+
+class FileBlobs:
+    """:class:`~kernelpack._fbread.ByteViews` of a memory-mapped file, handing out
+    :class:`FileBlob` readers instead of views into the map (see :class:`PackFile`)."""
+
+    __slots__ = ("views", "file")
+
+    def __init__(self, views: ByteViews, file: PackFile) -> None:
+        self.views, self.file = views, file
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def __getitem__(self, index: int) -> FileBlob:
+        return FileBlob(self.file, *self.views.span(index))
+
+
+Stored = Union[memoryview, FileBlob]
+
+
 class ImageInfo:
     """Metadata of one stored image; :meth:`read` returns its checked raw bytes."""
 
@@ -42,7 +111,8 @@ class ImageInfo:
                  "raw_digest", "toolchain", "cuda_version", "ptx_isa", "blob", "_stored",
                  "_data", "_stored_ok")
 
-    def __init__(self, module: str, meta: Table, blobs: ByteViews | Sequence[memoryview]) -> None:
+    def __init__(self, module: str, meta: Table,
+                 blobs: ByteViews | FileBlobs | Sequence[memoryview]) -> None:
         self.module = module
         (kind, major, minor, suffix, self.ptx_isa, self.cuda_version, self.toolchain, codec,
          self.raw_size, digest, raw_digest, blob) = meta.values(_IMAGE_FIELDS)
@@ -64,7 +134,7 @@ class ImageInfo:
             raise FormatError(f"module {module!r} image {self.target}: blob index {blob} "
                               f"outside 0..{len(blobs) - 1}")
         self.blob = blob
-        self._stored = blobs[blob]
+        self._stored: Stored = blobs[blob]
         self.stored_size = len(self._stored)
         if self.codec == "none" and self.stored_size != self.raw_size:
             raise IntegrityError(f"module {module!r} image {self.target}: stored uncompressed "
@@ -97,7 +167,14 @@ class ImageInfo:
         if self._stored_ok:
             return
         where = f"module {self.module!r} image {self.target}"
+        self._check(self._fetch(where), where)
+
+    def _fetch(self, where: str) -> memoryview | bytes:
+        """The stored bytes: a view of an in-memory buffer, or read from the file now."""
         stored = self._stored
+        return stored if isinstance(stored, memoryview) else stored.read(where)
+
+    def _check(self, stored: memoryview | bytes, where: str) -> None:
         if hashlib.sha256(stored).hexdigest() != self.digest:
             raise IntegrityError(f"{where}: stored bytes do not match their digest "
                                  f"(expected sha256 {self.digest})")
@@ -122,7 +199,7 @@ class ImageInfo:
             # Stored bytes = raw bytes, one digest for both: hash the copy handed out once
             # (what check_stored would hash, then the raw check again), with the message of
             # the check that would have failed first.
-            data = bytes(self._stored)
+            data = bytes(self._fetch(where))
             if hashlib.sha256(data).hexdigest() != self.digest:
                 what = "decompressed bytes do not match raw_digest" if self._stored_ok else \
                     "stored bytes do not match their digest"
@@ -130,8 +207,10 @@ class ImageInfo:
             self._stored_ok = True
             self._data = data
             return data
-        self.check_stored()
-        stored = self._stored
+        stored = self._fetch(where)
+        if not (self._stored_ok and isinstance(self._stored, memoryview)):
+            # bytes read from the file now are checked now: the file may have changed
+            self._check(stored, where)
         data = bytes(stored) if self.codec == "none" else _inflate(stored, self.raw_size, where)
         if hashlib.sha256(data).hexdigest() != self.raw_digest:
             raise IntegrityError(f"{where}: decompressed bytes do not match raw_digest "
@@ -172,7 +251,7 @@ def _decompressor() -> Any:
     return dctx
 
 
-def _frame_size(stored: memoryview, raw_size: int, where: str) -> None:
+def _frame_size(stored: memoryview | bytes, raw_size: int, where: str) -> None:
     """The zstd frame must declare its content size, and it must equal ``raw_size``."""
     import zstandard
 
@@ -185,7 +264,7 @@ def _frame_size(stored: memoryview, raw_size: int, where: str) -> None:
                              f"{raw_size}")
 
 
-def _decompress(stored: memoryview, raw_size: int, where: str) -> bytes:
+def _decompress(stored: memoryview | bytes, raw_size: int, where: str) -> bytes:
     """Decompress one zstd frame into exactly ``raw_size`` bytes.
 
     The frame must declare its content size, and it must equal ``raw_size`` (bounded by
@@ -196,7 +275,7 @@ def _decompress(stored: memoryview, raw_size: int, where: str) -> bytes:
     return _inflate(stored, raw_size, where)
 
 
-def _inflate(stored: memoryview, raw_size: int, where: str) -> bytes:
+def _inflate(stored: memoryview | bytes, raw_size: int, where: str) -> bytes:
     """:func:`_decompress` after the frame's declared size was checked (by
     :meth:`ImageInfo.check_stored`, which :meth:`ImageInfo.read` has just run)."""
     import zstandard

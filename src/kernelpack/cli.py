@@ -54,6 +54,21 @@ def _driver(text: str) -> int:
     return int(match.group(1)) * 1000 + int(match.group(2)) * 10
 
 
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# `extract` writes every image's raw bytes; a small hostile file can declare thousands of
+# images of MAX_IMAGE_SIZE (1 GiB) each sharing one tiny zstd blob: refused above this total
+EXTRACT_LIMIT = 4 << 30
+
+
+def _size(text: str) -> int:
+    """``4096``, ``512M``, ``4G`` (powers of 1024) -> bytes."""
+    match = re.fullmatch(r"(\d{1,15})\s*([kmgt]?)i?b?", text.strip().lower())
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a size in bytes such as 4096, 512M or 4G "
+                                         f"(got {text!r})")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
 def _load(path: str, trusted_keys: Sequence[str] | None = None) -> Any:
     from .loader import load
 
@@ -88,6 +103,18 @@ def safe_filename(text: str) -> str:
     name = _UNSAFE.sub("_", text).lstrip(".")
     name = name.replace("..", "_")
     return name or "_"
+
+
+def _module_stem(name: str) -> str:
+    """A module's file name stem: the name itself when it is safe as it stands, else the safe
+    form plus a hash of the name, so that module names differing only in characters that
+    :func:`safe_filename` replaces (``mé`` and ``mè``) still get one file each."""
+    safe = safe_filename(name)
+    if safe == name:
+        return safe
+    import hashlib
+
+    return f"{safe}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
 
 
 def parse_assignment(text: str, kinds: dict[str, str]) -> tuple[str, Any]:
@@ -145,9 +172,9 @@ def _verified(path: str, trusted_keys: Sequence[str] | None = None) -> Any:
     pack = _load(path, trusted_keys)
     with _about(path):
         pack.verify()
-    sig = getattr(pack, "signature", None)
-    if sig is not None and not getattr(sig, "verified", False):
-        _load(path, [bytes.fromhex(sig.public_key)])
+        # the digest load() verified, not a second load: no second pass over the file, and no
+        # window in which a replaced file's signature is checked for this pack's contents
+        pack.check_signature_intact()
     return pack
 
 
@@ -176,13 +203,18 @@ def cmd_extract(args: argparse.Namespace) -> int:
     for module in pack.modules.values():
         for image in module.images:
             ext = EXTENSIONS.get(image.kind, "bin")
-            name = f"{safe_filename(module.name)}.{safe_filename(image.target)}.{ext}"
+            name = f"{_module_stem(module.name)}.{safe_filename(image.target)}.{ext}"
             path = out / name
             label = f"{module.name}/{image.target}"
             if path in seen:
                 raise CLIError(f"images {seen[path]} and {label} map to one file name {name}")
             seen[path] = label
             plan.append((path, image))
+    total = sum(image.raw_size for _, image in plan)  # raw sizes are checked when read
+    if total > args.max_bytes:
+        raise CLIError(f"{args.file}: extracting would write {total} bytes in {len(plan)} "
+                       f"file(s), over the limit of {args.max_bytes} (raise it with "
+                       f"--max-bytes)")
     # lexists: a dangling symlink counts too (writing through it would create a file elsewhere)
     existing = [p for p, _ in plan if os.path.lexists(p)]
     if existing and not args.force:
@@ -335,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="a .kpack artifact")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.add_argument("--max-bytes", type=_size, default=EXTRACT_LIMIT, metavar="SIZE",
+                   help="refuse to write more than this in total (default 4G; K/M/G/T "
+                        "suffixes are powers of 1024)")
 
     p = add("eval", cmd_eval, "evaluate a program's plan for given shapes and scalars")
     p.add_argument("file", help="a .kpack artifact")

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from ._decode import decode_program
 from ._fbread import ByteViews, Table
-from ._images import ImageInfo, _decompress  # noqa: F401 - _decompress: kept importable here
+from ._images import FileBlobs, ImageInfo, PackFile, _decompress  # noqa: F401 - _decompress: kept importable here
 from .errors import FormatError, IntegrityError, KernelPackError, SignatureError
 from .limits import DIGEST_SIZE, FILE_IDENTIFIER, MAX_FILE_SIZE
 from ._records import FrozenRecord
@@ -43,7 +43,7 @@ class ModuleInfo:
 
     __slots__ = ("name", "kernels", "images", "_module")
 
-    def __init__(self, fm: Table, blobs: ByteViews | Sequence[memoryview]) -> None:
+    def __init__(self, fm: Table, blobs: ByteViews | FileBlobs | Sequence[memoryview]) -> None:
         self.name, kernels, fimages = fm.values(("name", "kernels", "images"))
         if not self.name.isidentifier():
             raise FormatError(f"module name {self.name!r} is not an identifier")
@@ -178,7 +178,8 @@ class Program(_call_base()):  # type: ignore[misc]
 class Pack:
     """A verified artifact. Made by :func:`load`; do not construct directly."""
 
-    def __init__(self, buf: memoryview, *, trusted_keys: Iterable[object] | None) -> None:
+    def __init__(self, buf: memoryview, *, trusted_keys: Iterable[object] | None,
+                 file: PackFile | None = None) -> None:
         self.format_version = read_format_version(buf)
         root = verify_buffer(buf, "Pack", identifier=FILE_IDENTIFIER)
         fpack = Table(buf, root, "Pack")
@@ -188,8 +189,8 @@ class Pack:
         if not isinstance(buf.obj, bytes):
             # A memory-mapped file can be rewritten in place (`cp new.kpack model.kpack`) after
             # this check: summaries are decoded later, so they must read the bytes verified
-            # here, a private copy of the small body. Images are read from the map and checked
-            # against their digests at every read.
+            # here, a private copy of the small body. Images are read from the file (pread, see
+            # _images.PackFile) and checked against their digests at every read.
             body = memoryview(bytes(body))
         digest = fpack.get("body_digest")
         if len(digest) != DIGEST_SIZE:
@@ -204,7 +205,10 @@ class Pack:
         self._buf = buf
         fbody = Table.root(body, "Body")
         self.generator: str = fbody.get("generator")
-        blobs = fpack.byte_views("blobs")  # made when an image names one
+        blobs: ByteViews | FileBlobs = fpack.byte_views("blobs")  # made when an image names one
+        if file is not None:  # images of a mapped file are read with pread, never via the map
+            blobs = FileBlobs(blobs, file)
+        self._file = file
         modules = [ModuleInfo(fm, blobs) for fm in fbody.get("modules")]
         _sorted_unique([m.name for m in modules], "module")
         self.modules: dict[str, ModuleInfo] = {m.name: m for m in modules}
@@ -218,10 +222,10 @@ class Pack:
         self._index = {name: i for i, name in enumerate(names)}
         self._handles: dict[str, Program] = {}
 
-    @staticmethod
-    def _check_signature(fpack: Table, digest: bytes,
+    def _check_signature(self, fpack: Table, digest: bytes,
                          trusted_keys: Iterable[object] | None) -> SignatureInfo | None:
         sig = fpack.get("signature")
+        self._signed: tuple[bytes, bytes, bytes] | None = None
         if sig is None:
             if trusted_keys is not None:
                 raise SignatureError("artifact is unsigned, but trusted_keys were given")
@@ -234,7 +238,18 @@ class Pack:
 
         if trusted_keys is not None:
             verify_digest(key, value, digest, trusted_keys)
+        self._signed = (bytes(key), bytes(value), bytes(digest))
         return SignatureInfo(key_id(key), key.hex(), trusted_keys is not None)
+
+    def check_signature_intact(self) -> None:
+        """Check the signature this pack carries under the key it names (load checks it only
+        against ``trusted_keys``): SignatureError if the file was changed after signing. Proves
+        nothing about who signed it; does nothing for an unsigned pack."""
+        if self._signed is not None:
+            from .signing import verify_digest
+
+            key, value, digest = self._signed
+            verify_digest(key, value, digest, [key])
 
     # ---- mapping of programs -----------------------------------------------------------------
     def __getitem__(self, name: str) -> Program:
@@ -330,16 +345,17 @@ def _open_nonblocking(path: str, flags: int) -> int:
     return os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
 
 
-def _open(source: object) -> memoryview:
+def _open(source: object) -> tuple[memoryview, PackFile | None]:
+    """The bytes to verify, and for a memory-mapped file the file to read images from."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         view = memoryview(source)
         if view.nbytes > MAX_FILE_SIZE:
             raise FormatError(f"file: {view.nbytes} bytes exceed MAX_FILE_SIZE {MAX_FILE_SIZE}")
         if view.readonly and view.c_contiguous:
-            return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+            return (view.cast("B") if view.format != "B" or view.ndim != 1 else view), None
         # A writable buffer could change between verification and a later (lazy) decode, and
         # a strided view is not a byte string: the pack reads a private copy.
-        return memoryview(view.tobytes())
+        return memoryview(view.tobytes()), None
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"kp.load takes a path or bytes (got {type(source).__name__})")
     # O_NONBLOCK: opening a FIFO must not wait forever for a writer (no effect on files)
@@ -353,12 +369,19 @@ def _open(source: object) -> memoryview:
             raise FormatError(f"{os.fspath(source)}: {size} bytes exceed MAX_FILE_SIZE "
                               f"{MAX_FILE_SIZE}")
         if size == 0:
-            return memoryview(b"")
-        if size <= _READ_LIMIT:  # small files: one read costs less than mapping (and unmapping)
-            return memoryview(f.read())
+            return memoryview(b""), None
+        if size <= _READ_LIMIT or not hasattr(os, "pread"):
+            # small files: one read costs less than mapping (and unmapping)
+            return memoryview(f.read()), None
         import mmap  # only here: importing it costs a small file's load a quarter millisecond
 
-        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        # The map serves load's checks (the structure, the body copied out); images are read
+        # later through PackFile, since touching a map of a file truncated meanwhile is SIGBUS.
+        # A truncation *during* load can still fault: the window is one load's checks.
+        view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        if len(view) != size:  # changed between fstat and mmap
+            raise FormatError(f"{os.fspath(source)}: file changed while being opened")
+        return view, PackFile(f.fileno(), os.fspath(source), size)
 
 
 def load(path_or_bytes: object, *, trusted_keys: Iterable[object] | None = None) -> Pack:
@@ -383,7 +406,8 @@ def load(path_or_bytes: object, *, trusted_keys: Iterable[object] | None = None)
     elif trusted_keys is not None:
         trusted_keys = list(trusted_keys)
     try:
-        return Pack(_open(path_or_bytes), trusted_keys=trusted_keys)
+        buf, file = _open(path_or_bytes)
+        return Pack(buf, trusted_keys=trusted_keys, file=file)
     except KernelPackError as exc:
         if isinstance(path_or_bytes, (str, os.PathLike)):
             name_file(exc, os.fspath(path_or_bytes))

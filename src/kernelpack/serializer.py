@@ -274,11 +274,18 @@ def resign(pack: object, sign_with: object) -> bytes:
     """
     from ._fbread import Table
     from .signing import sign_digest
+    from .errors import IntegrityError
     from .verify import verify_buffer
 
-    buf = pack._buf  # type: ignore[attr-defined]  # the buffer load() verified
+    file = getattr(pack, "_file", None)
+    # a memory-mapped file is read again with pread: it may have been truncated since load,
+    # and reading a map past the file's end kills the process (kernelpack._images.PackFile)
+    buf = pack._buf if file is None else file.read(0, file.size, "re-reading the file")  # type: ignore[attr-defined]
     fpack = Table(buf, verify_buffer(buf, "Pack", identifier=FILE_IDENTIFIER), "Pack")
     body = bytes(fpack.view("body"))
+    if hashlib.sha256(body).hexdigest() != pack.body_digest:  # type: ignore[attr-defined]
+        raise IntegrityError(f"{getattr(file, 'path', 'file')}: the body changed after the "
+                             f"file was loaded and verified; not signing it")
     blobs = [bytes(blob.view("data")) for blob in fpack.get("blobs")]
     return assemble(body, blobs, sign_digest(sign_with, hashlib.sha256(body).digest()))
 
