@@ -81,4 +81,8 @@ def compile(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,  #
 
         return compile_fusion(f, targets, static=static, **options)
 
+    from .cache import Cache
+
+    if isinstance(cache, Cache):  # a hit holding another program is not this key's entry
+        return cache.fetch_or_compile(key, build, name=f.name)
     return cache.fetch_or_compile(key, build)  # type: ignore[no-any-return]

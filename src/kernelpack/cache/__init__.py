@@ -29,6 +29,7 @@ from .. import config
 from ..errors import KernelPackError
 from ..compiled import Compiled
 from ._args import check_key, key_list, positive_int, seconds
+from .binding import check_binding
 from .disk import DiskStore, check_digest
 from .keys import CacheKey, make_key
 from .remote_tier import RemoteTier
@@ -204,14 +205,17 @@ class Cache:
         _log().warning(message)
         warnings.warn(message, CacheWarning, stacklevel=3)
 
-    def _from_disk(self, key: CacheKey | str, count_miss: bool = True) -> Compiled | None:
-        hit = self._verified_disk_entry(key, count_miss)
+    def _from_disk(self, key: CacheKey | str, count_miss: bool = True,
+                   name: str | None = None) -> Compiled | None:
+        hit = self._verified_disk_entry(key, count_miss, name)
         return None if hit is None else hit[1]
 
-    def _verified_disk_entry(self, key: CacheKey | str,
-                             count_miss: bool = True) -> tuple[bytes, Compiled] | None:
+    def _verified_disk_entry(self, key: CacheKey | str, count_miss: bool = True,
+                             name: str | None = None) -> tuple[bytes, Compiled] | None:
         """The disk entry's bytes and what they decode to, read once and verified; None on a
-        miss or a bad entry (quarantined)."""
+        miss or a bad entry (quarantined). A bad entry includes one that cannot be ``key``'s
+        (another program, another image set: :func:`~.binding.check_binding`), since a disk
+        entry carries no key of its own."""
         digest = check_digest(key)
         try:
             found = self.disk.read(digest)
@@ -226,6 +230,7 @@ class Cache:
         data, seen = found
         try:
             compiled = self._decode(data, None, "disk")
+            check_binding(compiled, key, name)
         except KernelPackError as exc:  # the bytes are bad (the loader's promise)
             try:
                 moved = self.disk.quarantine(digest, seen)
@@ -257,11 +262,12 @@ class Cache:
             self._warn(f"disk cache write of {check_digest(key)[:16]} failed: {exc}")
 
     # ---- the API -------------------------------------------------------------------------------
-    def load(self, key: CacheKey | str) -> Compiled | None:
-        """A verified hit from disk or the remote (put through to disk), or None."""
-        hit = self._from_disk(key)
+    def load(self, key: CacheKey | str, *, name: str | None = None) -> Compiled | None:
+        """A verified hit from disk or the remote (put through to disk), or None; ``name``:
+        the program the entry must hold (None: any)."""
+        hit = self._from_disk(key, name=name)
         if hit is None and self._remote_tier.readable():
-            hit = self._remote_tier.get(key)
+            hit = self._remote_tier.get(key, name=name)
         return hit
 
     def get(self, key: CacheKey | str) -> bytes | None:
@@ -307,22 +313,28 @@ class Cache:
             self._remote_tier.put(key, data)
         return data
 
-    def fetch_or_compile(self, key: CacheKey | str, build: Callable[[], Compiled]) -> Compiled:
+    def fetch_or_compile(self, key: CacheKey | str, build: Callable[[], Compiled], *,
+                         name: str | None = None) -> Compiled:
         """The compiled program for ``key``: from disk, else the remote, else ``build()``.
 
+        ``name``, when given, is the program ``build()`` makes: a hit holding another program
+        is not this key's entry (quarantined on disk, refused from the remote).
         Returns a :class:`~kernelpack.Compiled` whose ``origin`` is ``"disk"``, ``"remote"``
         or ``"compiled"``. Raises only what ``build()`` raises (and TypeError if it returns
         something that is not a Compiled).
         """
         digest = check_digest(key)
-        hit = self._from_disk(digest)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a program name (str) or None (got "
+                            f"{type(name).__name__})")
+        hit = self._from_disk(key, name=name)
         if hit is not None:
             return hit
         # The remote before the local lock: a hit needs no lock (concurrent put-throughs of
         # one entry are atomic and identical), and a warm start from Redis skips 50 flocks.
         status = "off"
         if self._remote_tier.readable():
-            hit, status = self._remote_tier.lookup(key)
+            hit, status = self._remote_tier.lookup(key, name=name)
             if hit is not None:
                 return hit
         with contextlib.ExitStack() as stack:
@@ -332,7 +344,7 @@ class Cache:
                 self._count("errors")
                 self._warn(f"cannot take the disk lock for {digest[:16]} ({exc}); compiling "
                            f"without single-flight")
-            hit = self._from_disk(digest, count_miss=False)  # filled while we waited?
+            hit = self._from_disk(key, count_miss=False, name=name)  # filled while we waited?
             if hit is not None:
                 return hit
             token = None
@@ -340,7 +352,7 @@ class Cache:
             # put-through will overwrite) or an outage, compile here at once. The tier's lock
             # looks at the remote again once it holds the fleet lock.
             if status == "miss" and self._remote_tier.ok():
-                hit, token = self._remote_tier.lock(digest)
+                hit, token = self._remote_tier.lock(key, name)
                 if hit is not None:
                     return hit
             if token is not None:
@@ -362,7 +374,8 @@ class Cache:
         from .external_key import external_key
 
         key, build = external_key(args, kwargs)
-        return self.fetch_or_compile(key, build)
+        name = args[0] if args else kwargs.get("name")
+        return self.fetch_or_compile(key, build, name=name if isinstance(name, str) else None)
 
     # ---- inspection ----------------------------------------------------------------------------
     def key_record(self, digest: str) -> CacheKey | None:

@@ -52,14 +52,18 @@ TOUCH_INTERVAL_S = 60.0
 _MAX_USED = 1 << 16  # hit times a store remembers
 MAX_QUARANTINED = 32
 LOW_WATER = 0.9
-_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+_DIGEST_RE = re.compile(r"[0-9a-f]{64}")  # used with fullmatch: "$" would pass a "\n"
 _SUFFIX = ".kpack"
 
 
 def check_digest(key: str | CacheKey) -> str:
-    """The key's hex digest; ValueError for anything else (a path, a prefix, upper case)."""
+    """The key's hex digest: TypeError for a key that is neither a CacheKey nor a str,
+    ValueError for a str that is not a digest (a path, a prefix, upper case)."""
     digest = key.digest if isinstance(key, CacheKey) else key
-    if not isinstance(digest, str) or not _DIGEST_RE.match(digest):
+    if not isinstance(digest, str):
+        raise TypeError(f"cache key must be a CacheKey or a str of 64 lowercase hex digits "
+                        f"(got {type(digest).__name__}: {digest!r:.60})")
+    if not _DIGEST_RE.fullmatch(digest):
         raise ValueError(f"cache key must be 64 lowercase hex digits (got {digest!r})")
     return digest
 
@@ -270,15 +274,15 @@ class DiskStore:
                 continue
             for item in os.scandir(shard.path):
                 name = item.name
-                if not name.endswith(_SUFFIX) or not _DIGEST_RE.match(name[:-len(_SUFFIX)]):
+                stem = name[:-len(_SUFFIX)]
+                if not name.endswith(_SUFFIX) or not _DIGEST_RE.fullmatch(stem):
                     continue
                 try:
                     st = item.stat()
                 except FileNotFoundError:
                     continue
-                digest = name[:-len(_SUFFIX)]
-                used = self._used.get(digest, 0.0)
-                out.append(EntryInfo(digest, st.st_size, used if used > st.st_mtime
+                used = self._used.get(stem, 0.0)
+                out.append(EntryInfo(stem, st.st_size, used if used > st.st_mtime
                                      else st.st_mtime, Path(item.path)))
         out.sort(key=lambda e: (e.mtime, e.digest))
         return out

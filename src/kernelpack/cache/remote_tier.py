@@ -23,6 +23,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from ..compiled import Compiled
+from .binding import check_binding
 from .disk import check_digest
 from .keys import CacheKey
 
@@ -62,19 +63,21 @@ class RemoteTier:
         return self.ok() and (not self._cache.require_signed_remote or
                               bool(self._cache.trusted_keys))
 
-    def get(self, key: CacheKey | str, count_miss: bool = True) -> Compiled | None:
+    def get(self, key: CacheKey | str, count_miss: bool = True,
+            name: str | None = None) -> Compiled | None:
         """A verified hit (put through to disk), or None."""
-        return self.lookup(key, count_miss)[0]
+        return self.lookup(key, count_miss, name)[0]
 
-    def lookup(self, key: CacheKey | str,
-               count_miss: bool = True) -> tuple[Compiled | None, str]:
+    def lookup(self, key: CacheKey | str, count_miss: bool = True,
+               name: str | None = None) -> tuple[Compiled | None, str]:
         """(a verified hit or None, ``"hit" | "miss" | "refused" | "error"``)."""
-        _, compiled, status = self.fetch(key, count_miss)
+        _, compiled, status = self.fetch(key, count_miss, name)
         return compiled, status
 
-    def fetch(self, key: CacheKey | str,
-              count_miss: bool = True) -> tuple[bytes | None, Compiled | None, str]:
-        """:meth:`lookup` plus the verified artifact bytes (for ``Cache.get``)."""
+    def fetch(self, key: CacheKey | str, count_miss: bool = True,
+              name: str | None = None) -> tuple[bytes | None, Compiled | None, str]:
+        """:meth:`lookup` plus the verified artifact bytes (for ``Cache.get``); ``name``:
+        the program the entry must hold (None: any), as for the disk tier."""
         cache = self._cache
         digest = check_digest(key)
         try:
@@ -94,6 +97,7 @@ class RemoteTier:
             # The envelope signature (a trusted key, over this key and the artifact's SHA-256)
             # already vouches for every byte: the loader checks digests, not the signer again.
             compiled = cache._decode(artifact, None, "remote")
+            check_binding(compiled, key, name)
         except Exception as exc:
             cache._count("refused")
             cache._warn(f"remote cache entry {digest[:16]} refused ({type(exc).__name__}: "
@@ -124,10 +128,12 @@ class RemoteTier:
             self.failed("write", exc)
 
     # ---- fleet-wide single flight --------------------------------------------------------------
-    def lock(self, key: str) -> tuple[Compiled | None, str | None]:
+    def lock(self, key: CacheKey | str,
+             name: str | None = None) -> tuple[Compiled | None, str | None]:
         """Take the fleet lock, or wait for whoever holds it. Returns (a hit, None) when the
         holder's entry arrived, (None, token) when we hold the lock, (None, None) otherwise."""
         cache = self._cache
+        digest = check_digest(key)
         remote = cache.remote
         if not hasattr(remote, "try_lock"):
             return None, None
@@ -137,13 +143,13 @@ class RemoteTier:
         waited = False
         try:
             while True:
-                token = remote.try_lock(key, ttl_ms)
+                token = remote.try_lock(digest, ttl_ms)
                 if token is not None:
                     # Another process may have put the entry and released the lock between
                     # our miss and our lock: look once more before compiling.
-                    hit = self.get(key, count_miss=False)
+                    hit = self.get(key, count_miss=False, name=name)
                     if hit is not None:
-                        remote.unlock(key, token)
+                        remote.unlock(digest, token)
                         return hit, None
                     return None, token
                 if not waited:
@@ -152,14 +158,14 @@ class RemoteTier:
                 while time.monotonic() < deadline:
                     time.sleep(delay)
                     delay = min(delay * 1.5, 0.2)
-                    hit, status = self.lookup(key, count_miss=False)
+                    hit, status = self.lookup(key, count_miss=False, name=name)
                     if status != "miss":  # a hit; or an entry we refuse, or an outage:
                         return hit, None  # waiting longer would not change that
-                    if not remote.is_locked(key):
+                    if not remote.is_locked(digest):
                         break  # the holder gave up or died: try to take the lock
                 else:
                     cache._warn(f"waited {cache.wait_s:.0f} s for another process to compile "
-                                f"{key[:16]}; compiling here")
+                                f"{digest[:16]}; compiling here")
                     return None, None
         except Exception as exc:
             self.failed("lock", exc)
