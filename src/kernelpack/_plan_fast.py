@@ -415,6 +415,7 @@ def _make_run(name: str, ntensors: int, nscalars: int, tensors: tuple, sym_scala
                 launch_args = args
             planned.append(tnew(PlannedLaunch, (kernel, module, (gx, gy, gz), blk, smem,
                                                 launch_args, li)))
-        return tnew(Plan, (name, vi, proxy(symbols), proxy(allocations), tuple(planned), cvals))
+        return tnew(Plan, (name, vi, proxy(symbols), proxy(allocations), tuple(planned),
+                           proxy(cvals) if computed else cvals))  # read-only: plans are shared
 
     return run

@@ -14,8 +14,9 @@ import operator
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
-from ._plan_types import (MAX_GRID_X, MAX_GRID_YZ, Allocation, Plan, PlannedLaunch,
-                          check_block, check_smem, dim, dim_at, dtype_range, tensors_first)
+from ._plan_types import (MAX_GRID_X, MAX_GRID_YZ, NO_COMPUTED, Allocation, Plan,
+                          PlannedLaunch, check_block, check_smem, dim, dim_at, dtype_range,
+                          tensors_first)
 from .dtypes import DType
 from .errors import ConstraintError
 from .expr import INT64_MAX, Expr
@@ -254,7 +255,7 @@ class ReferencePlanner:
         # later call with the same shapes
         return Plan(program=self.summary.name, variant=vi, symbols=MappingProxyType(symbols),
                     allocations=MappingProxyType(allocations), launches=tuple(planned),
-                    computed=computed)
+                    computed=MappingProxyType(computed) if computed else NO_COMPUTED)
 
     def _allocation(self, frame: list, name: str, kind: str, dtype: DType, dims: list,
                     zero: bool) -> Allocation:

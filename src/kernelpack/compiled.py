@@ -41,6 +41,9 @@ class Image:
             raise ValueError(f"image kind must be one of {IMAGE_KINDS} (got {self.kind!r})")
         if isinstance(self.arch, str):
             object.__setattr__(self, "arch", parse_arch(self.arch))
+        elif not isinstance(self.arch, Arch):  # an int (80) would fail only when saved or run
+            raise TypeError(f"image arch must be a target such as 'sm_90' or an Arch "
+                            f"(got {self.arch!r:.80})")
         if not isinstance(self.data, (bytes, bytearray, memoryview)):
             raise TypeError(f"image data must be bytes (got {type(self.data).__name__})")
         object.__setattr__(self, "data", bytes(self.data))
@@ -105,6 +108,18 @@ class Module:
 
     def __post_init__(self) -> None:
         _name(self.name, "module name")
+        # a bare str would become its letters: kernels="axpy" is ('a', 'p', 'x', 'y')
+        if isinstance(self.kernels, (str, bytes)):
+            raise TypeError(f"module {self.name!r}: kernels must be a list of entry names "
+                            f"(got {self.kernels!r:.80})")
+        for kernel in self.kernels:  # (an empty or overlong name is the writer's to refuse)
+            if not isinstance(kernel, str):
+                raise TypeError(f"module {self.name!r}: kernel entry names must be str "
+                                f"(got {kernel!r:.80})")
+        for image in self.images:
+            if not isinstance(image, Image):
+                raise TypeError(f"module {self.name!r}: images must be kp.Image (got "
+                                f"{type(image).__name__})")
         object.__setattr__(self, "kernels", tuple(sorted(set(self.kernels))))
         images = tuple(sorted(self.images, key=Image.sort_key))
         object.__setattr__(self, "images", images)
@@ -128,7 +143,14 @@ class Compiled:
     origin: str = "compiled"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.summary, KernelSummary):
+            raise TypeError(f"summary must be a kp.KernelSummary (got "
+                            f"{type(self.summary).__name__})")
         object.__setattr__(self, "modules", tuple(self.modules))
+        for module in self.modules:
+            if not isinstance(module, Module):
+                raise TypeError(f"program {self.name!r}: modules must be kp.Module (got "
+                                f"{type(module).__name__})")
         by_name = {m.name: m for m in self.modules}
         for variant in self.summary.variants:
             for launch in variant.launches:

@@ -15,6 +15,7 @@ argument names a parameter).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Iterable, Mapping, Sequence, Union
 
 from .dtypes import as_dtype
@@ -26,9 +27,10 @@ from ._plan_types import MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, block_fits
 from .summary import (Arg, Constraint, KernelSummary, Launch, Param, Scalar, Scratch, Tensor,
                       Variant)
 from .summary import _name as check_name
-from .external_images import (PtxSource, cubin_arch, cubin_entries, images_from_cubins,
-                              images_from_cuda, images_from_ptx, ptx_entries, ptx_from_llvm_ir,
-                              read_source)
+from .external_images import (PtxSource, cubin_arch, cubin_entries, cubin_entry_params,
+                              images_from_cubins,
+                              images_from_cuda, images_from_ptx, ptx_entries, ptx_entry_params,
+                              ptx_from_llvm_ir, read_source)
 
 __all__ = ["external", "read_source", "ptx_entries", "cubin_entries", "cubin_arch"]
 
@@ -117,7 +119,9 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
         (nvJitLink's or NVRTC's log is attached).
     TypeError, ValueError
         Misuse: not exactly one of ``ptx``/``cubin``/``llvm_ir``/``cuda``, a bad target, a
-        forbidden NVRTC option, an inconsistent summary.
+        forbidden NVRTC option, an inconsistent summary, or (``ptx``, ``llvm_ir``, ``cubin``)
+        kernel arguments that do not match the entry's parameter list in number. An argument whose
+        width differs from its ``.param`` (an ``f64`` scalar for a ``.f32``) is a warning.
     """
     check_name(name, "program name")  # before the module name, which defaults to it
     if not isinstance(entry, str) or not entry:
@@ -167,9 +171,16 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
         if kernel != entry:  # a C++ name expression: the program launches the mangled name
             summary = summary_of(dataclasses.replace(launch, kernel=kernel))
     elif ptx is not None:
-        images = images_from_ptx(read_source(ptx, "ptx"), entry, targets, ptx_toolchain)
+        source = read_source(ptx, "ptx")
+        _check_args_fit(ptx_entry_params(source, entry), f"the PTX entry {entry!r}",
+                        launch.args, params)
+        images = images_from_ptx(source, entry, targets, ptx_toolchain)
     else:
         images = images_from_cubins(cubin, entry, targets)  # type: ignore[arg-type]
+        for image in images:
+            _check_args_fit(cubin_entry_params(image.data, entry),
+                            f"the kernel {entry!r} of the cubin for {image.arch.sm}",
+                            launch.args, params)
     mod = Module(name=module_name, kernels=(kernel,), images=tuple(images))
     return Compiled(summary=summary, modules=(mod,), origin="external")
 
@@ -237,6 +248,38 @@ def _bind_args(params: tuple[Param, ...], scratch: tuple[Scratch, ...],
             raise TypeError(f"args[{i}] must be a kp.Arg, a parameter name or an "
                             f"(expression, dtype) tuple (got {item!r})")
     return tuple(out)
+
+
+def _check_args_fit(declared: list[tuple[str, int]] | None, kernel: str,
+                    args: tuple[Arg, ...], params: tuple[Param, ...]) -> None:
+    """The kernel arguments must match the parameters ``declared`` by the code (the PTX
+    entry's ``.param`` list, a cubin's parameter info; None: unknown). The runtime hands
+    cuLaunchKernel one pointer per argument and the driver reads one per declared parameter:
+    with fewer arguments it reads pointers past the array (garbage, or a crash of the host
+    process), so a count mismatch is an error. A size mismatch (an ``f64`` for a ``.f32``)
+    gives garbage values on the GPU but reads nothing out of bounds of the argument array, and
+    programs that are only saved or planned declare such summaries: a warning. A ``.param``
+    list this reader does not understand is not checked."""
+    if declared is None:
+        return
+    if len(declared) != len(args):
+        raise ValueError(f"args: {len(args)} kernel argument(s) for {kernel}, "
+                         f"which declares {len(declared)} parameter(s) "
+                         f"{[decl for decl, _ in declared]!r:.300}")
+    dtypes = {p.name: p.dtype for p in params if isinstance(p, Scalar)}
+    for i, (arg, (decl, size)) in enumerate(zip(args, declared)):
+        if arg.kind == "buffer":
+            have, what = 8, f"buffer {arg.name!r} (a 64-bit device pointer)"
+        elif arg.kind == "scalar":
+            dtype = dtypes[arg.name]  # KernelSummary.check() ran: every scalar arg is known
+            have, what = dtype.itemsize, f"scalar {arg.name!r} ({dtype})"
+        else:
+            dtype = arg.dtype  # type: ignore[assignment]  (a value argument has one)
+            have, what = dtype.itemsize, f"value argument ({dtype})"
+        if have != size:
+            warnings.warn(f"kp.external: args[{i}]: {what} is {have} byte(s), but {kernel} "
+                          f"declares {decl!r} ({size} bytes): a launch passes the kernel a "
+                          f"wrong value", stacklevel=3)
 
 
 def _constraint(item: object) -> Constraint:

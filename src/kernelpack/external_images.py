@@ -21,8 +21,9 @@ from .errors import CompileError
 from .limits import MAX_IMAGE_SIZE, MAX_NAME_LENGTH
 from .targets import Arch, parse_arch, parse_target_list
 
-__all__ = ["read_source", "ptx_entries", "cubin_entries", "cubin_arch", "images_from_ptx",
-           "images_from_cuda", "images_from_cubins", "ptx_from_llvm_ir"]
+__all__ = ["read_source", "ptx_entries", "ptx_entry_params", "cubin_entries", "cubin_arch",
+           "cubin_entry_params",
+           "images_from_ptx", "images_from_cuda", "images_from_cubins", "ptx_from_llvm_ir"]
 
 PtxSource = Union[str, bytes, os.PathLike]
 
@@ -41,6 +42,9 @@ def read_source(source: PtxSource, what: str = "source") -> bytes:
     newlines."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source).rstrip(b"\0")
+    if isinstance(source, str) and not source.strip():
+        # not a path: Path("") is the current directory, which would be reported instead
+        raise ValueError(f"{what} is empty (expected source text or a file path)")
     if isinstance(source, str) and any(mark in source for mark in ("\n", ".entry", ".version",
                                                                     "define ", "__global__")):
         return source.encode().rstrip(b"\0")
@@ -99,6 +103,49 @@ def ptx_entries(ptx: bytes) -> list[str]:
     return [m.group(1).decode("ascii", "replace") for m in _ENTRY_RE.finditer(code)]
 
 
+_PARAM_TYPE_BYTES = {"pred": 1, "b8": 1, "u8": 1, "s8": 1, "b16": 2, "u16": 2, "s16": 2,
+                     "f16": 2, "bf16": 2, "b32": 4, "u32": 4, "s32": 4, "f32": 4, "b64": 8,
+                     "u64": 8, "s64": 8, "f64": 8}
+_PARAM_ARRAY_RE = re.compile(r"\[\s*(\d+)\s*\]\s*$")
+
+
+def ptx_entry_params(ptx: bytes, entry: str) -> list[tuple[str, int]] | None:
+    """The ``.param`` list of kernel ``entry`` in PTX text as ``(declaration, bytes)`` pairs,
+    in order (``[]`` for a kernel without parameters); None when the entry is not found or a
+    declaration is not one this reader understands (the caller then checks nothing).
+
+    Why: the runtime passes one pointer per summary argument to cuLaunchKernel, which reads
+    as many parameters, of the sizes the kernel declares, as the kernel has. An argument list
+    of another length or width is read out of bounds on the GPU, not reported."""
+    code = _PTX_COMMENT_RE.sub(b" ", ptx).decode("utf-8", "replace")
+    match = re.search(r"\.entry\s+" + re.escape(entry) + r"(?![\w$])\s*", code)
+    if match is None:
+        return None
+    if not code.startswith("(", match.end()):
+        return []  # ".entry k {": no parameters
+    close = code.find(")", match.end())
+    if close < 0:
+        return None
+    body = code[match.end() + 1:close].strip()
+    if not body:
+        return []
+    params: list[tuple[str, int]] = []
+    for decl in body.split(","):
+        decl = " ".join(decl.split())
+        words = decl.split(" ")
+        if not words or words[0] != ".param":
+            return None
+        types = [w[1:] for w in words if w[1:] in _PARAM_TYPE_BYTES]
+        if len(types) != 1:
+            return None
+        size = _PARAM_TYPE_BYTES[types[0]]
+        array = _PARAM_ARRAY_RE.search(decl)
+        if array is not None:
+            size *= int(array.group(1))
+        params.append((decl, size))
+    return params
+
+
 def images_from_ptx(ptx: bytes, entry: str, targets: Sequence[str],
                      ptx_toolchain: str) -> list[Image]:
     from .toolchain import nvjitlink  # imports cuda.bindings lazily: only compilation needs it
@@ -115,7 +162,7 @@ def images_from_ptx(ptx: bytes, entry: str, targets: Sequence[str],
     archs, want_ptx = parse_target_list(targets)
     below = [a for a in archs if (a.major, a.minor) < (written_for.major, written_for.minor)]
     if below:  # ptxas would say only "SM version specified by .target is higher than default"
-        names = sorted({t.strip().lower() for t in targets if t != "ptx"
+        names = sorted({t.strip().lower() for t in targets if t.strip().lower() != "ptx"
                         and parse_arch(t) in below})
         raise CompileError(f"the PTX is written for {written_for.sm} (.target), which targets "
                            f"{names} are below: nothing can be built or JIT-compiled for them")
@@ -259,6 +306,51 @@ def cubin_arch(data: bytes, what: str = "cubin") -> int | None:
     if abi == 7:
         return flags & 0xFF
     return None
+
+
+_EIFMT_SVAL = 4
+_EIATTR_KPARAM_INFO = 0x17
+
+
+def cubin_entry_params(data: bytes, entry: str) -> list[tuple[str, int]] | None:
+    """The parameters of kernel ``entry`` in a cubin, from the ``KPARAM_INFO`` attributes of
+    its ``.nv.info.<entry>`` section, as ``(description, bytes)`` pairs by ordinal; None when
+    the section or the attributes are missing or not as expected (nothing is checked then).
+    The cubin's ELF header was checked by :func:`cubin_entries` before this is asked.
+
+    Why: as :func:`ptx_entry_params`, so that ``cubin=`` arguments are checked like PTX's."""
+    try:
+        shoff, shentsize, shnum, _ = _elf_header(data, "cubin")
+        (shstrndx,) = struct.unpack_from("<H", data, 62)
+        if shentsize < 64 or shstrndx >= shnum or shoff + shnum * shentsize > len(data):
+            return None
+        # (name, offset, size) of each section header
+        sections = [struct.unpack_from("<I20xQQ", data, shoff + i * shentsize)
+                    for i in range(shnum)]
+        names_at = sections[shstrndx][1]
+        want = b".nv.info." + entry.encode() + b"\0"
+        found = [sec for sec in sections
+                 if data[names_at + sec[0]:names_at + sec[0] + len(want)] == want]
+        if len(found) != 1 or found[0][1] + found[0][2] > len(data):
+            return None
+        info = data[found[0][1]:found[0][1] + found[0][2]]
+        sizes: dict[int, int] = {}
+        pos = 0
+        while pos + 4 <= len(info):
+            fmt, attr = info[pos], info[pos + 1]
+            if fmt != _EIFMT_SVAL:  # no value, a byte or a half word: 4 bytes in all
+                pos += 4
+                continue
+            (size,) = struct.unpack_from("<H", info, pos + 2)
+            if attr == _EIATTR_KPARAM_INFO and size >= 12 and pos + 4 + size <= len(info):
+                _, ordinal, _, flags = struct.unpack_from("<IHHI", info, pos + 4)
+                sizes[ordinal] = (flags >> 18) & 0x3FFF
+            pos += 4 + size
+    except (struct.error, CompileError):
+        return None
+    if not sizes or sorted(sizes) != list(range(len(sizes))):
+        return None
+    return [(f"parameter {i} ({sizes[i]} bytes)", sizes[i]) for i in range(len(sizes))]
 
 
 def cubin_entries(data: bytes, what: str = "cubin") -> list[str]:

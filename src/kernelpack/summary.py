@@ -59,6 +59,20 @@ def _shape(shape: Iterable[ExprLike], what: str) -> tuple[Expr, ...]:
     return dims
 
 
+def _items(values: object, kinds: type | tuple[type, ...], what: str) -> tuple:
+    """A list field as a tuple of ``kinds``: a str would be iterated into its letters, and a
+    wrong item would fail later with an AttributeError naming nothing of the caller's."""
+    names = " or ".join(f"kp.{k.__name__}"
+                        for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"{what} must be a list of {names} (got {values!r:.80})")
+    items = tuple(values)
+    for i, item in enumerate(items):
+        if not isinstance(item, kinds):
+            raise TypeError(f"{what}[{i}] must be a {names} (got {item!r:.80})")
+    return items
+
+
 def _dim3(values: ExprLike | Sequence[ExprLike], what: str) -> tuple[Expr, Expr, Expr]:
     if isinstance(values, (int, str, Expr)):
         values = (values,)
@@ -162,6 +176,8 @@ class Constraint:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "predicate", as_expr(self.predicate))
+        if not isinstance(self.message, str):
+            raise TypeError(f"constraint message must be a str (got {self.message!r:.80})")
 
 
 @dataclass(frozen=True)
@@ -248,7 +264,8 @@ class Launch:
         object.__setattr__(self, "grid", _dim3(self.grid, "grid"))
         object.__setattr__(self, "block", _dim3(self.block, "block"))
         object.__setattr__(self, "shared_mem", as_expr(self.shared_mem))
-        object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "args",
+                           _items(self.args, Arg, f"launch {self.kernel!r}: args"))
         if len(self.args) > MAX_ARGS:
             raise ValueError(f"launch {self.kernel!r}: {len(self.args)} arguments exceed {MAX_ARGS}")
         if self.count is not None:
@@ -279,8 +296,8 @@ class Variant:
     predicate: Expr | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "launches", tuple(self.launches))
-        object.__setattr__(self, "scratch", tuple(self.scratch))
+        object.__setattr__(self, "launches", _items(self.launches, Launch, "variant launches"))
+        object.__setattr__(self, "scratch", _items(self.scratch, Scratch, "variant scratch"))
         if self.predicate is not None:
             object.__setattr__(self, "predicate", as_expr(self.predicate))
         if len(self.launches) > MAX_LAUNCHES:
@@ -300,9 +317,12 @@ class KernelSummary:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", _name(self.name, "program name"))
-        object.__setattr__(self, "params", tuple(self.params))
-        object.__setattr__(self, "variants", tuple(self.variants))
-        object.__setattr__(self, "constraints", tuple(self.constraints))
+        where = f"program {self.name!r}"
+        object.__setattr__(self, "params",
+                           _items(self.params, (Tensor, Scalar), f"{where}: params"))
+        object.__setattr__(self, "variants", _items(self.variants, Variant, f"{where}: variants"))
+        object.__setattr__(self, "constraints",
+                           _items(self.constraints, Constraint, f"{where}: constraints"))
         if len(self.params) > MAX_PARAMS:
             raise ValueError(f"program {self.name!r}: {len(self.params)} parameters exceed {MAX_PARAMS}")
         if not 1 <= len(self.variants) <= MAX_VARIANTS:

@@ -70,7 +70,7 @@ def parse_target_list(targets: Iterable[str]) -> tuple[list[Arch], bool]:
     cubins: list[Arch] = []
     want_ptx = False
     for item in targets:
-        if item == "ptx":
+        if item.strip().lower() == "ptx":  # spelled as freely as "SM_90" is
             want_ptx = True
             continue
         arch = parse_arch(item)
