@@ -22,7 +22,7 @@ from ..dtypes import DType, as_dtype
 from ..errors import LaunchError
 
 __all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "adapter_for",
-           "stream_handle", "GENERIC", "hold", "release_held"]
+           "stream_handle", "GENERIC", "hold", "release_held", "is_readonly"]
 
 ArrayFacts = tuple  # (ptr, shape, dtype token, device ordinal (-1: host), contiguous)
 
@@ -64,6 +64,10 @@ class GenericAdapter(Adapter):
     def read(self, obj: Any, what: str, stream: int) -> ArrayFacts:
         cai = getattr(obj, "__cuda_array_interface__", None)
         if cai is not None:
+            # bfloat16 has no typestr (DeviceBuffer exports it as raw '<V2'); DLPack names it
+            if (isinstance(cai, dict) and str(cai.get("typestr", ""))[1:2] == "V"
+                    and hasattr(obj, "__dlpack__")):
+                return _read_dlpack(obj, what, stream)
             return _read_cai(cai, what, stream)
         if hasattr(obj, "__dlpack__"):
             return _read_dlpack(obj, what, stream)
@@ -126,6 +130,10 @@ def _read_cai(cai: dict, what: str, stream: int) -> ArrayFacts:
     try:
         shape = tuple(int(d) for d in cai["shape"])
         ptr = int(cai["data"][0] or 0)
+        if not 0 <= ptr < (1 << 64):
+            raise ValueError(f"data pointer {ptr:#x} is not an address")
+        if cai.get("mask") is not None:  # masked values would be read as if valid
+            raise ValueError("masked arrays (a 'mask' that is not None) are not supported")
         dtype = _typestr_dtype(str(cai["typestr"]))
         strides = cai.get("strides")
         if strides is not None:
@@ -146,6 +154,15 @@ def _read_cai(cai: dict, what: str, stream: int) -> ArrayFacts:
             _order_after(_pointer_device(ptr), producer, consumer)
     device = _pointer_device(ptr) if ptr else -2
     return ptr, shape, dtype, device, contiguous
+
+
+def is_readonly(obj: Any) -> bool:
+    """Whether ``obj`` says (``__cuda_array_interface__``'s ``data[1]``) that its memory must
+    not be written: such an array cannot be an output."""
+    try:
+        return bool(obj.__cuda_array_interface__["data"][1])
+    except Exception:  # noqa: BLE001 - no interface, or a malformed one read() already refused
+        return False
 
 
 def _check_data(ptr: int, shape: tuple[int, ...], what: str) -> None:
@@ -361,6 +378,10 @@ def stream_handle(stream: Any) -> int:
         value = getattr(stream, attr, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return _checked_handle(value, stream)
+    if not hasattr(stream, "__index__") and hasattr(stream, "__float__"):
+        # a NumPy float/bool scalar, Decimal, Fraction: int() would truncate it to a handle
+        raise TypeError(f"stream= takes a torch/cupy stream, a CUstream or an int handle "
+                        f"(got {type(stream).__name__} {stream!r})")
     try:
         handle = int(stream)  # cuda.bindings CUstream and similar handle objects
     except (TypeError, ValueError):

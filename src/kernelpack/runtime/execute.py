@@ -19,7 +19,7 @@ from typing import Any
 from ..dtypes import uint8
 from ..errors import LaunchError
 from . import driver as _drv
-from .arrays import GENERIC, adapter_for
+from .arrays import GENERIC, adapter_for, is_readonly
 from .binding import ARG_BUFFER, ARG_SCALAR, fills_of
 from .native import launcher
 
@@ -87,9 +87,15 @@ def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: 
                                   f"on device {device}")
             if not contiguous:
                 raise LaunchError(f"{name}: out {alloc.name!r} is not C-contiguous")
+            if ad is GENERIC and is_readonly(arr):
+                raise LaunchError(f"{name}: out {alloc.name!r} is read-only (its "
+                                  f"__cuda_array_interface__ says data[1] = True)")
             vals[alloc.slot] = ptr
             if alloc.zero_init:
                 memsets.append((ptr, planned.nbytes))
+        if len(results) > 1:
+            _check_disjoint(name, [(vals[a.slot], allocations[a.name].nbytes, a.name)
+                                   for a in bs.outputs])
     else:
         results = []
         for alloc in bs.outputs:
@@ -130,6 +136,16 @@ def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: 
     if n_out == 1:
         return results[0]
     return tuple(results) if n_out else None
+
+
+def _check_disjoint(program: str, spans: list[tuple[int, int, str]]) -> None:
+    """Refuse ``out=`` arrays whose memory overlaps (``out=(z, z)``): two outputs written
+    into the same bytes race on the device and leave garbage in both."""
+    spans = sorted(sp for sp in spans if sp[1])
+    for (p0, n0, a), (p1, _, b) in zip(spans, spans[1:]):
+        if p1 < p0 + n0:
+            raise LaunchError(f"{program}: out {a!r} and out {b!r} overlap in memory; pass a "
+                              f"separate array for each output")
 
 
 def _queue(bp: Any, st: Any, plan: Any, variant: Any, vals: list, cs: Any,

@@ -33,6 +33,14 @@ def bfloat16_bits(value: float) -> int:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
 
 
+def _shown(v: int) -> str:
+    """``v`` for a message: its digits, or its bit length when it is too long to print
+    (``str()`` of an int past 4300 digits raises ValueError in Python 3.11+)."""
+    if v.bit_length() > 256:
+        return f"an int of {v.bit_length()} bits{' (negative)' if v < 0 else ''}"
+    return str(v)
+
+
 def convert_scalar(value: Any, dtype: DType, rng: tuple[int, int] | None, name: str,
                    program: str) -> Any:
     """Convert ``value`` for a scalar parameter ``name`` of ``dtype``; ``rng`` is the integer
@@ -51,8 +59,8 @@ def convert_scalar(value: Any, dtype: DType, rng: tuple[int, int] | None, name: 
                 raise TypeError(f"{program}: scalar {name!r} is {dtype}; pass an integer "
                                 f"(got {type(value).__name__})") from None
         if not rng[0] <= v <= rng[1]:
-            raise ConstraintError(f"{program}: scalar {name!r} = {v} does not fit {dtype} "
-                                  f"({rng[0]}..{rng[1]})")
+            raise ConstraintError(f"{program}: scalar {name!r} = {_shown(v)} does not fit "
+                                  f"{dtype} ({rng[0]}..{rng[1]})")
         return v
     if value.__class__ is float:
         v = value
