@@ -301,3 +301,37 @@ def array_ufunc(ufunc: Any, method: str, inputs: tuple, kwargs: dict) -> object:
     extra = f" with {sorted(kwargs)}" if kwargs else ""
     raise TraceError(f"{how}{extra} is not supported on traced tensors; use the kp op "
                      f"(kp.exp, kp.where, x.sum(axis=...), ...) or an operator")
+
+
+# NumPy functions that are not ufuncs reach a traced tensor through __array_function__:
+# np.where(c, x, y) failed inside NumPy ("setting an array element with a sequence"). Each
+# reduction's positional parameters after the array, in NumPy's order.
+_FUNCTION_REDUCTIONS = {"sum": ("sum", ("axis", "dtype", "out", "keepdims")),
+                        "prod": ("prod", ("axis", "dtype", "out", "keepdims")),
+                        "mean": ("mean", ("axis", "dtype", "out", "keepdims")),
+                        "max": ("max", ("axis", "out", "keepdims")),
+                        "amax": ("max", ("axis", "out", "keepdims")),
+                        "min": ("min", ("axis", "out", "keepdims")),
+                        "amin": ("min", ("axis", "out", "keepdims"))}
+
+
+def array_function(func: Any, args: tuple, kwargs: dict) -> object:
+    """``Value.__array_function__``: ``np.where`` and NumPy's reductions as the kp ops; any
+    other NumPy function is a TraceError naming it."""
+    name = getattr(func, "__name__", repr(func))
+    if name == "where" and len(args) == 3 and not kwargs:
+        return where(*args)
+    if name in _FUNCTION_REDUCTIONS and 1 <= len(args) <= 5:
+        kind, names = _FUNCTION_REDUCTIONS[name]
+        given = dict(zip(names, args[1:]))
+        unknown = sorted(set(kwargs) - set(names))
+        if len(args) - 1 <= len(names) and not unknown and not set(given) & set(kwargs):
+            given.update(kwargs)
+            keepdims = given.get("keepdims", False)
+            keepdims = False if type(keepdims).__name__ == "_NoValueType" else keepdims
+            return reduce_api(kind, args[0], given.get("axis"), given.get("dtype"),
+                              given.get("out"), keepdims)
+        if unknown:
+            raise TraceError(f"np.{name}: {unknown} not supported on traced tensors")
+    raise TraceError(f"np.{name} is not supported on traced tensors; use the kp op "
+                     f"(kp.where, kp.exp, x.sum(axis=...), ...) or an operator")

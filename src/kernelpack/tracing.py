@@ -189,6 +189,11 @@ class Value:
 
         return array_ufunc(ufunc, method, inputs, kwargs)
 
+    def __array_function__(self, func, types, args, kwargs):
+        from .ops import array_function
+
+        return array_function(func, args, kwargs)
+
     def __matmul__(self, o): raise _unsupported("@ (matrix product)", self, o)
     def __rmatmul__(self, o): raise _unsupported("@ (matrix product)", o, self)
     def __divmod__(self, o): return _binary("floordiv", self, o), _binary("mod", self, o)
@@ -343,6 +348,14 @@ def reduce_api(kind: str, x: Value, axis: object, dtype: object, out: object,
     if dtype is None or not isinstance(x, Value):
         return _reduce(kind, x, axis, bool(keepdims))
     x = astype(x, dtype)
+    if kind == "mean" and x.dtype.kind in "iu":
+        # NumPy's integer mean: the sum in that dtype (wrapping), then divided and truncated
+        # (np.mean(i32, dtype=np.int32)); a float64 mean cast back kept the bits past 32
+        count: Expr = const(1)
+        for a in _axes(kind, x, axis):
+            count = count * x.shape[a]
+        total = astype(astype(_reduce("sum", x, axis, bool(keepdims)), x.dtype), float64)
+        return astype(_binary("div", total, count), x.dtype)
     return astype(_reduce(kind, x, axis, bool(keepdims)), x.dtype)
 
 

@@ -21,7 +21,7 @@ from ..expr import Expr
 from ..graph import BINARY, COMPARE, UNARY, Graph, Node
 from .bounds import int_max, shift_count_syms
 from .irutil import I64, Loops, Val, call_function, component, const_of, convert, int_expr_op, \
-    storage_type, to_compute
+    round_result, storage_type, to_compute
 from .memory import Memory
 
 __all__ = ["Ctx", "Emitter", "NotRowSchedulable", "acc_dtype", "ZERO"]
@@ -288,11 +288,13 @@ class Emitter(Memory):
         if len(node.inputs) == 1:
             src = self.graph.nodes[node.inputs[0]]
             in_dt = src.dtype if op in ("real", "imag", "abs") else dt
-            return unary(self, op, self.operand(src.id, ctx, in_dt), in_dt, dt)
+            return round_result(b, unary(self, op, self.operand(src.id, ctx, in_dt), in_dt, dt),
+                                op, dt)
         da, db_ = (node_dtype(self.graph, i) for i in node.inputs)
         common = operand_dtype(op, da, db_, dt)
         if op == "div" and node.id in self.recips:  # x / (per-row y) as x · (1/y): see rows
-            return b.fmul(self.operand(node.inputs[0], ctx, common), self.recips[node.id])
+            return round_result(b, b.fmul(self.operand(node.inputs[0], ctx, common),
+                                          self.recips[node.id]), op, dt)
         x, y = (self.operand(i, ctx, common) for i in node.inputs)
         if op in ("shl", "shr") and common.kind in "iu":
             top = self.int_max(node.inputs[1])
@@ -302,7 +304,7 @@ class Emitter(Memory):
                 x = binary(self, op, x, split[1], common, count_in_range=True)
                 y = ir.Constant(y.type, split[2])
             return binary(self, op, x, y, common, count_in_range=exact)
-        return binary(self, op, x, y, common)
+        return round_result(b, binary(self, op, x, y, common), op, dt)
 
     def int_max(self, nid: int) -> int | None:
         """An upper bound of integer node ``nid``'s values where they are known to be >= 0."""

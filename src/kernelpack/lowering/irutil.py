@@ -19,7 +19,7 @@ from ..errors import CompileError
 
 __all__ = ["I1", "I8", "I32", "I64", "F32", "F64", "Val", "compute_type", "storage_type",
            "component", "const_of", "convert", "to_compute", "to_storage", "Loops", "sreg",
-           "int_expr_op"]
+           "int_expr_op", "round_result"]
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 I16, F16, F32, F64 = ir.IntType(16), ir.HalfType(), ir.FloatType(), ir.DoubleType()
@@ -132,6 +132,20 @@ def _round_narrow(b: ir.IRBuilder, v: ir.Value, dst: DType) -> ir.Value:
     rounded = b.and_(b.add(bits, b.add(lsb, ir.Constant(I32, 0x7FFF))),
                      ir.Constant(I32, 0xFFFF0000 - (1 << 32)))
     return b.select(b.fcmp_unordered("uno", v, v), v, b.bitcast(rounded, F32))
+
+
+# operations whose float16/bfloat16 result is already a float16/bfloat16 value
+_EXACT_NARROW = frozenset({"neg", "abs", "max", "min", "floor", "ceil", "real", "imag"})
+
+
+def round_result(b: ir.IRBuilder, v: Val, op: str, dt: DType) -> Val:
+    """The result ``v`` of arithmetic ``op`` with result dtype ``dt``, rounded to float16/
+    bfloat16 when ``dt`` is one: they compute in float32, and an intermediate such as
+    ``(h * h).astype(f32)`` or ``kp.exp(h) + 1`` must see the float16 value NumPy (and CUDA's
+    ``__hmul``) gives, not float32's more precise one. Other dtypes pass through."""
+    if dt.name not in _NARROW or op in _EXACT_NARROW:
+        return v
+    return _round_narrow(b, v, dt)  # type: ignore[arg-type]
 
 
 def convert(b: ir.IRBuilder, v: Val, src: DType, dst: DType) -> Val:
