@@ -33,8 +33,18 @@ ENTRY_MAGIC = b"KPCE"
 ENTRY_VERSION = 1
 ENTRY_DOMAIN = b"kernelpack-cache-entry-v1\0"
 _HEADER = struct.Struct(">4sB32s32s64s")
-_UNLOCK = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
+# A live lock is a string with an expiry (``SET NX PX`` always sets one). Anything else at the
+# lock key (a value without expiry or of another type, planted by a crashed old version or by
+# hand) is stale: nobody is compiling behind it, and waiting for it would cost every miss of
+# that key the whole ``wait_s``. Each script tests and acts in one step, so a live lock of
+# another process is never overwritten or deleted.
+_LIVE = "redis.call('type', KEYS[1])['ok'] == 'string' and redis.call('pttl', KEYS[1]) ~= -1"
+_UNLOCK = ("if redis.call('type', KEYS[1])['ok'] == 'string' and "
+           "redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
            "else return 0 end")
+_TAKE_STALE = (f"if {_LIVE} then return 0 end "
+               "redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2]) return 1")
+_IS_LIVE = f"if {_LIVE} then return 1 else return 0 end"
 
 
 def _message(digest: str, artifact: bytes) -> bytes:
@@ -207,13 +217,20 @@ class RedisStore:
 
     def try_lock(self, key: str | CacheKey, ttl_ms: int) -> str | None:
         """Take the fleet-wide compile lock (``SET NX PX``); a token to unlock with, or None
-        when another process holds it."""
+        when another process holds it. A stale value at the lock key (no expiry, or not a
+        string) is replaced by our lock in one script: nobody holds it."""
         token = secrets.token_hex(16)
-        ok = self.client.set(self._name("lock", key), token, nx=True, px=int(ttl_ms))
-        return token if ok else None
+        name = self._name("lock", key)
+        if self.client.set(name, token, nx=True, px=int(ttl_ms)):
+            return token
+        taken = self.client.eval(_TAKE_STALE, 1, name, token, int(ttl_ms))
+        return token if int(taken) == 1 else None  # type: ignore[call-overload]
 
     def is_locked(self, key: str | CacheKey) -> bool:
-        return bool(self.client.exists(self._name("lock", key)))
+        """A live lock is held (a stale value at the lock key does not count: see
+        :meth:`try_lock`)."""
+        live = self.client.eval(_IS_LIVE, 1, self._name("lock", key))
+        return int(live) == 1  # type: ignore[call-overload]
 
     def unlock(self, key: str | CacheKey, token: str) -> None:
         """Release the lock only if it is still ours (compare-and-delete in one script)."""

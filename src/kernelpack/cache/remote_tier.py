@@ -7,7 +7,8 @@ skipped for :data:`REMOTE_BACKOFF_S`, so no timeout is paid per key. A remote en
 executable code: unless the cache opted out, it is read only when its envelope carries a
 trusted signature, and anything else is refused and counted. N machines missing one key
 compile it once while the remote is reachable (a ``SET NX PX`` lock; the others poll, then
-load), and nobody waits for an entry it would refuse.
+load), and nobody waits for an entry it would refuse, nor for a stale value at the lock key
+(no expiry or not a string: the store takes it over, see ``RedisStore.try_lock``).
 
 The tier keeps only its back-off state. The store, the trust settings, the lock lifetime and
 the wait stay the Cache's public attributes, read at each use; counters, warnings, decoding
