@@ -14,6 +14,7 @@ with neither get a :class:`~kernelpack.runtime.buffer.DeviceBuffer`.
 from __future__ import annotations
 
 import contextlib
+import operator
 import sys
 import threading
 from typing import Any, Callable
@@ -92,15 +93,6 @@ def _typestr_dtype(typestr: str) -> DType | None:
         return None
 
 
-def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    out = []
-    acc = itemsize
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return tuple(reversed(out))
-
-
 def _contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int) -> bool:
     """C-contiguity, ignoring the strides of size-1 dims (as PyTorch does) and anything of a
     size-0 array."""
@@ -126,10 +118,19 @@ def _pointer_device(ptr: int) -> int:
     return int(value) if not err else -1
 
 
+def _integer(value: Any, field: str) -> int:
+    """``value`` by ``__index__`` (as NumPy reads shapes): ``int()`` would make 2.5 a 2."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        why = "an invalid literal" if isinstance(value, str) else "not an integer"
+        raise TypeError(f"{field} is {type(value).__name__} {value!r}, {why}") from None
+
+
 def _read_cai(cai: dict, what: str, stream: int) -> ArrayFacts:
     try:
-        shape = tuple(int(d) for d in cai["shape"])
-        ptr = int(cai["data"][0] or 0)
+        shape = tuple(_integer(d, f"shape[{i}]") for i, d in enumerate(cai["shape"]))
+        ptr = _integer(cai["data"][0] or 0, "data pointer")
         if not 0 <= ptr < (1 << 64):
             raise ValueError(f"data pointer {ptr:#x} is not an address")
         if cai.get("mask") is not None:  # masked values would be read as if valid
@@ -137,11 +138,11 @@ def _read_cai(cai: dict, what: str, stream: int) -> ArrayFacts:
         dtype = _typestr_dtype(str(cai["typestr"]))
         strides = cai.get("strides")
         if strides is not None:
-            strides = tuple(int(s) for s in strides)
+            strides = tuple(_integer(s, f"strides[{i}]") for i, s in enumerate(strides))
             if len(strides) != len(shape):
                 raise ValueError(f"{len(strides)} strides for shape {shape}")
         producer = cai.get("stream")
-        producer = None if producer is None else int(producer)
+        producer = None if producer is None else _integer(producer, "stream")
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise LaunchError(f"argument {what!r}: malformed __cuda_array_interface__ ({exc})") from None
     _check_data(ptr, shape, what)

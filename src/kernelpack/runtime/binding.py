@@ -53,18 +53,20 @@ def scalar_range(dtype: DType) -> tuple[int, int] | None:
 
 
 class InputSpec(Record):
-    """One caller argument: a tensor (``slot`` is its buffer index) or a scalar (``slot`` is
-    its index among the caller's scalars; ``is_symbol``: an integer the planner reads)."""
+    """One caller argument: a tensor (``slot`` is its buffer index; ``written``: an
+    ``inout`` tensor the kernels write) or a scalar (``slot`` is its index among the caller's
+    scalars; ``is_symbol``: an integer the planner reads)."""
 
-    __slots__ = ("name", "is_tensor", "dtype", "slot", "is_symbol")
+    __slots__ = ("name", "is_tensor", "dtype", "slot", "is_symbol", "written")
 
     def __init__(self, name: str, is_tensor: bool, dtype: DType, slot: int,
-                 is_symbol: bool = False) -> None:
+                 is_symbol: bool = False, written: bool = False) -> None:
         self.name = name
         self.is_tensor = is_tensor
         self.dtype = dtype
         self.slot = slot
         self.is_symbol = is_symbol
+        self.written = written
 
 
 class AllocSpec(Record):
@@ -189,7 +191,8 @@ class BoundSummary:
         tensor_slot = scalar_slot = 0
         for p in summary.inputs:
             if isinstance(p, Tensor):
-                self.inputs.append(InputSpec(p.name, True, p.dtype, tensor_slot))
+                self.inputs.append(InputSpec(p.name, True, p.dtype, tensor_slot,
+                                             written=p.role == "inout"))
                 buffer_index[p.name] = tensor_slot
                 tensor_slot += 1
             else:

@@ -105,19 +105,28 @@ class DLTensorView:
 
 
 def read_capsule(capsule: Any, what: str) -> DLTensorView:
-    """Parse a ``dltensor`` capsule; LaunchError naming ``what`` when it is not one."""
+    """Parse a ``dltensor`` capsule; LaunchError naming argument ``what`` when it is not one
+    (or describes no valid memory)."""
+    who = f"argument {what!r}"
     if not _api.PyCapsule_IsValid(capsule, b"dltensor"):
-        raise LaunchError(f"{what}: __dlpack__ returned {type(capsule).__name__}, not a "
+        raise LaunchError(f"{who}: __dlpack__ returned {type(capsule).__name__}, not a "
                           f"'dltensor' capsule")
     addr = _api.PyCapsule_GetPointer(capsule, b"dltensor")
     managed = _DLManagedTensor.from_address(addr)
     t = managed.dl_tensor
     ndim = int(t.ndim)
     if not 0 <= ndim <= 64:
-        raise LaunchError(f"{what}: DLPack tensor has ndim {ndim}")
+        raise LaunchError(f"{who}: DLPack tensor has ndim {ndim}")
+    if ndim and not t.shape:
+        raise LaunchError(f"{who}: DLPack tensor of ndim {ndim} has a NULL shape")
     shape = tuple(int(t.shape[i]) for i in range(ndim))
     strides = tuple(int(t.strides[i]) for i in range(ndim)) if t.strides else None
+    # A hostile or broken producer's offset would otherwise surface only at packing, as an
+    # unnamed "does not fit its parameter".
     ptr = (t.data or 0) + int(t.byte_offset)
+    if ptr >= 1 << 64:
+        raise LaunchError(f"{who}: DLPack data pointer {t.data or 0:#x} + byte_offset "
+                          f"{int(t.byte_offset):#x} is not an address")
     dtype = kp_dtype(t.dtype.code, t.dtype.bits, t.dtype.lanes)
     return DLTensorView(capsule, ptr, int(t.device.device_type), int(t.device.device_id), dtype,
                         shape, strides)

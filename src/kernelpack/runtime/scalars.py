@@ -22,6 +22,7 @@ _F32_MAX = 3.4028234663852886e38
 _F16_MAX = 65504.0
 _BF16_MAX = 3.3895313892515355e38
 _f32 = struct.Struct("<f")
+_f16 = struct.Struct("<e")
 _u32 = struct.Struct("<I")
 
 
@@ -39,6 +40,54 @@ def _shown(v: int) -> str:
     if v.bit_length() > 256:
         return f"an int of {v.bit_length()} bits{' (negative)' if v < 0 else ''}"
     return str(v)
+
+
+def _overflowed(value: Any, v: float) -> bool:
+    """Whether ``float(value)`` gave ``v = ±inf`` for a finite ``value`` (a ``np.longdouble``
+    or ``Decimal`` beyond float64 converts to inf without an error)."""
+    if not math.isinf(v) or value.__class__ is float:
+        return False
+    try:
+        same = type(value).__eq__(value, v)
+        if same is NotImplemented:
+            same = float.__eq__(v, value)
+        if same is NotImplemented:  # a type that does not compare with floats: trust float()
+            return False
+        return not bool(same)
+    except Exception:  # noqa: BLE001 - a comparison that fails: trust float() as before
+        return False
+
+
+def _text(value: Any) -> str:
+    """A short ``str(value)`` for a message."""
+    try:
+        text = str(value)
+    except Exception:  # noqa: BLE001
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _narrow(v: float, dtype: DType, name: str, program: str) -> float | int:
+    """``v`` for a float16/float32/bfloat16 parameter. Rounding is to nearest (as NumPy's
+    casts and the C fast path's ``(float)x`` do), so a value just above the largest finite
+    number that rounds down to it is accepted, and only a finite value that would round to
+    inf is refused."""
+    try:
+        if dtype.name == "float32":
+            if abs(v) > _F32_MAX and math.isfinite(v):
+                _f32.pack(v)  # OverflowError when it rounds to inf
+        elif dtype.name == "float16":
+            if abs(v) > _F16_MAX and math.isfinite(v):
+                _f16.pack(v)
+        elif dtype.name == "bfloat16":
+            if abs(v) > _BF16_MAX and math.isfinite(v):
+                _f32.pack(v)
+                if bfloat16_bits(v) & 0x7FFF == 0x7F80:
+                    raise OverflowError
+            return bfloat16_bits(v)
+    except OverflowError:
+        raise ConstraintError(f"{program}: scalar {name!r} = {v} overflows {dtype}") from None
+    return v
 
 
 def convert_scalar(value: Any, dtype: DType, rng: tuple[int, int] | None, name: str,
@@ -81,14 +130,9 @@ def convert_scalar(value: Any, dtype: DType, rng: tuple[int, int] | None, name: 
         except (TypeError, ValueError):
             raise TypeError(f"{program}: scalar {name!r} is {dtype}; pass a number "
                             f"(got {type(value).__name__})") from None
-    if dtype.name == "float32":
-        if abs(v) > _F32_MAX and math.isfinite(v):
-            raise ConstraintError(f"{program}: scalar {name!r} = {v} overflows float32")
-    elif dtype.name == "float16":
-        if abs(v) > _F16_MAX and math.isfinite(v):
-            raise ConstraintError(f"{program}: scalar {name!r} = {v} overflows float16")
-    elif dtype.name == "bfloat16":
-        if abs(v) > _BF16_MAX and math.isfinite(v):
-            raise ConstraintError(f"{program}: scalar {name!r} = {v} overflows bfloat16")
-        return bfloat16_bits(v)
-    return v
+        if _overflowed(value, v):
+            raise ConstraintError(f"{program}: scalar {name!r} = {_text(value)} "
+                                  f"({type(value).__name__}) overflows {dtype}")
+    if dtype.name == "float64":
+        return v
+    return _narrow(v, dtype, name, program)
