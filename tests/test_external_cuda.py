@@ -147,7 +147,12 @@ def test_entry_checks() -> None:
     ("(void(*)(float*, float, unsigned))fill", "_Z4fillIfEvPT_S0_j"),
 ])
 def test_cpp_name_expressions_record_the_mangled_entry(expression: str, mangled: str) -> None:
-    c = kp.external("fill", expression, _params(), kp.cdiv("n", 128), 128, cuda=SRC,
+    # ops::twice(float* x, unsigned n) takes two arguments, fill<T>(T*, T, unsigned) three
+    x, a, n32 = _params()
+    if "int" in expression:
+        x, a = kp.Tensor("x", kp.i32, ["n"], role="inout"), kp.Scalar("a", kp.i32)
+    params = [x, a, n32] if "fill" in expression else [x, n32]
+    c = kp.external("fill", expression, params, kp.cdiv("n", 128), 128, cuda=SRC,
                     targets=["sm_80", "sm_90", "ptx"])
     (module,) = c.modules
     assert module.kernels == (mangled,)

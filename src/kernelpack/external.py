@@ -15,6 +15,7 @@ argument names a parameter).
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from typing import Iterable, Mapping, Sequence, Union
 
@@ -36,6 +37,7 @@ __all__ = ["external", "read_source", "ptx_entries", "cubin_entries", "cubin_arc
 
 Dim3Like = Union[ExprLike, Sequence[ExprLike]]
 ArgLike = Union[Arg, str, tuple]
+_PTX_TYPED_RE = re.compile(r"\.([fsu])(?:8|16|32|64)\b")  # .f32, .u64, .s8: not .b32, .pred
 
 
 
@@ -119,9 +121,11 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
         (nvJitLink's or NVRTC's log is attached).
     TypeError, ValueError
         Misuse: not exactly one of ``ptx``/``cubin``/``llvm_ir``/``cuda``, a bad target, a
-        forbidden NVRTC option, an inconsistent summary, or (``ptx``, ``llvm_ir``, ``cubin``)
-        kernel arguments that do not match the entry's parameter list in number. An argument whose
-        width differs from its ``.param`` (an ``f64`` scalar for a ``.f32``) is a warning.
+        forbidden NVRTC option, an inconsistent summary, or kernel arguments that do not
+        match the entry's parameter list (read from the PTX, the cubins, or what NVRTC made)
+        in number. An argument whose width differs from its ``.param`` (an ``f64`` scalar for
+        a ``.f32``), or a float for an integer ``.param`` or the reverse, is a UserWarning
+        (signedness and untyped ``.b``/byte-array parameters are not compared).
     """
     check_name(name, "program name")  # before the module name, which defaults to it
     if not isinstance(entry, str) or not entry:
@@ -170,6 +174,15 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
                                            nvrtc_flags, program=f"{name}.cu")
         if kernel != entry:  # a C++ name expression: the program launches the mangled name
             summary = summary_of(dataclasses.replace(launch, kernel=kernel))
+        # What NVRTC made of the C signature: one source, so the first image that says it
+        # (PTX first: it names the types too, a cubin only the sizes) speaks for all.
+        for image in sorted(images, key=lambda image: image.kind != "ptx"):
+            declared = (ptx_entry_params(image.data, kernel) if image.kind == "ptx" else
+                        cubin_entry_params(image.data, kernel))
+            if declared is not None:
+                _check_args_fit(declared, f"the kernel {kernel!r} of the {image.kind} for "
+                                f"{image.target}", launch.args, params)
+                break
     elif ptx is not None:
         source = read_source(ptx, "ptx")
         _check_args_fit(ptx_entry_params(source, entry), f"the PTX entry {entry!r}",
@@ -256,10 +269,18 @@ def _check_args_fit(declared: list[tuple[str, int]] | None, kernel: str,
     entry's ``.param`` list, a cubin's parameter info; None: unknown). The runtime hands
     cuLaunchKernel one pointer per argument and the driver reads one per declared parameter:
     with fewer arguments it reads pointers past the array (garbage, or a crash of the host
-    process), so a count mismatch is an error. A size mismatch (an ``f64`` for a ``.f32``)
-    gives garbage values on the GPU but reads nothing out of bounds of the argument array, and
-    programs that are only saved or planned declare such summaries: a warning. A ``.param``
-    list this reader does not understand is not checked."""
+    process), so a count mismatch is an error.
+
+    The rule for each argument (a buffer is a 64-bit pointer; a scalar or value argument has
+    its dtype's size): its size must equal the parameter's (``.u64``/``.b64``/``.s64`` for a
+    pointer; ``.b8 p[N]`` is N bytes whatever its ``.align``; a cubin gives sizes only), and
+    a float (or complex) must meet a ``.f`` type, an integer, bool or pointer a ``.u``/``.s``
+    one; an untyped ``.b``/``.pred``/byte-array parameter takes either kind, and signedness
+    never matters (a ``u32`` for ``.s32`` passes the same bits). A mismatch (an ``f64`` for a
+    ``.f32``, an ``i64`` for a ``.u32``, an ``f32`` for a ``.u32``) gives garbage values on
+    the GPU but reads nothing out of bounds of the argument array, and programs that are only
+    saved or planned declare such summaries: a warning, not an error. A ``.param`` list this
+    reader does not understand is not checked."""
     if declared is None:
         return
     if len(declared) != len(args):
@@ -269,17 +290,22 @@ def _check_args_fit(declared: list[tuple[str, int]] | None, kernel: str,
     dtypes = {p.name: p.dtype for p in params if isinstance(p, Scalar)}
     for i, (arg, (decl, size)) in enumerate(zip(args, declared)):
         if arg.kind == "buffer":
-            have, what = 8, f"buffer {arg.name!r} (a 64-bit device pointer)"
-        elif arg.kind == "scalar":
-            dtype = dtypes[arg.name]  # KernelSummary.check() ran: every scalar arg is known
-            have, what = dtype.itemsize, f"scalar {arg.name!r} ({dtype})"
-        else:
-            dtype = arg.dtype  # type: ignore[assignment]  (a value argument has one)
-            have, what = dtype.itemsize, f"value argument ({dtype})"
+            have, is_float, what = 8, False, f"buffer {arg.name!r} (a 64-bit device pointer)"
+        else:  # KernelSummary.check() ran: every scalar arg is known; a value one has a dtype
+            dtype = dtypes[arg.name] if arg.kind == "scalar" else arg.dtype
+            what = f"scalar {arg.name!r} ({dtype})" if arg.kind == "scalar" else \
+                f"value argument ({dtype})"
+            have, is_float = dtype.itemsize, dtype.kind in "fc"  # type: ignore[union-attr]
+        typed = _PTX_TYPED_RE.search(decl)  # None: a cubin's or an untyped parameter
         if have != size:
             warnings.warn(f"kp.external: args[{i}]: {what} is {have} byte(s), but {kernel} "
                           f"declares {decl!r} ({size} bytes): a launch passes the kernel a "
                           f"wrong value", stacklevel=3)
+        elif typed is not None and (typed.group(1) == "f") != is_float:
+            kinds = ("an integer", "a float")
+            warnings.warn(f"kp.external: args[{i}]: {what} is {kinds[is_float]}, but {kernel} "
+                          f"declares {decl!r}: a launch passes the kernel its bits as "
+                          f"{kinds[not is_float]}", stacklevel=3)
 
 
 def _constraint(item: object) -> Constraint:

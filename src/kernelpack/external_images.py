@@ -22,8 +22,8 @@ from .limits import MAX_IMAGE_SIZE, MAX_NAME_LENGTH
 from .targets import Arch, parse_arch, parse_target_list
 
 __all__ = ["read_source", "ptx_entries", "ptx_entry_params", "cubin_entries", "cubin_arch",
-           "cubin_entry_params",
-           "images_from_ptx", "images_from_cuda", "images_from_cubins", "ptx_from_llvm_ir"]
+           "cubin_entry_params", "images_from_ptx", "images_from_cuda", "images_from_cubins",
+           "ptx_from_llvm_ir"]
 
 PtxSource = Union[str, bytes, os.PathLike]
 
@@ -107,6 +107,7 @@ _PARAM_TYPE_BYTES = {"pred": 1, "b8": 1, "u8": 1, "s8": 1, "b16": 2, "u16": 2, "
                      "f16": 2, "bf16": 2, "b32": 4, "u32": 4, "s32": 4, "f32": 4, "b64": 8,
                      "u64": 8, "s64": 8, "f64": 8}
 _PARAM_ARRAY_RE = re.compile(r"\[\s*(\d+)\s*\]\s*$")
+_PARAM_WORD_RE = re.compile(r"\.([A-Za-z]\w*)")
 
 
 def ptx_entry_params(ptx: bytes, entry: str) -> list[tuple[str, int]] | None:
@@ -132,10 +133,11 @@ def ptx_entry_params(ptx: bytes, entry: str) -> list[tuple[str, int]] | None:
     params: list[tuple[str, int]] = []
     for decl in body.split(","):
         decl = " ".join(decl.split())
-        words = decl.split(" ")
-        if not words or words[0] != ".param":
+        # directives, not words: ".param.u64 x" assembles, and a name ("xf32") is no type
+        words = _PARAM_WORD_RE.findall(decl)
+        if not decl.startswith(".param") or words[0] != "param":
             return None
-        types = [w[1:] for w in words if w[1:] in _PARAM_TYPE_BYTES]
+        types = [w for w in words if w in _PARAM_TYPE_BYTES]
         if len(types) != 1:
             return None
         size = _PARAM_TYPE_BYTES[types[0]]
@@ -308,15 +310,15 @@ def cubin_arch(data: bytes, what: str = "cubin") -> int | None:
     return None
 
 
-_EIFMT_SVAL = 4
-_EIATTR_KPARAM_INFO = 0x17
+_EIFMT_SVAL, _EIATTR_KPARAM_INFO = 4, 0x17
+_PARAM_ATTRS = (0x0A, 0x17, 0x19)  # PARAM_CBANK, KPARAM_INFO, CBANK_PARAM_SIZE
 
 
 def cubin_entry_params(data: bytes, entry: str) -> list[tuple[str, int]] | None:
     """The parameters of kernel ``entry`` in a cubin, from the ``KPARAM_INFO`` attributes of
-    its ``.nv.info.<entry>`` section, as ``(description, bytes)`` pairs by ordinal; None when
-    the section or the attributes are missing or not as expected (nothing is checked then).
-    The cubin's ELF header was checked by :func:`cubin_entries` before this is asked.
+    its ``.nv.info.<entry>`` section, as ``(description, bytes)`` pairs by ordinal (``[]``
+    when the section has no parameter attribute at all: a kernel without parameters); None
+    when the section or the attributes are missing or not as expected (nothing is checked).
 
     Why: as :func:`ptx_entry_params`, so that ``cubin=`` arguments are checked like PTX's."""
     try:
@@ -335,9 +337,10 @@ def cubin_entry_params(data: bytes, entry: str) -> list[tuple[str, int]] | None:
             return None
         info = data[found[0][1]:found[0][1] + found[0][2]]
         sizes: dict[int, int] = {}
-        pos = 0
+        pos, param_attrs = 0, 0
         while pos + 4 <= len(info):
             fmt, attr = info[pos], info[pos + 1]
+            param_attrs += attr in _PARAM_ATTRS
             if fmt != _EIFMT_SVAL:  # no value, a byte or a half word: 4 bytes in all
                 pos += 4
                 continue
@@ -348,6 +351,8 @@ def cubin_entry_params(data: bytes, entry: str) -> list[tuple[str, int]] | None:
             pos += 4 + size
     except (struct.error, CompileError):
         return None
+    if not sizes and not param_attrs:
+        return []  # a kernel without parameters has no parameter bank: none to pass
     if not sizes or sorted(sizes) != list(range(len(sizes))):
         return None
     return [(f"parameter {i} ({sizes[i]} bytes)", sizes[i]) for i in range(len(sizes))]
