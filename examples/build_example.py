@@ -8,6 +8,7 @@ machine without a GPU (nvJitLink assembles the PTX into cubins toolkit-side).
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -35,7 +36,14 @@ def build() -> kp.Compiled:
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[1]) if len(argv) > 1 else Path("example.kpack")
+    parser = argparse.ArgumentParser(
+        prog="build_example.py",
+        description="Build a kernelpack artifact holding axpy (y = a*x + y) from "
+                    "examples/axpy.ptx: sm_80 and sm_90 cubins (nvJitLink, no GPU needed) "
+                    "and the PTX itself. Inspect it with `kernelpack inspect OUTPUT`.")
+    parser.add_argument("output", nargs="?", default="example.kpack",
+                        help="where to write the artifact (default: ./example.kpack)")
+    out = Path(parser.parse_args(argv[1:]).output)
     data = kp.save([build()], out)
     print(f"wrote {out} ({len(data)} bytes)")
     return 0
