@@ -16,7 +16,7 @@ with a float or with ``/ ** & | ^`` becomes a traced int64 value (``1.0 / x.shap
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Union
+from typing import Any, Callable, Iterable, Mapping, Union
 
 from .expr_eval import INT64_MAX, INT64_MIN, ExprEvalError, apply_op, evaluate
 
@@ -140,9 +140,71 @@ class Expr:
     def __index__(self) -> int:
         if self.op == "const":
             return int(self.value)  # type: ignore[arg-type]
-        raise TypeError(f"not a constant expression (got {self})")
+        from .promotion import dim_number_error  # promotion builds on this module
+
+        raise dim_number_error(self, "int() (or range(), an index)")
 
     __int__ = __index__
+
+    # Python's numeric protocols on a dim. abs/round/floor/ceil/trunc of an integer are exact
+    # integers again, so they stay symbolic; float()/complex() (and math.sqrt, math.log, which
+    # call float()) must return a number, which a dim is not until launch: inside a fusion that
+    # is a TraceError naming the kp form (it was "not a constant expression" or "bad operand
+    # type for abs()").
+    def __float__(self) -> float:
+        if self.op == "const":
+            return float(self.value)  # type: ignore[arg-type]
+        from .promotion import dim_number_error  # promotion builds on this module
+
+        raise dim_number_error(self, "float() (or math.sqrt, math.log, ...)")
+
+    def __complex__(self) -> complex:
+        if self.op == "const":
+            return complex(self.value)  # type: ignore[arg-type]
+        from .promotion import dim_number_error  # promotion builds on this module
+
+        raise dim_number_error(self, "complex()")
+
+    def __abs__(self) -> "Expr":
+        return select(lt(self, 0), -self, self)
+
+    def __round__(self, ndigits: object = None) -> "Expr":
+        if ndigits is None or (isinstance(ndigits, int) and ndigits >= 0):
+            return self  # round(int) and round(int, k >= 0) are the int itself
+        if self.op == "const" and isinstance(ndigits, int):
+            return const(round(int(self.value), ndigits))  # type: ignore[arg-type]
+        raise TypeError(f"round() of {self} with ndigits={ndigits!r}: only ndigits None or "
+                        f">= 0 keeps a symbolic size exact")
+
+    def __trunc__(self) -> "Expr":
+        return self
+
+    def __floor__(self) -> "Expr":
+        return self
+
+    def __ceil__(self) -> "Expr":
+        return self
+
+    def __divmod__(self, other: object) -> tuple["Expr", "Expr"]:
+        return self // other, self % other  # type: ignore[operator]
+
+    def __rdivmod__(self, other: object) -> tuple["Expr", "Expr"]:
+        return other // self, other % self  # type: ignore[operator]
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        """``np.sqrt(x.shape[-1])`` inside a fusion (the attention scale) is the kp op on
+        the traced size, as ``kp.sqrt`` is; outside a trace NumPy gets NotImplemented (its
+        TypeError, as before: a symbolic size has no value to compute with)."""
+        from .graph import current_graph  # the graph builds on this module
+
+        graph = current_graph()
+        if graph is None:
+            return NotImplemented
+        from .ops import array_ufunc
+        from .promotion import trace_value
+
+        traced = tuple(trace_value(graph, v) if isinstance(v, Expr) else v for v in inputs)
+        return array_ufunc(ufunc, method, traced, kwargs)
 
     @property
     def is_const(self) -> bool:

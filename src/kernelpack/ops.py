@@ -33,6 +33,11 @@ __all__ = [
 
 def _math(op: str) -> Callable[[object], Value]:
     def fn(x: object) -> Value:
+        graph = current_graph()
+        if isinstance(x, Expr) and graph is not None:
+            # kp.sqrt(x.shape[-1]): the dim as a traced int64 (a float64 result, weak beside
+            # narrower float tensors, as math.sqrt's Python float is in NumPy)
+            x = trace_value(graph, x)
         if isinstance(x, (int, float, Expr)) and not isinstance(x, bool):
             raise TraceError(f"kp.{op}: expects a traced tensor (got {x!r}); use "
                              f"kp.arange / x.astype to make one from a dim")

@@ -7,7 +7,8 @@ user's fusion is checked against read in one short module. The functions take tr
 one themselves except through ``graph.add``, so this module imports no tracing code.
 
 Typing rules (kept small on purpose): Python numbers are *weak* (they take the tensor's dtype),
-and so are integer sizes computed from dims alone (``x.shape[0]`` is a Python int in NumPy);
+and so are integer sizes computed from dims alone (``x.shape[0]`` is a Python int in NumPy)
+and the floats computed from them (``x.shape[-1] ** 0.5``, a Python float in NumPy);
 a value of a higher kind (bool < int < float < complex) absorbs a lower one; two tensors of the
 same kind and different widths are a :class:`~kernelpack.errors.TraceError` (cast with
 ``.astype``) rather than a silent upcast.
@@ -24,7 +25,7 @@ from .dtypes import (DType, as_dtype, bool_, complex64, complex128, float16, flo
                      int64, uint64)
 from .errors import TraceError
 from .expr import Expr, const
-from .graph import COMPARE
+from .graph import COMPARE, current_graph
 
 if TYPE_CHECKING:
     from .graph import Graph
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 else:
     Value = Any
 
-__all__ = ["broadcast_shapes", "dsl_dtype", "math_dtype", "trace_value", "widen_for_comparison",
+__all__ = ["broadcast_shapes", "dim_number_error", "dsl_dtype",
+           "math_dtype", "trace_value", "widen_for_comparison",
            "index_axes"]
 
 _KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
@@ -60,11 +62,16 @@ def _const_dtype(v: Value, like: DType) -> Value:
 
 
 def _promote(op: str, a: Value, b: Value) -> tuple[Value, Value, DType]:
+    a0, b0 = a, b
     ka, kb = _KIND_RANK[a.dtype.kind], _KIND_RANK[b.dtype.kind]
     if a.weak and not b.weak and ka <= kb:
         a = _const_dtype(a, b.dtype)
     elif b.weak and not a.weak and kb <= ka:
         b = _const_dtype(b, a.dtype)
+    da, db = a.dtype, b.dtype
+    if da == db:
+        return a, b, da
+    a, b = _weak_dim_float(a, b), _weak_dim_float(b, a)
     da, db = a.dtype, b.dtype
     if da == db:
         return a, b, da
@@ -75,6 +82,13 @@ def _promote(op: str, a: Value, b: Value) -> tuple[Value, Value, DType]:
         hi = da if ka > kb else db
         lo = db if ka > kb else da
         if hi.is_complex and lo.is_float and lo != hi.real:
+            # a Python complex (a literal or one computed from dims) beside float16 is
+            # complex64, as NumPy gives: ``x_f16 + 1j`` (trace_value already made it
+            # complex64) was a dtype mismatch; the tensor is widened explicitly
+            c0, f = (a0, b) if ka > kb else (b0, a)
+            if lo == float16 and hi == complex64 and (c0.weak or _dim_float(c0)):
+                f = f.graph.add("cast", complex64, f.shape, (f.id,))
+                return (a, f, hi) if ka > kb else (f, b, hi)
             raise TraceError(f"{op}: dtype mismatch {_desc(a)} and {_desc(b)}; cast one with "
                              f".astype")
         return a, b, hi
@@ -111,6 +125,56 @@ def _from_dims(v: Value) -> bool:
     return dims
 
 
+# ops through which a 0-d value computed from dims and Python numbers stays such a value
+_DIM_FLOAT_OPS = frozenset(_SIZE_OPS | {"div", "cast", "sqrt", "rsqrt", "exp", "exp2", "log",
+                                        "log2", "sin", "cos", "tan", "tanh", "erf", "floor",
+                                        "ceil", "complex", "real", "imag"})
+_DIM_FLOAT_DTYPES = frozenset({bool_, int64, float64, complex128})
+
+
+def _dim_float(v: Value) -> bool:
+    """Whether ``v`` is a 0-d float64/complex128 computed from dims and Python numbers alone
+    (``1.0 / x.shape[1]``, ``x.shape[-1] ** 0.5``, ``kp.sqrt(x.shape[0])``): in NumPy a Python
+    float or complex, so weak beside a narrower float or complex tensor."""
+    if v.node.shape or v.dtype not in (float64, complex128):
+        return False
+    g, stack, seen, dims = v.graph, [v.id], set(), False
+    while stack:
+        nid = stack.pop()
+        if nid in seen:
+            continue
+        seen.add(nid)
+        node = g.nodes[nid]
+        if node.shape or node.dtype not in _DIM_FLOAT_DTYPES:
+            return False
+        if node.op == "dim":
+            dims = True
+        elif node.op == "const":
+            if not node.attrs[1]:
+                return False
+        elif node.op in _DIM_FLOAT_OPS:
+            stack.extend(node.inputs)
+        else:
+            return False
+    return dims
+
+
+def _weak_dim_float(w: Value, t: Value) -> Value:
+    """``w`` re-typed as NumPy types a Python float/complex beside ``t`` when ``w`` is such a
+    value computed from dims (see :func:`_dim_float`) and ``t`` a float16/float32/complex64
+    tensor: ``x_f32 * (1.0 / x.shape[1])`` is float32, where it was a dtype-mismatch
+    TraceError. Beside float64, complex128, integer and bool tensors nothing changes (NumPy
+    gives float64/complex128 there too), so graphs that traced before are unchanged."""
+    tk = t.dtype
+    if tk.kind not in "fc" or tk in (float64, complex128) or not _dim_float(w) or _dim_float(t):
+        return w
+    if w.dtype == complex128:
+        target = tk if tk.kind == "c" else complex64
+    else:
+        target = tk
+    return w.graph.add("cast", target, (), (w.id,))
+
+
 def _weak_size(op: str, a: Value, b: Value) -> tuple[Value, Value, DType]:
     """An integer tensor beside a size from dims (one of ``a``, ``b``): NumPy types the size
     like a Python int. Arithmetic takes the tensor's dtype (``i32 + x.shape[0]`` is int32;
@@ -124,6 +188,23 @@ def _weak_size(op: str, a: Value, b: Value) -> tuple[Value, Value, DType]:
         w = w.graph.add("cast", t.dtype, w.shape, (w.id,))
     dt = t.dtype
     return (w, t, dt) if size_first else (t, w, dt)
+
+
+class _DimNumberError(TraceError, TypeError):
+    """A Python number asked of a dim inside a trace (``float(x.shape[0])``,
+    ``math.sqrt(x.shape[0])``, ``range(x.shape[0])``): a TraceError saying what to write, still
+    the TypeError Python's protocols expect."""
+
+
+def dim_number_error(e: Expr, what: str) -> TypeError:
+    """``what`` of the symbolic size ``e``: outside a trace the plain TypeError it always was;
+    inside one a :class:`_DimNumberError` naming the kp forms that keep the size symbolic."""
+    if current_graph() is None:
+        return TypeError(f"not a constant expression (got {e})")
+    return _DimNumberError(
+        f"{what} of the size {e}: sizes are known only at launch, so they have no Python "
+        f"value while tracing; keep them in kp arithmetic: x / {e}, 1.0 / {e}, {e} ** 0.5, "
+        f"kp.sqrt({e}), kp.log({e}), kp.arange({e})")
 
 
 def trace_value(graph: Graph, v: object, like: DType | None = None) -> Value:

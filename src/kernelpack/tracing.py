@@ -19,8 +19,8 @@ from .dtypes import DType, bool_, complex64, complex128, float32, float64, int64
 from .errors import TraceError
 from .expr import Expr, const, select
 from .graph import BITWISE, COMPARE, Graph, Node, active_graph, current_graph
-from .promotion import (_axes, _desc, _fmt, _promote, broadcast_shapes, dsl_dtype, index_axes,
-                        math_dtype, trace_value, widen_for_comparison)
+from .promotion import (_axes, _desc, _fmt, _from_dims, _promote, broadcast_shapes, dsl_dtype,
+                        index_axes, math_dtype, trace_value, widen_for_comparison)
 
 __all__ = ["Value", "trace_value", "broadcast_shapes", "astype", "pow", "active_graph",
            "current_graph"]
@@ -385,6 +385,8 @@ def pow(x: object, y: object) -> Value:  # noqa: A001
         if isinstance(y, float) and y in (0.0, 1.0, 2.0):
             y = int(y)
     if isinstance(x, Value) and isinstance(y, int) and not isinstance(y, bool):
+        if x.dtype.kind in "iu" and y < 0 and _from_dims(x):
+            return pow(astype(x, float64), y)  # a size is a Python int: n ** -1 is a float
         if x.dtype.kind in "iu" and y < 0:
             raise TraceError(f"pow: integers to negative integer powers are not allowed "
                              f"({_desc(x)} ** {y}); cast to a float dtype first")
