@@ -104,25 +104,7 @@ _SIZE_OPS = frozenset({"add", "sub", "mul", "floordiv", "mod", "shl", "shr", "an
 def _from_dims(v: Value) -> bool:
     """Whether ``v`` is a 0-d int64 computed from dims and Python ints alone: a Python int in
     NumPy (``x.shape[0]``, ``x.shape[1] & 1``), so as weak as an integer literal."""
-    g, stack, seen, dims = v.graph, [v.id], set(), False
-    while stack:
-        nid = stack.pop()
-        if nid in seen:
-            continue
-        seen.add(nid)
-        node = g.nodes[nid]
-        if node.shape or node.dtype != int64:
-            return False
-        if node.op == "dim":
-            dims = True
-        elif node.op == "const":
-            if not node.attrs[1]:
-                return False
-        elif node.op in _SIZE_OPS:
-            stack.extend(node.inputs)
-        else:
-            return False
-    return dims
+    return _built_from_dims(v, _SIZE_OPS, frozenset({int64}))
 
 
 # ops through which a 0-d value computed from dims and Python numbers stays such a value
@@ -136,8 +118,13 @@ def _dim_float(v: Value) -> bool:
     """Whether ``v`` is a 0-d float64/complex128 computed from dims and Python numbers alone
     (``1.0 / x.shape[1]``, ``x.shape[-1] ** 0.5``, ``kp.sqrt(x.shape[0])``): in NumPy a Python
     float or complex, so weak beside a narrower float or complex tensor."""
-    if v.node.shape or v.dtype not in (float64, complex128):
-        return False
+    return (v.dtype in (float64, complex128)
+            and _built_from_dims(v, _DIM_FLOAT_OPS, _DIM_FLOAT_DTYPES))
+
+
+def _built_from_dims(v: Value, ops: frozenset, dtypes: frozenset) -> bool:
+    """Whether every node ``v`` reads is 0-d, of one of ``dtypes``, and a dim, a Python-number
+    literal or one of ``ops`` — with at least one dim among them."""
     g, stack, seen, dims = v.graph, [v.id], set(), False
     while stack:
         nid = stack.pop()
@@ -145,14 +132,14 @@ def _dim_float(v: Value) -> bool:
             continue
         seen.add(nid)
         node = g.nodes[nid]
-        if node.shape or node.dtype not in _DIM_FLOAT_DTYPES:
+        if node.shape or node.dtype not in dtypes:
             return False
         if node.op == "dim":
             dims = True
         elif node.op == "const":
             if not node.attrs[1]:
                 return False
-        elif node.op in _DIM_FLOAT_OPS:
+        elif node.op in ops:
             stack.extend(node.inputs)
         else:
             return False

@@ -9,14 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kernelpack.errors import KernelPackError
-from kernelpack.runtime import call_program
-
 sys.path.insert(0, str(Path(__file__).parent))
 pytest.importorskip("kernelpack.runtime._launch",
                     reason="the C extension kernelpack.runtime._launch is not built")
-from test_fast_native import SCALARS, _driver, _launches, _scalars_program  # noqa: E402
-from test_fastpath_fake import Tensor as FakeTensor, torch  # noqa: E402,F401
+from test_fast_native import both_paths  # noqa: E402
+from test_fastpath_fake import torch  # noqa: E402,F401
 
 
 @pytest.mark.parametrize("value, ok", [
@@ -27,26 +24,7 @@ from test_fastpath_fake import Tensor as FakeTensor, torch  # noqa: E402,F401
 ])
 def test_float32_top_of_range_same_answer_on_both_paths(monkeypatch, torch, value,
                                                         ok) -> None:
-    results = []
-    for fast in (True, False):
-        fake = _driver(monkeypatch)
-        prog = _scalars_program()
-        x = FakeTensor([1.0, 2.0], torch.float32)
-        values = [v for _, _, _, v in SCALARS]
-        call_program(prog, x, *values)
-        if fast:
-            call_program(prog, x, *values)  # the fast path is built now
-        else:
-            from kernelpack.runtime.launcher import bind
-            bound = bind(prog)
-            bound.call = bound.__call__  # general path only
-        values[1] = value
-        n0 = len(_launches(fake))
-        try:
-            call_program(prog, x, *values)
-            results.append(("ok", _launches(fake)[-1][6][2:-1]))
-        except KernelPackError as exc:
-            results.append((type(exc).__name__, str(exc), len(_launches(fake)) - n0))
+    results = both_paths(monkeypatch, torch, 1, value)
     assert results[0] == results[1]
     assert (results[0][0] == "ok") is ok
     if not ok:
