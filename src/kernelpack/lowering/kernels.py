@@ -27,7 +27,8 @@ __all__ = ["signature", "emit"]
 def signature(graph: Graph, spec: KernelSpec, scratch: dict[str, DType]
               ) -> tuple[list[tuple[str, DType]], list[tuple[str, DType]]]:
     """(buffers, scalars) of a kernel, in parameter order: its outputs (or workspace), the
-    workspaces it reads, every input tensor, every scalar. Dims (i64) follow them."""
+    workspaces it reads, every input tensor, every materialized reduction's workspace, every
+    scalar. Dims (i64) follow them."""
     buffers: list[tuple[str, DType]] = []
     for name, nid in spec.outputs:
         buffers.append((name, scratch[name] if name in scratch else graph.nodes[nid].dtype))
@@ -37,6 +38,11 @@ def signature(graph: Graph, spec: KernelSpec, scratch: dict[str, DType]
     for pname, kind, dt, _ in graph.params:
         if kind == "tensor":
             buffers.append((pname, dt))
+    params = {p[0] for p in graph.params}
+    for node in graph.nodes:  # materialized reductions' workspaces (lowering/materialize.py)
+        if node.op == "input" and node.attrs[0] not in params \
+                and all(node.attrs[0] != n for n, _ in buffers):
+            buffers.append((node.attrs[0], node.dtype))
     scalars = [(pname, dt) for pname, kind, dt, _ in graph.params if kind == "scalar"]
     return buffers, scalars
 

@@ -37,6 +37,7 @@ class Build:
     static: tuple[tuple[str, int], ...] = ()
     options: Options = Options()
     graph: Graph | None = None
+    workspaces: tuple[str, ...] | None = None  # materialized reductions (None: not yet looked)
     stages: tuple[Stage, ...] = ()
     general: frozenset[int] = frozenset()
     scratch: tuple[tuple[str, DType], ...] = ()
@@ -54,7 +55,13 @@ def trace(b: Build) -> Build:
 
 
 def schedule(b: Build) -> Build:
-    stages = fit_variants(plan(b.graph, b.general))  # type: ignore[arg-type]
+    if b.workspaces is None:  # once: a rescheduled build keeps its rewritten graph
+        from .materialize import materialize
+
+        graph, names = materialize(b.graph)  # type: ignore[arg-type]
+        b = dataclasses.replace(b, graph=graph, workspaces=names)
+    stages = fit_variants(plan(b.graph, b.general,  # type: ignore[arg-type]
+                               frozenset(b.workspaces or ())))
     scratch: dict[str, DType] = {}
     for st in stages:
         for alt in st.alternatives:
@@ -185,6 +192,8 @@ def summarize(b: Build) -> Build:
     for pname, kind, dt, shape in graph.params:
         params.append(Tensor(pname, dt, shape) if kind == "tensor" else Scalar(pname, dt))
     for oname, nid in graph.outputs:
+        if oname in (b.workspaces or ()):
+            continue  # a materialized reduction: the variants' scratch
         node = graph.nodes[nid]
         params.append(Tensor(oname, node.dtype, node.shape, role="out"))
     syms = symbols_of(graph)

@@ -199,119 +199,134 @@ def row_outer(graph: Graph, reduces: list[int], out_shape: tuple[Expr, ...]) -> 
     return outer
 
 
-def plan(graph: Graph, general: frozenset[int] = frozenset()) -> list[Stage]:
+def plan(graph: Graph, general: frozenset[int] = frozenset(),
+         workspaces: frozenset[str] = frozenset()) -> list[Stage]:
     """The stages of ``graph``; groups listed in ``general`` are forced to the fallback
-    schedule (the codegen found their reductions read across rows)."""
+    schedule (the codegen found their reductions read across rows). Outputs named in
+    ``workspaces`` are materialized reductions (:mod:`.materialize`): each is a stage of its
+    own, declared as scratch of its shape, not a program output."""
     # workspaces avoid parameter and output names (an output "f_0_ws0" was a TraceError)
     taken = {p[0] for p in graph.params} | {name for name, _ in graph.outputs}
-    groups: dict[tuple[Expr, ...], list[tuple[str, int]]] = {}
+    groups: dict[tuple, list[tuple[str, int]]] = {}
     for name, nid in graph.outputs:
-        groups.setdefault(graph.nodes[nid].shape, []).append((name, nid))
+        key = ("workspace", name) if name in workspaces else graph.nodes[nid].shape
+        groups.setdefault(key, []).append((name, nid))
     stages: list[Stage] = []
-    for gi, (shape, outs) in enumerate(groups.items()):
-        base = f"{graph.name}_{gi}"
-        reduces = reduces_of(graph, [n for _, n in outs])
-        outer = None if gi in general or not reduces else row_outer(graph, reduces, shape)
-        names = tuple(n for n, _ in outs)
-        if outer is None:
-            n = _prod(shape)
-            vec = 1 if reduces else vector_width(graph, [nid for _, nid in outs])
-            spec = KernelSpec(base + "_pointwise", "pointwise", tuple(outs), shape, BLOCK,
-                              emin(cdiv(n, BLOCK * vec), GRID_CAP), vec=vec)
-            stages.append(Stage(names, (Choice((spec,)),), general=bool(reduces)))
-            continue
-        first = graph.nodes[graph.nodes[reduces[0]].inputs[0]]
-        # the longest row among the reductions: a thread (or a warp) per row must suit every
-        # one of them. The first's length alone gave a thread per row (float32 sums accumulated
-        # in float32, meant for <= 32 terms) to `x.sum(-1) + y.sum(-1)` with x 2 long and y a
-        # million: 1e-5 .. 5e-5 relative error, one thread reducing the whole long row
-        lengths: list[Expr] = []
-        for r in reduces:
-            one = _prod(graph.nodes[graph.nodes[r].inputs[0]].shape[len(outer):])
-            if one not in lengths:
-                lengths.append(one)
-        length = lengths[0]
-        for one in lengths[1:]:
-            length = emax(length, one)
-        rows = _prod(outer)
-        keeps_row = any(not _prod(graph.nodes[n].shape[len(outer):]).is_const
-                        or _prod(graph.nodes[n].shape[len(outer):]).value != 1 for _, n in outs)
-        if not outer:  # every axis reduced: partial passes over a grid (fullred.py)
-            from .fullred import full_stage
-
-            stages.append(full_stage(graph, base, outs, reduces, keeps_row, taken))
-            continue
-        uniform = all(graph.nodes[graph.nodes[r].inputs[0]].shape == first.shape
-                      for r in reduces) and all(
-            graph.nodes[n].shape == first.shape
-            or _prod(graph.nodes[n].shape[len(outer):]) == const(1) for _, n in outs)
-        # (group, predicate, 16-byte chunks per thread, threads per block, tiled, resident
-        # threads per SM to keep registers for)
-        options: list[tuple[str, Expr | None, int, int, bool, int]] = []
-        if not keeps_row:
-            short = le(length, THREAD_ROW_MAX)
-            most = ONE_ROW_MIN_THREADS.get(acc_width(graph, reduces), 0)
-            if most and not _heavy(graph, [n for _, n in outs], set(reduces)) \
-                    and _row_transcendental(graph, [n for _, n in outs]):
-                # one row per thread (the grid is not capped): the kernel bounded to `most`
-                options.append(("thread", land(short, le(rows, GRID_CAP * BLOCK)), 0, BLOCK,
-                                False, most))
-            options.append(("thread", short, 0, BLOCK, False, 0))
-        vec = 1
-        if uniform and (keeps_row or len(_depths(graph, reduces)) > 1):
-            # the row in registers, `slots` 16-byte chunks per thread: a warp per row (several
-            # rows per block) up to 32·vec·8 elements, then a block of 256 per row; the
-            # capacities double, so at most half of a thread's chunks lie past the row's end
-            vec = vector_width(graph, [n for _, n in outs])
-            nonempty = ge(length, 1)  # empty rows: the loop schedule (nothing to load)
-            light = not _heavy(graph, [n for _, n in outs], set(reduces))
-            if light:
-                table = REG_GROUPS_LIGHT if vec >= 4 else REG_GROUPS_LIGHT_WIDE
-            else:
-                table = REG_GROUPS if vec >= 4 else REG_GROUPS_WIDE
-            for group, k, threads, *most in table:
-                cap = (32 if group == "warp" else threads) * vec * k
-                options.append((group, land(nonempty, le(length, cap)), k, threads, False,
-                                most[0] if most else MIN_THREADS_PER_SM))
-        heavy_terms = _heavy(graph, [n for _, n in outs], set(reduces))
-        if uniform and not keeps_row and TILE_CHUNKS and not heavy_terms:
-            # Tiles keep loads in flight for memory-bound terms (masked means). Terms with a
-            # transcendental or division (angle's sin/cos of every x_k) are bound by that
-            # work, and unrolling it per chunk only multiplies the code: the angle encoding's
-            # PTX grew from 20 to 395 KB with tiles. They take the plain loops below.
-            # (after register-held rows, if any, the tiled warp would only see empty rows)
-            held = any(o[2] for o in options)
-            vec = vector_width(graph, [n for _, n in outs])
-            if not held:
-                options.append(("warp", le(length, TILE_WARP_MAX), TILE_CHUNKS, BLOCK, True,
-                                MIN_THREADS_PER_SM))
-            options.append(("block", None, TILE_CHUNKS, TILE_BLOCK, True, MIN_THREADS_PER_SM))
-        elif keeps_row and not uniform:
-            options.append(("warp", le(length, WARP_KEEP_MAX), 0, BLOCK, False, 0))
-        elif not keeps_row:
-            options.append(("warp", le(length, WARP_ROW_MAX), 0, BLOCK, False, 0))
-        options.append(("block", None, 0, ROW_BLOCK, False, 0))
-        alts: list[Choice] = []
-        for group, pred, slots, block, tiled, most in options:
-            if pred is not None and pred.is_const:
-                if not pred.value:
-                    continue
-                pred = None
-            per_block = {"thread": block, "warp": block // 32, "block": 1}[group]
-            grid = emin(cdiv(rows, per_block) if per_block > 1 else rows, GRID_CAP)
-            sep = "t" if tiled else "x"
-            tag = "" if not slots else (f"{sep if tiled else ''}{slots * vec}" if group == "warp"
-                                        else f"{block}{sep}{slots * vec}")
-            tag += "1" if group == "thread" and most else ""  # rowthread1: one row per thread
-            spec = KernelSpec(f"{base}_row{group}{tag}", "row",
-                              tuple(outs), outer, block, grid, group=group,
-                              reduces=tuple(reduces), slots=slots, vec=vec if slots else 1,
-                              tiled=tiled, min_threads=most)
-            alts.append(Choice((spec,), predicate=pred))
-            if pred is None:
-                break
-        stages.append(Stage(names, tuple(alts)))
+    for gi, outs in enumerate(groups.values()):
+        shape = graph.nodes[outs[0][1]].shape
+        stage = _stage(graph, f"{graph.name}_{gi}", shape, outs, gi in general, taken)
+        if outs[0][0] in workspaces:
+            node = graph.nodes[outs[0][1]]
+            ws = Scratch(outs[0][0], node.dtype, node.shape)
+            stage = Stage(stage.outputs, tuple(
+                Choice(c.kernels, c.scratch + (ws,), c.predicate) for c in stage.alternatives),
+                stage.general)
+        stages.append(stage)
     return stages
+
+
+def _stage(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tuple[str, int]],
+           general: bool, taken: set[str]) -> Stage:
+    """The stage computing the outputs ``outs`` (all of ``shape``)."""
+    reduces = reduces_of(graph, [n for _, n in outs])
+    outer = None if general or not reduces else row_outer(graph, reduces, shape)
+    names = tuple(n for n, _ in outs)
+    if outer is None:
+        n = _prod(shape)
+        vec = 1 if reduces else vector_width(graph, [nid for _, nid in outs])
+        spec = KernelSpec(base + "_pointwise", "pointwise", tuple(outs), shape, BLOCK,
+                          emin(cdiv(n, BLOCK * vec), GRID_CAP), vec=vec)
+        return Stage(names, (Choice((spec,)),), general=bool(reduces))
+    first = graph.nodes[graph.nodes[reduces[0]].inputs[0]]
+    # the longest row among the reductions: a thread (or a warp) per row must suit every
+    # one of them. The first's length alone gave a thread per row (float32 sums accumulated
+    # in float32, meant for <= 32 terms) to `x.sum(-1) + y.sum(-1)` with x 2 long and y a
+    # million: 1e-5 .. 5e-5 relative error, one thread reducing the whole long row
+    lengths: list[Expr] = []
+    for r in reduces:
+        one = _prod(graph.nodes[graph.nodes[r].inputs[0]].shape[len(outer):])
+        if one not in lengths:
+            lengths.append(one)
+    length = lengths[0]
+    for one in lengths[1:]:
+        length = emax(length, one)
+    rows = _prod(outer)
+    keeps_row = any(not _prod(graph.nodes[n].shape[len(outer):]).is_const
+                    or _prod(graph.nodes[n].shape[len(outer):]).value != 1 for _, n in outs)
+    if not outer:  # every axis reduced: partial passes over a grid (fullred.py)
+        from .fullred import full_stage
+
+        return full_stage(graph, base, outs, reduces, keeps_row, taken)
+    uniform = all(graph.nodes[graph.nodes[r].inputs[0]].shape == first.shape
+                  for r in reduces) and all(
+        graph.nodes[n].shape == first.shape
+        or _prod(graph.nodes[n].shape[len(outer):]) == const(1) for _, n in outs)
+    # (group, predicate, 16-byte chunks per thread, threads per block, tiled, resident
+    # threads per SM to keep registers for)
+    options: list[tuple[str, Expr | None, int, int, bool, int]] = []
+    if not keeps_row:
+        short = le(length, THREAD_ROW_MAX)
+        most = ONE_ROW_MIN_THREADS.get(acc_width(graph, reduces), 0)
+        if most and not _heavy(graph, [n for _, n in outs], set(reduces)) \
+                and _row_transcendental(graph, [n for _, n in outs]):
+            # one row per thread (the grid is not capped): the kernel bounded to `most`
+            options.append(("thread", land(short, le(rows, GRID_CAP * BLOCK)), 0, BLOCK,
+                            False, most))
+        options.append(("thread", short, 0, BLOCK, False, 0))
+    vec = 1
+    if uniform and (keeps_row or len(_depths(graph, reduces)) > 1):
+        # the row in registers, `slots` 16-byte chunks per thread: a warp per row (several
+        # rows per block) up to 32·vec·8 elements, then a block of 256 per row; the
+        # capacities double, so at most half of a thread's chunks lie past the row's end
+        vec = vector_width(graph, [n for _, n in outs])
+        nonempty = ge(length, 1)  # empty rows: the loop schedule (nothing to load)
+        light = not _heavy(graph, [n for _, n in outs], set(reduces))
+        if light:
+            table = REG_GROUPS_LIGHT if vec >= 4 else REG_GROUPS_LIGHT_WIDE
+        else:
+            table = REG_GROUPS if vec >= 4 else REG_GROUPS_WIDE
+        for group, k, threads, *most in table:
+            cap = (32 if group == "warp" else threads) * vec * k
+            options.append((group, land(nonempty, le(length, cap)), k, threads, False,
+                            most[0] if most else MIN_THREADS_PER_SM))
+    heavy_terms = _heavy(graph, [n for _, n in outs], set(reduces))
+    if uniform and not keeps_row and TILE_CHUNKS and not heavy_terms:
+        # Tiles keep loads in flight for memory-bound terms (masked means). Terms with a
+        # transcendental or division (angle's sin/cos of every x_k) are bound by that
+        # work, and unrolling it per chunk only multiplies the code: the angle encoding's
+        # PTX grew from 20 to 395 KB with tiles. They take the plain loops below.
+        # (after register-held rows, if any, the tiled warp would only see empty rows)
+        held = any(o[2] for o in options)
+        vec = vector_width(graph, [n for _, n in outs])
+        if not held:
+            options.append(("warp", le(length, TILE_WARP_MAX), TILE_CHUNKS, BLOCK, True,
+                            MIN_THREADS_PER_SM))
+        options.append(("block", None, TILE_CHUNKS, TILE_BLOCK, True, MIN_THREADS_PER_SM))
+    elif keeps_row and not uniform:
+        options.append(("warp", le(length, WARP_KEEP_MAX), 0, BLOCK, False, 0))
+    elif not keeps_row:
+        options.append(("warp", le(length, WARP_ROW_MAX), 0, BLOCK, False, 0))
+    options.append(("block", None, 0, ROW_BLOCK, False, 0))
+    alts: list[Choice] = []
+    for group, pred, slots, block, tiled, most in options:
+        if pred is not None and pred.is_const:
+            if not pred.value:
+                continue
+            pred = None
+        per_block = {"thread": block, "warp": block // 32, "block": 1}[group]
+        grid = emin(cdiv(rows, per_block) if per_block > 1 else rows, GRID_CAP)
+        sep = "t" if tiled else "x"
+        tag = "" if not slots else (f"{sep if tiled else ''}{slots * vec}" if group == "warp"
+                                    else f"{block}{sep}{slots * vec}")
+        tag += "1" if group == "thread" and most else ""  # rowthread1: one row per thread
+        spec = KernelSpec(f"{base}_row{group}{tag}", "row",
+                          tuple(outs), outer, block, grid, group=group,
+                          reduces=tuple(reduces), slots=slots, vec=vec if slots else 1,
+                          tiled=tiled, min_threads=most)
+        alts.append(Choice((spec,), predicate=pred))
+        if pred is None:
+            break
+    return Stage(names, tuple(alts))
 
 
 def _depths(graph: Graph, reduces: list[int]) -> set[int]:
