@@ -99,13 +99,62 @@ def test_a_column_softmax_read_by_a_row_variance_and_a_full_sum():
 
 
 def test_row_full_and_unbroadcast_reductions_are_unchanged():
-    """Trailing-axis and full reductions keep their own schedules, and a column reduction
-    returned at its own shape is computed once per output anyway: no workspace."""
+    """Trailing-axis and full reductions keep their own schedules (row kernels, fullred),
+    and a column reduction returned at its own shape is computed once per output anyway: no
+    workspace. (Mixed in one output group they do go to the general schedule, and are then
+    materialized: see the last test.)"""
 
     @kp.fusion
-    def plain(x: T[kp.f32, "a", "b"]):
-        return (x - x.mean(axis=-1, keepdims=True), x / x.sum(), x.sum(axis=0),
-                x.max(axis=0, keepdims=True))
+    def row(x: T[kp.f32, "a", "b"]):
+        return x - x.mean(axis=-1, keepdims=True)
 
-    (variant, *_) = _summary(plain).variants
-    assert not [w for w in variant.scratch if "_m" in w.name]
+    @kp.fusion
+    def full(x: T[kp.f32, "a", "b"]):
+        return x / x.sum()
+
+    @kp.fusion
+    def cols(x: T[kp.f32, "a", "b"]):
+        return x.sum(axis=0), x.max(axis=0, keepdims=True)
+
+    for f in (row, full, cols):
+        for variant in _summary(f).variants:
+            assert not [w for w in variant.scratch if "_m" in w.name], f.name
+
+
+def test_a_row_and_a_full_reduction_in_one_general_stage():
+    """``x - x.mean(-1)`` and ``x / x.sum()`` share an output shape, so one general stage:
+    each element recomputed its row mean and the whole sum. Now both are workspaces."""
+
+    @kp.fusion
+    def both(x: T[kp.f64, "a", "b"]):
+        return x - x.mean(axis=-1, keepdims=True), x / x.sum()
+
+    k = Kernels(both)
+    assert len(k.summary.variants[0].scratch) >= 2
+    x = np.random.default_rng(5).random((19, 6)) + 0.5
+    a, b = k(x)
+    assert_close(a, x - x.mean(-1, keepdims=True), 1e-13, "row centring")
+    assert_close(b, x / x.sum(), 1e-13, "x / x.sum()")
+
+
+def test_full_reductions_broadcast_inside_a_general_stage():
+    """GPU fuzz seed 2444's shape: a reduction over a size-1 leading axis puts the program
+    on the general schedule, where two full sums read back at every element were recomputed
+    per element (1e10 steps at b = 100003). Both are materialized; the result is unchanged."""
+
+    @kp.fusion
+    def lse(x1: T[kp.f64, "b"], x2: T[kp.f32, 1, "b"], s: kp.f64):
+        v1 = kp.max(x2, axis=0)
+        v5 = kp.where(x1.astype(kp.i64).sum(axis=0, keepdims=True) != 1, v1, 0.0)
+        v6 = kp.max(v5, axis=0, keepdims=True)
+        return (kp.log(kp.exp(v5 - v6).sum(axis=0, keepdims=True)) + v6).astype(kp.f64) / s
+
+    k = Kernels(lse)
+    assert len(k.summary.variants[0].scratch) >= 2
+    rng = np.random.default_rng(4)
+    x1 = rng.standard_normal(301) * 3
+    x2 = rng.standard_normal((1, 301)).astype(np.float32)
+    (got,) = k(x1, x2, 2.0)
+    v5 = np.where(x1.astype(np.int64).sum() != 1, x2[0].astype(np.float64), 0.0)
+    ref = (np.log(np.exp(v5 - v5.max()).sum()) + v5.max()) / 2.0
+    assert_close(got, np.array([ref]), 1e-6, "log-sum-exp")

@@ -1,11 +1,11 @@
 """Reductions computed once into a workspace where the general schedule would recompute them.
 
 The general (fallback) schedule gives every output element its own thread, which evaluates the
-whole expression below that element, reductions included. A reduction over leading or middle
-axes whose value is then *broadcast* — ``x - x.mean(axis=0, keepdims=True)``, one column mean
-read by every element of its column — was therefore recomputed by every element that reads it:
-the work grew with the reduced length times the broadcast size (centring the columns of a
-100000 x 64 tensor: 6.4e11 loads, minutes on an H200, for what is two passes over 25 MB).
+whole expression below that element, reductions included. A reduction whose value is then
+*broadcast* — ``x - x.mean(axis=0, keepdims=True)``, one column mean read by every element of
+its column — was therefore recomputed by every element that reads it: the work grew with the
+reduced length times the broadcast size (centring the columns of a 100000 x 64 tensor: 6.4e11
+loads, minutes on an H200, for what is two passes over 25 MB).
 
 Such a reduction is *materialized*: a stage of its own (scheduled like any other output, before
 the stages that read it) writes it to a workspace of its shape, declared as the program's
@@ -13,13 +13,15 @@ scratch (``{fusion}_m{k}``), and its readers load it from there (an ``input`` no
 workspace). Each materialized reduction gets its own stage, in dependency order, so no kernel
 reads a workspace it is writing.
 
-Left alone: reductions over the trailing axes (the row kernels keep those per row), reductions
-over every axis (:mod:`.fullred` finishes those on a grid and spreads their broadcast), and
-reductions read only at their own shape (``x.sum(axis=0)`` returned as it is: one thread per
-output element computes each once).
+Only reductions below a stage that the scheduler put on the general schedule are considered:
+the row kernels keep trailing-axis reductions per row and :mod:`.fullred` spreads full ones
+(``x / x.sum()``), and a reduction read only at its own shape (``x.sum(axis=0)`` returned as it
+is) is computed once per element that needs it anyway.
 """
 
 from __future__ import annotations
+
+from typing import Iterable
 
 from ..expr import Expr
 from ..graph import Graph, Node
@@ -29,18 +31,6 @@ __all__ = ["materialize"]
 
 def _squeezed(shape: tuple[Expr, ...]) -> tuple[Expr, ...]:
     return tuple(d for d in shape if not (d.is_const and d.value == 1))
-
-
-def _candidate(graph: Graph, node: Node) -> bool:
-    """A reduction neither the row kernels nor the full-reduction stages take care of."""
-    if node.op != "reduce":
-        return False
-    src = graph.nodes[node.inputs[0]]
-    axes = tuple(node.attrs[1])
-    ndim = len(src.shape)
-    if len(axes) == ndim:  # every axis: fullred.py
-        return False
-    return axes != tuple(range(ndim - len(axes), ndim))  # trailing axes: a row reduction
 
 
 def _broadcast(graph: Graph, users: dict[int, list[int]], nid: int) -> bool:
@@ -65,17 +55,18 @@ def _broadcast(graph: Graph, users: dict[int, list[int]], nid: int) -> bool:
     return False
 
 
-def materialize(graph: Graph) -> tuple[Graph, tuple[str, ...]]:
-    """``graph`` with each broadcast non-row reduction computed into a workspace: a new graph
-    whose outputs are the workspaces (in dependency order) and then ``graph``'s outputs, and
-    the workspaces' names. ``graph`` itself is returned (and no names) when nothing needs it."""
+def materialize(graph: Graph, general: Iterable[int]) -> tuple[Graph, tuple[str, ...]]:
+    """``graph`` with each broadcast reduction below the nodes ``general`` (the outputs of the
+    stages on the general schedule) computed into a workspace: a new graph whose outputs are
+    the workspaces (in dependency order) and then ``graph``'s outputs, and the workspaces'
+    names. ``graph`` itself is returned (and no names) when nothing needs it."""
     users: dict[int, list[int]] = {}
     for node in graph.nodes:
         for i in node.inputs:
             users.setdefault(i, []).append(node.id)
-    live = graph.reachable(nid for _, nid in graph.outputs)
+    below = graph.reachable(general)
     chosen = [n.id for n in graph.nodes
-              if n.id in live and _candidate(graph, n) and _broadcast(graph, users, n.id)]
+              if n.id in below and n.op == "reduce" and _broadcast(graph, users, n.id)]
     if not chosen:
         return graph, ()
     taken = {p[0] for p in graph.params} | {name for name, _ in graph.outputs}

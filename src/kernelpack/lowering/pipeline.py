@@ -58,7 +58,12 @@ def schedule(b: Build) -> Build:
     if b.workspaces is None:  # once: a rescheduled build keeps its rewritten graph
         from .materialize import materialize
 
-        graph, names = materialize(b.graph)  # type: ignore[arg-type]
+        graph = b.graph
+        assert graph is not None
+        outputs = dict(graph.outputs)
+        general = [outputs[name] for st in plan(graph, b.general) if st.general
+                   for name in st.outputs]
+        graph, names = materialize(graph, general)
         b = dataclasses.replace(b, graph=graph, workspaces=names)
     stages = fit_variants(plan(b.graph, b.general,  # type: ignore[arg-type]
                                frozenset(b.workspaces or ())))
