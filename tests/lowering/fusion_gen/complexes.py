@@ -26,7 +26,7 @@ class ComplexOps(ShapeOps):
             m = max(abs(re.lo), abs(re.hi), abs(im.lo), abs(im.hi))
             dt = C64 if re.dt == F32 else C128
             return self.emit(f"kp.complex({re.name}, {im.name})",
-                             f"{re.name} + 1j * {im.name}", dt, pos, ones, lo=-m, hi=m,
+                             f"_complex({re.name}, {im.name})", dt, pos, ones, lo=-m, hi=m,
                              r32=re.r32 or im.r32, nan=re.nan or im.nan,
                              amin=max(re.amin, im.amin))
         op = self.pick(["real", "imag", "abs", "exp", "neg", "conjmul", "eq"])

@@ -80,8 +80,17 @@ def ref_namespace(mode: str) -> dict:
     def _sigmoid(x: Any) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-x))
 
+    def _complex(re: Any, im: Any) -> np.ndarray:
+        """``kp.complex(re, im)``: the parts as given. ``re + 1j * im`` is NaN where ``im`` is
+        infinite (``1j * inf`` has the real part ``0 * inf``): a row max over an empty row
+        is -inf, and the reference then expected NaN where the kernel rightly gave inf."""
+        re, im = np.broadcast_arrays(np.asarray(re), np.asarray(im))
+        out = np.empty(re.shape, np.result_type(re.dtype, im.dtype, np.complex64))
+        out.real, out.imag = re, im
+        return out
+
     return {"np": np, "_model": _model, "_red": _red, "_erf": _erf, "_sigmoid": _sigmoid,
-            "_types": types}
+            "_complex": _complex, "_types": types}
 
 
 def model_inputs(params: list[Param], inputs: list, mode: str = "64") -> list:
