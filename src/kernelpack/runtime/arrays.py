@@ -379,8 +379,10 @@ def stream_handle(stream: Any) -> int:
         value = getattr(stream, attr, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return _checked_handle(value, stream)
-    if not hasattr(stream, "__index__") and hasattr(stream, "__float__"):
-        # a NumPy float/bool scalar, Decimal, Fraction: int() would truncate it to a handle
+    if (not hasattr(stream, "__index__") and hasattr(stream, "__float__")) \
+            or getattr(getattr(stream, "dtype", None), "kind", None) in ("b", "f", "c"):
+        # a NumPy float/bool scalar (np.bool_ has __index__ before NumPy 2.3), Decimal,
+        # Fraction: int() would truncate it to a handle
         raise TypeError(f"stream= takes a torch/cupy stream, a CUstream or an int handle "
                         f"(got {type(stream).__name__} {stream!r})")
     try:
