@@ -294,8 +294,12 @@ class Pack:
     def verify(self) -> None:
         """Check everything load() leaves for later: every summary decodes, every launch's
         module and kernel exist, every image matches its digests (images naming one blob
-        with the same claims are decompressed once: see ``ImageInfo.check_key``). Raises
-        KernelPackError."""
+        with the same claims are decompressed once: see ``ImageInfo.check_key``), and a
+        signature the pack carries holds under the key it names (load checks it only against
+        ``trusted_keys``; a signed file changed after signing fails here, as ``kernelpack
+        verify`` does). Raises KernelPackError."""
+        if self.signature is not None and not self.signature.verified:
+            self.check_signature_intact()
         for name in self.programs:
             self[name].modules  # decodes the summary and checks the references
         kept = 0
@@ -398,7 +402,7 @@ def load(path_or_bytes: object, *, trusted_keys: Iterable[object] | None = None)
     ------
     FormatError, IntegrityError, SignatureError, CompatibilityError (newer format major).
     """
-    if (isinstance(trusted_keys, (bytes, bytearray, str, os.PathLike))
+    if (isinstance(trusted_keys, (bytes, bytearray, memoryview, str, os.PathLike))
             or not isinstance(trusted_keys, (Iterable, type(None)))):
         # one key given bare (bytes, a path, an Ed25519PublicKey): not a list of byte values,
         # and not Python's "object is not iterable", which does not say what a key may be

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import os
 import re
 import tempfile
@@ -221,6 +222,39 @@ def _renamed(exc: OSError, path: str) -> OSError:
     return type(exc)(exc.errno, exc.strerror, path)
 
 
+def _new_file_mode() -> int:
+    """0o666 less the process umask: the mode ``open(path, "wb")`` gives a new file. (A fixed
+    0o644 made files world-readable under umask 077.) Read from /proc where it can be, since
+    ``os.umask`` can only be read by setting it, which races with other threads."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _write_file_object(file: object, data: bytes) -> None:
+    """Write all of ``data`` to a binary file object. A text file is a TypeError naming the
+    parameter (not io's "string argument expected"); a raw, unbuffered file may write only
+    part of the bytes per call, so it is written until done."""
+    if isinstance(file, io.TextIOBase):
+        raise TypeError("kp.save: path_or_file is a text file; open it in binary mode "
+                        "('wb') to write an artifact")
+    written = file.write(data)  # type: ignore[attr-defined]
+    view = memoryview(data)
+    while isinstance(written, int) and not isinstance(written, bool) and written < len(view):
+        if written <= 0:
+            raise OSError(errno.EIO, f"kp.save: the file object wrote {written} of "
+                                     f"{len(view)} bytes")
+        view = view[written:]
+        written = file.write(view)  # type: ignore[attr-defined]
+
+
 def _write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Temp file in the same directory, fsync, os.replace: all or nothing under ``path``."""
     path = os.fspath(path)
@@ -239,8 +273,8 @@ def _write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
             os.fsync(f.fileno())
         try:  # replacing a file keeps its permissions (a 0600 artifact stays private)
             mode = os.stat(path).st_mode & 0o7777
-        except OSError:
-            mode = 0o644
+        except OSError:  # a new file: what open() would give it (mkstemp's is 0600)
+            mode = _new_file_mode()
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException as exc:
@@ -315,9 +349,10 @@ def save(items: object, path_or_file: PathOrFile = None, *, sign_with: object = 
     body, blobs = encode(compiled)
     signature = None
     if sign_with is not None:
-        from .signing import sign_digest
+        from .signing import load_for, load_private_key, sign_digest
 
-        signature = sign_digest(sign_with, hashlib.sha256(body).digest())
+        key = load_for("sign_with", load_private_key, sign_with)
+        signature = sign_digest(key, hashlib.sha256(body).digest())
     data = assemble(body, blobs, signature)
     check_readable(data, sorted({c.name for c in compiled}),
                    sorted({ln.module for c in compiled for v in c.summary.variants
@@ -325,7 +360,7 @@ def save(items: object, path_or_file: PathOrFile = None, *, sign_with: object = 
     if path_or_file is None:
         return data
     if hasattr(path_or_file, "write"):
-        path_or_file.write(data)  # type: ignore[union-attr]
+        _write_file_object(path_or_file, data)
     elif isinstance(path_or_file, (str, os.PathLike)):
         _write_atomic(path_or_file, data)
     else:  # bytes would be artifact data to kp.load, never a path: say so before any I/O

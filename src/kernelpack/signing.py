@@ -15,13 +15,13 @@ import errno
 import hashlib
 import os
 import stat
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .errors import SignatureError
 
 __all__ = ["generate_private_key", "public_key_bytes", "load_private_key", "load_public_key",
            "write_keypair", "sign_digest", "verify_digest", "key_id", "signed_message",
-           "SIGNATURE_DOMAIN"]
+           "load_for", "SIGNATURE_DOMAIN"]
 
 SIGNATURE_DOMAIN = b"kernelpack-signature-v1\0"
 
@@ -60,40 +60,73 @@ def _read_key_file(path: str) -> bytes:
         return f.read(1 << 16)
 
 
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
+def _hex32(text: str | bytes) -> bytes | None:
+    """The 32 bytes that ``text`` spells as 64 hex digits (surrounding whitespace allowed,
+    as in a key file read with ``open(...).read()``), else None."""
+    try:
+        raw = bytes.fromhex(text if isinstance(text, str) else text.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return raw if len(raw) == 32 else None
+
+
+def _private_from_text(data: bytes, where: str) -> Any:
+    """An ed25519 private key from a key file's contents: PEM (PKCS#8 or raw), the OpenSSH
+    format of ``ssh-keygen -t ed25519``, or 64 hex digits (keygen's format)."""
+    ed = _ed25519()
+    if b"-----BEGIN" in data:
+        from cryptography.exceptions import UnsupportedAlgorithm
+        from cryptography.hazmat.primitives import serialization
+
+        openssh = b"-----BEGIN OPENSSH PRIVATE KEY-----" in data
+        kind = "OpenSSH" if openssh else "PEM"
+        try:  # an encrypted key raises TypeError: name the file, never a traceback
+            loaded = (serialization.load_ssh_private_key(data, password=None) if openssh
+                      else serialization.load_pem_private_key(data, password=None))
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+            raise ValueError(f"{where}: not a usable {kind} private key (an unencrypted "
+                             f"ed25519 key is needed): {exc}") from None
+        if not isinstance(loaded, ed.Ed25519PrivateKey):
+            raise ValueError(f"{where}: not an ed25519 private key "
+                             f"({type(loaded).__name__.lstrip('_')})")
+        return loaded
+    seed = _hex32(data)
+    if seed is None:
+        raise ValueError(f"{where}: expected a PEM or OpenSSH key or 64 hex digits (a 32-byte "
+                         f"seed)")
+    return ed.Ed25519PrivateKey.from_private_bytes(seed)
+
+
 def load_private_key(key: object) -> Any:
-    """An ``Ed25519PrivateKey`` from a key object, a 32-byte seed, or a path to a PEM or hex
-    file. Raises ValueError/TypeError for anything else."""
+    """An ``Ed25519PrivateKey`` from a key object, a 32-byte seed, a key file's contents as
+    bytes (PEM or OpenSSH), 64 hex digits, or a path to a PEM, OpenSSH or hex key file.
+    Raises ValueError for a value of the right type that is no usable key, TypeError for
+    anything else."""
     ed = _ed25519()
     if isinstance(key, ed.Ed25519PrivateKey):
         return key
-    if isinstance(key, (bytes, bytearray)) and len(key) == 32:
-        return ed.Ed25519PrivateKey.from_private_bytes(bytes(key))
+    if isinstance(key, _BYTES_LIKE):
+        data = bytes(key)
+        if len(data) == 32:
+            return ed.Ed25519PrivateKey.from_private_bytes(data)
+        # a key file's contents; anything else is named by its length, never echoed
+        return _private_from_text(data, f"private key bytes ({len(data)} bytes, not the "
+                                        f"32-byte seed)")
     if isinstance(key, (str, os.PathLike)):
         path = os.fspath(key)
         if path.endswith(".pub"):  # same hex format as a private seed: refuse, don't misread
             raise ValueError(f"{path}: a public key file (.pub) cannot sign; pass the private "
                              f"key (keygen's NAME, without .pub)")
-        data = _read_key_file(path)
-        if b"-----BEGIN" in data:
-            from cryptography.exceptions import UnsupportedAlgorithm
-            from cryptography.hazmat.primitives.serialization import load_pem_private_key
-
-            try:  # an encrypted key raises TypeError: name the file, never a traceback
-                loaded = load_pem_private_key(data, password=None)
-            except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-                raise ValueError(f"{path}: not a usable PEM private key (an unencrypted "
-                                 f"ed25519 key is needed): {exc}") from None
-            if not isinstance(loaded, ed.Ed25519PrivateKey):
-                raise ValueError(f"{key}: not an ed25519 private key")
-            return loaded
-        text = data.strip()
-        try:
-            seed = bytes.fromhex(text.decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
-            seed = b""
-        if len(seed) != 32:
-            raise ValueError(f"{key}: expected a PEM key or 64 hex digits (a 32-byte seed)")
-        return ed.Ed25519PrivateKey.from_private_bytes(seed)
+        if isinstance(key, str) and not os.path.exists(path):
+            seed = _hex32(key)  # the seed itself, as keygen writes it (no file of that name)
+            if seed is not None:
+                return ed.Ed25519PrivateKey.from_private_bytes(seed)
+        return _private_from_text(_read_key_file(path), path)
+    if isinstance(key, ed.Ed25519PublicKey):
+        raise TypeError("a public key cannot sign: pass the ed25519 private key")
     raise TypeError(f"a private key must be an Ed25519PrivateKey, 32 bytes or a path "
                     f"(got {type(key).__name__})")
 
@@ -106,42 +139,53 @@ def public_key_bytes(private: object) -> bytes:
         serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
-def load_public_key(key: object) -> bytes:
-    """Raw 32 public-key bytes from an ``Ed25519PublicKey``, 32 bytes, 64 hex characters, or a
-    path to a ``.pub`` file (hex or PEM)."""
-    if isinstance(key, (bytes, bytearray)) and len(key) == 32:
-        return bytes(key)
-    if isinstance(key, str) and len(key) == 64:
+def _public_from_text(data: bytes, where: str) -> bytes | None:
+    """Raw public key bytes from a key file's contents (PEM, an OpenSSH ``ssh-ed25519 ...``
+    line, or 64 hex digits); None when it is none of these."""
+    text = data.strip()
+    openssh = text.startswith(b"ssh-")
+    if b"-----BEGIN" in text or openssh:
+        from cryptography.exceptions import UnsupportedAlgorithm
+        from cryptography.hazmat.primitives import serialization
+
+        kind = "OpenSSH" if openssh else "PEM"
         try:
-            return bytes.fromhex(key)
-        except ValueError:
-            pass
+            loaded = (serialization.load_ssh_public_key(text) if openssh
+                      else serialization.load_pem_public_key(text))
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+            raise ValueError(f"{where}: not a usable {kind} public key: {exc}") from None
+        if not isinstance(loaded, _ed25519().Ed25519PublicKey):  # name the file, not a repr
+            raise ValueError(f"{where}: not an ed25519 public key "
+                             f"({type(loaded).__name__.lstrip('_')})")
+        return load_public_key(loaded)
+    return _hex32(text)
+
+
+def load_public_key(key: object) -> bytes:
+    """Raw 32 public-key bytes from an ``Ed25519PublicKey``, 32 bytes, 64 hex characters, a
+    key file's contents as bytes (PEM or an OpenSSH ``ssh-ed25519`` line), or a path to a
+    ``.pub`` file (hex, PEM or OpenSSH)."""
+    if isinstance(key, _BYTES_LIKE):
+        data = bytes(key)
+        if len(data) == 32:
+            return data
+        raw = _public_from_text(data, "public key bytes") if len(data) > 32 else None
+        if raw is not None:
+            return raw
+    if isinstance(key, str):
+        raw = _hex32(key)
+        if raw is not None:
+            return raw
     if isinstance(key, (str, os.PathLike)) and os.path.exists(os.fspath(key)):
         path = os.fspath(key)
         if not path.endswith(".pub") and os.path.exists(path + ".pub"):
             # keygen's private key: its hex would read as some other, meaningless public key
             raise ValueError(f"{path} is a private key; trust its public key {path}.pub")
-        data = _read_key_file(path)
-        if b"-----BEGIN" in data:
-            from cryptography.exceptions import UnsupportedAlgorithm
-            from cryptography.hazmat.primitives import serialization
-
-            try:
-                loaded = serialization.load_pem_public_key(data)
-            except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-                raise ValueError(f"{path}: not a usable PEM public key: {exc}") from None
-            if not isinstance(loaded, _ed25519().Ed25519PublicKey):  # name the file, not a repr
-                raise ValueError(f"{path}: not an ed25519 public key "
-                                 f"({type(loaded).__name__.lstrip('_')})")
-            return load_public_key(loaded)
-        try:
-            raw = bytes.fromhex(data.strip().decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
-            raw = b""
-        if len(raw) != 32:
-            raise ValueError(f"{key}: expected a PEM public key or 64 hex digits")
+        raw = _public_from_text(_read_key_file(path), path)
+        if raw is None:
+            raise ValueError(f"{key}: expected a PEM or OpenSSH public key or 64 hex digits")
         return raw
-    if not isinstance(key, (str, bytes, bytearray, os.PathLike)):
+    if not isinstance(key, (str, os.PathLike) + _BYTES_LIKE):
         ed = _ed25519()
         if isinstance(key, ed.Ed25519PrivateKey):
             raise ValueError("a private key was given where a public key is trusted: pass "
@@ -153,8 +197,9 @@ def load_public_key(key: object) -> bytes:
     if isinstance(key, (str, os.PathLike)) and (
             os.fspath(key).endswith(".pub") or os.sep in os.fspath(key)):
         raise ValueError(f"{os.fspath(key)}: no such public key file")
+    shown = f"{len(key)} bytes" if isinstance(key, _BYTES_LIKE) else f"{key!r:.80}"
     raise ValueError(f"not an ed25519 public key: expected 32 bytes, 64 hex characters, a "
-                     f"key object or an existing .pub file (got {key!r:.80})")
+                     f"key object or an existing .pub file (got {shown})")
 
 
 def write_keypair(path: str | os.PathLike[str]) -> tuple[str, str]:
@@ -183,6 +228,20 @@ def write_keypair(path: str | os.PathLike[str]) -> tuple[str, str]:
     return path, public_path
 
 
+def load_for(param: str, load: Callable[[Any], Any], value: object) -> Any:
+    """``load(value)`` (:func:`load_private_key`, :func:`load_public_key`, ...) with its errors
+    naming the caller's parameter, which this module cannot know: a TypeError/ValueError
+    prefixed with ``param``, and a key file that cannot be read (missing, unreadable) a
+    ValueError naming it instead of a bare FileNotFoundError."""
+    try:
+        return load(value)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{param}: {exc}") from None
+    except OSError as exc:
+        raise ValueError(f"{param}: cannot read key file {exc.filename or value!r} "
+                         f"({exc.strerror or exc})") from None
+
+
 def sign_digest(private: object, body_digest: bytes) -> tuple[bytes, bytes]:
     """(public key, signature) for an artifact whose body hashes to ``body_digest``."""
     key = load_private_key(private)
@@ -191,7 +250,12 @@ def sign_digest(private: object, body_digest: bytes) -> tuple[bytes, bytes]:
 
 def verify_digest(public_key: bytes, signature: bytes, body_digest: bytes,
                   trusted_keys: Iterable[object]) -> None:
-    """Raise SignatureError unless ``public_key`` is trusted and ``signature`` verifies."""
+    """Raise SignatureError unless ``public_key`` is trusted and ``signature`` verifies.
+    ``trusted_keys`` is a list of keys or one key given bare (as ``kp.load`` takes it: a
+    bare path or hex string must not be read as a list of one-character keys)."""
+    if (isinstance(trusted_keys, (str, os.PathLike) + _BYTES_LIKE)
+            or not isinstance(trusted_keys, Iterable)):
+        trusted_keys = [trusted_keys]
     trusted = [load_public_key(k) for k in trusted_keys]
     if bytes(public_key) not in trusted:
         ids = ", ".join(key_id(k) for k in trusted) or "none"

@@ -33,13 +33,9 @@ def key_list(trusted_keys: object) -> list[object] | None:
 def check_key(param: str, load: Callable[[Any], Any], value: object) -> None:
     """Run ``load(value)``; its TypeError/ValueError (or a key file that cannot be read) comes
     out naming ``param``, since the signing module cannot know which argument it was."""
-    try:
-        load(value)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{param}: {exc}") from None
-    except OSError as exc:
-        raise ValueError(f"{param}: cannot read key file {exc.filename or value!r} "
-                         f"({exc.strerror or exc})") from None
+    from ..signing import load_for
+
+    load_for(param, load, value)
 
 
 def positive_int(param: str, value: object, unit: str) -> int:

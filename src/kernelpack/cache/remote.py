@@ -66,6 +66,19 @@ def wrap_entry(digest: str, artifact: bytes, sign_with: object | None) -> bytes:
                         signature) + artifact
 
 
+def signed_entry(digest: str, data: bytes) -> bool:
+    """Whether ``data`` is an envelope for ``digest`` whose signature verifies under the key
+    it names (trusted or not): what an unsigned writer must not replace."""
+    try:
+        public = _HEADER.unpack_from(data)[3]
+        if public == bytes(32):
+            return False
+        unwrap_entry(digest, data, [public])
+    except (CacheError, SignatureError, ValueError, struct.error, TypeError):
+        return False
+    return True
+
+
 def unwrap_entry(digest: str, data: bytes, trusted_keys: Iterable[object] | None) -> bytes:
     """The artifact inside an envelope, after checking it is for ``digest`` and, unless
     ``trusted_keys`` is None, signed by one of them.

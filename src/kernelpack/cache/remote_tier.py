@@ -114,11 +114,17 @@ class RemoteTier:
         is a warning and a back-off."""
         if not self.ok():
             return
-        from .remote import wrap_entry
+        from .remote import signed_entry, wrap_entry
 
         cache = self._cache
         digest = check_digest(key)
         try:
+            if cache.sign_with is None:
+                # never replace a signed entry with an unsigned one: the fleet's trusted entry
+                # would be refused by every reader after this one (a node without sign_with)
+                existing = cache.remote.get(digest)
+                if existing is not None and signed_entry(digest, existing):
+                    return
             if cache.remote.put(digest, wrap_entry(digest, data, cache.sign_with)) is False:
                 cache._count("remote_too_large")
                 return
