@@ -1,0 +1,125 @@
+"""GPU fuzz of the lowering beyond the test suite's seeds.
+
+Random fusions from tests/lowering/fusion_gen at GPU sizes are compiled for sm_90 in a process
+pool, then loaded and launched one by one with torch tensors (``out=`` poisoned, and
+allocating), each checked as tests/gpu/test_random_fusions.py checks it (a float64 NumPy
+reference, a tolerance per dtype). Run on the GPU machine from a tree holding src/ and tests/:
+
+    bash tools/gpu-run.sh .gpu/tree "tools/gpu_fuzz.py LO HI"    # seeds LO .. HI-1
+    SKIP=2078,2163 bash tools/gpu-run.sh ...                     # seeds to leave out
+
+A seed whose kernels do not finish within 25 s dumps the Python stack and ends the run (a GPU
+kernel cannot be interrupted): the last "seed N start" line names it. Every wrong result is
+printed as "seed N: FAIL ..." with the generated source and sizes; a summary line ends the run.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib.util
+import multiprocessing as mp
+import os
+import pathlib
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = pathlib.Path.cwd()
+sys.path.insert(0, str(ROOT / "src"))
+SEED_TIMEOUT_S = 25
+RUN_BUDGET_S = 480  # stop starting seeds after this (the device tool allows 600 s a call)
+
+
+def load_generator() -> Callable[..., Any]:
+    """tests/lowering/fusion_gen's ``generate``, imported by path."""
+    path = ROOT / "tests" / "lowering" / "fusion_gen"
+    spec = importlib.util.spec_from_file_location("kp_fusion_gen", path / "__init__.py",
+                                                  submodule_search_locations=[str(path)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.generate
+
+
+def compile_seed(seed: int) -> tuple[int, bytes | None, str | None]:
+    """(seed, the artifact, None) or (seed, None, why it did not compile)."""
+    import kernelpack as kp
+
+    try:
+        case = load_generator()(seed, "gpu")
+        compiled = kp.compile(case.fusion, targets=["sm_90"])
+        return seed, bytes(kp.save([compiled])), None
+    except Exception as exc:  # noqa: BLE001 - reported per seed
+        return seed, None, f"{type(exc).__name__}: {exc}"[:400]
+
+
+def main() -> None:
+    lo, hi = int(sys.argv[1]), int(sys.argv[2])
+    skip = {int(v) for v in os.environ.get("SKIP", "").split(",") if v}
+    t0 = time.time()
+    with mp.get_context("fork").Pool(min(15, os.cpu_count() or 4)) as pool:
+        built = pool.map(compile_seed, range(lo, hi), chunksize=4)
+    print(f"compiled {hi - lo} seeds in {time.time() - t0:.0f} s", flush=True)
+
+    import torch
+
+    import kernelpack as kp
+
+    generate = load_generator()
+    torch_dtype = {"bool": torch.bool, "int32": torch.int32, "int64": torch.int64,
+                   "float16": torch.float16, "float32": torch.float32,
+                   "float64": torch.float64, "complex64": torch.complex64,
+                   "complex128": torch.complex128}
+
+    def poisoned(shape: tuple, dt: Any) -> Any:
+        out = torch.empty(shape, dtype=torch_dtype[dt.name], device="cuda")
+        out.fill_(float("nan") if dt.kind in "fc" else (-123456789 if dt.kind == "i" else True))
+        return out
+
+    def host(results: Any) -> list:
+        return [r.cpu().numpy() for r in (results if isinstance(results, tuple) else (results,))]
+
+    ok = bad = uncompiled = 0
+    for seed, data, err in built:
+        if seed in skip:
+            continue
+        if data is None:
+            uncompiled += 1
+            print(f"seed {seed}: COMPILE ERROR {err}", flush=True)
+            continue
+        case = generate(seed, "gpu")
+        print(f"seed {seed} start", flush=True)
+        faulthandler.dump_traceback_later(SEED_TIMEOUT_S, exit=True)
+        program = kp.load(data)[case.name]
+        try:
+            for sizes in case.sizes:
+                inputs = case.inputs(sizes)
+                args = [torch.from_numpy(np.array(v, order="C")).cuda()
+                        if isinstance(v, np.ndarray) else v for v in inputs]
+                plan = program.plan(*args)
+                outs = [poisoned(plan.allocations[t.name].shape, t.dtype)
+                        for t in program.summary.outputs]
+                program(*args, out=outs[0] if len(outs) == 1 else tuple(outs))
+                allocated = program(*args)
+                torch.cuda.synchronize()
+                for what, got in (("out=", host(tuple(outs))), ("allocated", host(allocated))):
+                    failures, _ = case.check(inputs, got)
+                    if failures:
+                        raise AssertionError(f"{what} variant {plan.variant}\n"
+                                             f"{case.describe(sizes)}\n" + "\n".join(failures[:5]))
+            ok += 1
+        except Exception as exc:  # noqa: BLE001 - reported per seed
+            bad += 1
+            print(f"seed {seed}: FAIL {type(exc).__name__}: {str(exc)[:1500]}", flush=True)
+        faulthandler.cancel_dump_traceback_later()
+        if time.time() - t0 > RUN_BUDGET_S:
+            print(f"time budget reached at seed {seed}", flush=True)
+            break
+    print(f"seeds {lo}..{hi}: ok {ok}, failed {bad}, compile errors {uncompiled}, "
+          f"{time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
