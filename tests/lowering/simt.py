@@ -74,7 +74,7 @@ _CALLBACKS = {"kp_tid": _sreg("tid"), "kp_ctaid": _sreg("ctaid"), "kp_ntid": _sr
               "kp_nctaid": _sreg("nctaid"), "kp_shfl": _shfl, "kp_barrier": _barrier,
               "__nv_rsqrtf": _rsqrtf, "__nv_rsqrt": _rsqrt}
 _LIBM = ("exp", "exp2", "log", "log2", "sqrt", "sin", "cos", "tan", "tanh", "erf", "pow",
-         "floor", "ceil", "fabs", "hypot", "sincos")
+         "floor", "ceil", "fabs", "hypot", "sincos", "fmod")
 
 
 @lru_cache(maxsize=1)
