@@ -60,3 +60,17 @@ def test_pack_protocol_and_round_trip() -> None:
     assert hashlib.sha256(kp.save(kp.load(again))).digest() == hashlib.sha256(data).digest()
     with pytest.raises(KeyError, match="no program 'nope'"):
         pack["nope"]
+
+
+def test_an_image_ptx_isa_given_as_a_list_equals_its_loaded_form() -> None:
+    """``Image(..., ptx_isa=[8, 0])`` saved fine, but compared unequal to the loaded image's
+    tuple ``(8, 0)``, so ``load(save(c)).compiled(name).modules != c.modules``."""
+    from kernelpack.compiled import Compiled, Image, Module
+
+    ptx = b".version 8.0\n.target sm_80\n.address_size 64\n"
+    image = Image("ptx", "sm_80", ptx, ptx_isa=[8, 0])
+    assert image.ptx_isa == (8, 0)  # (bad values are the writer's to refuse, naming the field)
+    c = kp_samples.axpy()
+    module = c.modules[0]
+    c2 = Compiled(c.summary, (Module(module.name, module.kernels, (image,)),))
+    assert kp.load(kp.save([c2])).compiled(c2.name).modules == c2.modules

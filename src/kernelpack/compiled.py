@@ -47,6 +47,8 @@ class Image:
         if not isinstance(self.data, (bytes, bytearray, memoryview)):
             raise TypeError(f"image data must be bytes (got {type(self.data).__name__})")
         object.__setattr__(self, "data", bytes(self.data))
+        if isinstance(self.ptx_isa, list):  # [8, 0] saved fine but never equalled the loaded
+            object.__setattr__(self, "ptx_isa", tuple(self.ptx_isa))  # image's (8, 0)
 
     @classmethod
     def _lazy(cls, kind: str, arch: Arch, read: "Callable[[], bytes]", toolchain: str = "",
