@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable
 from .. import config
 from ..errors import KernelPackError
 from ..compiled import Compiled
-from ._args import check_key, key_list, positive_int, seconds
+from ._args import key_list, positive_int, seconds
 from .binding import check_binding
 from .disk import DiskStore, check_digest
 from .keys import CacheKey, make_key
@@ -125,11 +125,11 @@ class Cache:
         if sign_with is not None or (self.remote is not None and self._trusted_arg):
             # Misconfigured keys are API misuse: fail here, not at the first miss. (This
             # imports cryptography, which only signing or a remote needs.)
-            from ..signing import load_private_key
+            from ..signing import load_for, load_private_key
 
             if sign_with is not None:
-                check_key("sign_with", load_private_key, sign_with)
-            check_key("trusted_keys", lambda _: self.trusted_keys, trusted_keys)
+                load_for("sign_with", load_private_key, sign_with)
+            load_for("trusted_keys", lambda _: self.trusted_keys, trusted_keys)
         if self.remote is not None and self.require_signed_remote:
             if self._trusted_arg is None and sign_with is None:
                 warnings.warn("remote cache has no trusted_keys and no sign_with: remote "

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable
 
-__all__ = ["key_list", "check_key", "positive_int", "seconds"]
+__all__ = ["key_list", "positive_int", "seconds"]
 
 
 def key_list(trusted_keys: object) -> list[object] | None:
@@ -28,14 +27,6 @@ def key_list(trusted_keys: object) -> list[object] | None:
         raise TypeError(f"trusted_keys must be a list of public keys (paths, hex, 32 bytes "
                         f"or key objects) or None (got {type(trusted_keys).__name__})")
     return list(trusted_keys)
-
-
-def check_key(param: str, load: Callable[[Any], Any], value: object) -> None:
-    """Run ``load(value)``; its TypeError/ValueError (or a key file that cannot be read) comes
-    out naming ``param``, since the signing module cannot know which argument it was."""
-    from ..signing import load_for
-
-    load_for(param, load, value)
 
 
 def positive_int(param: str, value: object, unit: str) -> int:

@@ -55,18 +55,23 @@ def trace(b: Build) -> Build:
 
 
 def schedule(b: Build) -> Build:
+    planned = None
     if b.workspaces is None:  # once: a rescheduled build keeps its rewritten graph
         from .materialize import materialize
 
         graph = b.graph
         assert graph is not None
+        planned = plan(graph, b.general)
         outputs = dict(graph.outputs)
-        general = [outputs[name] for st in plan(graph, b.general) if st.general
-                   for name in st.outputs]
+        general = [outputs[name] for st in planned if st.general for name in st.outputs]
         graph, names = materialize(graph, general)
         b = dataclasses.replace(b, graph=graph, workspaces=names)
-    stages = fit_variants(plan(b.graph, b.general,  # type: ignore[arg-type]
-                               frozenset(b.workspaces or ())))
+        if names:  # the graph changed: plan it again
+            planned = None
+    if planned is None:
+        planned = plan(b.graph, b.general,  # type: ignore[arg-type]
+                       frozenset(b.workspaces or ()))
+    stages = fit_variants(planned)
     scratch: dict[str, DType] = {}
     for st in stages:
         for alt in st.alternatives:
