@@ -117,6 +117,8 @@ class ImageInfo:
         (kind, major, minor, suffix, self.ptx_isa, self.cuda_version, self.toolchain, codec,
          self.raw_size, digest, raw_digest, blob) = meta.values(_IMAGE_FIELDS)
         self.kind = IMAGE_KINDS[kind]
+        if self.kind != "ptx":  # FORMAT.md §7: a reader ignores ptx_isa on other kinds
+            self.ptx_isa = None
         try:
             self.arch = _arch(major, minor, suffix)
         except ValueError:

@@ -114,6 +114,15 @@ class Module:
         if isinstance(self.kernels, (str, bytes)):
             raise TypeError(f"module {self.name!r}: kernels must be a list of entry names "
                             f"(got {self.kernels!r:.80})")
+        # Materialized first: the checks below iterate, and a generator would be empty by the
+        # time it is stored (kernels silently dropped, images reported as "no image").
+        for attr in ("kernels", "images"):
+            value = getattr(self, attr)
+            if isinstance(value, (bytes, bytearray, memoryview)) or not hasattr(value,
+                                                                                 "__iter__"):
+                raise TypeError(f"module {self.name!r}: {attr} must be a list "
+                                f"(got {type(value).__name__})")
+            object.__setattr__(self, attr, tuple(value))
         for kernel in self.kernels:  # (an empty or overlong name is the writer's to refuse)
             if not isinstance(kernel, str):
                 raise TypeError(f"module {self.name!r}: kernel entry names must be str "

@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from typing import Any, Iterable, Iterator, Sequence
+from types import MappingProxyType
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ._decode import decode_program
 from ._fbread import ByteViews, Table
@@ -133,7 +134,7 @@ class Program(_call_base()):  # type: ignore[misc]
         out: dict[str, ModuleInfo] = {}
         for vi, variant in enumerate(self.summary.variants):
             for launch in variant.launches:
-                info = self.pack.modules.get(launch.module)
+                info = self.pack._modules.get(launch.module)
                 if info is None:
                     raise FormatError(f"program {self.name!r} variant {vi}: launch of "
                                       f"{launch.kernel!r} uses module {launch.module!r}, which "
@@ -211,14 +212,14 @@ class Pack:
         self._file = file
         modules = [ModuleInfo(fm, blobs) for fm in fbody.get("modules")]
         _sorted_unique([m.name for m in modules], "module")
-        self.modules: dict[str, ModuleInfo] = {m.name: m for m in modules}
+        self._modules: dict[str, ModuleInfo] = {m.name: m for m in modules}
         self._programs: list[Table] = fbody.get("programs")
         names = [fp.get("name") for fp in self._programs]
         _sorted_unique(names, "program")
         for name in names:
             if not name.isidentifier():
                 raise FormatError(f"program name {name!r} is not an identifier")
-        self.programs: list[str] = names
+        self._names: list[str] = names
         self._index = {name: i for i, name in enumerate(names)}
         self._handles: dict[str, Program] = {}
 
@@ -257,7 +258,7 @@ class Pack:
         if handle is None:
             index = self._index.get(name)
             if index is None:
-                shown = ", ".join(self.programs[:20]) + (" ..." if len(self.programs) > 20 else "")
+                shown = ", ".join(self._names[:20]) + (" ..." if len(self._names) > 20 else "")
                 raise KeyError(f"no program {name!r} in this pack (has: {shown or 'none'})")
             handle = self._handles[name] = Program(self, name, index)
         return handle
@@ -266,10 +267,21 @@ class Pack:
         return name in self._index
 
     def __len__(self) -> int:
-        return len(self.programs)
+        return len(self._names)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.programs)
+        return iter(self._names)
+
+    # Views, not the pack's own containers: ``pack.modules.pop(...)`` must not break the pack.
+    @property
+    def programs(self) -> list[str]:
+        """Program names, sorted (a new list: changing it does not change the pack)."""
+        return list(self._names)
+
+    @property
+    def modules(self) -> Mapping[str, ModuleInfo]:
+        """Module name → :class:`ModuleInfo`, sorted by name (a read-only mapping)."""
+        return MappingProxyType(self._modules)
 
     @property
     def nbytes(self) -> int:
@@ -300,11 +312,11 @@ class Pack:
         verify`` does). Raises KernelPackError."""
         if self.signature is not None and not self.signature.verified:
             self.check_signature_intact()
-        for name in self.programs:
+        for name in self._names:
             self[name].modules  # decodes the summary and checks the references
         kept = 0
         checked: set[tuple] = set()
-        for module in self.modules.values():
+        for module in self._modules.values():
             for image in module.images:
                 if image.check_key in checked:
                     continue  # the same blob under the same claims: checked already

@@ -51,20 +51,26 @@ def _generator() -> str:
 
 
 def _collect(items: object) -> list[Compiled]:
-    """Flatten a Compiled, a Pack, or an iterable of them into Compiled objects."""
+    """Flatten a Compiled, a Pack, a loaded program (``pack["name"]``), or an iterable of
+    them into Compiled objects. A loaded program is accepted because ``kp.save([pack["a"]],
+    ...)`` is how a user copies one program out of a pack (it is ``pack.compiled("a")``)."""
     if isinstance(items, Compiled):
         return [items]
     if hasattr(items, "compiled") and hasattr(items, "programs"):  # a loaded Pack
         return [items.compiled(name) for name in items.programs]  # type: ignore[attr-defined]
+    from .loader import Program
+    if isinstance(items, Program):
+        return [items.pack.compiled(items.name)]
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
-        raise TypeError(f"kp.save takes a Compiled, a Pack or an iterable of them "
-                        f"(got {type(items).__name__})")
+        raise TypeError(f"kp.save takes a Compiled, a Pack, a loaded program or an iterable "
+                        f"of them (got {type(items).__name__})")
     out: list[Compiled] = []
     for item in items:
-        if isinstance(item, Compiled) or hasattr(item, "compiled"):
+        if isinstance(item, (Compiled, Program)) or hasattr(item, "compiled"):
             out.extend(_collect(item))
         else:
-            raise TypeError(f"kp.save takes Compiled or Pack items (got {type(item).__name__})")
+            raise TypeError(f"kp.save takes Compiled, Pack or loaded program items "
+                            f"(got {type(item).__name__})")
     return out
 
 
@@ -93,6 +99,11 @@ def _check_image(module: str, image: Image) -> None:
             isinstance(v, int) and not isinstance(v, bool) for v in isa)):
         raise TypeError(f"{where}: ptx_isa must be None or (major, minor) ints "
                         f"(got {isa!r:.80})")
+    if isa is not None and image.kind != "ptx":
+        # The schema stores ptx_isa for PTX images only and readers ignore it elsewhere: written
+        # on a cubin it would be lost on load, so the loaded image would not equal this one.
+        raise ValueError(f"{where}: ptx_isa applies to PTX images only (got {tuple(isa)} on "
+                         f"a {image.kind} image; expected None)")
     if len(image.data) > MAX_IMAGE_SIZE:
         raise ValueError(f"module {module!r} image {image.target}: {len(image.data)} bytes "
                          f"exceed MAX_IMAGE_SIZE {MAX_IMAGE_SIZE}")
@@ -329,7 +340,8 @@ def save(items: object, path_or_file: PathOrFile = None, *, sign_with: object = 
 
     Parameters
     ----------
-    items: a :class:`~kernelpack.summary.Compiled`, a loaded ``Pack``, or an iterable of them.
+    items: a :class:`~kernelpack.compiled.Compiled`, a loaded ``Pack``, a loaded program
+        (``pack["name"]``), or an iterable of them.
         Modules shared by several programs are stored once (same name and content).
     path_or_file: a path (written crash-safely: temp file + fsync + rename), a binary file
         object (written as is), or None (just return the bytes).

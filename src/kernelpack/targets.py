@@ -12,7 +12,8 @@ from typing import Iterable
 
 __all__ = ["Arch", "parse_arch", "parse_target_list"]
 
-_ARCH_RE = re.compile(r"^(sm|compute)_(\d{1,2})(\d)([af]?)$")
+# re.ASCII: without it \d also matches other scripts' digits ("sm_\u0669\u0660" would be sm_90).
+_ARCH_RE = re.compile(r"^(sm|compute)_(\d{1,2})(\d)([af]?)$", re.ASCII)
 
 
 @dataclass(frozen=True, order=True)
