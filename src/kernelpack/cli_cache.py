@@ -71,7 +71,7 @@ def _non_negative(kind: Any) -> Any:
 def _store(args: argparse.Namespace) -> Any:
     from .cache.disk import DiskStore
 
-    root = args.dir if args.dir is not None else config.cache_dir()
+    root = args.dir if args.dir is not None else config.default_cache_dir()
     if Path(root).exists() and not Path(root).is_dir():
         raise ValueError(f"{root}: not a directory (the cache root must be one)")
     return DiskStore(root, config.cache_max_bytes())

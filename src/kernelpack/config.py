@@ -21,7 +21,7 @@ from ._records import FrozenRecord
 
 __all__ = [
     "Knob", "declare", "knob", "knobs", "get", "codegen_env",
-    "cache_dir", "cache_max_bytes", "remote_cache_url", "explain_cache_misses",
+    "cache_dir", "default_cache_dir", "cache_max_bytes", "remote_cache_url", "explain_cache_misses",
     "libdevice_override", "cuda_home", "native_launch", "per_thread_default_stream",
     "driver_api", "torch_exchange_api",
 ]
@@ -105,6 +105,25 @@ def cache_dir() -> Path:
     if xdg and os.path.isabs(xdg):  # the XDG spec says relative values are to be ignored
         return Path(xdg) / "kernelpack"
     return Path.home() / ".cache" / "kernelpack"
+
+
+def default_cache_dir() -> Path:
+    """:func:`cache_dir` for a cache about to be opened there: ValueError naming
+    ``KERNELPACK_CACHE_DIR`` when no absolute default exists (no ``$HOME`` and no passwd entry,
+    as for an arbitrary container uid, where ``Path.home()`` raises RuntimeError or, on newer
+    Pythons, is a literal ``~``), instead of a bare RuntimeError or a cache that silently
+    appears under ``./~/.cache`` in whatever the working directory is."""
+    try:
+        root = cache_dir()
+        problem = f"it resolves to {str(root)!r}"
+    except RuntimeError as exc:  # Path.home() on Python 3.11: "Could not determine home..."
+        root, problem = Path("~"), str(exc)
+    if not get("KERNELPACK_CACHE_DIR") and not os.path.isabs(os.path.expanduser(root)):
+        raise ValueError(f"no default cache directory: the home directory is unknown ($HOME "
+                         f"unset or relative, no passwd entry: {problem}); "
+                         f"set KERNELPACK_CACHE_DIR or XDG_CACHE_HOME to an absolute path, or "
+                         f"pass kp.Cache(path=...)")
+    return root
 
 
 def cache_max_bytes() -> int | None:

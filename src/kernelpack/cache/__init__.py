@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable
 from .. import config
 from ..errors import KernelPackError
 from ..compiled import Compiled
-from ._args import key_list, positive_int, seconds
+from ._args import from_env, key_list, maintenance, positive_int, seconds
 from .binding import check_binding
 from .disk import DiskStore, check_digest
 from .keys import CacheKey, make_key
@@ -91,20 +91,24 @@ class Cache:
                  ttl_s: int = 7 * 86400, max_entry_bytes: int = 64 << 20,
                  timeout_s: float = 1.0, lock_ttl_s: float = 120.0, wait_s: float = 30.0,
                  explain_misses: bool | None = None) -> None:
-        self.disk = DiskStore(config.cache_dir() if path is None else path,
-                              config.cache_max_bytes() if max_bytes is None else max_bytes)
+        cap = config.cache_max_bytes() if max_bytes is None else max_bytes
+        self.disk = (DiskStore(path, cap) if path is not None else
+                     from_env("KERNELPACK_CACHE_DIR",
+                              lambda: DiskStore(config.default_cache_dir(), cap)))
         ttl_s = positive_int("ttl_s", ttl_s, "seconds")
         max_entry_bytes = positive_int("max_entry_bytes", max_entry_bytes, "bytes")
         timeout_s = seconds("timeout_s", timeout_s, 0.0, inclusive=False)
         lock_ttl_s = seconds("lock_ttl_s", lock_ttl_s, 0.001)  # Redis' PX takes whole ms
         wait_s = seconds("wait_s", wait_s, 0.0)
-        if remote is None:
+        env = remote is None
+        if env:
             remote = config.remote_cache_url()
         if isinstance(remote, str):
             from .remote import RedisStore
 
-            remote = RedisStore(remote, ttl_s=ttl_s, max_entry_bytes=max_entry_bytes,
-                                timeout_s=timeout_s)
+            url = remote
+            remote = from_env("KERNELPACK_REMOTE_CACHE" if env else None, lambda: RedisStore(
+                url, ttl_s=ttl_s, max_entry_bytes=max_entry_bytes, timeout_s=timeout_s))
         elif remote is False:
             remote = None
         elif remote is not None and not (hasattr(remote, "get") and hasattr(remote, "put")):
@@ -401,7 +405,8 @@ class Cache:
     def prune(self, max_bytes: int | None = None) -> tuple[int, int]:
         """Evict down to ``max_bytes`` (default: the cap) and remove stale temporary files;
         returns ``(entries removed, bytes freed)``. ``max_bytes=0`` empties the cache; a
-        negative or non-integer size is refused (it would silently mean 0)."""
+        negative or non-integer size is refused (it would silently mean 0). A cache under the
+        cap needs no write (read-only is fine); one that cannot be evicted is a CacheError."""
         if max_bytes is not None:
             message = f"max_bytes must be a byte count >= 0 or None (got {max_bytes!r})"
             if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
@@ -410,8 +415,11 @@ class Cache:
                 raise ValueError(message)
         self.disk.prune_temps()
         cap = self.disk.max_bytes if max_bytes is None else max_bytes
-        return self.disk.evict(cap) if cap is not None else (0, 0)
+        with maintenance("prune", self.disk.root):  # read-only, or another user's
+            return self.disk.evict(cap) if cap is not None else (0, 0)
 
     def clear(self) -> int:
-        """Remove every disk entry (not the remote's); returns how many."""
-        return self.disk.clear()
+        """Remove every disk entry (not the remote's); returns how many. CacheError naming
+        the directory when it cannot be emptied (read-only, another user's)."""
+        with maintenance("clear", self.disk.root):
+            return self.disk.clear()

@@ -8,10 +8,29 @@ whether or not a remote is configured, so a program behaves the same with and wi
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
 
-__all__ = ["key_list", "positive_int", "seconds"]
+from .. import config
+from ..errors import CacheError
+
+__all__ = ["from_env", "key_list", "maintenance", "positive_int", "seconds"]
+
+T = TypeVar("T")
+
+
+def from_env(variable: str | None, make: Callable[[], T]) -> T:
+    """``make()``, whose ValueError names ``$variable`` when that variable is set: a value the
+    program never passed (a fleet's environment) must say where it came from."""
+    try:
+        return make()
+    except ValueError as exc:
+        if variable is None or not config.get(variable):
+            raise
+        raise ValueError(f"${variable}: {exc}") from None
 
 
 def key_list(trusted_keys: object) -> list[object] | None:
@@ -51,3 +70,14 @@ def seconds(param: str, value: object, minimum: float, inclusive: bool = True) -
         bound = f"at least {minimum:g}" if inclusive else f"more than {minimum:g}"
         raise ValueError(f"{param} must be a finite number of seconds, {bound} (got {value!r})")
     return number
+
+
+@contextlib.contextmanager
+def maintenance(what: str, root: Path) -> Iterator[None]:
+    """An explicit ``prune``/``clear`` that the filesystem refuses is a CacheError naming the
+    cache directory (the documented error of a cache operation), not a bare OSError."""
+    try:
+        yield
+    except OSError as exc:
+        raise CacheError(f"cannot {what} the disk cache {str(root)!r}: "
+                         f"{exc.strerror or exc}") from exc

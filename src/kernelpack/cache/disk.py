@@ -85,6 +85,8 @@ class DiskStore:
         if not isinstance(root, (str, os.PathLike)) or isinstance(root, bytes):
             raise TypeError(f"path must be a directory path (str or os.PathLike), or None for "
                             f"the default (got {type(root).__name__}: {root!r:.60})")
+        if not os.fspath(root):  # Path("") is ".": entries/ locks/ keys/ in the working dir
+            raise ValueError("path must name a directory (got ''), or be None for the default")
         if max_bytes is not None and (not isinstance(max_bytes, int) or
                                       isinstance(max_bytes, bool)):
             raise TypeError(f"max_bytes must be an int (bytes) or None (got "
@@ -294,6 +296,8 @@ class DiskStore:
         (``kernelpack cache prune`` on a missing directory must not create one)."""
         if not (self.root / "entries").is_dir():
             return 0, 0
+        if sum(e.size for e in self.entries()) <= max_bytes:
+            return 0, 0  # nothing to evict: no lock file either (a read-only cache stays usable)
         lock_dir = self.root / "locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock_dir / "evict", os.O_CREAT | os.O_RDWR, 0o644)

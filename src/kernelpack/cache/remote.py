@@ -19,6 +19,7 @@ Keys: ``kernelpack:1:entry:<digest>``, ``...:lock:<digest>``, ``...:parts:<diges
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import struct
 from typing import Any, Iterable
@@ -27,7 +28,7 @@ from ..errors import CacheError, SignatureError
 from .disk import check_digest
 from .keys import CacheKey
 
-__all__ = ["RedisStore", "wrap_entry", "unwrap_entry", "ENTRY_MAGIC", "ENTRY_DOMAIN"]
+__all__ = ["RedisStore", "redact_url", "wrap_entry", "unwrap_entry", "ENTRY_MAGIC", "ENTRY_DOMAIN"]
 
 ENTRY_MAGIC = b"KPCE"
 ENTRY_VERSION = 1
@@ -126,6 +127,22 @@ def unwrap_entry(digest: str, data: bytes, trusted_keys: Iterable[object] | None
     return artifact
 
 
+def redact_url(url: object) -> str:
+    """``url`` with any password replaced by ``***``: URLs end up in reprs, warnings, logs and
+    exception messages, and a Redis password must not (``redis://user:***@host:port/db``, and
+    a ``password=`` query parameter, which redis-py also reads)."""
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
+    if not sep:  # not a URL at all (a typo): hide whatever stands between ':' and '@'
+        return re.sub(r":[^:@/]*@", ":***@", text)
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, hostport = netloc.rpartition("@")
+    if at and ":" in userinfo:  # user:password@ (a bare user@ is a user name, kept)
+        netloc = f"{userinfo.partition(':')[0]}:***@{hostport}"
+    tail = re.sub(r"(?i)((?:^|[?&])password=)[^&#]*", r"\1***", tail)
+    return f"{scheme}://{netloc}{slash}{tail}"
+
+
 def _check_url(url: str) -> None:
     """ValueError naming ``remote`` for a URL no client could connect with (a port or
     database that is not a number, no host): found here, not as a warning at the first miss
@@ -133,6 +150,7 @@ def _check_url(url: str) -> None:
     from urllib.parse import urlparse
 
     parsed = urlparse(url)
+    url = redact_url(url)  # what the messages below show
     try:
         parsed.port  # noqa: B018 - urllib checks the port when it is read
     except ValueError as exc:
@@ -159,7 +177,8 @@ class RedisStore:
                  timeout_s: float = 1.0, namespace: str = "kernelpack:1",
                  client: str = "resp") -> None:
         if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"remote must be a redis://host:port/db URL (got {url!r})")
+            raise ValueError(f"remote must be a redis://host:port/db URL (got "
+                             f"{redact_url(url) if isinstance(url, str) else url!r:.80})")
         _check_url(url)
         if not isinstance(ttl_s, int) or ttl_s <= 0:
             raise ValueError(f"ttl_s must be a positive int (got {ttl_s!r})")
@@ -176,7 +195,7 @@ class RedisStore:
         self._client: Any = None
 
     def __repr__(self) -> str:
-        return f"RedisStore({self.url!r})"
+        return f"RedisStore({redact_url(self.url)!r})"
 
     def close(self) -> None:
         """Close the connection (the next command opens a new one)."""
@@ -200,7 +219,7 @@ class RedisStore:
             try:
                 import redis
             except ImportError as exc:
-                raise CacheError(f"remote {self.url!r} needs the 'redis' package: install "
+                raise CacheError(f"remote {redact_url(self.url)!r} needs the 'redis' package: install "
                                  f"kernelpack[redis]") from exc
             self._client = redis.Redis.from_url(
                 self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s,

@@ -17,13 +17,25 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from urllib.parse import unquote, urlparse
 
-__all__ = ["RespClient", "RespError", "MAX_REPLY_BYTES"]
+__all__ = ["RespClient", "RespError", "MAX_REPLY_BYTES", "MIN_TRANSFER_RATE"]
 
 MAX_REPLY_BYTES = 1 << 30  # default bound on one bulk reply (the cache passes a tighter one)
 _MAX_LINE = 64 * 1024
 _MAX_ARRAY = 1 << 16
+# A bulk reply may take longer than ``timeout_s`` only by the time it needs at this rate, so a
+# 64 MiB entry on a slow link still arrives, while a server that trickles bytes cannot stretch
+# one command without bound (a per-recv timeout alone never fires against one byte a second).
+MIN_TRANSFER_RATE = 8 << 20  # bytes per second
+
+
+def _redact(url: str) -> str:
+    """The URL without its password (see :func:`kernelpack.cache.remote.redact_url`)."""
+    from .remote import redact_url
+
+    return redact_url(url)
 
 
 class RespError(OSError):
@@ -38,12 +50,12 @@ class RespClient:
                  max_reply_bytes: int = MAX_REPLY_BYTES) -> None:
         parsed = urlparse(url)
         if parsed.scheme != "redis" or not parsed.hostname:
-            raise ValueError(f"expected redis://host:port/db (got {url!r})")
+            raise ValueError(f"expected redis://host:port/db (got {_redact(url)!r})")
         self.host = parsed.hostname
         self.port = parsed.port or 6379
         path = parsed.path.strip("/")
         if path and not path.isdigit():
-            raise ValueError(f"redis database must be a number (got {path!r} in {url!r})")
+            raise ValueError(f"redis database must be a number (got {path!r} in {_redact(url)!r})")
         self.db = int(path or 0)
         self.username = unquote(parsed.username) if parsed.username else None
         self.password = unquote(parsed.password) if parsed.password else None
@@ -52,6 +64,7 @@ class RespClient:
         self._sock: socket.socket | None = None
         self._buf = b""
         self._pid = 0
+        self._deadline = 0.0  # monotonic time by which the current command must be answered
         self._lock = threading.Lock()
 
     # ---- connection ----------------------------------------------------------------------------
@@ -100,7 +113,11 @@ class RespClient:
             data = a if isinstance(a, (bytes, bytearray, memoryview)) else str(a).encode()
             parts += [b"$%d\r\n" % len(data), bytes(data), b"\r\n"]
         assert self._sock is not None
-        self._sock.sendall(b"".join(parts))
+        payload = b"".join(parts)
+        # sendall's timeout bounds the whole send; the reply then gets its own deadline
+        self._sock.settimeout(self.timeout_s + len(payload) / MIN_TRANSFER_RATE)
+        self._sock.sendall(payload)
+        self._deadline = time.monotonic() + self.timeout_s
         reply = self._read()
         if isinstance(reply, RespError):
             raise reply
@@ -111,6 +128,11 @@ class RespClient:
         assert self._sock is not None
         chunks, have = [self._buf], len(self._buf)
         while have < need:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"redis did not answer within {self.timeout_s:g} s "
+                                   f"(timeout_s)")
+            self._sock.settimeout(left)  # the whole reply, not each recv, is bounded
             chunk = self._sock.recv(max(65536, need - have))
             if not chunk:
                 raise ConnectionResetError("redis closed the connection")
@@ -148,6 +170,7 @@ class RespClient:
                 if n > self.max_reply_bytes:  # refuse before reading: a hostile entry
                     raise RespError(f"redis bulk reply of {n} bytes exceeds the limit "
                                     f"{self.max_reply_bytes}")
+                self._deadline += n / MIN_TRANSFER_RATE  # time to transfer what was announced
                 self._fill(n + 2)
                 data, self._buf = self._buf[:n], self._buf[n + 2:]
                 return data
