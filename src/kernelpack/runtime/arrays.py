@@ -63,7 +63,11 @@ class GenericAdapter(Adapter):
     name = "generic"
 
     def read(self, obj: Any, what: str, stream: int) -> ArrayFacts:
-        cai = getattr(obj, "__cuda_array_interface__", None)
+        try:  # a property that raises (torch: a tensor requiring grad) names the argument too
+            cai = getattr(obj, "__cuda_array_interface__", None)
+        except Exception as exc:  # noqa: BLE001 - whatever the producer raises
+            raise LaunchError(f"argument {what!r}: __cuda_array_interface__ failed "
+                              f"({type(exc).__name__}: {exc})") from exc
         if cai is not None:
             # bfloat16 has no typestr (DeviceBuffer exports it as raw '<V2'); DLPack names it
             if (isinstance(cai, dict) and str(cai.get("typestr", ""))[1:2] == "V"
@@ -119,8 +123,11 @@ def _pointer_device(ptr: int) -> int:
 
 
 def _integer(value: Any, field: str) -> int:
-    """``value`` by ``__index__`` (as NumPy reads shapes): ``int()`` would make 2.5 a 2."""
+    """``value`` by ``__index__`` (as NumPy reads shapes): ``int()`` would make 2.5 a 2. A
+    bool is refused, as ``plan()`` refuses it for a dim and ``stream=`` for a handle."""
     try:
+        if value.__class__ is bool:
+            raise TypeError
         return operator.index(value)
     except TypeError:
         why = "an invalid literal" if isinstance(value, str) else "not an integer"

@@ -86,7 +86,9 @@ class DeviceBuffer:
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
                    copy: Any = None) -> Any:
         """A ``dltensor`` capsule. ``stream`` (the consumer's) is made to wait for the stream
-        this buffer was written on, as the protocol asks; -1 opts out."""
+        this buffer was written on, as the protocol asks; -1 opts out. ``None`` means the
+        legacy default stream (the DLPack rule for CUDA): a consumer that passes no stream
+        still reads on it, so it is ordered too."""
         from .dlpack import KDL_CUDA, export
 
         if copy:
@@ -94,8 +96,8 @@ class DeviceBuffer:
         if dl_device is not None and tuple(dl_device) != (KDL_CUDA, self.device):
             raise BufferError(f"DeviceBuffer lives on CUDA device {self.device}, cannot export "
                               f"to {dl_device}")
-        if stream is not None and stream != -1 and self.stream:
-            consumer = 0 if stream in (1, 2) else int(stream)
+        if stream != -1 and self.stream:
+            consumer = 0 if stream is None or stream in (1, 2) else int(stream)
             if consumer != self.stream:
                 _order_after(self.device, self.stream, consumer)
         return export(self, self.ptr, self.shape, self.dtype, self.device)

@@ -40,7 +40,8 @@ def _outputs_in_order(out: Any, outputs: list, program: str) -> list:
     if isinstance(out, dict):
         unknown = set(out) - set(names)
         if unknown:
-            raise TypeError(f"{program}: out= names unknown outputs {sorted(unknown)} "
+            # sorted by repr: keys of mixed types (None, 1, 'w') do not compare
+            raise TypeError(f"{program}: out= names unknown outputs {sorted(unknown, key=repr)} "
                             f"(outputs: {names})")
         missing = [n for n in names if n not in out]
         if missing:

@@ -138,8 +138,11 @@ class BoundProgram:
     def _call(self, args: Sequence[Any], out: Any, stream: Any) -> Any:
         inputs = self.bound.inputs
         if len(args) != len(inputs):
+            # name what is missing, as a call by keyword does (merge_inputs)
+            why = (f"; missing input(s) {self._input_names[len(args):]}"
+                   if len(args) < len(inputs) else "")
             raise TypeError(f"{self.name} takes {len(inputs)} inputs {self._input_names} "
-                            f"(got {len(args)})")
+                            f"(got {len(args)}){why}")
         vals: list[Any] = [0] * self._nvals
         shapes: list[Any] = []
         scalars: list[Any] = []

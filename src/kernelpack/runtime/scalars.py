@@ -58,6 +58,15 @@ def _overflowed(value: Any, v: float) -> bool:
         return False
 
 
+def _is_numpy_bool(value: Any) -> bool:
+    """Whether ``value`` is a ``numpy.bool_`` (what a NumPy comparison gives for a flag). It
+    has ``__float__`` but no ``__index__``, unlike Python's bool, so the integer checks below
+    would refuse it; ``program.plan()`` takes it as 0/1 (``_plan_ref._numpy_bool``), and a
+    call must accept what plan() accepts."""
+    cls = value.__class__
+    return cls.__name__ in ("bool_", "bool") and cls.__module__ == "numpy"  # NumPy 1 / 2
+
+
 def _text(value: Any) -> str:
     """A short ``str(value)`` for a message."""
     try:
@@ -97,6 +106,8 @@ def convert_scalar(value: Any, dtype: DType, rng: tuple[int, int] | None, name: 
     if rng is not None:
         if value.__class__ is int:
             v = value
+        elif _is_numpy_bool(value):
+            v = 1 if value else 0
         else:
             if isinstance(value, float) or (not hasattr(value, "__index__")
                                             and hasattr(value, "__float__")):
