@@ -68,6 +68,18 @@ def test_toolkit_newer_major_than_driver_is_dropped() -> None:
         select_image(images[:1], "sm_90", 12080)
 
 
+def test_ptx_from_a_newer_toolkit_is_gated_by_its_isa_alone() -> None:
+    """kp.compile's PTX is LLVM's (ISA 8.x) but records the nvJitLink that made the cubins
+    (13.x): a CUDA 12 driver with no matching cubin used to be refused it."""
+    ptx = img("ptx", "sm_80", cuda=13050, isa=(8, 0))
+    assert chosen([img("cubin", "sm_90", cuda=13050), ptx], "sm_100", 12080) == "ptx compute_80"
+    with pytest.raises(CompatibilityError, match="PTX ISA 8.0 is newer than the driver"):
+        select_image([ptx], "sm_90", 11080)
+    # without a recorded ISA the toolkit's major still decides
+    with pytest.raises(CompatibilityError, match="built by CUDA 13.5, newer major"):
+        select_image([Image("ptx", "sm_80", b"x", "t", 13050, None)], "sm_90", 12080)
+
+
 def test_ptx_isa_gate() -> None:
     assert max_ptx_isa(13000) == (9, 0)
     assert max_ptx_isa(12040) == (8, 4)

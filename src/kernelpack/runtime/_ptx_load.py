@@ -18,13 +18,20 @@ from .device import Device
 __all__ = ["ptx_cache_path"]
 
 
-def ptx_cache_path(ptx: bytes, arch_sm: str, toolchain: str) -> Path:
-    """Where the cubin compiled from ``ptx`` for ``arch_sm`` by ``toolchain`` is kept."""
-    from ..config import cache_dir
+def ptx_cache_path(ptx: bytes, arch_sm: str, toolchain: str) -> Path | None:
+    """Where the cubin compiled from ``ptx`` for ``arch_sm`` by ``toolchain`` is kept; None
+    when there is no cache directory (no home directory and no ``KERNELPACK_CACHE_DIR``, as
+    for an arbitrary container uid): the PTX is then compiled on every first load, never a
+    failed launch."""
+    from ..config import default_cache_dir
 
+    try:
+        root = default_cache_dir()
+    except ValueError:
+        return None
     key = hashlib.sha256(b"kernelpack-ptx-cubin-v1\0" + toolchain.encode() + b"\0"
                          + arch_sm.encode() + b"\0" + ptx).hexdigest()
-    return cache_dir() / "runtime-ptx" / key[:2] / f"{key[2:]}.cubin"
+    return root / "runtime-ptx" / key[:2] / f"{key[2:]}.cubin"
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -61,11 +68,12 @@ def _ptx_code(ptx: bytes, device: Device) -> tuple[bytes, str, Path | None]:
         return ptx.rstrip(b"\0") + b"\0", "ptx (driver JIT)", None
     path = ptx_cache_path(ptx, arch.sm, nvjitlink.toolchain_id())
     try:
-        cached = path.read_bytes()
+        cached = path.read_bytes() if path is not None else b""
     except OSError:
         cached = b""
     if cached[:4] == b"\x7fELF":
         return cached, "ptx->cubin (cached)", path
     cubin = nvjitlink.ptx_to_cubin(ptx, arch, name="kernelpack-runtime.ptx")
-    _write_atomic(path, cubin)
+    if path is not None:
+        _write_atomic(path, cubin)
     return cubin, "ptx->cubin (nvJitLink)", path

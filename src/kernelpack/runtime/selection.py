@@ -114,7 +114,12 @@ def _rank(image: Any, dev: Arch, driver_version: int | None) -> tuple[tuple | No
         return None, "host object code, not GPU code"
     if kind not in ("cubin", "ptx"):
         return None, f"unknown image kind {kind!r}"
-    if cuda and driver_version is not None and cuda // 1000 > driver_version // 1000:
+    # A cubin needs a driver of its toolkit's major. PTX is compiled here, by this machine's
+    # nvJitLink: what it needs of the driver is its ISA (below), whatever toolkit wrote it
+    # (kp.compile records nvJitLink's version on LLVM's ISA 8.x PTX, which a CUDA 12 driver
+    # takes); the toolkit's major gates PTX only when the ISA is not recorded.
+    gated = kind == "cubin" or getattr(image, "ptx_isa", None) is None
+    if gated and cuda and driver_version is not None and cuda // 1000 > driver_version // 1000:
         return None, (f"built by CUDA {format_cuda_version(cuda)}, newer major than the "
                       f"driver's CUDA {format_cuda_version(driver_version)}")
     here = f"device is {dev.major}.{dev.minor}"
