@@ -4,6 +4,7 @@
 - ``row``: see :mod:`kernelpack.lowering.rows`.
 - ``partial``: each block reduces ``CHUNK`` consecutive elements into one workspace entry
   (reductions its source reads are loaded once from their one-entry workspaces).
+- ``colsplit``: a column reduction's indices split across threads: see :mod:`.columns`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from llvmlite import ir
 from ..dtypes import DType
 from ..graph import Graph
 from .codegen import ZERO, Ctx, Emitter, acc_dtype
+from .columns import emit_split
 from .groups import block_reduce
 from .irutil import I64, convert, sreg
 from .mathops import combine, identity
@@ -51,7 +53,8 @@ def emit(module: ir.Module, graph: Graph, spec: KernelSpec, scratch: dict[str, D
          symbols: Sequence[str]) -> Emitter:
     buffers, scalars = signature(graph, spec, scratch)
     em = Emitter(module, graph, spec.name, buffers, scalars, symbols)
-    {"pointwise": _pointwise, "row": row, "partial": _partial}[spec.kind](em, spec)
+    {"pointwise": _pointwise, "row": row, "partial": _partial,
+     "colsplit": emit_split}[spec.kind](em, spec)
     em.finish()
     return em
 

@@ -13,15 +13,20 @@ scratch (``{fusion}_m{k}``), and its readers load it from there (an ``input`` no
 workspace). Each materialized reduction gets its own stage, in dependency order, so no kernel
 reads a workspace it is writing.
 
+Column reductions below such a stage (``x.sum(axis=0)`` read by other work of its shape) are
+materialized too, broadcast or not: a stage whose outputs are column reductions alone splits
+them across many threads (:mod:`.columns`), where the general schedule loops over a whole
+column in one thread.
+
 Only reductions below a stage that the scheduler put on the general schedule are considered:
 the row kernels keep trailing-axis reductions per row and :mod:`.fullred` spreads full ones
-(``x / x.sum()``), and a reduction read only at its own shape (``x.sum(axis=0)`` returned as it
-is) is computed once per element that needs it anyway.
+(``x / x.sum()``), and any other reduction read only at its own shape is computed once per
+element that needs it anyway.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..expr import Expr
 from ..graph import Graph, Node
@@ -55,18 +60,30 @@ def _broadcast(graph: Graph, users: dict[int, list[int]], nid: int) -> bool:
     return False
 
 
-def materialize(graph: Graph, general: Iterable[int]) -> tuple[Graph, tuple[str, ...]]:
-    """``graph`` with each broadcast reduction below the nodes ``general`` (the outputs of the
-    stages on the general schedule) computed into a workspace: a new graph whose outputs are
-    the workspaces (in dependency order) and then ``graph``'s outputs, and the workspaces'
-    names. ``graph`` itself is returned (and no names) when nothing needs it."""
+def materialize(graph: Graph, general: Iterable[Sequence[int]]
+                ) -> tuple[Graph, tuple[str, ...]]:
+    """``graph`` with reductions below the stages on the general schedule (``general``: each
+    such stage's output nodes) computed into workspaces: every broadcast one, and every column
+    reduction (:func:`.columns.column_axes`: a workspace stage of its own takes the split
+    column schedule) except a stage's own outputs when that stage will take it itself. A new
+    graph whose outputs are the workspaces (in dependency order) and then ``graph``'s
+    outputs, and the workspaces' names; ``graph`` itself (and no names) when nothing needs
+    it."""
+    from .columns import column_axes, column_group
+
     users: dict[int, list[int]] = {}
     for node in graph.nodes:
         for i in node.inputs:
             users.setdefault(i, []).append(node.id)
-    below = graph.reachable(general)
+    groups = [list(g) for g in general]
+    below = graph.reachable([n for g in groups for n in g])
+    # a stage whose outputs are themselves column reductions of one source and axis block
+    # takes the split schedule once what they read is materialized: they stay
+    kept = {n for g in groups for n in (column_group(graph, g) or ())}
     chosen = [n.id for n in graph.nodes
-              if n.id in below and n.op == "reduce" and _broadcast(graph, users, n.id)]
+              if n.id in below and n.op == "reduce" and (
+                  _broadcast(graph, users, n.id)
+                  or (column_axes(graph, n.id) is not None and n.id not in kept))]
     if not chosen:
         return graph, ()
     taken = {p[0] for p in graph.params} | {name for name, _ in graph.outputs}

@@ -22,7 +22,7 @@ from ..limits import MAX_VARIANTS
 from ..compiled import Compiled, Image, Module
 from ..summary import Arg, Constraint, KernelSummary, Launch, Scalar, Tensor, Variant
 from ..targets import Arch, parse_target_list
-from .schedule import Stage, plan, variants
+from .schedule import Stage, lockstep, plan, variants
 
 __all__ = ["Options", "Build", "STAGES", "run", "compile_fusion"]
 
@@ -63,7 +63,7 @@ def schedule(b: Build) -> Build:
         assert graph is not None
         planned = plan(graph, b.general)
         outputs = dict(graph.outputs)
-        general = [outputs[name] for st in planned if st.general for name in st.outputs]
+        general = [[outputs[name] for name in st.outputs] for st in planned if st.general]
         graph, names = materialize(graph, general)
         b = dataclasses.replace(b, graph=graph, workspaces=names)
         if names:  # the graph changed: plan it again
@@ -90,10 +90,10 @@ def fit_variants(stages: Sequence[Stage], most: int = MAX_VARIANTS) -> tuple[Sta
     with. Programs within the limit are left as they are."""
     alts = [list(st.alternatives) for st in stages]
 
-    def count() -> int:
+    def count() -> int:  # as many as schedule.variants will make
         n = 1
-        for a in alts:
-            n *= len(a)
+        for a, lead in zip(alts, lockstep(alts)):
+            n *= len(a) if lead is None else 1
         return n
 
     while count() > most:

@@ -171,7 +171,9 @@ class _Group(RegisterRows):
         elif self.spec.group == "block":
             acc = block_reduce(em, kind, acc_dt, acc, self.tid, self.size)
         src = self.g.nodes[node.inputs[0]]
-        total = em.numel(src.shape[len(self.spec.shape):])
+        # the reduced axes' length (the trailing ones for rows and full reductions; a
+        # column reduction's outputs are rows of partials, columns.py)
+        total = em.numel([src.shape[a] for a in sorted(node.attrs[1])])
         val = convert(em.b, finalize(em, kind, acc_dt, acc, total), acc_dt, node.dtype)
         em.rowcache[r] = (val, outer)
 
@@ -200,8 +202,11 @@ class _Group(RegisterRows):
                     ws, count = self.overrides[red]
                     node = self.g.nodes[red]
                     acc_dt = self._acc(node.attrs[0], node.dtype)
+                    # a row per output (column partials, columns.py): its `count`
+                    # partials follow each other; one row (full reductions): the workspace
+                    start = b.mul(r, em.expr(count)) if self.spec.shape else None
                     with em.loops.range(self.lane, em.expr(count), step, "p") as j:
-                        v = em.load(ws, acc_dt, j)
+                        v = em.load(ws, acc_dt, j if start is None else b.add(start, j))
                         em.acc_store(accs[red], combine(em, node.attrs[0], acc_dt,
                                                         em.acc_load(accs[red], acc_dt), v))
                 else:

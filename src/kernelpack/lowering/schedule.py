@@ -18,8 +18,11 @@ reductions (outer dims empty) run on a grid (:mod:`.fullred`): a
 ``cdiv(n, 16384)`` entries, then one block combines them (outputs as long as the input,
 ``x / x.sum()``, take a grid of such blocks, each combining the partials and writing a
 slice); a reduction that reads another (a variance) takes its own partial pass after a
-combine kernel has stored the other's value. Anything else falls back to the general
-schedule: one thread per output element, looping over the reduced indices.
+combine kernel has stored the other's value. Column reductions (a contiguous block of axes
+short of the last: ``x.sum(axis=0)``) split each output's reduced indices across many
+threads, then combine the partials (:mod:`.columns`), where the shapes give enough splits.
+Anything else falls back to the general schedule: one thread per output element, looping
+over the reduced indices.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from ..graph import Graph
 from ..summary import Scratch
 from .traits import heavy as _heavy, per_row, row_transcendental as _row_transcendental
 
-__all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "reduces_of", "row_outer",
+__all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "lockstep", "reduces_of", "row_outer",
            "vector_width", "BLOCK", "UNROLL", "ROW_BLOCK", "WARP_ROWS", "CHUNK", "GRID_CAP",
            "THREAD_ROW_MAX", "WARP_ROW_MAX", "SPREAD", "WARP_KEEP_MAX", "REG_GROUPS",
            "REG_GROUPS_WIDE",
@@ -127,6 +130,7 @@ class KernelSpec:
     # (reduction, one-entry workspace): full reductions whose finalized value a combine kernel
     # stored (fullred.py); the kernel loads it once instead of computing it
     values: tuple[tuple[int, str], ...] = ()
+    split: Expr | None = None       # colsplit: threads per output element (lowering/columns.py)
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,13 @@ def _stage(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tuple[st
         vec = 1 if reduces else vector_width(graph, [nid for _, nid in outs])
         spec = KernelSpec(base + "_pointwise", "pointwise", tuple(outs), shape, BLOCK,
                           emin(cdiv(n, BLOCK * vec), GRID_CAP), vec=vec)
+        columns = None
+        if reduces and not general:  # column sums split across threads (columns.py)
+            from .columns import column_choices
+
+            columns = column_choices(graph, base, outs, reduces, taken)
+        if columns:
+            return Stage(names, (*columns, Choice((spec,))))
         return Stage(names, (Choice((spec,)),), general=bool(reduces))
     first = graph.nodes[graph.nodes[reduces[0]].inputs[0]]
     # the longest row among the reductions: a thread (or a warp) per row must suit every
@@ -336,16 +347,34 @@ def _depths(graph: Graph, reduces: list[int]) -> set[int]:
     return {i for i, level in enumerate(levels(graph, tuple(reduces))) if level}
 
 
+def lockstep(alternatives: list[tuple[Choice, ...]] | list[list[Choice]]) -> list[int | None]:
+    """For each stage (given by its alternatives), an earlier stage whose alternatives have
+    the same predicates in the same order, or None. The two pick the same alternative for
+    every shape (the first whose predicate holds), so only those pairings are variants: three
+    column sums of one tensor's columns (:mod:`.columns`) have three variants, not 27."""
+    first: dict[tuple, int] = {}
+    out: list[int | None] = []
+    for i, alts in enumerate(alternatives):
+        key = tuple(a.predicate for a in alts)
+        out.append(first[key] if len(key) > 1 and key in first else None)
+        first.setdefault(key, i)
+    return out
+
+
 def variants(stages: list[Stage]) -> list[tuple[Expr | None, list[Choice]]]:
-    """The cartesian product of the stages' alternatives, in first-that-holds order."""
-    combos: list[tuple[Expr | None, list[Choice]]] = [(None, [])]
-    for stage in stages:
+    """The product of the stages' alternatives, in first-that-holds order (stages in
+    :func:`lockstep` with an earlier one take the alternative of the same index)."""
+    leader = lockstep([st.alternatives for st in stages])
+    combos: list[tuple[Expr | None, list[Choice], list[int]]] = [(None, [], [])]
+    for si, stage in enumerate(stages):
         nxt = []
-        for pred, chosen in combos:
-            for alt in stage.alternatives:
-                p = pred if alt.predicate is None else (
+        for pred, chosen, picked in combos:
+            lead = leader[si]
+            for j in range(len(stage.alternatives)) if lead is None else (picked[lead],):
+                alt = stage.alternatives[j]
+                p = pred if alt.predicate is None or lead is not None else (
                     alt.predicate if pred is None else land(pred, alt.predicate))
-                nxt.append((p, chosen + [alt]))
+                nxt.append((p, chosen + [alt], picked + [j]))
         combos = nxt
-    return combos
+    return [(p, chosen) for p, chosen, _ in combos]
 

@@ -1,0 +1,165 @@
+"""Column reductions on the GPU: the split schedule against the general one and PyTorch eager.
+
+``x.sum(axis=0)`` and friends reduce leading axes, so they are not rows. Before
+``lowering/columns.py`` they ran on the general schedule, one thread per output element
+looping over its column; now a split kernel and a final kernel take them where the shapes
+give enough splits. This script compiles each workload twice in one process: as
+``kp.compile`` does now, and with the split schedule switched off (``columns.SPLIT_MIN``
+raised past any shape: what the general schedule did before), and times both against
+PyTorch eager on the same inputs (CUDA events, L2 flushed, medians; ``_gpu_timing``). Results
+are checked against float64 torch before timing.
+
+    python benchmarks/columns.py [--quick] [--no-results]
+
+Workloads (float32): a column sum, a column mean-and-centre (``x - x.mean(0)``: the mean is
+materialized, then a pointwise pass) and a column standard deviation, on tall, square and
+wide matrices. Bandwidth is bytes read + written once / time, as a fraction of the
+device-to-device copy bandwidth of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "src"))
+
+import kernelpack as kp  # noqa: E402
+from _gpu_timing import (RESULTS, append_results, copy_bandwidth,  # noqa: E402
+                         markdown_table, median_ms, rel_err)
+
+T = kp.Tensor
+
+
+@kp.fusion
+def colsum(x: T[kp.f32, "a", "b"]):
+    return x.sum(axis=0)
+
+
+@kp.fusion
+def colcentre(x: T[kp.f32, "a", "b"]):
+    return x - x.mean(axis=0, keepdims=True)
+
+
+@kp.fusion
+def colstd(x: T[kp.f32, "a", "b"]):
+    m = x.mean(axis=0, keepdims=True)
+    return kp.sqrt(((x - m) * (x - m)).mean(axis=0))
+
+
+FUSIONS = {"colsum": colsum, "colcentre": colcentre, "colstd": colstd}
+SHAPES = [(100_000, 64), (1_000_000, 16), (8192, 8192), (65536, 1024)]
+QUICK = [(100_000, 64), (8192, 8192)]
+
+
+def _eager(name: str, torch: Any) -> Callable[[Any], Any]:
+    if name == "colsum":
+        return lambda x: x.sum(0)
+    if name == "colcentre":
+        return lambda x: x - x.mean(0, keepdim=True)
+    return lambda x: x.std(0, correction=0)
+
+
+def _reference(name: str, x: Any) -> Any:
+    xd = x.double()
+    if name == "colsum":
+        return xd.sum(0)
+    if name == "colcentre":
+        return xd - xd.mean(0, keepdim=True)
+    return xd.std(0, correction=0)
+
+
+def _bytes(name: str, shape: tuple[int, int]) -> int:
+    a, b = shape
+    read = a * b * 4 * (2 if name != "colsum" else 1)  # two passes for the centred forms
+    written = (a * b if name == "colcentre" else b) * 4
+    return read + written
+
+
+def build(split: bool, workdir: Path, tag: str) -> Any:
+    """The three fusions compiled for this GPU, with or without the split schedule."""
+    import torch
+
+    from kernelpack.lowering import columns
+
+    major, minor = torch.cuda.get_device_capability()
+    saved = columns.SPLIT_MIN
+    columns.SPLIT_MIN = saved if split else 1 << 62
+    try:
+        compiled = [kp.compile(f, targets=[f"sm_{major}{minor}"]) for f in FUSIONS.values()]
+    finally:
+        columns.SPLIT_MIN = saved
+    path = workdir / f"columns_{tag}.kpack"
+    kp.save(compiled, str(path))
+    return kp.load(str(path))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="two shapes only")
+    ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("columns.py: needs torch and a CUDA device; nothing to measure")
+        return 0
+    if not torch.cuda.is_available():
+        print("columns.py: no CUDA device; nothing to measure")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        packs = {"split": build(True, Path(tmp), "split"),
+                 "general": build(False, Path(tmp), "general")}
+        copy_bw = copy_bandwidth()
+        rows = []
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        for shape in (QUICK if args.quick else SHAPES):
+            x = torch.randn(shape, device="cuda", dtype=torch.float32, generator=gen)
+            for name in FUSIONS:
+                ref = _reference(name, x)
+                eager = _eager(name, torch)
+                cells, times = [], {}
+                for kind in ("split", "general"):
+                    prog = packs[kind][name]
+                    out = prog(x)
+                    err = rel_err(out, ref)
+                    if not err <= 1e-5:
+                        raise SystemExit(f"{name} {shape} {kind}: relative error {err:.2e}")
+                    t0 = time.perf_counter()
+                    times[kind] = median_ms(lambda p=prog: p(x), rep_ms=50, max_reps=200)
+                    print(f"{name} {shape} {kind}: {times[kind]:.3f} ms (err {err:.1e}, "
+                          f"{time.perf_counter() - t0:.1f} s)", flush=True)
+                times["eager"] = median_ms(lambda: eager(x))
+                nbytes = _bytes(name, shape)
+                for kind in ("split", "general", "eager"):
+                    frac = nbytes / (times[kind] * 1e-3) / copy_bw
+                    cells.append(f"{times[kind]:.3f} ms ({100 * frac:.0f}%)")
+                rows.append([name, f"{shape[0]}x{shape[1]}", *cells,
+                             f"{times['general'] / times['split']:.1f}x",
+                             f"{times['split'] / times['eager']:.2f}"])
+            del x
+    body = [
+        "`python benchmarks/columns.py`; float32. 'split' is the code as compiled now "
+        "(lowering/columns.py); 'general' the same fusions compiled with the split schedule "
+        "switched off (one thread per output element, what ran before). Cells: median time "
+        "(CUDA events, L2 flushed) and bytes read + written once / time as a fraction of the "
+        f"copy bandwidth of this run ({copy_bw / 1e9:.0f} GB/s). Every result checked against "
+        "float64 torch (relative error <= 1e-5) before timing.",
+        "",
+        *markdown_table(["workload", "shape", "split", "general (before)", "torch eager",
+                         "general / split", "split / eager"], rows),
+    ]
+    section = append_results("Column reductions (`benchmarks/columns.py`)", body,
+                             results=None if args.no_results else RESULTS)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

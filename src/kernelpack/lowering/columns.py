@@ -1,0 +1,229 @@
+"""Column reductions: reductions over leading or middle axes, split across many threads.
+
+A reduction whose reduced axes are a contiguous block that does not reach the last axis
+(``x.sum(axis=0)`` of a matrix, ``y.mean(axis=1)`` of ``(b, n, c)``) keeps trailing elements
+apart, so it is not a row. The general schedule gave it one thread per output element, each
+looping over the whole reduced length: a column sum of a 100000 x 64 tensor ran on 64 threads.
+
+Here such a stage runs as two launches. The *split* kernel gives each output element ``S``
+threads (``S`` is an expression of the shapes, :func:`split`): thread ``g = s·M + f`` (``M``
+outputs) reduces the reduced indices ``s, s + S, s + 2S, ...`` of output ``f`` with
+:data:`UNROLL` independent accumulators, and writes its partial to ``ws[f·S + s]``
+(the accumulator's dtype). Neighbouring threads take neighbouring outputs, i.e. neighbouring
+addresses of the source, so every load is coalesced whatever the shape. The *final* kernel is
+a row kernel (:mod:`.rows`) over the outputs whose rows are the ``S`` partials of each, a warp
+per output up to :data:`WARP_SPLITS` partials and a block beyond; it combines them, finalizes
+(``mean`` divides by the reduced length) and writes the outputs.
+
+When ``S`` would be small (short reductions, or so many outputs that one thread each already
+fills the GPU) the stage keeps the general schedule, chosen at run time by the variants'
+predicates. Only stages whose outputs are exactly such reductions, of one source shape and
+axes, take this schedule; :mod:`.materialize` gives column reductions read by other work a
+stage of their own, so that they qualify.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..expr import Expr, cdiv, const, emax, emin, ge, land, le
+from ..graph import Graph
+from ..summary import Scratch
+from .codegen import Ctx, Emitter, acc_dtype
+from ..dtypes import DType
+from .irutil import I64, Val, component, convert, sreg
+from .mathops import combine, fabs, identity, neumaier_add
+from .schedule import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS, Choice, KernelSpec
+
+__all__ = ["column_axes", "base_reduction", "column_group", "column_choices", "split", "emit_split", "TARGET_THREADS",
+           "ROWS_MIN", "SPLIT_MIN", "SPLIT_MAX", "WARP_SPLITS", "UNROLL"]
+
+TARGET_THREADS = 1 << 18  # split threads to aim for: ~2000 resident per SM on 132 SMs
+ROWS_MIN = 16             # reduced indices per split thread at least (4 unrolled iterations)
+SPLIT_MIN = 8             # fewer splits than this: the general schedule (one thread each)
+SPLIT_MAX = 16384         # partials per output at most (the final kernel reads them all)
+WARP_SPLITS = 512         # a warp combines up to this many partials, a block more
+UNROLL = 4                # independent accumulators per split thread
+
+
+def column_axes(graph: Graph, nid: int) -> tuple[int, int] | None:
+    """``(a, b)`` when node ``nid`` is a reduction over the axes ``a..b-1`` with ``b`` short
+    of its source's last axis (a column reduction), else None."""
+    node = graph.nodes[nid]
+    if node.op != "reduce":
+        return None
+    _, axes = node.attrs
+    rank = len(graph.nodes[node.inputs[0]].shape)
+    axes = tuple(sorted(axes))
+    if not axes or axes != tuple(range(axes[0], axes[-1] + 1)) or axes[-1] >= rank - 1:
+        return None
+    return axes[0], axes[-1] + 1
+
+
+def base_reduction(graph: Graph, nid: int) -> int:
+    """``nid`` seen through views that only add or drop size-1 axes, in order (what a
+    reduction without ``keepdims`` returns): the node whose flat elements it shares."""
+    node = graph.nodes[nid]
+    while node.op == "view":
+        (mapping,) = node.attrs
+        src = graph.nodes[node.inputs[0]]
+        kept = [a for a in mapping if a is not None]
+        dropped = [d for a, d in enumerate(src.shape) if a not in kept]
+        if kept != sorted(set(kept)) or not all(d.is_const and d.value == 1 for d in dropped):
+            break
+        node = src
+    return node.id
+
+
+def column_group(graph: Graph, outputs: list[int]) -> list[int] | None:
+    """The column reductions a stage with these output nodes computes (each output is one
+    of them, possibly without ``keepdims``), when they share one source shape and axis block
+    (:func:`column_axes`): the stage can take the split schedule. Else None."""
+    bases = [base_reduction(graph, n) for n in outputs]
+    keys = {(column_axes(graph, r), graph.nodes[graph.nodes[r].inputs[0]].shape)
+            if graph.nodes[r].op == "reduce" else None for r in bases}
+    if len(keys) != 1 or None in keys or next(iter(keys))[0] is None:
+        return None
+    return sorted(set(bases))
+
+
+def _numel(dims) -> Expr:  # type: ignore[no-untyped-def]
+    total: Expr = const(1)
+    for d in dims:
+        total = total * d
+    return total
+
+
+def split(graph: Graph, r: int) -> tuple[Expr, Expr, Expr]:
+    """(outputs M, reduced length K, splits S) of column reduction ``r``: ``S`` threads per
+    output, enough for about :data:`TARGET_THREADS` in all, at least :data:`ROWS_MIN` reduced
+    indices each, at most :data:`SPLIT_MAX`."""
+    node = graph.nodes[r]
+    src = graph.nodes[node.inputs[0]]
+    a, b = column_axes(graph, r)  # type: ignore[misc]
+    kept = _numel(src.shape[:a] + src.shape[b:])
+    length = _numel(src.shape[a:b])
+    s = emin(emin(cdiv(const(TARGET_THREADS), emax(kept, const(1))), cdiv(length, ROWS_MIN)),
+             const(SPLIT_MAX))
+    return kept, length, s
+
+
+def column_choices(graph: Graph, base: str, outs: list[tuple[str, int]],
+                   reduces: list[int], taken: set[str]) -> list[Choice] | None:
+    """The split alternatives of a stage whose outputs ``outs`` are exactly the column
+    reductions ``reduces`` (one source shape, one axis block), each with its predicate on
+    the number of splits; None when the stage does not qualify. The caller appends the
+    general schedule as the last alternative."""
+    if column_group(graph, [nid for _, nid in outs]) != sorted(reduces):
+        return None
+    src_shape = graph.nodes[graph.nodes[reduces[0]].inputs[0]].shape
+    kept, _, s = split(graph, reduces[0])
+    scratch, parts = [], []
+    for k, r in enumerate(reduces):
+        name = f"{base}_col{k}"
+        while name in taken:
+            name += "_"
+        node = graph.nodes[r]
+        scratch.append(Scratch(name, acc_dtype(node.attrs[0], node.dtype), (kept, s)))
+        parts.append((r, name))
+    names = tuple(n for _, n in parts)
+    splitter = KernelSpec(f"{base}_colsplit", "colsplit", tuple((n, r) for r, n in parts),
+                          src_shape, BLOCK, emin(cdiv(s * kept, BLOCK), GRID_CAP),
+                          reduces=tuple(reduces), scratch=names, split=s)
+    # the final kernel's rows are the reductions' elements (keepdims shape); an output
+    # without keepdims shares their flat layout, so it is stored as the reduction itself
+    out_shape = graph.nodes[reduces[0]].shape
+    stored = tuple((name, base_reduction(graph, nid)) for name, nid in outs)
+    finals = (("warp", BLOCK, emin(cdiv(kept, WARP_ROWS), GRID_CAP), le(s, WARP_SPLITS)),
+              ("block", ROW_BLOCK, emin(kept, GRID_CAP), None))
+    choices = []
+    enough = ge(s, SPLIT_MIN)
+    for group, threads, grid, fits in finals:
+        pred = enough if fits is None else land(enough, fits)
+        if pred.is_const and not pred.value:
+            continue
+        final = KernelSpec(f"{base}_colfinal{group}", "row", stored, out_shape, threads,
+                           grid, group=group, reduces=tuple(reduces),
+                           partials=tuple((r, n, s) for r, n in parts), scratch=names)
+        choices.append(Choice((splitter, final), tuple(scratch),
+                              None if pred.is_const else pred))
+        if pred.is_const:  # always holds: nothing after it can run
+            break
+    return choices
+
+
+def emit_split(em: Emitter, spec: KernelSpec) -> None:
+    """The split kernel (module docstring): a grid-stride loop over ``S·M`` threads' work."""
+    b, m, g = em.b, em.module, em.graph
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    first = g.nodes[spec.reduces[0]]
+    src_shape = g.nodes[first.inputs[0]].shape
+    lo, hi = column_axes(g, spec.reduces[0])  # type: ignore[misc]
+    kept_dims = src_shape[:lo] + src_shape[hi:]
+    red_dims = src_shape[lo:hi]
+    assert spec.split is not None
+    splits, outputs = em.expr(spec.split), em.numel(kept_dims)
+    length, inner = em.numel(red_dims), em.numel(src_shape[hi:])
+    tid, bid, nb = sreg(b, m, "tid"), sreg(b, m, "ctaid"), sreg(b, m, "nctaid")
+    gid = b.add(b.mul(bid, c(spec.block)), tid)
+    accs_of = {r: acc_dtype(g.nodes[r].attrs[0], g.nodes[r].dtype) for r in spec.reduces}
+    with em.loops.range(gid, b.mul(splits, outputs), b.mul(nb, c(spec.block)), "g") as i:
+        s = b.udiv(i, outputs)
+        f = b.sub(i, b.mul(s, outputs))
+        kept = em.unravel(f, kept_dims)
+        # flat source index of reduced index t: (o·K + t)·I + i = base + t·I
+        o, within = b.udiv(f, inner), b.urem(f, inner)
+        base = b.add(b.mul(b.mul(o, length), inner), within)
+        sets = [{r: em.acc_slots(dt, identity(g.nodes[r].attrs[0], dt))
+                 for r, dt in accs_of.items()} for _ in range(UNROLL)]
+        # float sums carry Neumaier's compensation (as the general schedule's loop does):
+        # free in a memory-bound loop, and a thread's partial is then its terms' sum
+        # rounded once (1e16, 1, -1e16 ... keeps its ones)
+        comps_ = [{r: em.acc_slots(dt, ir.Constant(component(dt), 0.0))
+                   for r, dt in accs_of.items() if _compensated(g.nodes[r].attrs[0], dt)}
+                  for _ in range(UNROLL)]
+
+        def term(u: int, t: ir.Value) -> None:
+            accs, comp = sets[u], comps_[u]
+            comps = kept[:lo] + em.unravel(t, red_dims) + kept[lo:]
+            em.push()
+            ctx = Ctx(src_shape, comps, b.add(base, b.mul(t, inner)))
+            for r, dt in accs_of.items():
+                node = g.nodes[r]
+                srcnode = g.nodes[node.inputs[0]]
+                v = convert(b, em.value(srcnode.id, ctx), srcnode.dtype, dt)
+                if r in comp:
+                    neumaier_add(b, accs[r][0], comp[r][0], v)
+                else:
+                    em.acc_store(accs[r], combine(em, node.attrs[0], dt,
+                                                  em.acc_load(accs[r], dt), v))
+            em.pop()
+
+        # this thread's indices s, s + S, ...: `count` of them, UNROLL at a time, then the rest
+        more = b.icmp_signed("<", s, length)
+        count = b.select(more, b.udiv(b.add(b.sub(length, s), b.sub(splits, c(1))), splits),
+                         c(0))
+        step = b.mul(splits, c(UNROLL))
+        main_end = b.add(s, b.mul(b.udiv(count, c(UNROLL)), step))
+        with em.loops.range(s, main_end, step, "t") as t:
+            for u in range(UNROLL):
+                term(u, b.add(t, b.mul(splits, c(u))) if u else t)
+        with em.loops.range(main_end, length, splits, "tail") as t:
+            term(0, t)
+        slot = b.add(b.mul(f, splits), s)
+        for (ws, r) in spec.outputs:
+            dt = accs_of[r]
+            kind = g.nodes[r].attrs[0]
+            acc: Val | None = None
+            for accs, comp in zip(sets, comps_):
+                part = em.acc_load(accs[r], dt)
+                if r in comp:  # an infinite term makes the compensation NaN: the sum then
+                    e = em.acc_load(comp[r], dt)
+                    finite = b.fcmp_ordered("<", fabs(b, e), ir.Constant(e.type, float("inf")))
+                    part = b.select(finite, b.fadd(part, e), part)
+                acc = part if acc is None else combine(em, kind, dt, acc, part)
+            em.store(ws, dt, slot, acc)
+
+
+def _compensated(kind: str, dt: DType) -> bool:
+    return kind in ("sum", "mean") and dt.kind == "f"

@@ -1,0 +1,145 @@
+"""Column reductions split across threads (:mod:`kernelpack.lowering.columns`).
+
+``x.sum(axis=0)`` and other reductions over a block of leading or middle axes used to run on
+the general schedule, one thread per output element looping over its whole column (a column
+sum of a 100000 x 64 tensor on 64 threads). They now take a split kernel and a final kernel
+where the shapes give enough splits, the general schedule where they do not. Numerics run on
+the SIMT emulator against NumPy in float64, for shapes on both sides of each predicate
+(warp final, block final, general); the plans are checked through ``Program.plan``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernelpack as kp
+from kernelpack.lowering import columns, pipeline
+from kernelpack.lowering.schedule import plan
+
+from .simt import Kernels, assert_close
+
+T = kp.Tensor
+
+
+def _program(f):
+    return kp.load(kp.save([kp.compile(f, targets=["sm_80"])]))[f.name]
+
+
+def _kernels(program, **shapes) -> list[str]:
+    return [launch.kernel for launch in program.plan(**shapes).launches]
+
+
+@kp.fusion
+def colstats(x: T[kp.f32, "a", "b"]):
+    return x.sum(axis=0), x.max(axis=0, keepdims=True), x.mean(axis=0), x.min(axis=0)
+
+
+@pytest.mark.parametrize("shape", [(200, 5), (1000, 3), (9000, 2), (7, 3), (0, 4), (300, 0),
+                                   (129, 1), (1, 6)])
+def test_column_statistics_match_numpy(shape):
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    got = Kernels(colstats)(x)
+    xd = x.astype(np.float64)
+    assert_close(got[0], xd.sum(0), 1e-6, f"sum {shape}")
+    assert_close(got[2], xd.mean(0) if shape[0] else np.full(shape[1], np.nan), 1e-6,
+                 f"mean {shape}")
+    if shape[0]:  # max/min of nothing: the identity (README), not NumPy's error
+        assert_close(got[1], xd.max(0, keepdims=True), 0, f"max {shape}")
+        assert_close(got[3], xd.min(0), 0, f"min {shape}")
+
+
+def test_each_predicate_picks_its_kernels():
+    p = _program(colstats)
+    # splits S = min(cdiv(2^18, b), cdiv(a, 16), 16384): 8..512 a warp combines them, more a
+    # block; fewer than 8 (short columns, or so many that a thread each fills the GPU) the
+    # general schedule. One split kernel reads x once for all four statistics' stages
+    # with the same axes and shape (the max, kept 2-D, is a stage of its own).
+    assert _kernels(p, x=(1000, 3)) == ["colstats_0_colsplit", "colstats_0_colfinalwarp",
+                                        "colstats_1_colsplit", "colstats_1_colfinalwarp"]
+    assert _kernels(p, x=(100000, 64))[1] == "colstats_0_colfinalblock"
+    assert _kernels(p, x=(100, 64)) == ["colstats_0_pointwise", "colstats_1_pointwise"]
+    assert _kernels(p, x=(10**6, 2**16)) == ["colstats_0_pointwise", "colstats_1_pointwise"]
+    big = p.plan(x=(100000, 64))
+    split = big.launches[0]
+    assert split.grid[0] == 4096 * 64 // 256  # S = 4096 splits of 64 columns
+    ws = big.allocations["colstats_0_col0"]
+    assert ws.kind == "scratch" and ws.nbytes == 64 * 4096 * 8  # float64 partials
+    # three statistics of one shape share the predicates: 3 variants, not 3 * 3
+    assert len(p.summary.variants) == 3
+
+
+@kp.fusion
+def middle(y: T[kp.f64, "p", "q", "r"], z: T[kp.i32, "u", "v", "w"]):
+    return y.sum(axis=1), y.prod(axis=(0, 1), keepdims=True), z.sum(axis=0)
+
+
+def test_middle_and_several_axes_and_integers():
+    rng = np.random.default_rng(4)
+    y = rng.uniform(0.9, 1.1, (3, 400, 5))
+    z = rng.integers(-1000, 1000, (300, 2, 3), dtype=np.int32)
+    k = Kernels(middle)
+    kernels = [l.kernel for l in k.summary.variants[0].launches]
+    assert sum(name.endswith("colsplit") for name in kernels) == 3
+    a, b, c = k(y, z)
+    assert_close(a, y.sum(1), 1e-13, "middle-axis sum")
+    assert_close(b, y.prod(axis=(0, 1), keepdims=True), 1e-12, "two-axis product")
+    np.testing.assert_array_equal(c, z.sum(0, dtype=np.int64).astype(np.int32))
+
+
+@kp.fusion
+def derived(x: T[kp.f64, "a", "b"]):
+    s = x.sum(axis=0)
+    var = ((x - x.mean(axis=0, keepdims=True)) ** 2).mean(axis=0)
+    return s, s * 2.0, kp.sqrt(var)
+
+
+def test_column_reductions_read_by_other_work_get_their_own_split_stage():
+    """``s`` is returned and doubled, the variance reads a broadcast mean: each reduction
+    is materialized into a workspace whose stage splits (the general schedule would loop
+    over whole columns), the outputs then read the workspaces."""
+    x = np.random.default_rng(5).standard_normal((3000, 7)) + 10.0
+    k = Kernels(derived)
+    s, s2, sd = k(x)
+    assert_close(s, x.sum(0), 1e-13, "sum")
+    assert_close(s2, 2 * x.sum(0), 1e-13, "doubled sum")
+    assert_close(sd, x.std(0), 1e-12, "standard deviation")
+    p = _program(derived)
+    names = _kernels(p, x=(3000, 7))
+    assert sum(n.endswith("colsplit") for n in names) == 3, names
+    assert not any(n.endswith("pointwise") for n in names[:-1]), names
+
+
+def test_forms_that_are_not_column_reductions_keep_their_schedules():
+    b = pipeline.run(pipeline.new_build(derived, ["sm_80"], None, {}), stop="trace")
+    g = b.graph
+    reduce_ids = [n.id for n in g.nodes if n.op == "reduce"]
+    assert all(columns.column_axes(g, r) == (0, 1) for r in reduce_ids)
+
+    @kp.fusion
+    def rows_and_full(x: T[kp.f32, "a", "b"]):
+        return x.sum(axis=1), x.sum(), x.sum(axis=(0, 1))
+
+    stages = plan(pipeline.run(pipeline.new_build(rows_and_full, ["sm_80"], None, {}),
+                               stop="trace").graph)
+    kinds = {k.kind for st in stages for alt in st.alternatives for k in alt.kernels}
+    assert "colsplit" not in kinds
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float16, 2e-3), (np.complex128, 1e-13)])
+def test_narrow_and_complex_columns(dtype, tol):
+    kdt = {np.float16: kp.f16, np.complex128: kp.c128}[dtype]
+
+    @kp.fusion
+    def colsum_of(x: T[kdt, "a", "b"]):
+        return x.sum(axis=0), x.mean(axis=0)
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((500, 3))
+    if dtype is np.complex128:
+        x = x + 1j * rng.standard_normal((500, 3))
+    x = x.astype(dtype)
+    s, m = Kernels(colsum_of)(x)
+    ref = x.astype(np.complex128 if dtype is np.complex128 else np.float64)
+    assert_close(s, ref.sum(0), tol, "sum")
+    assert_close(m, ref.mean(0), tol, "mean")
