@@ -177,10 +177,7 @@ def arange(start: object, stop: object = None, step: object = None,
         stop, dtype = None, stop
     dt = int64 if dtype is None else _dtype("kp.arange", dtype)
     if stop is None and step is None:
-        n = dim_expr(start)
-        if n.is_const and n.value < 0:  # NumPy: an empty range
-            n = const(0)
-        return iota((n,), 0, dt)
+        return iota((_at_least_zero(dim_expr(start), graph),), 0, dt)
     if stop is None:
         start, stop = 0, start
     lo, hi = dim_expr(start), dim_expr(stop)
@@ -193,12 +190,46 @@ def arange(start: object, stop: object = None, step: object = None,
     if by == 0:
         raise TraceError("kp.arange: step must be a nonzero int (got 0)")
     if lo.is_const and lo.value == 0 and by == 1:
-        return iota((hi,), 0, dt)  # the same as kp.arange(stop)
+        return iota((_at_least_zero(hi, graph),), 0, dt)  # the same as kp.arange(stop)
     count = emax(cdiv(hi - lo, by) if by > 0 else cdiv(lo - hi, -by), 0)
     idx: Any = iota((count,), 0, int64)
     if by != 1:
         idx = idx * by
     return (idx + lo).astype(dt)
+
+
+_NONNEG_ALL = frozenset({"add", "mul", "floordiv", "ceildiv", "min"})
+_BOOLEAN = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not"})
+
+
+def _at_least_zero(n: Expr, graph: Any) -> Expr:
+    """``max(n, 0)`` unless ``n`` is known not to be negative: NumPy's ``arange`` of a negative
+    count is empty, while an output dim that evaluates below 0 is a ConstraintError at plan
+    time (``kp.arange(x.shape[0] - 1)`` for an empty ``x``). A plain dim (``arange(n)``,
+    ``arange(1 << n)``) keeps its shape, so it still broadcasts against tensors of dim ``n``."""
+    dims = frozenset(d.value for _, kind, _, shape in graph.params if kind == "tensor"
+                     for d in shape if d.op == "sym")
+
+    def nonneg(e: Expr) -> bool:
+        if e.op == "const":
+            return int(e.value) >= 0  # type: ignore[arg-type]
+        if e.op == "sym":
+            return e.value in dims  # a tensor's dim; a scalar parameter may be negative
+        if e.op in _BOOLEAN:
+            return True
+        if e.op in _NONNEG_ALL:
+            return all(nonneg(a) for a in e.args)
+        if e.op in ("shl", "shr"):  # a negative count or shl into the sign fails the plan
+            return nonneg(e.args[0])
+        if e.op == "max":
+            return any(nonneg(a) for a in e.args)
+        if e.op == "select":
+            return nonneg(e.args[1]) and nonneg(e.args[2])
+        return False
+
+    if nonneg(n):
+        return n
+    return const(0) if n.is_const else emax(n, 0)
 
 
 _EXPR_OPS = {"add": "__add__", "sub": "__sub__", "mul": "__mul__", "floordiv": "__floordiv__",
@@ -295,13 +326,17 @@ def array_ufunc(ufunc: Any, method: str, inputs: tuple, kwargs: dict) -> object:
         if name in _UFUNC_BINARY and len(inputs) == 2:
             return _binary(_UFUNC_BINARY[name], *inputs)
         if name == "power" and len(inputs) == 2:
-            return pow(*inputs)
+            base, exp = inputs
+            if isinstance(base, Value) and base.dtype == bool_ and isinstance(exp, int) \
+                    and not isinstance(exp, bool):
+                base = astype(base, int64)  # no ``** 2`` shortcut here: int64, as NumPy's
+            return pow(base, exp)
         if name in _UFUNC_UNARY and len(inputs) == 1:
             return _unary(_UFUNC_UNARY[name], inputs[0])
         if name == "positive" and len(inputs) == 1:
             return inputs[0]
-        if name == "square" and len(inputs) == 1:
-            return _binary("mul", inputs[0], inputs[0])
+        if name == "square" and len(inputs) == 1:  # x ** 2: a bool squares to int8 as here
+            return pow(inputs[0], 2)
     how = f"np.{name}" + ("" if method == "__call__" else f".{method}")
     extra = f" with {sorted(kwargs)}" if kwargs else ""
     raise TraceError(f"{how}{extra} is not supported on traced tensors; use the kp op "

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import builtins
 
-from .dtypes import DType, bool_, complex64, complex128, float32, float64, int64, uint64
+from .dtypes import (DType, bool_, complex64, complex128, float32, float64, int8, int64,
+                     uint64)
 from .errors import TraceError
 from .expr import Expr, const, select
 from .graph import BITWISE, COMPARE, Graph, Node, active_graph, current_graph
@@ -257,9 +258,13 @@ def _binary(op: str, a: object, b: object) -> Value:
         return g.add(op, bool_, shape, (va.id, vb.id))
     if op == "div" and dt.kind in "iub":
         va, vb, dt = astype(va, float64), astype(vb, float64), float64
-    if op in ("add", "sub", "mul", "floordiv", "mod", "pow") and dt.kind == "b":
-        raise TraceError(f"{op}: arithmetic on bool tensors ({_desc(va)}, {_desc(vb)}); cast "
-                         f"with .astype first")
+    if op in ("add", "mul") and dt.kind == "b":  # NumPy: logical or / and, still bool
+        return g.add("or" if op == "add" else "and", dt, shape, (va.id, vb.id))
+    if op in ("floordiv", "mod", "pow") and dt.kind == "b":  # NumPy computes these in int8
+        va, vb, dt = astype(va, int8), astype(vb, int8), int8
+    if op == "sub" and dt.kind == "b":
+        raise TraceError(f"{op}: arithmetic on bool tensors ({_desc(va)}, {_desc(vb)}); NumPy "
+                         f"refuses it too: use ^ or cast with .astype first")
     return g.add(op, dt, shape, (va.id, vb.id))
 
 
@@ -384,6 +389,8 @@ def pow(x: object, y: object) -> Value:  # noqa: A001
             return _binary("div", 1, x)
         if isinstance(y, float) and y in (0.0, 1.0, 2.0):
             y = int(y)
+    if isinstance(x, Value) and x.dtype.kind == "b" and type(y) is int:  # NumPy: int64 as
+        x = astype(x, int8 if y == 2 else int64)  # bool + int (** 2: np.square's int8), no and
     if isinstance(x, Value) and isinstance(y, int) and not isinstance(y, bool):
         if x.dtype.kind in "iu" and y < 0 and _from_dims(x):
             return pow(astype(x, float64), y)  # a size is a Python int: n ** -1 is a float

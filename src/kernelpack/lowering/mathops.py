@@ -65,7 +65,7 @@ def unary(em: "Emitter", op: str, x: Val, dt: DType, out: DType) -> Val:
             if isinstance(x[0], ir.Constant) and x[0].constant == 0.0:
                 return (c, s)  # exp of an imaginary value: no exp, no multiplies
             mag = libm(em, "exp", dt.real, x[0])
-            return (b.fmul(mag, c), b.fmul(mag, s))
+            return _cexp_specials(em, x, (b.fmul(mag, c), b.fmul(mag, s)))
         raise CompileError(f"{op} of a complex tensor is not supported by the lowering")
     if dt.kind in "iub":
         if op == "neg":
@@ -101,6 +101,28 @@ def unary(em: "Emitter", op: str, x: Val, dt: DType, out: DType) -> Val:
               "floor", "ceil"):
         return libm(em, op, dt, x)
     raise CompileError(f"unsupported unary operator {op!r} for {dt}")
+
+
+def _cexp_specials(em: "Emitter", x: Val, prod: tuple[ir.Value, ir.Value]) -> Val:
+    """C99 Annex G's (and NumPy's) ``exp`` of an infinite or NaN part, where the product
+    ``e^re · (cos im + i sin im)`` makes a NaN of ``inf · 0`` or ``0 · NaN``: a zero imaginary
+    part stays itself (``exp(inf+0j)`` is ``inf+0j``, ``exp(nan+0j)`` is ``nan+0j``); with a
+    non-finite imaginary part, ``re = +inf`` gives ``inf+nanj`` and ``re = -inf`` gives ``0j``."""
+    b = em.b
+    re, im = x
+    t = re.type
+    inf, zero = ir.Constant(t, float("inf")), ir.Constant(t, 0.0)
+    im_nonfinite = b.fcmp_unordered("==", call_function(b, f"llvm.fabs.{_fname(t)}", t, [im]),
+                                    inf)  # NaN or +-inf
+    pos = b.and_(im_nonfinite, b.fcmp_ordered("==", re, inf))
+    neg = b.and_(im_nonfinite, b.fcmp_ordered("==", re, ir.Constant(t, float("-inf"))))
+    real = b.select(neg, zero, b.select(pos, re, prod[0]))
+    imag = b.select(neg, zero, b.select(pos, b.fsub(im, im), prod[1]))
+    return (real, b.select(b.fcmp_ordered("==", im, zero), im, imag))
+
+
+def _fname(t: ir.Type) -> str:
+    return "f32" if isinstance(t, ir.FloatType) else "f64"
 
 
 def _hypot(em: "Emitter", dt: DType, re: ir.Value, im: ir.Value) -> ir.Value:
