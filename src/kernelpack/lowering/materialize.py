@@ -11,7 +11,9 @@ Such a reduction is *materialized*: a stage of its own (scheduled like any other
 the stages that read it) writes it to a workspace of its shape, declared as the program's
 scratch (``{fusion}_m{k}``), and its readers load it from there (an ``input`` node naming the
 workspace). Each materialized reduction gets its own stage, in dependency order, so no kernel
-reads a workspace it is writing.
+reads a workspace it is writing; column reductions of one source shape and axis block that do
+not read one another share one (:func:`.schedule.plan`: one split kernel reads the source
+once for a mean, a max and a sum of the same columns).
 
 Column reductions below such a stage (``x.sum(axis=0)`` read by other work of its shape) are
 materialized too, broadcast or not: a stage whose outputs are column reductions alone splits
