@@ -15,6 +15,18 @@ a row kernel (:mod:`.rows`) over the outputs whose rows are the ``S`` partials o
 per output up to :data:`WARP_SPLITS` partials and a block beyond; it combines them, finalizes
 (``mean`` divides by the reduced length) and writes the outputs.
 
+The split threads' sums are plain (float32 and narrower terms accumulate in float64; float64
+terms in float64, uncompensated): a thread takes at most an eighth of a column (``S >= 8``),
+usually a few dozen terms, spread over its :data:`UNROLL` accumulators, and the partials then
+combine in a tree.
+Neumaier's compensation, as the general schedule's single loop carries, made float64 column
+sums 50-60% slower on an H200 (8192 x 8192: 0.245 against 0.148 ms; torch 0.139) and float32
+ones twice as slow, for error that is already NumPy's pairwise level.
+
+Constants measured on an H200 (benchmarks/_columns_sweep.py, notes/column-perf.md): 2^19
+target threads against 2^18 and 2^20, 4 accumulators against 8 (8 was slower for float64 and
+no faster for float32).
+
 When ``S`` would be small (short reductions, or so many outputs that one thread each already
 fills the GPU) the stage keeps the general schedule, chosen at run time by the variants'
 predicates. Only stages whose outputs are exactly such reductions, of one source shape and
@@ -30,15 +42,14 @@ from ..expr import Expr, cdiv, const, emax, emin, ge, land, le
 from ..graph import Graph
 from ..summary import Scratch
 from .codegen import Ctx, Emitter, acc_dtype
-from ..dtypes import DType
-from .irutil import I64, Val, component, convert, sreg
-from .mathops import combine, fabs, identity, neumaier_add
+from .irutil import I64, convert, sreg
+from .mathops import combine, identity
 from .schedule import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS, Choice, KernelSpec
 
 __all__ = ["column_axes", "base_reduction", "column_group", "column_choices", "split", "emit_split", "TARGET_THREADS",
            "ROWS_MIN", "SPLIT_MIN", "SPLIT_MAX", "WARP_SPLITS", "UNROLL"]
 
-TARGET_THREADS = 1 << 18  # split threads to aim for: ~2000 resident per SM on 132 SMs
+TARGET_THREADS = 1 << 19  # split threads to aim for (about 4000 per SM of an H200)
 ROWS_MIN = 16             # reduced indices per split thread at least (4 unrolled iterations)
 SPLIT_MIN = 8             # fewer splits than this: the general schedule (one thread each)
 SPLIT_MAX = 16384         # partials per output at most (the final kernel reads them all)
@@ -176,15 +187,8 @@ def emit_split(em: Emitter, spec: KernelSpec) -> None:
         base = b.add(b.mul(b.mul(o, length), inner), within)
         sets = [{r: em.acc_slots(dt, identity(g.nodes[r].attrs[0], dt))
                  for r, dt in accs_of.items()} for _ in range(UNROLL)]
-        # float sums carry Neumaier's compensation (as the general schedule's loop does):
-        # free in a memory-bound loop, and a thread's partial is then its terms' sum
-        # rounded once (1e16, 1, -1e16 ... keeps its ones)
-        comps_ = [{r: em.acc_slots(dt, ir.Constant(component(dt), 0.0))
-                   for r, dt in accs_of.items() if _compensated(g.nodes[r].attrs[0], dt)}
-                  for _ in range(UNROLL)]
-
         def term(u: int, t: ir.Value) -> None:
-            accs, comp = sets[u], comps_[u]
+            accs = sets[u]
             comps = kept[:lo] + em.unravel(t, red_dims) + kept[lo:]
             em.push()
             ctx = Ctx(src_shape, comps, b.add(base, b.mul(t, inner)))
@@ -192,11 +196,8 @@ def emit_split(em: Emitter, spec: KernelSpec) -> None:
                 node = g.nodes[r]
                 srcnode = g.nodes[node.inputs[0]]
                 v = convert(b, em.value(srcnode.id, ctx), srcnode.dtype, dt)
-                if r in comp:
-                    neumaier_add(b, accs[r][0], comp[r][0], v)
-                else:
-                    em.acc_store(accs[r], combine(em, node.attrs[0], dt,
-                                                  em.acc_load(accs[r], dt), v))
+                em.acc_store(accs[r], combine(em, node.attrs[0], dt, em.acc_load(accs[r], dt),
+                                              v))
             em.pop()
 
         # this thread's indices s, s + S, ...: `count` of them, UNROLL at a time, then the rest
@@ -214,16 +215,8 @@ def emit_split(em: Emitter, spec: KernelSpec) -> None:
         for (ws, r) in spec.outputs:
             dt = accs_of[r]
             kind = g.nodes[r].attrs[0]
-            acc: Val | None = None
-            for accs, comp in zip(sets, comps_):
-                part = em.acc_load(accs[r], dt)
-                if r in comp:  # an infinite term makes the compensation NaN: the sum then
-                    e = em.acc_load(comp[r], dt)
-                    finite = b.fcmp_ordered("<", fabs(b, e), ir.Constant(e.type, float("inf")))
-                    part = b.select(finite, b.fadd(part, e), part)
-                acc = part if acc is None else combine(em, kind, dt, acc, part)
+            acc = em.acc_load(sets[0][r], dt)
+            for accs in sets[1:]:
+                acc = combine(em, kind, dt, acc, em.acc_load(accs[r], dt))
             em.store(ws, dt, slot, acc)
 
-
-def _compensated(kind: str, dt: DType) -> bool:
-    return kind in ("sum", "mean") and dt.kind == "f"
