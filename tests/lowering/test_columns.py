@@ -51,7 +51,7 @@ def test_column_statistics_match_numpy(shape):
 
 def test_each_predicate_picks_its_kernels():
     p = _program(colstats)
-    # splits S = min(cdiv(2^18, b), cdiv(a, 16), 16384): 8..512 a warp combines them, more a
+    # splits S = min(cdiv(2^19, b), cdiv(a, 16), 16384): 8..512 a warp combines them, more a
     # block; fewer than 8 (short columns, or so many that a thread each fills the GPU) the
     # general schedule. One split kernel reads x once for all four statistics' stages
     # with the same axes and shape (the max, kept 2-D, is a stage of its own).
@@ -59,12 +59,12 @@ def test_each_predicate_picks_its_kernels():
                                         "colstats_1_colsplit", "colstats_1_colfinalwarp"]
     assert _kernels(p, x=(100000, 64))[1] == "colstats_0_colfinalblock"
     assert _kernels(p, x=(100, 64)) == ["colstats_0_pointwise", "colstats_1_pointwise"]
-    assert _kernels(p, x=(10**6, 2**16)) == ["colstats_0_pointwise", "colstats_1_pointwise"]
+    assert _kernels(p, x=(10**6, 2**17)) == ["colstats_0_pointwise", "colstats_1_pointwise"]
     big = p.plan(x=(100000, 64))
     split = big.launches[0]
-    assert split.grid[0] == 4096 * 64 // 256  # S = 4096 splits of 64 columns
+    assert split.grid[0] == -(-6250 * 64 // 256)  # S = cdiv(100000, 16) splits of 64 columns
     ws = big.allocations["colstats_0_col0"]
-    assert ws.kind == "scratch" and ws.nbytes == 64 * 4096 * 8  # float64 partials
+    assert ws.kind == "scratch" and ws.nbytes == 64 * 6250 * 8  # float64 partials
     # three statistics of one shape share the predicates: 3 variants, not 3 * 3
     assert len(p.summary.variants) == 3
 
