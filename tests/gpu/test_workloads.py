@@ -167,13 +167,19 @@ def test_unaligned_views_take_the_scalar_path():
 
     c = kp.compile(saxpy, targets=["sm_90"])
     prog = kp.load(kp.save([c]))["saxpy"]
-    base = torch.randn(10_001, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    base = torch.randn(10_001, device="cuda", generator=gen)
     for n in (1, 4, 5, 4099):
         x, y = base[1:n + 1], base[2:n + 2]  # 4 and 8 bytes past a 16-byte boundary
         out = torch.full((n,), float("nan"), device="cuda")
         prog(x, y, out=out)
         ref = 3.0 * x.double() + y.double()
-        _check(out.cpu().numpy(), ref.cpu().numpy(), 1e-6, f"unaligned n={n}")
+        # relative to the terms' size: 3x + y of one element may cancel to almost nothing
+        # (an unseeded run once drew 9e-4 relative to such a result, all of it float32
+        # rounding of the terms)
+        scale = float((3.0 * x.double().abs() + y.double().abs()).max())
+        err = float((out.double() - ref).abs().max()) / scale
+        assert err <= 1e-6, f"unaligned n={n}: error {err:.3e} of the terms' size"
 
 
 def test_masked_mean_on_unaligned_rows_takes_the_scalar_tiles():
