@@ -75,6 +75,12 @@ def _load(path: str, trusted_keys: Sequence[str] | None = None) -> Any:
     if not os.path.isfile(path):
         raise CLIError(f"{path}: no such file" if not os.path.exists(path)
                        else f"{path}: not a regular file")
+    if trusted_keys:
+        from .signing import load_public_key
+
+        # read every --trusted-key before the artifact: the loader reads them only for a
+        # signed file, so a mistyped key path was reported as "artifact is unsigned"
+        trusted_keys = [load_public_key(k) for k in trusted_keys]  # type: ignore[misc]
     return load(path, trusted_keys=list(trusted_keys) if trusted_keys else None)
 
 

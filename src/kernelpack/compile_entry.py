@@ -43,6 +43,16 @@ class Options:
         return dataclasses.asdict(self)
 
 
+def _target_items(targets: Any) -> Any:
+    """``targets`` as a tuple when it is an iterable other than a str/bytes (which
+    :func:`parse_target_list` refuses, naming them): a generator is read once here, since the
+    key and the build each iterate it, and the build saw it exhausted ("targets name no
+    architecture (got [])") while the same call without a cache compiled."""
+    if isinstance(targets, (str, bytes)) or not hasattr(targets, "__iter__"):
+        return targets
+    return tuple(targets)
+
+
 def static_dims(f: Fusion, static: Mapping[str, int] | None) -> tuple[tuple[str, int], ...]:
     """``static=`` checked against ``f``'s dims (:meth:`Fusion.static_dims`), normalized:
     sorted ``(dim name, size)`` pairs."""
@@ -55,6 +65,7 @@ def fusion_key(f: Fusion, targets: Sequence[str], static: Mapping[str, int] | No
     errors as the compile itself for a bad fusion, target list or option."""
     if not isinstance(f, Fusion):
         raise TypeError(f"kp.compile takes a @kp.fusion function (got {f!r})")
+    targets = _target_items(targets)
     parse_target_list(targets)
     opts = Options.parse(options)
     from .cache import make_key
@@ -70,6 +81,7 @@ def compile(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,  #
     if cache is not None and not callable(getattr(cache, "fetch_or_compile", None)):
         raise TypeError(f"cache= takes a kp.Cache (got {type(cache).__name__}: {cache!r:.60}); "
                         f"kp.Cache(path) uses a directory")
+    targets = _target_items(targets)
     if cache is None:
         from .lowering import compile_fusion
 
