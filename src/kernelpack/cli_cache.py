@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import config
+from .cli import _size
 
 __all__ = ["register", "resolve_digest"]
 
@@ -40,8 +41,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p = add("prune", _cmd_prune, "evict least-recently-used entries down to the cap and remove "
                                  "temporary files left by killed writers")
-    p.add_argument("--max-bytes", type=_non_negative(int), default=None,
-                   help="size to evict down to (default: $KERNELPACK_CACHE_MAX_BYTES)")
+    p.add_argument("--max-bytes", type=_size, default=None, metavar="SIZE",
+                   help="size to evict down to (default: $KERNELPACK_CACHE_MAX_BYTES; K/M/G/T "
+                        "suffixes are powers of 1024, as for extract --max-bytes)")
     p.add_argument("--temp-age", type=_non_negative(float), default=3600.0, metavar="SECONDS",
                    help="remove temporary files older than this (default 3600)")
     add("clear", _cmd_clear, "remove every entry, key record and quarantined file")

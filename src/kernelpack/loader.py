@@ -421,6 +421,10 @@ def load(path_or_bytes: object, *, trusted_keys: Iterable[object] | None = None)
         trusted_keys = [trusted_keys]
     elif trusted_keys is not None:
         trusted_keys = list(trusted_keys)
+    if trusted_keys is not None:  # a mistyped key path is named now, not as "unsigned" later
+        from .signing import load_public_key
+
+        trusted_keys = [load_public_key(k) for k in trusted_keys]
     try:
         buf, file = _open(path_or_bytes)
         return Pack(buf, trusted_keys=trusted_keys, file=file)
