@@ -89,11 +89,23 @@ def base_reduction(graph: Graph, nid: int) -> int:
 def column_group(graph: Graph, outputs: list[int]) -> list[int] | None:
     """The column reductions a stage with these output nodes computes (each output is one
     of them, possibly without ``keepdims``), when they share one source shape and axis block
-    (:func:`column_axes`): the stage can take the split schedule. Else None."""
+    (:func:`column_axes`) and none of them reads another: the stage can take the split
+    schedule. Else None.
+
+    A reduction below another's terms (``m = x.mean(0)`` returned beside
+    ``((x - m) ** 2).sum(0)``) would be recomputed inline for every term the split kernel
+    reads: a loop over the whole column per term (K² loads per column). Such a group goes
+    to the general schedule instead, whose reductions :mod:`.materialize` gives stages of
+    their own, in dependency order, each split. (A reduction outside the group below one
+    of them, ``x.sum(2).sum(0)``, does not count here: :func:`column_choices` then finds
+    the stage's reductions differ from the group's.)"""
     bases = [base_reduction(graph, n) for n in outputs]
     keys = {(column_axes(graph, r), graph.nodes[graph.nodes[r].inputs[0]].shape)
             if graph.nodes[r].op == "reduce" else None for r in bases}
     if len(keys) != 1 or None in keys or next(iter(keys))[0] is None:
+        return None
+    below = graph.reachable([graph.nodes[r].inputs[0] for r in set(bases)])
+    if any(n in bases for n in below):
         return None
     return sorted(set(bases))
 

@@ -80,7 +80,8 @@ def materialize(graph: Graph, general: Iterable[Sequence[int]]
     groups = [list(g) for g in general]
     below = graph.reachable([n for g in groups for n in g])
     # a stage whose outputs are themselves column reductions of one source and axis block
-    # takes the split schedule once what they read is materialized: they stay
+    # takes the split schedule once what they read is materialized: they stay (not when
+    # one reads another, `m` and `((x - m) ** 2).sum(0)`: each then gets a stage of its own)
     kept = {n for g in groups for n in (column_group(graph, g) or ())}
     chosen = [n.id for n in graph.nodes
               if n.id in below and n.op == "reduce" and (

@@ -221,6 +221,12 @@ def plan(graph: Graph, general: frozenset[int] = frozenset(),
     for gi, outs in enumerate(groups.values()):
         shape = graph.nodes[outs[0][1]].shape
         stage = _stage(graph, f"{graph.name}_{gi}", shape, outs, gi in general, taken)
+        # nothing after an unconditional alternative can run (a column stage whose static
+        # dims always give enough splits): neither compile nor list it as a variant
+        always = next((i for i, c in enumerate(stage.alternatives) if c.predicate is None),
+                      len(stage.alternatives) - 1)
+        if always < len(stage.alternatives) - 1:
+            stage = Stage(stage.outputs, stage.alternatives[:always + 1], stage.general)
         spaces = tuple(Scratch(name, graph.nodes[nid].dtype, graph.nodes[nid].shape)
                        for name, nid in outs if name in workspaces)
         if spaces:
