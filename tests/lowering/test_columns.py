@@ -15,7 +15,7 @@ import pytest
 
 import kernelpack as kp
 from kernelpack.lowering import columns, pipeline
-from kernelpack.lowering.schedule import plan
+from kernelpack.lowering.schedule import plan, variants
 
 from .simt import Kernels, assert_close
 
@@ -147,3 +147,22 @@ def test_narrow_and_complex_columns(dtype, tol):
     ref = x.astype(np.complex128 if dtype is np.complex128 else np.float64)
     assert_close(s, ref.sum(0), tol, "sum")
     assert_close(m, ref.mean(0), tol, "mean")
+
+
+def test_trimming_to_the_variant_limit_keeps_lockstep_stages_together():
+    """Four tensors' column sums, each also returned with keepdims (two stages in lockstep
+    per tensor): 3^4 = 81 combinations exceed MAX_VARIANTS (64). The widest stage loses its
+    block final; its lockstep partner must lose the same one, or the pair would count as
+    3 x 2 independent combinations and the trimming would go on removing alternatives."""
+
+    @kp.fusion
+    def four(a: T[kp.f32, "p", "q"], b: T[kp.f32, "r", "s"], c: T[kp.f32, "t", "u"],
+             d: T[kp.f32, "v", "w"]):
+        return (a.sum(0), b.sum(0), c.sum(0), d.sum(0),
+                a.max(0, keepdims=True), b.max(0, keepdims=True), c.max(0, keepdims=True),
+                d.max(0, keepdims=True))
+
+    b = pipeline.run(pipeline.new_build(four, ["sm_80"], None, {}), stop="schedule")
+    widths = [len(st.alternatives) for st in b.stages]
+    assert widths == [2, 3, 3, 3, 2, 3, 3, 3], widths  # one pair trimmed, together
+    assert len(variants(list(b.stages))) == 2 * 3 * 3 * 3

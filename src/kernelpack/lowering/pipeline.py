@@ -101,6 +101,13 @@ def fit_variants(stages: Sequence[Stage], most: int = MAX_VARIANTS) -> tuple[Sta
         conditional = [j for j, c in enumerate(alts[i]) if c.predicate is not None]
         if not conditional:
             break
+        # stages in lockstep with this one (the same predicates: column stages over one
+        # tensor's columns) lose the same alternative, so that they stay in lockstep: trimming
+        # one alone made them independent, multiplied the count and cost more alternatives
+        key = [c.predicate for c in alts[i]]
+        for k in range(len(alts)):
+            if k != i and [c.predicate for c in alts[k]] == key:
+                del alts[k][conditional[-1]]
         del alts[i][conditional[-1]]
     return tuple(st if len(a) == len(st.alternatives)
                  else dataclasses.replace(st, alternatives=tuple(a))
