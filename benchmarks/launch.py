@@ -14,7 +14,10 @@ wrapper), kernelpack with
 the runtime's entry (``program._kp_bound.call``, i.e. without ``Program.__call__``), the
 ``out=`` call asking the driver for the current context on every call (what the fast path
 does with several GPUs), kernelpack with cupy arrays (out= and allocating), CuPy ``RawModule`` kernel (the same
-cubin), a Triton kernel, and the torch op ``torch.add(y, x, alpha=a)``. It also prints the
+cubin), a Triton kernel, and the torch op ``torch.add(y, x, alpha=a)``. The CuPy and Triton
+kernels write a preallocated output; each also has an "allocating" row that makes its output
+first (``cupy.empty_like`` / ``torch.empty_like``), the like-for-like peer of kernelpack
+allocating. It also prints the
 cost of the pieces of a call (torch attribute reads, allocation forms, a lock, ...).
 
 kernelpack launches through its C extension unless ``KERNELPACK_NATIVE_LAUNCH=0`` (then through
@@ -153,10 +156,16 @@ def cupy_launcher(pack, x, y):  # type: ignore[no-untyped-def]
     def run() -> None:
         kern(grid, (256,), (xc, yc, zc, a, n))
 
-    return run, zc, xc, yc
+    def run_allocating():  # type: ignore[no-untyped-def]
+        out = cp.empty_like(xc)
+        kern(grid, (256,), (xc, yc, out, a, n))
+        return out
+
+    return run, run_allocating, zc, xc, yc
 
 
 def triton_launcher(x, y, z):  # type: ignore[no-untyped-def]
+    import torch
     import triton
     import triton.language as tl
 
@@ -172,7 +181,12 @@ def triton_launcher(x, y, z):  # type: ignore[no-untyped-def]
     def run() -> None:
         axpby_kernel[grid](x, y, z, A, N, BLOCK=256)
 
-    return run
+    def run_allocating():  # type: ignore[no-untyped-def]
+        out = torch.empty_like(x)
+        axpby_kernel[grid](x, y, out, A, N, BLOCK=256)
+        return out
+
+    return run, run_allocating
 
 
 def measure(fns: dict[str, Callable[[], None]], sync: Callable[[], None], launches: int,
@@ -314,18 +328,21 @@ def main() -> int:
         fns["before: kernelpack allocating (runtime entry only)"] = \
             lambda: before(args, None, None)
     try:
-        run_cp, zc, xc, yc = cupy_launcher(pack, x, y)
+        run_cp, run_cp_alloc, zc, xc, yc = cupy_launcher(pack, x, y)
         fns["cupy RawModule kernel"] = run_cp
+        fns["cupy RawModule kernel, allocating (cupy.empty_like)"] = run_cp_alloc
         fns["kernelpack out= (cupy arrays)"] = lambda: prog(xc, yc, A, out=zc)
         fns["kernelpack allocating (cupy arrays)"] = lambda: prog(xc, yc, A)
     except Exception as exc:  # report, do not hide: the peer is missing on this machine
         notes.append(f"cupy unavailable: {type(exc).__name__}: {exc}")
         zc = None
     try:
-        fns["triton kernel"] = triton_launcher(x, y, z)
+        fns["triton kernel"], fns["triton kernel, allocating (torch.empty_like)"] = \
+            triton_launcher(x, y, z)
         fns["triton kernel"]()
     except Exception as exc:
         fns.pop("triton kernel", None)
+        fns.pop("triton kernel, allocating (torch.empty_like)", None)
         notes.append(f"triton unavailable: {type(exc).__name__}: {exc}")
     fns["torch.add(y, x, alpha=a)"] = lambda: torch.add(y, x, alpha=A)
 
@@ -337,8 +354,11 @@ def main() -> int:
         torch.cuda.synchronize()
         res = fn()
         torch.cuda.synchronize()
-        if name == "kernelpack allocating (cupy arrays)":
+        if name in ("kernelpack allocating (cupy arrays)",
+                    "cupy RawModule kernel, allocating (cupy.empty_like)"):
             got = torch.as_tensor(res, device="cuda")
+        elif name == "triton kernel, allocating (torch.empty_like)":
+            got = res
         elif "cupy" in name:
             got = torch.as_tensor(zc, device="cuda")
         elif "kernelpack allocating" in name:
@@ -379,10 +399,15 @@ def main() -> int:
     if c_name in result:
         lines.append(f"- kernelpack out= / C-extension floor = {kp_out / result[c_name]:.2f} "
                      f"(the driver's own cost plus one C call)")
-    for peer in ("cupy RawModule kernel", "triton kernel"):
+    for peer, alloc in (("cupy RawModule kernel", "cupy.empty_like"),
+                        ("triton kernel", "torch.empty_like")):
         if peer in result:
             lines.append(f"- kernelpack out= / {peer} = {kp_out / result[peer]:.2f}, allocating / "
                          f"{peer} = {kp_alloc / result[peer]:.2f} (target < 1)")
+        both = f"{peer}, allocating ({alloc})"
+        if both in result:
+            lines.append(f"- like for like, both allocating their output: kernelpack allocating / "
+                         f"{both} = {kp_alloc / result[both]:.2f}")
     cupy_out, cupy_raw = result.get("kernelpack out= (cupy arrays)"), \
         result.get("cupy RawModule kernel")
     if cupy_out and cupy_raw:
