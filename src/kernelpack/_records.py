@@ -52,3 +52,21 @@ class FrozenRecord(Record):
 
     def __hash__(self) -> int:
         return hash(self._fields())
+
+    def __reduce__(self) -> tuple:
+        """Pickle and copy by fields: the default restores slots with ``setattr``, which
+        :meth:`__setattr__` refuses (``copy.copy(pack.signature)`` raised AttributeError)."""
+        return (_rebuild, (self.__class__, self._fields()))
+
+
+def _rebuild(cls: type, values: tuple) -> FrozenRecord:
+    """A :class:`FrozenRecord` of class ``cls`` with ``values`` in ``__slots__`` order, made
+    without ``__init__`` (whose parameters differ from class to class)."""
+    if not (isinstance(cls, type) and issubclass(cls, FrozenRecord)):
+        raise TypeError(f"cannot rebuild a FrozenRecord as {cls!r}")
+    if len(values) != len(cls.__slots__):
+        raise TypeError(f"{cls.__name__} has {len(cls.__slots__)} fields "
+                        f"{list(cls.__slots__)} (got {len(values)} values)")
+    record = object.__new__(cls)
+    record._set(**dict(zip(cls.__slots__, values)))
+    return record

@@ -131,6 +131,18 @@ class Expr:
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self) -> tuple:
+        """Pickle by structure, never the cached ``_hash``: ``hash(str)`` differs between
+        processes (PYTHONHASHSEED), so a stored hash made an expression sent to a spawned
+        worker unequal to the worker's own ``kp.sym("n")``."""
+        return (Expr, (self.op, self.args, self.value))
+
+    def __copy__(self) -> "Expr":
+        return self  # immutable
+
+    def __deepcopy__(self, memo: dict) -> "Expr":
+        return self
+
     def __bool__(self) -> bool:
         if self.op == "const":
             return bool(self.value)

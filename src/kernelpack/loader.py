@@ -71,6 +71,12 @@ class ModuleInfo:
     def __repr__(self) -> str:
         return f"ModuleInfo({self.name}, kernels={list(self.kernels)}, images={[i.target for i in self.images]})"
 
+    def __reduce__(self) -> Any:
+        # (was "cannot pickle memoryview objects": its images read from the pack's buffer)
+        raise TypeError(f"a loaded ModuleInfo ({self.name!r}) cannot be pickled or copied: it "
+                        f"reads from its pack's buffer; send .module() (a kp.Module) or "
+                        f"pack.compiled(name) instead")
+
 
 class _PythonCall:
     """How a :class:`Program` is called without the C extension; with it, the extension's
@@ -260,7 +266,9 @@ class Pack:
             if index is None:
                 shown = ", ".join(self._names[:20]) + (" ..." if len(self._names) > 20 else "")
                 raise KeyError(f"no program {name!r} in this pack (has: {shown or 'none'})")
-            handle = self._handles[name] = Program(self, name, index)
+            # setdefault: threads asking at once all get one Program (one binding, one
+            # planner), not each its own
+            handle = self._handles.setdefault(name, Program(self, name, index))
         return handle
 
     def __contains__(self, name: object) -> bool:

@@ -8,6 +8,7 @@ primary context lives as long as the process, like the frameworks' own.
 
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -81,6 +82,28 @@ class Device:
 _devices: dict[int, Device] = {}
 _lock = threading.Lock()
 _count: int | None = None
+# Set in a child forked after this process initialized CUDA: the driver cannot be used there
+# (CUDA is not fork-safe), and the parent's contexts and handles mean nothing in it.
+_forked_after_init = False
+
+FORK_MESSAGE = ("CUDA was initialized in the parent process before it forked; a forked child "
+                "cannot use it (CUDA is not fork-safe). Start GPU workers with multiprocessing's "
+                "'spawn' or 'forkserver' start method (multiprocessing.get_context('spawn')), "
+                "or fork before the first launch")
+
+
+def _after_fork_in_child() -> None:
+    """Forget the parent's devices and its lock (held by a thread that does not exist here,
+    it would hang the child's first launch); remember whether CUDA was live in the parent."""
+    global _lock, _devices, _forked_after_init
+    _lock = threading.Lock()
+    if _devices or _drv._initialized.is_set():
+        _forked_after_init = True
+    _devices = {}
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def device_count() -> int:
@@ -97,7 +120,10 @@ def device_count() -> int:
 
 
 def get_device(ordinal: int) -> Device:
-    """The :class:`Device` for ``ordinal``, created once per process."""
+    """The :class:`Device` for ``ordinal``, created once per process. DeviceError in a child
+    forked after the parent initialized CUDA (see :data:`FORK_MESSAGE`)."""
+    if _forked_after_init:
+        raise DeviceError(FORK_MESSAGE)
     dev = _devices.get(ordinal)
     if dev is None:
         with _lock:
@@ -110,6 +136,8 @@ def get_device(ordinal: int) -> Device:
 def current_device_ordinal() -> int:
     """The device of the calling thread's current context, or 0 when none is current (the
     default for callers that pass no device arrays)."""
+    if _forked_after_init:
+        raise DeviceError(FORK_MESSAGE)
     drv = _drv.init()
     ctx = _drv.check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
     if ctx is None or int(ctx) == 0:

@@ -15,6 +15,7 @@ The summary is evaluated in one place, so a call's errors are ``program.plan(...
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import weakref
@@ -71,6 +72,17 @@ class BoundProgram:
         self.call: Any = self.__call__
         self._fast_for: frozenset[str] = frozenset()
         self._fast_pending = False
+        _live.add(self)  # so that a forked child can drop this process's launch state
+
+    def _forget_devices(self) -> None:
+        """After ``fork``, in the child: the parent's per-device state (its loaded functions,
+        the fast path built on them) is not valid here, and the lock may be held by a parent
+        thread that does not exist in the child. The next call binds again from scratch."""
+        self._lock = threading.Lock()
+        self._states = {}
+        self._fast_for = frozenset()
+        self._fast_pending = False
+        self.call = self.__call__
 
     # ---- per device ------------------------------------------------------------------------
     def state(self, ordinal: int) -> _DeviceState:
@@ -257,6 +269,21 @@ def _out_adapter(out: Any) -> Adapter | None:
 # reference to its program, or the entry would keep the program alive.
 _bound: dict[int, tuple[Callable[[], Any], BoundProgram]] = {}
 _bind_lock = threading.Lock()
+# Every BoundProgram alive, weakly: what _after_fork_in_child resets.
+_live: "weakref.WeakSet[BoundProgram]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """The forked child keeps the parent's objects, not its GPU state: each bound program
+    forgets its devices (a later call loads again, or says why CUDA cannot be used here)."""
+    global _bind_lock
+    _bind_lock = threading.Lock()
+    for bp in list(_live):
+        bp._forget_devices()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def bind(program: Any) -> BoundProgram:

@@ -19,6 +19,7 @@ found is unloaded before the error propagates, and nothing is recorded in the re
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -58,6 +59,19 @@ _libraries: dict[tuple, LoadedLibrary] = {}
 # selection key (see _selection_key) -> (index of the chosen image, reason per image)
 _selections: dict[tuple, tuple[int, list[str]]] = {}
 _lock = threading.RLock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with nothing loaded: the parent's ``CUlibrary`` handles are not
+    valid in it, and its lock may be held by a parent thread that does not exist here."""
+    global _lock, _libraries, _selections
+    _lock = threading.RLock()
+    _libraries = {}
+    _selections = {}
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def loaded_libraries() -> list[LoadedLibrary]:
