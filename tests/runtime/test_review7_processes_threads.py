@@ -168,3 +168,21 @@ def test_forked_child_does_not_hang_on_a_lock_held_by_a_parent_thread(fake) -> N
         release.set()
         t.join()
     assert text == "[]", text
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_the_driver_lock_is_fresh_in_a_forked_child() -> None:
+    """A thread inside driver.init() holds its lock at the fork: the child must not inherit
+    a lock nobody will release."""
+    from kernelpack.runtime import driver
+
+    driver._lock.acquire()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: the lock must be free
+            ok = driver._lock.acquire(timeout=2)
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        driver._lock.release()
+    assert os.WEXITSTATUS(status) == 0

@@ -15,6 +15,7 @@ driver's own name for the failure is always in the message.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import Any
@@ -53,6 +54,17 @@ class CudaResultError(Exception):
 _lock = threading.Lock()
 _driver: Any = None
 _init_error: KernelPackError | None = None
+
+
+def _fresh_lock_in_child() -> None:
+    """A parent thread inside :func:`init` when the process forked holds ``_lock`` forever in
+    the child: its first launch would hang instead of reaching device.py's fork check."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def bindings() -> Any:
