@@ -45,7 +45,7 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
              shared_mem: ExprLike = 0, *, ptx: PtxSource | None = None,
              cubin: bytes | Mapping[str, bytes] | None = None,
              llvm_ir: PtxSource | None = None, cuda: PtxSource | None = None,
-             nvrtc_options: Sequence[str] = (),
+             nvrtc_options: Sequence[str] = (), headers: Mapping[str, str | bytes] | None = None,
              targets: Sequence[str] = ("sm_80", "sm_90"), args: Sequence[ArgLike] | None = None,
              module: str | None = None, constraints: Iterable[object] = (),
              scratch: Sequence[Scratch] = (), count: ExprLike | None = None,
@@ -83,7 +83,8 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
         Instead of ``ptx``: CUDA C/C++ source text (``str``/``bytes``) or a path to a ``.cu``
         file, compiled with NVRTC (``nvidia-cuda-nvrtc``, in ``kernelpack[compile]``; imported
         only here): a cubin per ``sm_XY`` target straight from NVRTC, and PTX for the lowest
-        architecture of ``targets`` when ``"ptx"`` is in them (for each explicit
+        architecture of ``targets`` when ``"ptx"`` is in them (as for ``llvm_ir``, without
+        its ``a``/``f`` suffix when the targets span several architectures; for each explicit
         ``compute_XY``, that one), recording its ISA and target like ``ptx=``. Every image
         records the toolchain (``"NVRTC 13.5"``) and its CUDA version. An ``extern "C"``
         entry is named as written; a C++ kernel by a name expression (``entry="scale<float>"``,
@@ -95,6 +96,9 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
         Extra NVRTC flags for ``cuda=`` (``["-DBLOCK=256", "--use_fast_math", "-std=c++17"]``).
         Flags that set the architecture or the output kind (``-arch``, ``-rdc``, ``-dlto``,
         ...) are refused: the targets decide them.
+    headers:
+        For ``cuda=``: ``{"defs.h": text, ...}``, files that ``#include "defs.h"`` finds
+        without ``-I`` (the source's headers given as text: nothing is read from disk).
     args:
         The kernel's arguments in order. Default: every parameter in order (a tensor binds its
         device pointer, a scalar its value). Items are :class:`~kernelpack.Arg`, a parameter or
@@ -138,12 +142,17 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
     # Read once, here: a generator would be exhausted by the first of the several passes below.
     targets = _sequence(targets, "targets")
     nvrtc_flags: tuple[str, ...] = ()
+    header_texts: tuple[tuple[str, bytes], ...] = ()
     if cuda is not None:
-        from .toolchain.nvrtc import check_options  # light: cuda.bindings loads on first compile
+        # light: cuda.bindings loads on the first compile
+        from .toolchain.nvrtc import check_headers, check_options
 
         nvrtc_flags = check_options(nvrtc_options)
+        header_texts = check_headers(headers)
     elif nvrtc_options:
         raise TypeError(f"nvrtc_options= applies only to cuda= (got it with {given[0]}=)")
+    elif headers:
+        raise TypeError(f"headers= applies only to cuda= (got it with {given[0]}=)")
     module_name = name if module is None else module
     params = _sequence(params, "params")
     for p in params:
@@ -171,7 +180,8 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
         ptx, ptx_toolchain = ptx_from_llvm_ir(read_source(llvm_ir, "llvm_ir"), targets)
     if cuda is not None:
         images, kernel = images_from_cuda(read_source(cuda, "cuda"), entry, targets,
-                                           nvrtc_flags, program=f"{name}.cu")
+                                           nvrtc_flags, program=f"{name}.cu",
+                                           headers=header_texts)
         if kernel != entry:  # a C++ name expression: the program launches the mangled name
             summary = summary_of(dataclasses.replace(launch, kernel=kernel))
         # What NVRTC made of the C signature: one source, so the first image that says it

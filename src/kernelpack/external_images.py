@@ -33,21 +33,29 @@ _ELF_MAGIC = b"\x7fELF"
 _EM_CUDA = 190
 _STT_FUNC = 2
 _STO_CUDA_ENTRY = 0x10
+_CODE_MARKS = ("\n", ".entry", ".version", "define ", "__global__", "#include")
+_BOM = b"\xef\xbb\xbf"
+
+
+def _text(data: bytes) -> bytes:
+    """Source bytes without a leading UTF-8 BOM or trailing NULs (C strings' terminators)."""
+    return data[len(_BOM):].rstrip(b"\0") if data.startswith(_BOM) else data.rstrip(b"\0")
 
 
 # ---- PTX ---------------------------------------------------------------------------------------
 def read_source(source: PtxSource, what: str = "source") -> bytes:
     """Source text from a str/bytes or a file path. A str is text when it looks like code (has
-    a newline, a PTX directive or ``__global__``), a path otherwise: file names never contain
-    newlines."""
+    a newline, a PTX directive, ``__global__`` or ``#include``: a one-line ``.cu`` that
+    includes its kernels from an ``-I`` directory), a path otherwise: file names never contain
+    newlines. A leading UTF-8 byte order mark (editors on Windows write one) is dropped:
+    NVRTC, nvJitLink and LLVM all reject it as a stray token."""
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return bytes(source).rstrip(b"\0")
+        return _text(bytes(source))
     if isinstance(source, str) and not source.strip():
         # not a path: Path("") is the current directory, which would be reported instead
         raise ValueError(f"{what} is empty (expected source text or a file path)")
-    if isinstance(source, str) and any(mark in source for mark in ("\n", ".entry", ".version",
-                                                                    "define ", "__global__")):
-        return source.encode().rstrip(b"\0")
+    if isinstance(source, str) and any(mark in source for mark in _CODE_MARKS):
+        return _text(source.encode())
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         try:
@@ -59,7 +67,7 @@ def read_source(source: PtxSource, what: str = "source") -> bytes:
             if st.st_size > MAX_IMAGE_SIZE:
                 raise ValueError(f"{what}: {str(path)!r} has {st.st_size} bytes, more than "
                                  f"MAX_IMAGE_SIZE {MAX_IMAGE_SIZE}")
-            return path.read_bytes().rstrip(b"\0")
+            return _text(path.read_bytes())
         except OSError as exc:
             raise ValueError(f"{what}: cannot read file {str(path)!r}: {exc.strerror}") from exc
     raise TypeError(f"{what} must be text (str/bytes) or a path (got {type(source).__name__})")
@@ -71,9 +79,7 @@ def ptx_from_llvm_ir(ir: bytes, targets: Sequence[str]) -> tuple[str, str]:
     the targets span several architectures: PTX for ``sm_90a`` cannot be built for ``sm_100``,
     while PTX for ``sm_90`` builds both."""
     archs, _ = parse_target_list(targets)
-    lowest = archs[0]
-    if any((a.major, a.minor) != (lowest.major, lowest.minor) for a in archs):
-        lowest = Arch(lowest.major, lowest.minor)
+    lowest = _portable_lowest(archs)
     try:
         import llvmlite.binding as llvm
     except ImportError as exc:
@@ -94,6 +100,15 @@ def ptx_from_llvm_ir(ir: bytes, targets: Sequence[str]) -> tuple[str, str]:
     machine = llvm.Target.from_triple(triple).create_target_machine(cpu=lowest.sm, opt=3)
     version = ".".join(str(v) for v in llvm.llvm_version_info)
     return machine.emit_assembly(module), f"LLVM {version} NVPTX (llvmlite {llvmlite.__version__})"
+
+
+def _portable_lowest(archs: Sequence[Arch]) -> Arch:
+    """The lowest of ``archs`` (sorted), without its ``a``/``f`` suffix when they span several
+    architectures: compute_90a PTX runs on an sm_90 only, no fallback for ``sm_100``."""
+    lowest = archs[0]
+    if any((a.major, a.minor) != (lowest.major, lowest.minor) for a in archs):
+        lowest = Arch(lowest.major, lowest.minor)
+    return lowest
 
 
 def ptx_entries(ptx: bytes) -> list[str]:
@@ -188,7 +203,8 @@ def images_from_ptx(ptx: bytes, entry: str, targets: Sequence[str],
 
 # ---- CUDA C ------------------------------------------------------------------------------------
 def images_from_cuda(source: bytes, entry: str, targets: Sequence[str], options: tuple[str, ...],
-                      program: str) -> tuple[list[Image], str]:
+                      program: str, headers: tuple[tuple[str, bytes], ...] = ()
+                      ) -> tuple[list[Image], str]:
     """Compile CUDA C with NVRTC: a cubin per ``sm_XY`` target, PTX per PTX target (the lowest
     architecture for ``"ptx"``, as for ``llvm_ir=``; each explicit ``compute_XY``). Returns
     the images and the kernel's entry as the code names it (the mangled name for a C++ name
@@ -203,7 +219,7 @@ def images_from_cuda(source: bytes, entry: str, targets: Sequence[str], options:
     if want_ptx:
         ptx_archs = {arch for arch in archs if arch.compute in named}
         if "ptx" in named:
-            ptx_archs.add(archs[0])
+            ptx_archs.add(_portable_lowest(archs))
         jobs += [(arch, True) for arch in sorted(ptx_archs)]
     expression = entry if nvrtc.needs_name_expression(entry) else None
     hint = ("" if expression is not None else
@@ -213,7 +229,8 @@ def images_from_cuda(source: bytes, entry: str, targets: Sequence[str], options:
     images: list[Image] = []
     for arch, is_ptx in jobs:
         out = nvrtc.compile_program(source, arch, ptx=is_ptx, options=options,
-                                    name_expression=expression, name=program)
+                                    name_expression=expression, name=program,
+                                    headers=headers)
         name = out.lowered_name or entry
         if kernel is not None and name != kernel:  # cannot happen for one source; be explicit
             raise CompileError(f"NVRTC lowered {entry!r} to {kernel!r} and to {name!r} for "

@@ -11,7 +11,10 @@ Determinism: NVRTC's output depends only on the source, the options and the NVRT
 one exception kernelpack removes: by default NVRTC also searches the *current directory* for
 ``#include "..."`` files (it treats the program name as a path relative to it). Every
 compilation here passes ``--no-source-include``, so headers come only from ``-I`` options the
-caller gives, and the same call gives the same bytes wherever it runs.
+caller gives, and the same call gives the same bytes wherever it runs. Line info
+(``-lineinfo``) would record the current directory too (NVRTC makes the program name absolute
+with it): with those options the name passed is absolute already. One thing remains:
+``-G`` cubins carry the directory as DWARF's compilation directory (ptxas writes it).
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from ..errors import CompileError
 from ..targets import Arch
 
 __all__ = ["version", "toolchain_id", "key_identity", "cuda_version", "supported_archs",
-           "check_options",
+           "check_options", "check_headers",
            "needs_name_expression", "compile_program", "NvrtcOutput", "INSTALL_HINT",
            "DEFAULT_OPTIONS"]
 
@@ -63,6 +66,8 @@ _FORBIDDEN: dict[str, str] = {
     "-fdevice-syntax-only": "it produces no code",
 }
 _FLAG_RE = re.compile(r"[=\s]")
+# Options that write the program's file name into the code (line tables, debug info).
+_LINE_INFO = frozenset({"-lineinfo", "--generate-line-info", "-G", "--device-debug"})
 
 
 @dataclass(frozen=True)
@@ -165,8 +170,13 @@ def check_options(options: Iterable[str]) -> tuple[str, ...]:
     if isinstance(options, (str, bytes)):
         raise TypeError(f"nvrtc_options must be a list of flags such as ['-DBLOCK=256'] "
                         f"(got the string {options!r})")
+    try:  # None or a number would otherwise fail as "'NoneType' object is not iterable"
+        items = list(options)
+    except TypeError:
+        raise TypeError(f"nvrtc_options must be a list of flags such as ['-DBLOCK=256'] "
+                        f"(got {options!r:.80})") from None
     out: list[str] = []
-    for i, opt in enumerate(options):
+    for i, opt in enumerate(items):
         if not isinstance(opt, str) or not opt.strip():
             raise TypeError(f"nvrtc_options[{i}] must be a non-empty string (got {opt!r})")
         if "\0" in opt:
@@ -181,6 +191,35 @@ def check_options(options: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def check_headers(headers: Any) -> tuple[tuple[str, bytes], ...]:
+    """Validate ``headers=`` (``{"name.h": text}``, ``#include "name.h"`` files given as text
+    rather than through ``-I``); returns ``(name, bytes)`` pairs sorted by name, so the
+    program NVRTC sees does not depend on the dict's order. Raises TypeError for a non-dict,
+    a non-string name or non-text contents, ValueError for an empty name or a NUL (NVRTC
+    takes C strings: the text would end there)."""
+    if headers is None:
+        return ()
+    if not isinstance(headers, Mapping):
+        raise TypeError(f"headers must be a dict of include name -> text (got {headers!r:.80})")
+    out: list[tuple[str, bytes]] = []
+    for name, text in headers.items():
+        if not isinstance(name, str):
+            raise TypeError(f"headers: names must be strings such as 'defs.h' (got {name!r})")
+        if not name.strip() or "\0" in name:
+            raise ValueError(f"headers: {name!r} is not a usable include name")
+        if isinstance(text, str):
+            text = text.encode()
+        elif isinstance(text, (bytes, bytearray, memoryview)):
+            text = bytes(text)
+        else:
+            raise TypeError(f"headers[{name!r}] must be text (str/bytes), got "
+                            f"{type(text).__name__}")
+        if b"\0" in text.rstrip(b"\0"):
+            raise ValueError(f"headers[{name!r}] contains a NUL byte")
+        out.append((name, text.rstrip(b"\0")))
+    return tuple(sorted(out))
+
+
 def needs_name_expression(entry: str) -> bool:
     """True when ``entry`` is a C++ name expression (``scale<float>``, ``ns::k``,
     ``(void(*)(float*))k``) to be lowered by NVRTC, rather than a symbol name as it appears
@@ -189,7 +228,8 @@ def needs_name_expression(entry: str) -> bool:
 
 
 def compile_program(source: bytes, arch: Arch, *, ptx: bool, options: tuple[str, ...] = (),
-                    name_expression: str | None = None, name: str = "kernel.cu") -> NvrtcOutput:
+                    name_expression: str | None = None, name: str = "kernel.cu",
+                    headers: tuple[tuple[str, bytes], ...] = ()) -> NvrtcOutput:
     """Compile CUDA C++ ``source`` for one target.
 
     Parameters
@@ -204,6 +244,9 @@ def compile_program(source: bytes, arch: Arch, *, ptx: bool, options: tuple[str,
         A C++ name expression whose mangled name to return (templates, overloads).
     name:
         The program name, shown in NVRTC's messages (and in line info); not a path.
+    headers:
+        ``(include name, text)`` pairs (:func:`check_headers`) that ``#include "name"``
+        finds without any ``-I``.
 
     Raises
     ------
@@ -217,7 +260,13 @@ def compile_program(source: bytes, arch: Arch, *, ptx: bool, options: tuple[str,
         known = ", ".join(f"sm_{a}" for a in supported_archs())
         raise CompileError(f"{toolchain_id()} cannot compile for {target} (it supports {known})")
     opts = [f"--gpu-architecture={target}", *DEFAULT_OPTIONS, *options]
-    (prog,) = _check(nvrtc.nvrtcCreateProgram(source, name.encode(), 0, [], []),
+    if any(_FLAG_RE.split(o.strip(), maxsplit=1)[0] in _LINE_INFO for o in options):
+        # line info names the file as the current directory + a relative program name
+        # (".file 1 \"/home/me/k.cu\""): an absolute name keeps the bytes the same everywhere
+        name = "/" + name.lstrip("/")
+    (prog,) = _check(nvrtc.nvrtcCreateProgram(source, name.encode(), len(headers),
+                                              [text for _, text in headers],
+                                              [h.encode() for h, _ in headers]),
                      "nvrtcCreateProgram")
     try:
         if name_expression is not None:
