@@ -34,16 +34,14 @@ MAX_INCLUDE_BYTES = 512 << 20
 
 
 def source_bytes(value: object, what: str) -> bytes:
-    """Text given as bytes, as a str of code, or as a path: the bytes (never the path)."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).rstrip(b"\0")
-    if isinstance(value, str) and any(m in value for m in ("\n", ".entry", ".version", "define ",
-                                                            "__global__")):
-        return value.encode().rstrip(b"\0")
-    if isinstance(value, (str, os.PathLike)):
-        with open(value, "rb") as f:
-            return f.read().rstrip(b"\0")
-    raise TypeError(f"{what} must be text (str/bytes) or a path (got {type(value).__name__})")
+    """Text given as bytes, as a str of code, or as a path: the bytes (never the path), read
+    by the rules ``kp.external`` itself uses (:func:`kernelpack.external_images.read_source`),
+    so that the key covers exactly what is compiled, and a missing file is the same
+    ValueError naming the argument. (An own copy of those rules took ``'#include "k.cuh"'``
+    for a path and raised a bare FileNotFoundError.)"""
+    from ..external_images import read_source
+
+    return read_source(value, what)  # type: ignore[arg-type]
 
 
 def canonical(value: object) -> str:

@@ -165,7 +165,11 @@ def ptx(b: Build) -> Build:
     from ..toolchain.llvm import emit_ptx
 
     lowest = min(b.archs)
-    cpu = f"sm_{lowest.major}{lowest.minor}{lowest.suffix}"
+    # one PTX serves every cubin and the "ptx" image: an a/f suffix stays only when every
+    # target is that one architecture (PTX for sm_90a cannot become an sm_100 cubin, nor
+    # run on anything but an sm_90)
+    spans = any((a.major, a.minor) != (lowest.major, lowest.minor) for a in b.archs)
+    cpu = f"sm_{lowest.major}{lowest.minor}{'' if spans else lowest.suffix}"
     text = emit_ptx(b.ir, cpu, b.kernels, b.libdevice)
     # LLVM numbers call sequences in comments with a per-process counter (`{ // callseq 3,
     # 0`): a second compile in one process gave other PTX bytes (float64 sin/cos call their
