@@ -129,9 +129,15 @@ def encode(compiled: list[Compiled]) -> tuple[bytes, list[bytes]]:
         for m in c.modules:
             if m.name not in used:
                 continue  # only modules some launch uses are stored
-            if m.name in modules and modules[m.name] != m:
-                raise ValueError(f"two different modules are named {m.name!r} (programs must "
-                                 f"agree on a module's kernels and images)")
+            have = modules.get(m.name)
+            if have is not None and have != m:
+                if have.images != m.images:
+                    raise ValueError(f"two different modules are named {m.name!r} (programs "
+                                     f"must agree on a module's images)")
+                # the same code listed with other entries (two kp.external of one .cu, each
+                # naming its own kernel): one module holding every entry, sorted so that the
+                # order of the programs does not change the bytes
+                m = Module(m.name, tuple(sorted(set(have.kernels) | set(m.kernels))), m.images)
             modules[m.name] = m
     if len(programs) > MAX_PROGRAMS:
         raise ValueError(f"{len(programs)} programs exceed MAX_PROGRAMS {MAX_PROGRAMS}")
@@ -342,7 +348,8 @@ def save(items: object, path_or_file: PathOrFile = None, *, sign_with: object = 
     ----------
     items: a :class:`~kernelpack.compiled.Compiled`, a loaded ``Pack``, a loaded program
         (``pack["name"]``), or an iterable of them.
-        Modules shared by several programs are stored once (same name and content).
+        Modules shared by several programs are stored once (same name and images; their
+        kernel entries are merged: two kp.external of one source, each naming its kernel).
     path_or_file: a path (written crash-safely: temp file + fsync + rename), a binary file
         object (written as is), or None (just return the bytes).
     sign_with: an ed25519 private key (anything :func:`kernelpack.signing.load_private_key`
