@@ -18,10 +18,9 @@ per output up to :data:`WARP_SPLITS` partials and a block beyond; it combines th
 The split threads' sums are plain (float32 and narrower terms accumulate in float64; float64
 terms in float64, uncompensated): a thread takes at most an eighth of a column (``S >= 8``),
 usually a few dozen terms, spread over its :data:`UNROLL` accumulators, and the partials then
-combine in a tree.
-Neumaier's compensation, as the general schedule's single loop carries, made float64 column
-sums 50-60% slower on an H200 (8192 x 8192: 0.245 against 0.148 ms; torch 0.139) and float32
-ones twice as slow, for error that is already NumPy's pairwise level.
+combine in a tree. Neumaier's compensation, as the general schedule's single loop carries,
+made float64 column sums 50-60% slower on an H200 (8192 x 8192: 0.245 against 0.148 ms;
+torch 0.139) and float32 ones twice as slow, for error that is already NumPy's pairwise level.
 
 Constants measured on an H200 (benchmarks/_columns_sweep.py, notes/column-perf.md): 2^19
 target threads against 2^18 and 2^20, 4 accumulators against 8 (8 was slower for float64 and
@@ -46,8 +45,9 @@ from .irutil import I64, convert, sreg
 from .mathops import combine, identity
 from .schedule import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS, Choice, KernelSpec
 
-__all__ = ["column_axes", "base_reduction", "column_group", "column_choices", "split", "emit_split", "TARGET_THREADS",
-           "ROWS_MIN", "SPLIT_MIN", "SPLIT_MAX", "WARP_SPLITS", "UNROLL"]
+__all__ = ["column_axes", "base_reduction", "column_group", "column_choices", "split",
+           "emit_split", "TARGET_THREADS", "ROWS_MIN", "SPLIT_MIN", "SPLIT_MAX", "WARP_SPLITS",
+           "UNROLL"]
 
 TARGET_THREADS = 1 << 19  # split threads to aim for (about 4000 per SM of an H200)
 ROWS_MIN = 16             # reduced indices per split thread at least (4 unrolled iterations)

@@ -33,7 +33,7 @@ from typing import Iterable, Sequence
 from ..expr import Expr
 from ..graph import Graph, Node
 
-__all__ = ["materialize"]
+__all__ = ["materialize", "workspace_stages"]
 
 
 def _squeezed(shape: tuple[Expr, ...]) -> tuple[Expr, ...]:
@@ -112,3 +112,28 @@ def materialize(graph: Graph, general: Iterable[Sequence[int]]
     out.outputs = [(names[nid], computed[nid]) for nid in chosen] + [
         (name, read[nid]) for name, nid in graph.outputs]
     return out, tuple(names[nid] for nid in chosen)
+
+
+def workspace_stages(graph: Graph, workspaces: Iterable[str]) -> list[tuple[tuple, str, int]]:
+    """``(group key, name, node)`` of each materialized reduction (an output named in
+    ``workspaces``), by depth (0: reads no other workspace; else one more than the deepest
+    it reads), stable. Reductions with one key share a stage: column reductions of one
+    source shape and axis block at one depth (one split kernel reads the source once for a
+    mean, a max and a sum of the same columns); any other workspace is a stage of its own.
+    A stage never reads a workspace that a later stage writes."""
+    from .columns import column_axes
+
+    names = set(workspaces)
+    level: dict[str, int] = {}
+    out = []
+    for name, nid in graph.outputs:  # the outputs list workspaces in dependency order
+        if name not in names:
+            continue
+        below = [graph.nodes[n].attrs[0] for n in graph.reachable([nid])
+                 if graph.nodes[n].op == "input" and graph.nodes[n].attrs[0] in level]
+        level[name] = 1 + max((level[b] for b in below), default=-1)
+        block = column_axes(graph, nid)
+        key = ("workspace", name) if block is None else (
+            "columns", level[name], block, graph.nodes[graph.nodes[nid].inputs[0]].shape)
+        out.append((key, name, nid))
+    return sorted(out, key=lambda o: level[o[1]])

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from ..expr import Expr, cdiv, const, emax, emin, ge, land, le
 from ..graph import Graph
 from ..summary import Scratch
+from .materialize import workspace_stages
 from .traits import heavy as _heavy, per_row, row_transcendental as _row_transcendental
 
 __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "lockstep", "reduces_of", "row_outer",
@@ -212,8 +213,8 @@ def plan(graph: Graph, general: frozenset[int] = frozenset(),
     # workspaces avoid parameter and output names (an output "f_0_ws0" was a TraceError)
     taken = {p[0] for p in graph.params} | {name for name, _ in graph.outputs}
     groups: dict[tuple, list[tuple[str, int]]] = {}
-    for name, nid in _workspace_order(graph, workspaces):
-        groups.setdefault(_workspace_key(graph, name, nid, workspaces), []).append((name, nid))
+    for key, name, nid in workspace_stages(graph, workspaces):
+        groups.setdefault(key, []).append((name, nid))
     for name, nid in graph.outputs:
         if name not in workspaces:
             groups.setdefault(graph.nodes[nid].shape, []).append((name, nid))
@@ -235,41 +236,6 @@ def plan(graph: Graph, general: frozenset[int] = frozenset(),
                 stage.general)
         stages.append(stage)
     return stages
-
-
-def _levels(graph: Graph, workspaces: frozenset[str]) -> dict[str, int]:
-    """Each materialized reduction's depth: 0 when it reads no other workspace, else one
-    more than the deepest it reads (the outputs list them in dependency order)."""
-    level: dict[str, int] = {}
-    for name, nid in graph.outputs:
-        if name in workspaces:
-            below = [graph.nodes[n].attrs[0] for n in graph.reachable([nid])
-                     if graph.nodes[n].op == "input" and graph.nodes[n].attrs[0] in level]
-            level[name] = 1 + max((level[b] for b in below), default=-1)
-    return level
-
-
-def _workspace_order(graph: Graph, workspaces: frozenset[str]) -> list[tuple[str, int]]:
-    """The materialized reductions by depth (stable): a stage never reads a workspace that
-    a later stage writes, even when reductions of one depth share a stage."""
-    if not workspaces:
-        return []
-    level = _levels(graph, workspaces)
-    outs = [(name, nid) for name, nid in graph.outputs if name in workspaces]
-    return sorted(outs, key=lambda o: level[o[0]])
-
-
-def _workspace_key(graph: Graph, name: str, nid: int, workspaces: frozenset[str]) -> tuple:
-    """Materialized column reductions of one source shape and axis block at one depth share
-    a stage (one split kernel reads the source once: a mean, a max and a sum of the same
-    columns); any other workspace is a stage of its own."""
-    from .columns import column_axes
-
-    block = column_axes(graph, nid)
-    if block is None:
-        return ("workspace", name)
-    src = graph.nodes[graph.nodes[nid].inputs[0]]
-    return ("columns", _levels(graph, workspaces)[name], block, src.shape)
 
 
 def _stage(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tuple[str, int]],
