@@ -47,6 +47,20 @@ def _dim(value: object, what: str) -> Expr:
         raise TypeError(f"{what}: {exc}") from None
 
 
+def _flag(value: object, what: str) -> bool:
+    """A yes/no field: a bool, NumPy's, or the int 0/1 (stored as the bool). ``"no"`` would be
+    truthy, and the serializer's FlatBuffers builder fails on anything but a bool or 0/1 with
+    an error naming nothing of the caller's."""
+    if value.__class__ is bool:
+        return value  # type: ignore[return-value]
+    cls = value.__class__
+    if cls.__name__ in ("bool_", "bool") and cls.__module__ == "numpy":
+        return bool(value)
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{what} must be a bool (got {value!r:.80})")
+
+
 def _shape(shape: Iterable[ExprLike], what: str) -> tuple[Expr, ...]:
     if isinstance(shape, (str, bytes, int, Expr)) or not isinstance(shape, Iterable):
         raise TypeError(f"{what}: shape must be a sequence of dims (got {shape!r})")
@@ -113,6 +127,7 @@ class Tensor:
         object.__setattr__(self, "shape", _shape(self.shape, f"tensor {self.name!r}"))
         if self.role not in ROLES:
             raise ValueError(f"tensor {self.name!r}: role must be one of {ROLES} (got {self.role!r})")
+        object.__setattr__(self, "zero_init", _flag(self.zero_init, f"tensor {self.name!r}: zero_init"))
         if self.zero_init and self.role != "out":
             raise ValueError(f"tensor {self.name!r}: zero_init applies to role='out' only")
 
@@ -136,7 +151,7 @@ class Scalar:
         if self.dtype.is_complex:
             raise ValueError(f"scalar {self.name!r}: complex scalars are not supported")
         if self.value is not None:
-            object.__setattr__(self, "value", as_expr(self.value))
+            object.__setattr__(self, "value", _dim(self.value, f"scalar {self.name!r}: value"))
             if not self.dtype.is_integer:
                 raise ValueError(f"scalar {self.name!r}: a computed scalar must have an integer "
                                  f"dtype (got {self.dtype})")
@@ -193,6 +208,8 @@ class Scratch:
         object.__setattr__(self, "name", _name(self.name, "scratch name"))
         object.__setattr__(self, "dtype", as_dtype(self.dtype))
         object.__setattr__(self, "shape", _shape(self.shape, f"scratch {self.name!r}"))
+        object.__setattr__(self, "zero_init",
+                           _flag(self.zero_init, f"scratch {self.name!r}: zero_init"))
 
 
 @dataclass(frozen=True)
@@ -217,7 +234,7 @@ class Arg:
         elif self.kind == "value":
             if self.value is None or self.dtype is None:
                 raise ValueError("a value argument needs value= and dtype=")
-            object.__setattr__(self, "value", as_expr(self.value))
+            object.__setattr__(self, "value", _dim(self.value, "value argument"))
             object.__setattr__(self, "dtype", as_dtype(self.dtype))
             if not self.dtype.is_integer:
                 raise ValueError(f"a value argument must have an integer dtype (got {self.dtype})")
@@ -236,7 +253,7 @@ class Arg:
 
     @staticmethod
     def of(value: ExprLike, dtype: DType) -> "Arg":
-        return Arg("value", value=as_expr(value), dtype=dtype)
+        return Arg("value", value=value, dtype=dtype)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -263,13 +280,14 @@ class Launch:
         _name(self.module, "launch module")
         object.__setattr__(self, "grid", _dim3(self.grid, "grid"))
         object.__setattr__(self, "block", _dim3(self.block, "block"))
-        object.__setattr__(self, "shared_mem", as_expr(self.shared_mem))
+        object.__setattr__(self, "shared_mem",
+                           _dim(self.shared_mem, f"launch {self.kernel!r}: shared_mem"))
         object.__setattr__(self, "args",
                            _items(self.args, Arg, f"launch {self.kernel!r}: args"))
         if len(self.args) > MAX_ARGS:
             raise ValueError(f"launch {self.kernel!r}: {len(self.args)} arguments exceed {MAX_ARGS}")
         if self.count is not None:
-            object.__setattr__(self, "count", as_expr(self.count))
+            object.__setattr__(self, "count", _dim(self.count, f"launch {self.kernel!r}: count"))
             if self.loop:
                 _name(self.loop, "loop symbol")
         elif self.loop:
