@@ -20,8 +20,8 @@ from .expr import Expr, as_expr, cdiv, const, emax, emin, select
 from .promotion import dsl_dtype
 # The underscore builders are package-internal: this module and tracing are one layer, split
 # so the rules and the public entry points each stay readable.
-from .tracing import (Value, _axes, _binary, _desc, _fmt, _graph_of, _promote, _reduce, _unary,
-                      astype, broadcast_shapes, current_graph, pow, reduce_api, trace_value)
+from .tracing import (Value, _axes, _binary, _desc, _fmt, _graph_of, _power, _promote, _reduce,
+                      _unary, astype, broadcast_shapes, current_graph, pow, reduce_api, trace_value)
 
 __all__ = [
     "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
@@ -336,7 +336,7 @@ def array_ufunc(ufunc: Any, method: str, inputs: tuple, kwargs: dict) -> object:
         if name == "positive" and len(inputs) == 1:
             return inputs[0]
         if name == "square" and len(inputs) == 1:  # x ** 2: a bool squares to int8 as here
-            return pow(inputs[0], 2)
+            return _power(inputs[0], 2)
     how = f"np.{name}" + ("" if method == "__call__" else f".{method}")
     extra = f" with {sorted(kwargs)}" if kwargs else ""
     raise TraceError(f"{how}{extra} is not supported on traced tensors; use the kp op "

@@ -132,8 +132,8 @@ class Value:
     def __rfloordiv__(self, o): return _binary("floordiv", o, self)
     def __mod__(self, o): return _binary("mod", self, o)
     def __rmod__(self, o): return _binary("mod", o, self)
-    def __pow__(self, o): return pow(self, o)
-    def __rpow__(self, o): return pow(o, self)
+    def __pow__(self, o): return _power(self, o)
+    def __rpow__(self, o): return _power(o, self)
     def __and__(self, o): return _binary("and", self, o)
     def __rand__(self, o): return _binary("and", o, self)
     def __or__(self, o): return _binary("or", self, o)
@@ -376,9 +376,19 @@ def astype(x: Value, dtype: object) -> Value:
 
 
 def pow(x: object, y: object) -> Value:  # noqa: A001
+    """``kp.pow(x, y)``, NumPy's ``np.power``: as ``x ** y``, except that a bool base with an
+    int exponent is int64 (``np.power(b, 2)``), where the operator's ``b ** 2`` is NumPy's int8
+    ``square``."""
+    if isinstance(x, Value) and x.dtype == bool_ and type(y) is int:
+        x = astype(x, int64)
+    return _power(x, y)
+
+
+def _power(x: object, y: object) -> Value:
     """``x ** y``; a small integer exponent becomes multiplications (exact and fast), a small
-    negative one on a complex base their reciprocal (NumPy's result; complex pow is otherwise
-    not lowered). An integer base with a negative literal exponent is an error, as in NumPy.
+    negative one on a complex base their reciprocal (NumPy's result, nan+nanj for a zero base;
+    complex pow is otherwise not lowered). An integer base with a negative literal exponent is
+    an error, as in NumPy.
     A float base takes NumPy's exact forms: ``** 0.5`` is ``sqrt``, ``** -1`` ``1 / x`` (powf
     is up to 2 ulp off), ``** 2.0`` a square."""
     if isinstance(x, Value) and x.dtype.kind == "f" and isinstance(y, (int, float)) \
@@ -393,12 +403,17 @@ def pow(x: object, y: object) -> Value:  # noqa: A001
         x = astype(x, int8 if y == 2 else int64)  # bool + int (** 2: np.square's int8), no and
     if isinstance(x, Value) and isinstance(y, int) and not isinstance(y, bool):
         if x.dtype.kind in "iu" and y < 0 and _from_dims(x):
-            return pow(astype(x, float64), y)  # a size is a Python int: n ** -1 is a float
+            return _power(astype(x, float64), y)  # a size is a Python int: n ** -1 is a float
         if x.dtype.kind in "iu" and y < 0:
             raise TraceError(f"pow: integers to negative integer powers are not allowed "
                              f"({_desc(x)} ** {y}); cast to a float dtype first")
         if x.dtype.is_complex and -8 <= y < 0:
-            return _binary("div", 1, pow(x, -y))
+            # NumPy (npy_cpow): a zero base to a negative power is nan+nanj (the four complex
+            # zeros make it ill-defined), where 1 / 0j alone would give inf+nanj
+            inv = _binary("div", 1, _power(x, -y))
+            nan = trace_value(x.graph, builtins.complex(float("nan"), float("nan")), inv.dtype)
+            return x.graph.add("where", inv.dtype, inv.shape,
+                               (_binary("eq", x, 0).id, nan.id, inv.id))
     if isinstance(x, Value) and isinstance(y, int) and not isinstance(y, bool) and 0 <= y <= 8:
         if y == 0:
             return _binary("add", _zeros_like(x), 1)
