@@ -62,12 +62,12 @@ def _shfl(mask, value, lanemask, clamp):
 @ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_float)
 def _rsqrtf(x):
     return float(np.float32(1.0) / np.sqrt(np.float32(x))) if x > 0 else (
-        math.inf if x == 0 else math.nan)
+        math.copysign(math.inf, x) if x == 0 else math.nan)  # rsqrt(-0) = -inf, as the GPU
 
 
 @ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_double)
 def _rsqrt(x):
-    return 1.0 / math.sqrt(x) if x > 0 else (math.inf if x == 0 else math.nan)
+    return 1.0 / math.sqrt(x) if x > 0 else (math.copysign(math.inf, x) if x == 0 else math.nan)
 
 
 _CALLBACKS = {"kp_tid": _sreg("tid"), "kp_ctaid": _sreg("ctaid"), "kp_ntid": _sreg("ntid"),
