@@ -37,10 +37,8 @@ inputs = {(s, d): torch.randn(s, device="cuda", dtype=d, generator=gen)
           for s in SHAPES for d in (torch.float32, torch.float64)}
 print("eager:", {f"{s}/{str(d)[6:]}": round(median_ms(lambda x=x: x.sum(0)), 4)
                  for (s, d), x in inputs.items()}, flush=True)
-for target, unroll, comp, smin in itertools.product((1 << 18, 1 << 19, 1 << 20), (4, 8),
-                                                    (True, False), (8,)):
-    columns.TARGET_THREADS, columns.UNROLL, columns.COMPENSATE = target, unroll, comp
-    columns.SPLIT_MIN = smin
+for target, unroll, vector in itertools.product((1 << 18, 1 << 19), (2, 4), (True, False)):
+    columns.TARGET_THREADS, columns.UNROLL, columns.VECTOR = target, unroll, vector
     progs = {d: kp.load(kp.save([kp.compile(colsum_of(kd), targets=[f"sm_{major}{minor}"])]))
              [f"colsum_{kd.name}"] for d, kd in ((torch.float32, kp.f32), (torch.float64, kp.f64))}
     row = []
@@ -49,5 +47,5 @@ for target, unroll, comp, smin in itertools.product((1 << 18, 1 << 19, 1 << 20),
         err = rel_err(p(x), x.double().sum(0))
         assert err < (1e-6 if d == torch.float32 else 1e-13), (s, d, err)
         row.append(f"{s}/{str(d)[6:]} {median_ms(lambda p=p, x=x: p(x)):.4f}")
-    print(f"target 2^{target.bit_length() - 1} unroll {unroll} comp {comp}: " + "; ".join(row),
+    print(f"target 2^{target.bit_length() - 1} unroll {unroll} vector {vector}: " + "; ".join(row),
           flush=True)

@@ -166,3 +166,36 @@ def test_trimming_to_the_variant_limit_keeps_lockstep_stages_together():
     widths = [len(st.alternatives) for st in b.stages]
     assert widths == [2, 3, 3, 3, 2, 3, 3, 3], widths  # one pair trimmed, together
     assert len(variants(list(b.stages))) == 2 * 3 * 3 * 3
+
+
+@kp.fusion
+def weighted(x: T[kp.f32, "a", "b"], y: T[kp.f32, "a", "b"], h: T[kp.f16, "a", "b"]):
+    return (x * y).sum(axis=0), x.max(axis=0), (h * h).astype(kp.f32).mean(axis=0)
+
+
+@pytest.mark.parametrize("shape", [(300, 8), (300, 16), (129, 24), (300, 7), (300, 12)])
+def test_sixteen_byte_groups_and_the_scalar_body(shape):
+    """Columns a whole number of 16-byte groups of the widest input (4 float32: b % 4 == 0)
+    take the body with vector loads, each thread 4 neighbouring outputs; other widths, and
+    views 4 bytes past a 16-byte boundary, the scalar body. Same results either way."""
+    rng = np.random.default_rng(sum(shape))
+    a, b = shape
+    base = rng.standard_normal(a * b + 1).astype(np.float32)
+    k = Kernels(weighted)
+    for x in (base[:a * b].reshape(shape), base[1:].reshape(shape)):  # aligned, then not
+        y = rng.standard_normal(shape).astype(np.float32)
+        h = rng.standard_normal(shape).astype(np.float16)
+        s, mx, hm = k(x, y, h)
+        xd, yd = x.astype(np.float64), y.astype(np.float64)
+        assert_close(s, (xd * yd).sum(0), 1e-6, f"sum {shape}")
+        assert_close(mx, xd.max(0), 0, f"max {shape}")
+        hh = (h * h).astype(np.float64)  # float16 products, rounded as the kernel does
+        assert_close(hm, hh.mean(0), 1e-6, f"float16 mean {shape}")
+
+
+def test_the_split_kernel_has_a_vector_body():
+    b = pipeline.run(pipeline.new_build(weighted, ["sm_90"], None, {}), stop="ptx")
+    ptx = b.ptx.decode()
+    body = ptx[ptx.index(".entry weighted_0_colsplit"):]
+    body = body[:body.index("\n}\n")]
+    assert "ld.global.v4.b32" in body  # float32 groups of four

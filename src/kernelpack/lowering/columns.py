@@ -22,9 +22,16 @@ combine in a tree. Neumaier's compensation, as the general schedule's single loo
 made float64 column sums 50-60% slower on an H200 (8192 x 8192: 0.245 against 0.148 ms;
 torch 0.139) and float32 ones twice as slow, for error that is already NumPy's pairwise level.
 
+Where every buffer the split kernel reads is 16-byte aligned and the kept trailing length
+is a whole number of 16-byte groups of the widest input, each thread takes a group of
+neighbouring outputs (4 float32, 2 float64) and loads 16 bytes per reduced index
+(:func:`emit_split`); otherwise one output per thread.
+
 Constants measured on an H200 (benchmarks/_columns_sweep.py, notes/column-perf.md): 2^19
-target threads against 2^18 and 2^20, 4 accumulators against 8 (8 was slower for float64 and
-no faster for float32).
+target threads against 2^18 and 2^20; 4 accumulators per thread against 2 and 8 with one
+output each, 2 per lane with 16-byte groups (4 were slower there). The groups made float32
+column sums of 8192 x 8192 and 65536 x 1024 10% faster (0.093 -> 0.084 ms; torch 0.082 and
+0.101).
 
 When ``S`` would be small (short reductions, or so many outputs that one thread each already
 fills the GPU) the stage keeps the general schedule, chosen at run time by the variants'
@@ -41,20 +48,22 @@ from ..expr import Expr, cdiv, const, emax, emin, ge, land, le
 from ..graph import Graph
 from ..summary import Scratch
 from .codegen import Ctx, Emitter, acc_dtype
-from .irutil import I64, convert, sreg
+from .irutil import I1, I64, convert, sreg
 from .mathops import combine, identity
-from .schedule import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS, Choice, KernelSpec
+from .schedule import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS, Choice, KernelSpec, vector_width
 
 __all__ = ["column_axes", "base_reduction", "column_group", "column_choices", "split",
            "emit_split", "TARGET_THREADS", "ROWS_MIN", "SPLIT_MIN", "SPLIT_MAX", "WARP_SPLITS",
-           "UNROLL"]
+           "UNROLL", "VECTOR", "VECTOR_UNROLL"]
 
 TARGET_THREADS = 1 << 19  # split threads to aim for (about 4000 per SM of an H200)
 ROWS_MIN = 16             # reduced indices per split thread at least (4 unrolled iterations)
 SPLIT_MIN = 8             # fewer splits than this: the general schedule (one thread each)
 SPLIT_MAX = 16384         # partials per output at most (the final kernel reads them all)
 WARP_SPLITS = 512         # a warp combines up to this many partials, a block more
-UNROLL = 4                # independent accumulators per split thread
+UNROLL = 4                # independent accumulators per split thread (one output each)
+VECTOR = True             # 16-byte loads of neighbouring outputs where alignment allows
+VECTOR_UNROLL = 2         # the same per lane when each thread takes a 16-byte group
 
 
 def column_axes(graph: Graph, nid: int) -> tuple[int, int] | None:
@@ -176,7 +185,37 @@ def column_choices(graph: Graph, base: str, outs: list[tuple[str, int]],
 
 
 def emit_split(em: Emitter, spec: KernelSpec) -> None:
-    """The split kernel (module docstring): a grid-stride loop over ``S·M`` threads' work."""
+    """The split kernel (module docstring): a grid-stride loop over ``S·M`` threads' work.
+
+    With :data:`VECTOR` and narrow enough inputs, a first body gives each thread ``vec``
+    neighbouring outputs (16 bytes of the widest input per reduced index, one vector load
+    each) where every buffer it reads is 16-byte aligned and the kept trailing length is a
+    whole number of groups (a uniform branch, decided once per launch); the other body takes
+    one output per thread."""
+    g = em.graph
+    src_ids = [g.nodes[r].inputs[0] for r in spec.reduces]
+    vec = vector_width(g, src_ids) if VECTOR else 1
+    if vec == 1:
+        _split_body(em, spec, 1)
+        return
+    b = em.b
+    flag = em.loops.alloca(I1, "vector")
+    with b.if_else(b.load(flag, typ=I1)) as (wide, narrow):
+        with wide:
+            _split_body(em, spec, vec)
+        with narrow:
+            _split_body(em, spec, 1)
+    lo, hi = column_axes(g, spec.reduces[0])  # type: ignore[misc]
+    inner = em.numel(g.nodes[src_ids[0]].shape[hi:])
+    whole = em.entry.icmp_unsigned("==", em.entry.urem(inner, ir.Constant(I64, vec)),
+                                   ir.Constant(I64, 0))
+    em.entry.store(em.entry.and_(em.aligned16(), whole), flag)
+
+
+def _split_body(em: Emitter, spec: KernelSpec, vec: int) -> None:
+    """One grid-stride loop of the split kernel, ``vec`` neighbouring outputs per thread
+    (1: one; more: the lanes' loads side by side, each claiming its 16-byte group's
+    alignment, so that LLVM merges them into vector loads)."""
     b, m, g = em.b, em.module, em.graph
     c = lambda v: ir.Constant(I64, v)  # noqa: E731
     first = g.nodes[spec.reduces[0]]
@@ -187,48 +226,65 @@ def emit_split(em: Emitter, spec: KernelSpec) -> None:
     assert spec.split is not None
     splits, outputs = em.expr(spec.split), em.numel(kept_dims)
     length, inner = em.numel(red_dims), em.numel(src_shape[hi:])
+    groups = b.udiv(outputs, c(vec)) if vec > 1 else outputs  # exact: inner % vec == 0
     tid, bid, nb = sreg(b, m, "tid"), sreg(b, m, "ctaid"), sreg(b, m, "nctaid")
     gid = b.add(b.mul(bid, c(spec.block)), tid)
     accs_of = {r: acc_dtype(g.nodes[r].attrs[0], g.nodes[r].dtype) for r in spec.reduces}
-    with em.loops.range(gid, b.mul(splits, outputs), b.mul(nb, c(spec.block)), "g") as i:
-        s = b.udiv(i, outputs)
-        f = b.sub(i, b.mul(s, outputs))
-        kept = em.unravel(f, kept_dims)
+    unroll = UNROLL if vec == 1 else VECTOR_UNROLL
+    leaves = sorted(n for n in g.reachable([g.nodes[r].inputs[0] for r in spec.reduces])
+                    if g.nodes[n].op == "input" and g.nodes[n].shape == src_shape)
+    with em.loops.range(gid, b.mul(splits, groups), b.mul(nb, c(spec.block)), "g") as i:
+        s = b.udiv(i, groups)
+        f = b.sub(i, b.mul(s, groups))
+        if vec > 1:
+            f = b.mul(f, c(vec))
+        lanes = range(vec)
+        kept = [em.unravel(b.add(f, c(k)) if k else f, kept_dims) for k in lanes]
         # flat source index of reduced index t: (o·K + t)·I + i = base + t·I
         o, within = b.udiv(f, inner), b.urem(f, inner)
         base = b.add(b.mul(b.mul(o, length), inner), within)
-        sets = [{r: em.acc_slots(dt, identity(g.nodes[r].attrs[0], dt))
-                 for r, dt in accs_of.items()} for _ in range(UNROLL)]
+        sets = [[{r: em.acc_slots(dt, identity(g.nodes[r].attrs[0], dt))
+                  for r, dt in accs_of.items()} for _ in lanes] for _ in range(unroll)]
+
         def term(u: int, t: ir.Value) -> None:
-            accs = sets[u]
-            comps = kept[:lo] + em.unravel(t, red_dims) + kept[lo:]
+            red = em.unravel(t, red_dims)
+            at = b.add(base, b.mul(t, inner))
+            ctxs = [Ctx(src_shape, kept[k][:lo] + red + kept[k][lo:],
+                        b.add(at, c(k)) if k else at) for k in lanes]
             em.push()
-            ctx = Ctx(src_shape, comps, b.add(base, b.mul(t, inner)))
-            for r, dt in accs_of.items():
-                node = g.nodes[r]
-                srcnode = g.nodes[node.inputs[0]]
-                v = convert(b, em.value(srcnode.id, ctx), srcnode.dtype, dt)
-                em.acc_store(accs[r], combine(em, node.attrs[0], dt, em.acc_load(accs[r], dt),
-                                              v))
+            if vec > 1:  # every lane's loads first, side by side (LLVM merges them)
+                for k in lanes:
+                    em.vec_lane = k
+                    for leaf in leaves:
+                        em.value(leaf, ctxs[k])
+            for k in lanes:
+                em.vec_lane = k if vec > 1 else None
+                for r, dt in accs_of.items():
+                    node = g.nodes[r]
+                    srcnode = g.nodes[node.inputs[0]]
+                    v = convert(b, em.value(srcnode.id, ctxs[k]), srcnode.dtype, dt)
+                    acc = sets[u][k][r]
+                    em.acc_store(acc, combine(em, node.attrs[0], dt, em.acc_load(acc, dt), v))
+            em.vec_lane = None
             em.pop()
 
         # this thread's indices s, s + S, ...: `count` of them, UNROLL at a time, then the rest
         more = b.icmp_signed("<", s, length)
         count = b.select(more, b.udiv(b.add(b.sub(length, s), b.sub(splits, c(1))), splits),
                          c(0))
-        step = b.mul(splits, c(UNROLL))
-        main_end = b.add(s, b.mul(b.udiv(count, c(UNROLL)), step))
+        step = b.mul(splits, c(unroll))
+        main_end = b.add(s, b.mul(b.udiv(count, c(unroll)), step))
         with em.loops.range(s, main_end, step, "t") as t:
-            for u in range(UNROLL):
+            for u in range(unroll):
                 term(u, b.add(t, b.mul(splits, c(u))) if u else t)
         with em.loops.range(main_end, length, splits, "tail") as t:
             term(0, t)
-        slot = b.add(b.mul(f, splits), s)
-        for (ws, r) in spec.outputs:
-            dt = accs_of[r]
-            kind = g.nodes[r].attrs[0]
-            acc = em.acc_load(sets[0][r], dt)
-            for accs in sets[1:]:
-                acc = combine(em, kind, dt, acc, em.acc_load(accs[r], dt))
-            em.store(ws, dt, slot, acc)
-
+        for k in lanes:
+            slot = b.add(b.mul(b.add(f, c(k)) if k else f, splits), s)
+            for (ws, r) in spec.outputs:
+                dt = accs_of[r]
+                kind = g.nodes[r].attrs[0]
+                acc = em.acc_load(sets[0][k][r], dt)
+                for per_lane in sets[1:]:
+                    acc = combine(em, kind, dt, acc, em.acc_load(per_lane[k][r], dt))
+                em.store(ws, dt, slot, acc)
