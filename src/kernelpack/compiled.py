@@ -146,12 +146,13 @@ class Compiled:
     """A program ready to save: its summary and the modules its launches use.
 
     ``origin`` says where it came from: ``"compiled"``, ``"disk"``, ``"remote"`` (cache hits)
-    or ``"external"``.
+    or ``"external"``. It is provenance, not content: equality and hashing leave it out, so a
+    cache hit equals the program compiled afresh and ``load(save([c])).compiled(name) == c``.
     """
 
     summary: KernelSummary
     modules: tuple[Module, ...]
-    origin: str = "compiled"
+    origin: str = field(default="compiled", compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.summary, KernelSummary):
