@@ -23,7 +23,7 @@ from ..dtypes import DType, as_dtype
 from ..errors import LaunchError
 
 __all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "adapter_for",
-           "stream_handle", "GENERIC", "hold", "release_held", "is_readonly"]
+           "stream_handle", "GENERIC", "hold", "release_held", "is_readonly", "readonly_why"]
 
 ArrayFacts = tuple  # (ptr, shape, dtype token, device ordinal (-1: host), contiguous)
 
@@ -154,23 +154,35 @@ def _read_cai(cai: dict, what: str, stream: int) -> ArrayFacts:
         raise LaunchError(f"argument {what!r}: malformed __cuda_array_interface__ ({exc})") from None
     _check_data(ptr, shape, what)
     contiguous = _contiguous(shape, strides, dtype.itemsize if dtype else 1)
-    if producer is not None and ptr:
+    device = _pointer_device(ptr) if ptr else -2
+    # Host memory (-1) is refused by the caller, naming the argument: no event for it.
+    if producer is not None and device >= 0:
         consumer = 0 if stream in (1, 2) else stream
         producer = 0 if producer in (1, 2) else producer
         if producer != consumer:
             from .buffer import _order_after
-            _order_after(_pointer_device(ptr), producer, consumer)
-    device = _pointer_device(ptr) if ptr else -2
+            _order_after(device, producer, consumer)
     return ptr, shape, dtype, device, contiguous
 
 
 def is_readonly(obj: Any) -> bool:
-    """Whether ``obj`` says (``__cuda_array_interface__``'s ``data[1]``) that its memory must
-    not be written: such an array cannot be an output."""
+    """Whether ``obj``'s memory must not be written: such an array cannot be an output."""
+    return readonly_why(obj) is not None
+
+
+def readonly_why(obj: Any) -> str | None:
+    """Why ``obj`` cannot be written (for a message), or None: ``__cuda_array_interface__``'s
+    ``data[1]``, or the flags of the DLPack 1.0 capsule read for this call (read-only, or a
+    copy the producer made, which would take the writes and drop them)."""
+    for view in getattr(_held, "views", None) or ():
+        if getattr(view, "source", None) is obj and view.readonly:
+            return view.readonly
     try:
-        return bool(obj.__cuda_array_interface__["data"][1])
+        if obj.__cuda_array_interface__["data"][1]:
+            return "its __cuda_array_interface__ says data[1] = True"
     except Exception:  # noqa: BLE001 - no interface, or a malformed one read() already refused
-        return False
+        pass
+    return None
 
 
 def _check_data(ptr: int, shape: tuple[int, ...], what: str) -> None:
@@ -186,36 +198,9 @@ def _check_data(ptr: int, shape: tuple[int, ...], what: str) -> None:
 
 
 def _read_dlpack(obj: Any, what: str, stream: int) -> ArrayFacts:
-    from .dlpack import KDL_CUDA, KDL_CUDA_MANAGED, read_capsule
+    from .dlpack import read_array  # only for producers that are neither torch nor cupy
 
-    # Ask where the array lives first: a host producer (NumPy) refuses a CUDA ``stream=``
-    # with its own exception type, and its memory must be refused anyway.
-    where = getattr(obj, "__dlpack_device__", None)
-    if where is not None:
-        try:
-            device_type = int(where()[0])
-        except Exception as exc:  # noqa: BLE001 - a broken producer: name the argument
-            raise LaunchError(f"argument {what!r}: __dlpack_device__() failed "
-                              f"({type(exc).__name__}: {exc})") from exc
-        if device_type not in (KDL_CUDA, KDL_CUDA_MANAGED):
-            return 0, (), None, -1, True
-    try:
-        try:
-            capsule = obj.__dlpack__(stream=stream if stream else 1)
-        except TypeError:
-            capsule = obj.__dlpack__()
-    except Exception as exc:  # noqa: BLE001 - BufferError, RuntimeError, ... of the producer
-        raise LaunchError(f"argument {what!r}: __dlpack__() failed "
-                          f"({type(exc).__name__}: {exc})") from exc
-    view = read_capsule(capsule, what)
-    if view.device_type not in (KDL_CUDA, KDL_CUDA_MANAGED):
-        return view.ptr, view.shape, view.dtype, -1, True
-    _check_data(view.ptr, view.shape, what)
-    itemsize = view.dtype.itemsize if view.dtype else 1
-    strides = tuple(s * itemsize for s in view.strides) if view.strides is not None else None
-    hold(view)  # the capsule must live until the launch is queued
-    return view.ptr, view.shape, view.dtype, view.device_id, _contiguous(view.shape, strides,
-                                                                         itemsize)
+    return read_array(obj, what, stream)
 
 
 _held = threading.local()

@@ -75,8 +75,11 @@ class DeviceBuffer:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3. ``stream`` is where the buffer was written: handle 0 (the NULL stream) is
+        said as 1, the legacy default stream, since v3 forbids 0 and ``None`` would tell a
+        consumer on a non-blocking stream that it need not wait."""
         return {"shape": self.shape, "typestr": typestr(self.dtype), "data": (self.ptr, False),
-                "strides": None, "version": 3, "stream": self.stream or None}
+                "strides": None, "version": 3, "stream": self.stream or 1}
 
     def __dlpack_device__(self) -> tuple[int, int]:
         from .dlpack import KDL_CUDA
@@ -96,9 +99,11 @@ class DeviceBuffer:
         if dl_device is not None and tuple(dl_device) != (KDL_CUDA, self.device):
             raise BufferError(f"DeviceBuffer lives on CUDA device {self.device}, cannot export "
                               f"to {dl_device}")
-        if stream != -1 and self.stream:
+        if stream != -1 and self.nbytes:
+            # A buffer written on the NULL stream (0) orders a consumer on another stream too:
+            # a non-blocking stream does not wait for the legacy default stream by itself.
             consumer = 0 if stream is None or stream in (1, 2) else int(stream)
-            if consumer != self.stream:
+            if consumer != (0 if self.stream in (1, 2) else self.stream):
                 _order_after(self.device, self.stream, consumer)
         return export(self, self.ptr, self.shape, self.dtype, self.device)
 

@@ -1,14 +1,16 @@
 """DLPack in pure Python (ctypes): read a producer's capsule, and export our own buffers.
 
-Consumer side: :func:`read_capsule` takes the ``dltensor`` capsule a ``__dlpack__`` call
-returned and reads the pointer, device, dtype, shape and strides; the capsule (and so the
-producer's memory) stays alive as long as the returned object is referenced.
+Consumer side: :func:`take` asks an object for its capsule (DLPack 1.0 first, then the legacy
+call) and :func:`read_capsule` reads the pointer, device, dtype, shape, strides and read-only
+flag of a ``dltensor`` or ``dltensor_versioned`` capsule. Reading consumes the capsule (renamed
+``used_...``) and the producer's deleter runs once, when the returned view goes: the memory
+stays valid as long as the view is referenced.
 
 Producer side: :func:`export` builds a ``DLManagedTensor`` for a
 :class:`~kernelpack.runtime.buffer.DeviceBuffer` whose deleter drops the reference that keeps
 the buffer alive, so a consumer (``torch.from_dlpack``) can hold the memory after kernelpack
-forgot it. Only the legacy (unversioned) ``dltensor`` capsule is produced and read: every
-framework that speaks the versioned one still accepts it.
+forgot it. Only the legacy (unversioned) ``dltensor`` capsule is produced: every framework
+that speaks the versioned one still accepts it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Any
 from ..dtypes import DType, as_dtype
 from ..errors import LaunchError
 
-__all__ = ["KDL_CUDA", "DLTensorView", "read_capsule", "export", "dl_dtype", "kp_dtype"]
+__all__ = ["KDL_CUDA", "DLTensorView", "read_capsule", "take", "read_array", "device_refusal",
+           "export", "dl_dtype", "kp_dtype"]
 
 KDL_CUDA = 2
 KDL_CUDA_MANAGED = 13
@@ -88,13 +91,35 @@ def dl_dtype(dtype: DType) -> tuple[int, int, int]:
     return code, dtype.itemsize * 8, 1
 
 
-class DLTensorView:
-    """What a DLPack capsule describes; holds the capsule so the memory stays valid."""
+class _DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
 
-    __slots__ = ("capsule", "ptr", "device_type", "device_id", "dtype", "shape", "strides")
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("version", _DLPackVersion), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64),
+                ("dl_tensor", _DLTensor)]
+
+
+_FLAG_READ_ONLY, _FLAG_IS_COPIED = 1, 2
+# Called with the GIL held (PYFUNCTYPE): a producer's C deleter may touch Python objects
+# (NumPy's takes the GIL itself, which is reentrant); a ctypes callback works either way.
+_CallDeleter = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
+_api.PyCapsule_SetName.restype = ctypes.c_int
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+class DLTensorView:
+    """What a DLPack capsule describes. Reading consumes the capsule as the protocol asks
+    (renamed ``used_dltensor[_versioned]``, so it cannot be consumed twice), so the producer's
+    deleter is ours to call: exactly once, when the view is released or collected."""
+
+    __slots__ = ("capsule", "ptr", "device_type", "device_id", "dtype", "shape", "strides",
+                 "readonly", "source", "_managed", "_deleter")
 
     def __init__(self, capsule: Any, ptr: int, device_type: int, device_id: int,
-                 dtype: DType | None, shape: tuple[int, ...], strides: tuple[int, ...] | None):
+                 dtype: DType | None, shape: tuple[int, ...], strides: tuple[int, ...] | None,
+                 readonly: str = "", managed: int = 0, deleter: int = 0) -> None:
         self.capsule = capsule
         self.ptr = ptr
         self.device_type = device_type
@@ -102,34 +127,158 @@ class DLTensorView:
         self.dtype = dtype
         self.shape = shape
         self.strides = strides
+        self.readonly = readonly  # why the memory must not be written ("" when it may be)
+        self.source: Any = None  # the object whose __dlpack__ made the capsule
+        self._managed = managed
+        self._deleter = deleter
+
+    def release(self) -> None:
+        """Call the producer's deleter (once): its memory may be freed from now on."""
+        managed, deleter = self._managed, self._deleter
+        self._managed = self._deleter = 0
+        if managed and deleter:
+            _CallDeleter(deleter)(managed)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to free
+            pass
 
 
 def read_capsule(capsule: Any, what: str) -> DLTensorView:
-    """Parse a ``dltensor`` capsule; LaunchError naming argument ``what`` when it is not one
-    (or describes no valid memory)."""
+    """Parse and consume a ``dltensor`` or ``dltensor_versioned`` capsule; LaunchError naming
+    argument ``what`` when it is not one (or describes no valid memory)."""
     who = f"argument {what!r}"
-    if not _api.PyCapsule_IsValid(capsule, b"dltensor"):
-        raise LaunchError(f"{who}: __dlpack__ returned {type(capsule).__name__}, not a "
-                          f"'dltensor' capsule")
-    addr = _api.PyCapsule_GetPointer(capsule, b"dltensor")
-    managed = _DLManagedTensor.from_address(addr)
-    t = managed.dl_tensor
+    if _api.PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        name, used = b"dltensor_versioned", b"used_dltensor_versioned"
+        addr = _api.PyCapsule_GetPointer(capsule, name)
+        vm = _DLManagedTensorVersioned.from_address(addr)
+        if vm.version.major != 1:  # another ABI: the struct cannot be read safely
+            raise LaunchError(f"{who}: DLPack capsule has version {vm.version.major}."
+                              f"{vm.version.minor}, expected major version 1")
+        t, deleter, readonly = vm.dl_tensor, vm.deleter, _unwritable(int(vm.flags))
+    elif _api.PyCapsule_IsValid(capsule, b"dltensor"):
+        name, used = b"dltensor", b"used_dltensor"
+        addr = _api.PyCapsule_GetPointer(capsule, name)
+        managed = _DLManagedTensor.from_address(addr)
+        t, readonly = managed.dl_tensor, ""
+        deleter = ctypes.cast(managed.deleter, ctypes.c_void_p).value
+    else:
+        shown = "a used capsule" if _capsule_used(capsule) else type(capsule).__name__
+        raise LaunchError(f"{who}: __dlpack__ returned {shown}, not a 'dltensor' or "
+                          f"'dltensor_versioned' capsule")
+    # Consumed from here on: whatever is refused below, the deleter runs with the view.
+    _api.PyCapsule_SetName(capsule, used)
+    view = DLTensorView(capsule, 0, int(t.device.device_type), int(t.device.device_id), None,
+                        (), None, readonly, addr, deleter or 0)
     ndim = int(t.ndim)
     if not 0 <= ndim <= 64:
         raise LaunchError(f"{who}: DLPack tensor has ndim {ndim}")
     if ndim and not t.shape:
         raise LaunchError(f"{who}: DLPack tensor of ndim {ndim} has a NULL shape")
-    shape = tuple(int(t.shape[i]) for i in range(ndim))
-    strides = tuple(int(t.strides[i]) for i in range(ndim)) if t.strides else None
+    view.shape = tuple(int(t.shape[i]) for i in range(ndim))
+    if any(d < 0 for d in view.shape):
+        raise LaunchError(f"{who}: DLPack tensor has a negative dim in shape {view.shape}")
+    view.strides = tuple(int(t.strides[i]) for i in range(ndim)) if t.strides else None
     # A hostile or broken producer's offset would otherwise surface only at packing, as an
     # unnamed "does not fit its parameter".
     ptr = (t.data or 0) + int(t.byte_offset)
     if ptr >= 1 << 64:
         raise LaunchError(f"{who}: DLPack data pointer {t.data or 0:#x} + byte_offset "
                           f"{int(t.byte_offset):#x} is not an address")
-    dtype = kp_dtype(t.dtype.code, t.dtype.bits, t.dtype.lanes)
-    return DLTensorView(capsule, ptr, int(t.device.device_type), int(t.device.device_id), dtype,
-                        shape, strides)
+    view.ptr = ptr
+    view.dtype = kp_dtype(t.dtype.code, t.dtype.bits, t.dtype.lanes)
+    return view
+
+
+_DEVICE_NAMES = {1: "CPU", 3: "CUDA host (pinned)", 4: "OpenCL", 7: "Vulkan", 8: "Metal",
+                 9: "VPI", 10: "ROCm", 11: "ROCm host", 12: "ExtDev", 14: "oneAPI",
+                 15: "WebGPU", 16: "Hexagon", 17: "MAIA"}
+_HOST = (1, 3, 11)  # memory in host RAM: launch says "move it to a CUDA device"
+
+
+def device_refusal(device_type: int, what: str) -> str | None:
+    """Why memory of DLPack device type ``device_type`` cannot be launched on, or None for
+    CUDA memory and host memory (refused by the caller as "in host memory")."""
+    if device_type in (KDL_CUDA, KDL_CUDA_MANAGED) or device_type in _HOST:
+        return None
+    kind = _DEVICE_NAMES.get(device_type, "unknown")
+    return (f"argument {what!r} lives on DLPack device type {device_type} ({kind}), not on a "
+            f"CUDA device")
+
+
+def take(obj: Any, what: str, stream: int) -> DLTensorView:
+    """The capsule of ``obj.__dlpack__``, read and consumed. DLPack 1.0 is asked for first
+    (``max_version=(1, 0)``, so a read-only export says so); a producer older than that
+    refuses the keyword with a TypeError and is asked again without it, still with the
+    stream (dropping it would lose the ordering), then with no argument at all."""
+    stream_arg = stream if stream else 1  # 0 is not a valid DLPack stream: 1 is the legacy one
+    try:
+        try:
+            capsule = obj.__dlpack__(stream=stream_arg, max_version=(1, 0))
+        except TypeError:
+            try:
+                capsule = obj.__dlpack__(stream=stream_arg)
+            except TypeError:
+                capsule = obj.__dlpack__()
+    except Exception as exc:  # noqa: BLE001 - BufferError, RuntimeError, ... of the producer
+        raise LaunchError(f"argument {what!r}: __dlpack__() failed "
+                          f"({type(exc).__name__}: {exc})") from exc
+    view = read_capsule(capsule, what)
+    view.source = obj
+    return view
+
+
+def read_array(obj: Any, what: str, stream: int) -> tuple:
+    """The array facts (:mod:`.arrays`) of an object read through ``__dlpack__``; the view is
+    held (:func:`~.arrays.hold`) until the call has queued its work."""
+    from .arrays import _check_data, _contiguous, hold
+
+    # Ask where the array lives first: a host producer (NumPy) refuses a CUDA ``stream=``
+    # with its own exception type, and its memory must be refused anyway.
+    where = getattr(obj, "__dlpack_device__", None)
+    if where is not None:
+        try:
+            device_type = int(where()[0])
+        except Exception as exc:  # noqa: BLE001 - a broken producer: name the argument
+            raise LaunchError(f"argument {what!r}: __dlpack_device__() failed "
+                              f"({type(exc).__name__}: {exc})") from exc
+        if device_type not in (KDL_CUDA, KDL_CUDA_MANAGED):
+            why = device_refusal(device_type, what)
+            if why:
+                raise LaunchError(why)
+            return 0, (), None, -1, True
+    view = take(obj, what, stream)  # consumed: the deleter runs when ``view`` goes
+    if view.device_type not in (KDL_CUDA, KDL_CUDA_MANAGED):
+        why = device_refusal(view.device_type, what)
+        if why:
+            raise LaunchError(why)
+        return view.ptr, view.shape, view.dtype, -1, True
+    if view.device_id < 0:  # -1/-2 would read as kernelpack's "host" / "unknown device"
+        raise LaunchError(f"argument {what!r}: DLPack device id {view.device_id} is not a "
+                          f"CUDA device ordinal")
+    _check_data(view.ptr, view.shape, what)
+    itemsize = view.dtype.itemsize if view.dtype else 1
+    strides = tuple(s * itemsize for s in view.strides) if view.strides is not None else None
+    hold(view)  # the memory must stay the producer's until the launch is queued
+    return view.ptr, view.shape, view.dtype, view.device_id, _contiguous(view.shape, strides,
+                                                                         itemsize)
+
+
+def _unwritable(flags: int) -> str:
+    """Why a versioned capsule's memory must not be written ("" when it may be)."""
+    if flags & _FLAG_READ_ONLY:
+        return "its DLPack capsule is flagged read-only"
+    if flags & _FLAG_IS_COPIED:
+        return "its DLPack capsule is flagged as a copy, which would take the writes and drop them"
+    return ""
+
+
+def _capsule_used(capsule: Any) -> bool:
+    """Whether ``capsule`` is one a consumer already took (a second read of one capsule)."""
+    return any(_api.PyCapsule_IsValid(capsule, n)
+               for n in (b"used_dltensor", b"used_dltensor_versioned"))
 
 
 # ---- producer --------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any
 from ..dtypes import uint8
 from ..errors import LaunchError
 from . import driver as _drv
-from .arrays import GENERIC, adapter_for, is_readonly
+from .arrays import GENERIC, adapter_for, readonly_why
 from .binding import ARG_BUFFER, ARG_SCALAR, fills_of
 from .native import launcher
 
@@ -88,9 +88,9 @@ def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: 
                                   f"on device {device}")
             if not contiguous:
                 raise LaunchError(f"{name}: out {alloc.name!r} is not C-contiguous")
-            if ad is GENERIC and is_readonly(arr):
-                raise LaunchError(f"{name}: out {alloc.name!r} is read-only (its "
-                                  f"__cuda_array_interface__ says data[1] = True)")
+            why = readonly_why(arr) if ad is GENERIC else None
+            if why:
+                raise LaunchError(f"{name}: out {alloc.name!r} is read-only ({why})")
             vals[alloc.slot] = ptr
             if alloc.zero_init:
                 memsets.append((ptr, planned.nbytes))

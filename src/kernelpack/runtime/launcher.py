@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import LaunchError
 from . import driver as _drv
-from .arrays import GENERIC, Adapter, adapter_for, is_readonly, release_held, stream_handle
+from .arrays import GENERIC, Adapter, adapter_for, readonly_why, release_held, stream_handle
 from .binding import BoundSummary, scalar_range
 from .device import Device, current_device_ordinal, get_device
 from .library import load_module, preload
@@ -190,10 +190,10 @@ class BoundProgram:
                 if not contiguous:
                     raise LaunchError(f"{self.name}: argument {spec.name!r} is not "
                                       f"C-contiguous (pass .contiguous() / a packed copy)")
-                if spec.written and ad is GENERIC and is_readonly(arg):
-                    raise LaunchError(f"{self.name}: argument {spec.name!r} is read-only (its "
-                                      f"__cuda_array_interface__ says data[1] = True), but "
-                                      f"the program writes it (role 'inout')")
+                why = readonly_why(arg) if spec.written and ad is GENERIC else None
+                if why is not None:
+                    raise LaunchError(f"{self.name}: argument {spec.name!r} is read-only "
+                                      f"({why}), but the program writes it (role 'inout')")
                 vals[spec.slot] = ptr
             else:
                 value = convert_scalar(arg, spec.dtype, self._ranges[i], spec.name, self.name)
