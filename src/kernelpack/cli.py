@@ -126,9 +126,10 @@ def _module_stem(name: str) -> str:
 def parse_assignment(text: str, kinds: dict[str, str]) -> tuple[str, Any]:
     """``x=4096,1000`` -> ("x", (4096, 1000)); ``a=0.5`` -> ("a", 0.5); ``n=7`` -> ("n", 7).
 
-    ``kinds`` maps parameter names to ``"tensor"``, ``"int"`` or ``"float"``: a tensor always
-    gets a shape tuple (``x=4096`` is 1-D, ``x=`` and ``x=()`` are 0-D; parentheses or
-    brackets around a shape are allowed), a scalar a single number.
+    ``kinds`` maps parameter names to ``"tensor"``, ``"int"``, ``"bool"`` or ``"float"``: a
+    tensor always gets a shape tuple (``x=4096`` is 1-D, ``x=`` and ``x=()`` are 0-D;
+    parentheses or brackets around a shape are allowed), a scalar a single number (a bool
+    also ``true``/``false``, as ``Program.plan`` takes True/False).
     """
     name, sep, value = text.partition("=")
     name = name.strip()
@@ -146,9 +147,12 @@ def parse_assignment(text: str, kinds: dict[str, str]) -> tuple[str, Any]:
             return name, tuple(int(p) for p in parts)
         if len(parts) != 1:
             raise ValueError
+        if kind == "bool" and parts[0].lower() in ("true", "false"):
+            return name, parts[0].lower() == "true"
         return name, (float(parts[0]) if kind == "float" else int(parts[0]))
     except ValueError:
-        want = {"tensor": "a shape of integers", "int": "an integer", "float": "a number"}[kind]
+        want = {"tensor": "a shape of integers", "int": "an integer", "float": "a number",
+                "bool": "true, false, 0 or 1"}[kind]
         raise CLIError(f"{name}: expected {want} (got {value!r})") from None
 
 
@@ -253,7 +257,8 @@ def _param_kinds(summary: Any) -> dict[str, str]:
         if isinstance(p, Tensor):
             kinds[p.name] = "tensor"
         else:
-            kinds[p.name] = "int" if (p.dtype.is_integer or p.dtype.kind == "b") else "float"
+            kinds[p.name] = ("bool" if p.dtype.kind == "b" else
+                             "int" if p.dtype.is_integer else "float")
     return kinds
 
 
@@ -381,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="a .kpack artifact")
     p.add_argument("program", help="program name (inspect lists them)")
     p.add_argument("values", nargs="*", metavar="NAME=VALUE",
-                   help="tensor shapes (x=4096,1000) and scalars (s=3, a=0.5)")
+                   help="tensor shapes (x=4096,1000) and scalars (s=3, a=0.5, flag=true)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
     p = add("diff", cmd_diff, "compare two artifacts (exit 0 identical, 1 different, 2 on an error)")
@@ -419,7 +424,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kernelpack`` console script; returns the exit status."""
     _tolerant_output()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "eval" and not any(e.startswith("-") for e in extra):
+        # `eval FILE PROG --json x=4096`: argparse ends a `*` positional at the first option
+        args.values += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args))
     except UsageError as exc:

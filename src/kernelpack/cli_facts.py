@@ -217,6 +217,9 @@ def plan_facts(plan: Any) -> dict[str, Any]:
         "variant": plan.variant if isinstance(plan.variant, (int, str, type(None)))
         else str(plan.variant),
         "symbols": {k: int(v) for k, v in dict(plan.symbols).items()},
+        # what the runtime passes for each computed scalar: in ``symbols`` a bound symbol of
+        # the same name wins, so the value a kernel gets for it is only here
+        "computed": {k: int(v) for k, v in dict(getattr(plan, "computed", {})).items()},
         "allocations": [{
             "name": a.name, "kind": getattr(a, "kind", ""), "dtype": str(a.dtype),
             "shape": [int(d) for d in a.shape], "nbytes": int(a.nbytes),
@@ -305,16 +308,32 @@ def _dict_changes(a: Any, b: Any, path: str) -> Iterable[str]:
                 yield f"{sub}: {_short(a[key])} -> (absent)"
             else:
                 yield from _dict_changes(a[key], b[key], sub)
-    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+    elif isinstance(a, list) and isinstance(b, list) and (
+            len(a) == len(b) or any(isinstance(v, dict) for v in a + b)):
+        # lists of records (variants, launches, params) that grew or shrank: compared item by
+        # item, the extra ones named; not the whole of both lists printed on one line
         for i, (x, y) in enumerate(zip(a, b)):
             yield from _dict_changes(x, y, f"{path}[{i}]")
+        for i in range(len(b), len(a)):
+            yield f"{path}[{i}]: {_short(a[i])} -> (absent)"
+        for i in range(len(a), len(b)):
+            yield f"{path}[{i}]: (absent) -> {_short(b[i])}"
     elif a != b:
         yield f"{path}: {_short(a)} -> {_short(b)}"
 
 
 def _short(value: Any) -> str:
+    """A record in a few words: ``<x>`` for a parameter, ``<axpy>`` for a launch, ``<variant
+    when m <= 1024: rowsum>``, ``<constraint n >= 1>``."""
     if isinstance(value, dict) and ("name" in value or "kernel" in value):
         return f"<{value.get('name') or value.get('kernel')}>"
+    if isinstance(value, dict) and "launches" in value:
+        kernels = ", ".join(str(launch.get("kernel")) for launch in value["launches"])
+        return f"<variant when {value.get('predicate') or 'always'}: {kernels}>"
+    if isinstance(value, dict) and "predicate" in value:
+        return f"<constraint {value['predicate']}>"
+    if isinstance(value, dict) and "text" in value:
+        return f"<{value.get('kind')} {value['text']}>"
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
         return "[" + ", ".join(_short(v) for v in value) + "]"
     return str(value) if isinstance(value, str) else repr(value)

@@ -18,6 +18,10 @@ from .cli_facts import printable_facts
 
 __all__ = ["console", "render_pack", "render_plan", "human_size", "signature_text"]
 
+# rows of ``eval``'s launch table at most (runs of identical launches are one row already);
+# ``--json`` has every launch
+MAX_PLAN_ROWS = 1000
+
 
 def console(file: TextIO | None = None) -> Console:
     """A console for ``file`` (stdout): colours on a terminal, 160 columns of plain text when
@@ -63,6 +67,15 @@ def _dim3(values: list[str]) -> str:
     return trimmed[0] if len(trimmed) == 1 else "(" + ", ".join(trimmed) + ")"
 
 
+def _repeat(count: str | None, loop: str | None) -> str:
+    """``3x, loop s`` for a constant count; a count that is an expression is bracketed,
+    ``(lg)x`` or ``(n + 1)x``, so that ``lg`` repeated does not read as a symbol ``lgx``."""
+    if count is None:
+        return "-"
+    times = f"{count}x" if count.isdigit() else f"({count})x"
+    return times + (f", loop {loop}" if loop else "")
+
+
 def signature_text(sig: dict[str, Any]) -> str:
     if not sig["signed"]:
         return "unsigned"
@@ -106,10 +119,7 @@ def _render_program(con: Console, prog: dict[str, Any]) -> None:
                   " zero-init" if s["zero_init"] else "")
         table = _table("#", "kernel", "module", "grid", "block", "shared mem", "repeat", "args")
         for j, launch in enumerate(variant["launches"]):
-            repeat = "-"
-            if launch["count"] is not None:
-                repeat = f"{launch['count']}x" + (f", loop {launch['loop']}"
-                                                  if launch["loop"] else "")
+            repeat = _repeat(launch["count"], launch["loop"])
             _row(table, j, launch["kernel"], launch["module"], _dim3(launch["grid"]),
                  _dim3(launch["block"]), launch["shared_mem"], repeat,
                  ", ".join(a["text"] for a in launch["args"]))
@@ -147,10 +157,18 @@ def _render_module(con: Console, module: dict[str, Any]) -> None:
 
 def render_plan(con: Console, facts: dict[str, Any]) -> None:
     """A concrete plan: symbols, allocations with sizes, launches with numbers."""
-    facts = printable_facts(facts)
+    # runs of identical launches first: up to 2**20 launches need not be made printable
+    rows = [(index, printable_facts(launch))
+            for index, launch in _launch_runs(facts["launches"])[:MAX_PLAN_ROWS + 1]]
+    count = len(facts["launches"])
+    facts = printable_facts({k: v for k, v in facts.items() if k != "launches"})
     _line(con, ("program ", "bold"), str(facts["program"]), ("   variant ", "bold"),
           str(facts["variant"]))
     _line(con, "symbols: ", ", ".join(f"{k}={v}" for k, v in facts["symbols"].items()) or "-")
+    # a computed scalar is in ``symbols`` already, unless a bound symbol of its name hides it
+    hidden = {k: v for k, v in facts.get("computed", {}).items() if facts["symbols"].get(k) != v}
+    if hidden:
+        _line(con, "computed: ", ", ".join(f"{k}={v}" for k, v in hidden.items()))
     if facts["allocations"]:
         allocs = _table("name", "kind", "dtype", "shape", "bytes", "zero-init",
                         title="allocations", right=("bytes",))
@@ -163,7 +181,26 @@ def render_plan(con: Console, facts: dict[str, Any]) -> None:
         _line(con, "allocations: none")
     launches = _table("#", "kernel", "module", "grid", "block", "shared mem", "args",
                       title="launches")
-    for i, launch in enumerate(facts["launches"]):
-        _row(launches, i, launch["kernel"], launch["module"], tuple(launch["grid"]),
+    for index, launch in rows[:MAX_PLAN_ROWS]:
+        _row(launches, index, launch["kernel"], launch["module"], tuple(launch["grid"]),
              tuple(launch["block"]), launch["shared_mem"], ", ".join(map(str, launch["args"])))
     con.print(launches)
+    if len(rows) > MAX_PLAN_ROWS:
+        first = rows[MAX_PLAN_ROWS][0].split("..")[0]
+        _line(con, f"... launches {first}..{count - 1} not shown "
+                   f"(--json lists every launch)")
+
+
+def _launch_runs(launches: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """One row per run of identical consecutive launches, numbered ``3..8``: a launch
+    repeated a million times (the format's limit) is one row, not a table that takes
+    minutes to lay out."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    i = 0
+    while i < len(launches):
+        j = i + 1
+        while j < len(launches) and launches[j] == launches[i]:
+            j += 1
+        rows.append((str(i) if j == i + 1 else f"{i}..{j - 1}", launches[i]))
+        i = j
+    return rows
