@@ -170,7 +170,7 @@ def ptx(b: Build) -> Build:
     # run on anything but an sm_90)
     spans = any((a.major, a.minor) != (lowest.major, lowest.minor) for a in b.archs)
     cpu = f"sm_{lowest.major}{lowest.minor}{'' if spans else lowest.suffix}"
-    text = emit_ptx(b.ir, cpu, b.kernels, b.libdevice)
+    text = emit_ptx(b.ir, cpu, b.kernels, b.libdevice, b.options.opt)
     # LLVM numbers call sequences in comments with a per-process counter (`{ // callseq 3,
     # 0`): a second compile in one process gave other PTX bytes (float64 sin/cos call their
     # slow path). The comments go; nvJitLink's cubins are the same with or without them.

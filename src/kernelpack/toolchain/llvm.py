@@ -82,15 +82,17 @@ def data_layout() -> str:
 
 def pass_builder(cpu: str, opt: int = 3):
     """A new-pass-manager builder bound to the NVPTX machine (so NVVMReflect and the NVPTX
-    passes are registered)."""
+    passes are registered), at LLVM optimization level ``opt`` (0..3)."""
     llvm = _binding()
     pto = llvm.create_pipeline_tuning_options(speed_level=opt)
-    return llvm.create_pass_builder(target_machine(cpu), pto)
+    return llvm.create_pass_builder(target_machine(cpu, opt), pto)
 
 
-def emit_ptx(ir_text: str, cpu: str, kernels: tuple[str, ...], libdevice: bool) -> bytes:
+def emit_ptx(ir_text: str, cpu: str, kernels: tuple[str, ...], libdevice: bool,
+             opt: int = 3) -> bytes:
     """Parse, verify, link libdevice (when the IR calls ``__nv_*``), internalize everything but
-    ``kernels``, run LLVM's O3 pipeline and emit PTX for ``cpu``.
+    ``kernels``, run LLVM's ``opt`` pipeline (``kp.compile(..., opt=)``, 0..3) and emit PTX for
+    ``cpu`` from a target machine at the same level.
 
     Raises CompileError with LLVM's message on malformed IR or a backend failure.
     """
@@ -115,10 +117,10 @@ def emit_ptx(ir_text: str, cpu: str, kernels: tuple[str, ...], libdevice: bool) 
         for fn in mod.functions:
             if not fn.is_declaration and fn.name not in keep:
                 fn.linkage = "internal"
-        pb = pass_builder(cpu)
+        pb = pass_builder(cpu, opt)
         try:
             pb.getModulePassManager().run(mod, pb)
-            ptx = target_machine(cpu).emit_assembly(mod)
+            ptx = target_machine(cpu, opt).emit_assembly(mod)
         except RuntimeError as exc:
             raise CompileError(f"LLVM failed to emit PTX for {cpu}", str(exc)) from exc
     if ".extern .func" in ptx:  # an unresolved call: nvJitLink would fail later, less clearly
