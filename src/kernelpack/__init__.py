@@ -32,9 +32,23 @@ from .fusion import (abs, arange, ceil, complex, cos, erf, exp, exp2, floor, fus
 
 def compile(f, targets=("sm_80", "sm_90", "ptx"), *, static=None, cache=None,  # type: ignore[no-untyped-def]
             **options):
-    """Lower a ``@kp.fusion`` to PTX and cubins with a derived summary → :class:`Compiled`
-    (see :func:`kernelpack.lowering.compile_fusion`; imports llvmlite on first call). With
-    ``cache``, a hit returns the cached artifact without importing the lowering at all."""
+    """Lower a ``@kp.fusion`` to PTX and cubins with a derived summary → :class:`Compiled`.
+
+    Parameters
+    ----------
+    f: the ``@kp.fusion`` function.
+    targets: ``"sm_XY"`` (also ``sm_90a``, ``sm_100f``) for a cubin each, ``"ptx"`` for a PTX
+        image of the lowest architecture (drivers of newer GPUs compile it). At least one
+        architecture; the order does not matter.
+    static: ``{"dim": size}`` makes those dims constants in the code (a call with another
+        size is a ``ConstraintError``); everything else stays symbolic.
+    cache: a :class:`Cache`: a hit returns the stored artifact (``.origin`` ``"disk"`` or
+        ``"remote"``) without importing the lowering; a miss compiles and stores.
+    opt: LLVM's optimization level, 0..3 (default 3).
+
+    ``static``, ``opt`` and ``targets`` are part of the cache key. Compile errors raise
+    ``CompileError`` with the LLVM/nvJitLink log, trace errors ``TraceError``. The lowering
+    (llvmlite) is imported on the first compile, not at ``import kernelpack``."""
     from .compile_entry import compile as _compile
     return _compile(f, targets, static=static, cache=cache, **options)
 
