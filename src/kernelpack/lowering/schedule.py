@@ -35,8 +35,8 @@ from ..summary import Scratch
 from .materialize import workspace_stages
 from .traits import heavy as _heavy, per_row, row_transcendental as _row_transcendental
 
-__all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "lockstep", "reduces_of", "row_outer",
-           "vector_width", "BLOCK", "UNROLL", "ROW_BLOCK", "WARP_ROWS", "CHUNK", "GRID_CAP",
+__all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "lockstep", "reduces_of",
+           "row_outer", "vector_width", "BLOCK", "UNROLL", "ROW_BLOCK", "WARP_ROWS", "CHUNK", "GRID_CAP",
            "THREAD_ROW_MAX", "WARP_ROW_MAX", "SPREAD", "WARP_KEEP_MAX", "REG_GROUPS",
            "REG_GROUPS_WIDE",
            "REG_GROUPS_LIGHT", "REG_GROUPS_LIGHT_WIDE", "MIN_THREADS_PER_SM", "TILE_CHUNKS", "TILE_WARP_MAX",
