@@ -11,6 +11,7 @@ import os
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -47,13 +48,14 @@ def test_program_builds_its_evaluators_on_first_value() -> None:
         prog.value(zero, positions[2], "grid")
 
 
-def test_small_load_path_imports() -> None:
+def test_small_load_path_imports(tmp_path: Path) -> None:
     """Loading a small artifact reads it (no mmap import); the verifier's Buffer alias is a
-    PEP 604 union, and the fast planner's type aliases exist only for type checkers."""
+    PEP 604 union, and the fast planner's type aliases exist only for type checkers. The
+    artifact goes to ``tmp_path`` (a ``tempfile.mkdtemp()`` here was left behind every run)."""
     code = ("import sys, json, kernelpack as kp\n"
             "from kp_samples import axpy\n"
-            "import tempfile, os\n"
-            "path = os.path.join(tempfile.mkdtemp(), 'a.kpack')\n"
+            "import os\n"
+            "path = os.path.join(sys.argv[1], 'a.kpack')\n"
             "kp.save([axpy()], path)\n"
             "had = 'mmap' in sys.modules\n"
             "pack = kp.load(path)\n"
@@ -61,8 +63,9 @@ def test_small_load_path_imports() -> None:
             "import kernelpack.verify as v, kernelpack._plan_fast as f\n"
             "print(json.dumps([had, 'mmap' in sys.modules, str(v.Buffer), hasattr(f, 'FastPlan')]))\n")
     path = os.pathsep.join([os.path.dirname(__file__), *[p for p in sys.path if p]])
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120, env={**os.environ, "PYTHONPATH": path}).stdout
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                         text=True, check=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": path}).stdout
     had, has, buffer, fastplan = json.loads(out.splitlines()[-1])
     assert (had, has) == (False, False)
     assert buffer == "bytes | bytearray | memoryview" and fastplan is False

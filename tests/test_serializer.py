@@ -159,8 +159,14 @@ def test_write_errors_name_the_path_not_a_temp_file(tmp_path: Path) -> None:
 
 
 def test_overwriting_keeps_the_file_mode(tmp_path: Path) -> None:
+    """A new file gets 0666 & ~umask (pinned to 022 here: CI runners use 002 or 077 too, so
+    a bare 0644 failed there); an overwrite keeps the mode the file has."""
     path = tmp_path / "a.kpack"
-    kp.save(kp_samples.axpy(), path)
+    old = os.umask(0o022)
+    try:
+        kp.save(kp_samples.axpy(), path)
+    finally:
+        os.umask(old)
     assert os.stat(path).st_mode & 0o777 == 0o644
     os.chmod(path, 0o600)
     kp.save(kp_samples.rich(), path)  # e.g. `kernelpack sign` in place

@@ -16,7 +16,8 @@ import pytest
 import kernelpack as kp
 from kernelpack.cache import Cache, CacheWarning, DiskStore
 
-from .conftest import AXPY_PTX, axpy_external, axpy_params, from_cubin, spawn_worker
+from .conftest import (AXPY_PTX, axpy_external, axpy_params, finish_workers, from_cubin,
+                       spawn_worker)
 from .worker import key_for
 
 
@@ -220,9 +221,8 @@ def test_eight_processes_twenty_keys_compile_each_once(tmp_path: Path, cubin_fil
     procs = [spawn_worker("race", str(tmp_path / "cache"), "-", str(marker), str(cubin_file),
                           "20", str(seed), "-") for seed in range(8)]
     results = []
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
+    for code, out, err in finish_workers(procs):
+        assert code == 0, err
         results.append(json.loads(out.strip().splitlines()[-1]))
     compiles = Counter(marker.read_text().split())
     assert len(compiles) == 20 and set(compiles.values()) == {1}, compiles

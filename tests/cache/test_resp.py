@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import subprocess
 import threading
 from pathlib import Path
 
@@ -40,33 +39,17 @@ def test_commands(redis_server: RedisServer) -> None:
 
 
 def test_database_and_password(tmp_path: Path) -> None:
-    binary = RedisServer(tmp_path)  # skips when redis-server is missing
-    binary.kill()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([binary.binary, "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no", "--requirepass", "s3cret",
-                             "--dir", str(tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = RedisServer(tmp_path, password="s3cret")  # skips when redis-server is missing
     try:
+        port = server.port
         c = RespClient(f"redis://:s3cret@127.0.0.1:{port}/3", timeout_s=1)
-        for _ in range(100):
-            try:
-                c.ping()
-                break
-            except OSError:
-                import time
-
-                time.sleep(0.05)
         c.set("x", b"in db 3")
         other = RespClient(f"redis://:s3cret@127.0.0.1:{port}/0", timeout_s=1)
         assert other.get("x") is None and c.get("x") == b"in db 3"
         with pytest.raises(RespError):
             RespClient(f"redis://:wrong@127.0.0.1:{port}/0", timeout_s=1).ping()
     finally:
-        proc.kill()
-        proc.wait()
+        server.kill()
 
 
 def test_bad_urls() -> None:

@@ -34,7 +34,11 @@ def race(cache_dir: str, remote: str, marker: str, cubin_path: str, nkeys: str, 
     kwargs = {}
     if keyfile != "-":
         kwargs = {"sign_with": keyfile}
-    cache = kp.Cache(cache_dir, remote=None if remote == "-" else remote, **kwargs)
+    # timeout_s well above the 1 s default: eight workers on a loaded 2-core CI box may wait
+    # over a second for Redis, and one timeout switches that worker's remote off for 30 s
+    # (it then compiles keys the others did: a failed race that is no product bug).
+    cache = kp.Cache(cache_dir, remote=None if remote == "-" else remote, timeout_s=10.0,
+                     **kwargs)
     order = list(range(int(nkeys)))
     random.Random(int(seed)).shuffle(order)
     origins: dict[str, int] = {}

@@ -1,0 +1,19 @@
+"""Suite-wide test settings.
+
+Hypothesis draws its examples from a fixed seed per test (``derandomize``): CI runs the suite
+once in a fresh clone, and a property test that found a new counterexample only on that run
+would block a landing with a failure nobody can reproduce from the log. Exploration with fresh
+seeds is opt-in: ``KERNELPACK_TEST_HYPOTHESIS_RANDOM=1 pytest ...`` (the fuzzers in ``tests/``
+and ``tools/`` search further).
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import settings
+
+settings.register_profile("kernelpack-fixed", derandomize=True)
+settings.register_profile("kernelpack-random", derandomize=False)
+settings.load_profile("kernelpack-random" if os.environ.get("KERNELPACK_TEST_HYPOTHESIS_RANDOM")
+                      else "kernelpack-fixed")
