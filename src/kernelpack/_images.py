@@ -107,6 +107,12 @@ Stored = Union[memoryview, FileBlob]
 class ImageInfo:
     """Metadata of one stored image; :meth:`read` returns its checked raw bytes."""
 
+    def __reduce__(self) -> Any:
+        # (was "cannot pickle memoryview objects": it reads from its pack's buffer)
+        raise TypeError(f"a loaded image ({self.module!r} {self.kind} {self.arch}) cannot be "
+                        f"pickled or copied: it reads from its pack's buffer; send "
+                        f"pack.compiled(name) (or the artifact's bytes) instead")
+
     __slots__ = ("module", "kind", "arch", "codec", "stored_size", "raw_size", "digest",
                  "raw_digest", "toolchain", "cuda_version", "ptx_isa", "blob", "_stored",
                  "_data", "_stored_ok")

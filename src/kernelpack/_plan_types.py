@@ -70,6 +70,18 @@ class Plan(NamedTuple):
     launches: tuple[PlannedLaunch, ...]
     computed: Mapping[str, int] = NO_COMPUTED
 
+    def __reduce__(self) -> tuple:
+        """Pickle the read-only views as dicts (a mappingproxy cannot be pickled: a plan sent
+        to a worker process failed) and wrap them again on the other side."""
+        return (_rebuild_plan, (self.program, self.variant, dict(self.symbols),
+                                dict(self.allocations), self.launches, dict(self.computed)))
+
+
+def _rebuild_plan(program: str, variant: int, symbols: dict, allocations: dict,
+                  launches: tuple, computed: dict) -> Plan:
+    return Plan(program, variant, MappingProxyType(symbols), MappingProxyType(allocations),
+                launches, MappingProxyType(computed) if computed else NO_COMPUTED)
+
 
 def tensors_first(inputs: Sequence[Any]) -> list[Any]:
     """``inputs`` with the tensors before the scalars (each kind in its own order): both
