@@ -19,7 +19,7 @@ from typing import Mapping, Sequence, Union
 from .compiled import Image
 from .errors import CompileError
 from .limits import MAX_IMAGE_SIZE, MAX_NAME_LENGTH
-from .targets import Arch, parse_arch, parse_target_list
+from .targets import Arch, parse_arch, parse_target_list, portable_lowest
 
 __all__ = ["read_source", "ptx_entries", "ptx_entry_params", "cubin_entries", "cubin_arch",
            "cubin_entry_params", "images_from_ptx", "images_from_cuda", "images_from_cubins",
@@ -79,7 +79,7 @@ def ptx_from_llvm_ir(ir: bytes, targets: Sequence[str]) -> tuple[str, str]:
     the targets span several architectures: PTX for ``sm_90a`` cannot be built for ``sm_100``,
     while PTX for ``sm_90`` builds both."""
     archs, _ = parse_target_list(targets)
-    lowest = _portable_lowest(archs)
+    lowest = portable_lowest(archs)
     try:
         import llvmlite.binding as llvm
     except ImportError as exc:
@@ -100,15 +100,6 @@ def ptx_from_llvm_ir(ir: bytes, targets: Sequence[str]) -> tuple[str, str]:
     machine = llvm.Target.from_triple(triple).create_target_machine(cpu=lowest.sm, opt=3)
     version = ".".join(str(v) for v in llvm.llvm_version_info)
     return machine.emit_assembly(module), f"LLVM {version} NVPTX (llvmlite {llvmlite.__version__})"
-
-
-def _portable_lowest(archs: Sequence[Arch]) -> Arch:
-    """The lowest of ``archs`` (sorted), without its ``a``/``f`` suffix when they span several
-    architectures: compute_90a PTX runs on an sm_90 only, no fallback for ``sm_100``."""
-    lowest = archs[0]
-    if any((a.major, a.minor) != (lowest.major, lowest.minor) for a in archs):
-        lowest = Arch(lowest.major, lowest.minor)
-    return lowest
 
 
 def ptx_entries(ptx: bytes) -> list[str]:
@@ -219,7 +210,7 @@ def images_from_cuda(source: bytes, entry: str, targets: Sequence[str], options:
     if want_ptx:
         ptx_archs = {arch for arch in archs if arch.compute in named}
         if "ptx" in named:
-            ptx_archs.add(_portable_lowest(archs))
+            ptx_archs.add(portable_lowest(archs))
         jobs += [(arch, True) for arch in sorted(ptx_archs)]
     expression = entry if nvrtc.needs_name_expression(entry) else None
     hint = ("" if expression is not None else

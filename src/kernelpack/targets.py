@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-__all__ = ["Arch", "parse_arch", "parse_target_list"]
+__all__ = ["Arch", "parse_arch", "parse_target_list", "portable_lowest"]
 
 # re.ASCII: without it \d also matches other scripts' digits ("sm_\u0669\u0660" would be sm_90).
 _ARCH_RE = re.compile(r"^(sm|compute)_(\d{1,2})(\d)([af]?)$", re.ASCII)
@@ -81,3 +81,14 @@ def parse_target_list(targets: Iterable[str]) -> tuple[list[Arch], bool]:
     if not cubins:
         raise ValueError(f"targets name no architecture (got {list(targets)!r})")
     return sorted(set(cubins)), want_ptx
+
+
+def portable_lowest(archs: Iterable[Arch]) -> Arch:
+    """The architecture one PTX serves every target from: the lowest of ``archs``, without its
+    ``a``/``f`` suffix when they span several architectures (PTX for ``sm_90a`` runs on an
+    sm_90 only and cannot be built for ``sm_100``; PTX for ``sm_90`` builds both)."""
+    archs = list(archs)
+    lowest = min(archs)
+    if any((a.major, a.minor) != (lowest.major, lowest.minor) for a in archs):
+        lowest = Arch(lowest.major, lowest.minor)
+    return lowest

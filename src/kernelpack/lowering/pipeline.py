@@ -21,7 +21,7 @@ from ..graph import Graph
 from ..limits import MAX_VARIANTS
 from ..compiled import Compiled, Image, Module
 from ..summary import Arg, Constraint, KernelSummary, Launch, Scalar, Tensor, Variant
-from ..targets import Arch, parse_target_list
+from ..targets import Arch, parse_target_list, portable_lowest
 from .schedule import Stage, lockstep, plan, variants
 
 __all__ = ["Options", "Build", "STAGES", "run", "compile_fusion"]
@@ -164,12 +164,7 @@ def llvm_ir(b: Build) -> Build:
 def ptx(b: Build) -> Build:
     from ..toolchain.llvm import emit_ptx
 
-    lowest = min(b.archs)
-    # one PTX serves every cubin and the "ptx" image: an a/f suffix stays only when every
-    # target is that one architecture (PTX for sm_90a cannot become an sm_100 cubin, nor
-    # run on anything but an sm_90)
-    spans = any((a.major, a.minor) != (lowest.major, lowest.minor) for a in b.archs)
-    cpu = f"sm_{lowest.major}{lowest.minor}{'' if spans else lowest.suffix}"
+    cpu = portable_lowest(b.archs).sm  # one PTX serves every cubin and the "ptx" image
     text = emit_ptx(b.ir, cpu, b.kernels, b.libdevice, b.options.opt)
     # LLVM numbers call sequences in comments with a per-process counter (`{ // callseq 3,
     # 0`): a second compile in one process gave other PTX bytes (float64 sin/cos call their

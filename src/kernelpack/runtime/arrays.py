@@ -23,7 +23,7 @@ from ..dtypes import DType, as_dtype
 from ..errors import LaunchError
 
 __all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "adapter_for",
-           "stream_handle", "GENERIC", "hold", "release_held", "is_readonly", "readonly_why"]
+           "stream_handle", "GENERIC", "hold", "release_held", "readonly_why"]
 
 ArrayFacts = tuple  # (ptr, shape, dtype token, device ordinal (-1: host), contiguous)
 
@@ -163,11 +163,6 @@ def _read_cai(cai: dict, what: str, stream: int) -> ArrayFacts:
             from .buffer import _order_after
             _order_after(device, producer, consumer)
     return ptr, shape, dtype, device, contiguous
-
-
-def is_readonly(obj: Any) -> bool:
-    """Whether ``obj``'s memory must not be written: such an array cannot be an output."""
-    return readonly_why(obj) is not None
 
 
 def readonly_why(obj: Any) -> str | None:
