@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 from ._plan_types import (MAX_GRID_X, MAX_GRID_YZ, NO_COMPUTED, Allocation, Plan,
                           PlannedLaunch, check_block, check_smem, dim, dim_at, dtype_range,
                           tensors_first)
-from .dtypes import DType
+from .dtypes import DType, is_numpy_bool
 from .errors import ConstraintError
 from .expr import INT64_MAX, Expr
 from .expr_program import ExprEncoder, ExprProgram
@@ -25,15 +25,6 @@ from .limits import MAX_LAUNCH_REPEAT, MAX_PLANNED_LAUNCHES
 from .summary import KernelSummary, Scalar, Tensor
 
 __all__ = ["ReferencePlanner"]
-
-
-def _numpy_bool(value: Any) -> int | None:
-    """``numpy.bool_`` as 0/1 (it has no ``__index__``, unlike Python's bool, which a scalar
-    takes): what a NumPy comparison gives for a ``kp.bool_`` flag. None for anything else."""
-    cls = value.__class__
-    if cls.__name__ in ("bool_", "bool") and cls.__module__ == "numpy":  # NumPy 1 / 2
-        return 1 if value else 0
-    return None
 
 
 class _Field:
@@ -192,10 +183,10 @@ class ReferencePlanner:
             try:
                 v = operator.index(value)
             except TypeError:
-                v = _numpy_bool(value)
-                if v is None:
+                if not is_numpy_bool(value):  # (a NumPy comparison's flag: 0/1)
                     raise TypeError(f"scalar {pname} must be an integer (got {value!r})") \
                         from None
+                v = 1 if value else 0
             if not lo <= v <= hi:
                 raise ConstraintError(f"scalar {pname} = {v} is outside its dtype range "
                                       f"{lo}..{hi}")

@@ -15,7 +15,7 @@ __all__ = [
     "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
     "f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
     "c64", "c128",
-    "ALL_DTYPES", "dtype_from_code", "as_dtype",
+    "ALL_DTYPES", "dtype_from_code", "as_dtype", "is_numpy_bool",
 ]
 
 
@@ -113,3 +113,11 @@ def as_dtype(value: object) -> DType:
         return _BY_NAME[name]
     except KeyError:
         raise TypeError(f"not a kernelpack dtype (got {value!r})") from None
+
+
+def is_numpy_bool(value: object) -> bool:
+    """Whether ``value`` is a ``numpy.bool_`` (what a NumPy comparison gives for a flag),
+    without importing NumPy. It has ``__float__`` but no ``__index__``, unlike Python's bool,
+    so integer checks refuse it; scalars, plans and yes/no fields take it as 0/1."""
+    cls = value.__class__
+    return cls.__name__ in ("bool_", "bool") and cls.__module__ == "numpy"  # NumPy 1 / 2

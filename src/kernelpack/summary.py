@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence, Union
 
-from .dtypes import DType, as_dtype
+from .dtypes import DType, as_dtype, is_numpy_bool
 from .expr import Expr, ExprLike, as_expr, const
 from .limits import (MAX_ARGS, MAX_CONSTRAINTS, MAX_LAUNCHES, MAX_NAME_LENGTH, MAX_PARAMS,
                      MAX_RANK, MAX_SCRATCH, MAX_VARIANTS)
@@ -53,8 +53,7 @@ def _flag(value: object, what: str) -> bool:
     an error naming nothing of the caller's."""
     if value.__class__ is bool:
         return value  # type: ignore[return-value]
-    cls = value.__class__
-    if cls.__name__ in ("bool_", "bool") and cls.__module__ == "numpy":
+    if is_numpy_bool(value):
         return bool(value)
     if isinstance(value, int) and value in (0, 1):
         return bool(value)

@@ -13,7 +13,7 @@ import operator
 import struct
 from typing import Any
 
-from ..dtypes import DType
+from ..dtypes import DType, is_numpy_bool
 from ..errors import ConstraintError
 
 __all__ = ["convert_scalar", "bfloat16_bits"]
@@ -58,15 +58,6 @@ def _overflowed(value: Any, v: float) -> bool:
         return False
 
 
-def _is_numpy_bool(value: Any) -> bool:
-    """Whether ``value`` is a ``numpy.bool_`` (what a NumPy comparison gives for a flag). It
-    has ``__float__`` but no ``__index__``, unlike Python's bool, so the integer checks below
-    would refuse it; ``program.plan()`` takes it as 0/1 (``_plan_ref._numpy_bool``), and a
-    call must accept what plan() accepts."""
-    cls = value.__class__
-    return cls.__name__ in ("bool_", "bool") and cls.__module__ == "numpy"  # NumPy 1 / 2
-
-
 def _text(value: Any) -> str:
     """A short ``str(value)`` for a message."""
     try:
@@ -106,7 +97,7 @@ def convert_scalar(value: Any, dtype: DType, rng: tuple[int, int] | None, name: 
     if rng is not None:
         if value.__class__ is int:
             v = value
-        elif _is_numpy_bool(value):
+        elif is_numpy_bool(value):  # plan() takes it as 0/1, so a call must too
             v = 1 if value else 0
         else:
             if isinstance(value, float) or (not hasattr(value, "__index__")
