@@ -9,6 +9,7 @@ whether or not a remote is configured, so a program behaves the same with and wi
 from __future__ import annotations
 
 import contextlib
+import re
 import math
 import os
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Callable, Iterator, TypeVar
 from .. import config
 from ..errors import CacheError
 
-__all__ = ["from_env", "key_list", "maintenance", "positive_int", "seconds"]
+__all__ = ["from_env", "key_list", "maintenance", "positive_int", "redact_url", "seconds"]
 
 T = TypeVar("T")
 
@@ -81,3 +82,19 @@ def maintenance(what: str, root: Path) -> Iterator[None]:
     except OSError as exc:
         raise CacheError(f"cannot {what} the disk cache {str(root)!r}: "
                          f"{exc.strerror or exc}") from exc
+
+
+def redact_url(url: object) -> str:
+    """``url`` with any password replaced by ``***``: URLs end up in reprs, warnings, logs and
+    exception messages, and a Redis password must not (``redis://user:***@host:port/db``, and
+    a ``password=`` query parameter, which redis-py also reads)."""
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
+    if not sep:  # not a URL at all (a typo): hide whatever stands between ':' and '@'
+        return re.sub(r":[^:@/]*@", ":***@", text)
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, hostport = netloc.rpartition("@")
+    if at and ":" in userinfo:  # user:password@ (a bare user@ is a user name, kept)
+        netloc = f"{userinfo.partition(':')[0]}:***@{hostport}"
+    tail = re.sub(r"(?i)((?:^|[?&])password=)[^&#]*", r"\1***", tail)
+    return f"{scheme}://{netloc}{slash}{tail}"

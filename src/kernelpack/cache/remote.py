@@ -19,12 +19,12 @@ Keys: ``kernelpack:1:entry:<digest>``, ``...:lock:<digest>``, ``...:parts:<diges
 from __future__ import annotations
 
 import hashlib
-import re
 import secrets
 import struct
 from typing import Any, Iterable
 
 from ..errors import CacheError, SignatureError
+from ._args import redact_url
 from .disk import check_digest
 from .keys import CacheKey
 
@@ -127,22 +127,6 @@ def unwrap_entry(digest: str, data: bytes, trusted_keys: Iterable[object] | None
     return artifact
 
 
-def redact_url(url: object) -> str:
-    """``url`` with any password replaced by ``***``: URLs end up in reprs, warnings, logs and
-    exception messages, and a Redis password must not (``redis://user:***@host:port/db``, and
-    a ``password=`` query parameter, which redis-py also reads)."""
-    text = str(url)
-    scheme, sep, rest = text.partition("://")
-    if not sep:  # not a URL at all (a typo): hide whatever stands between ':' and '@'
-        return re.sub(r":[^:@/]*@", ":***@", text)
-    netloc, slash, tail = rest.partition("/")
-    userinfo, at, hostport = netloc.rpartition("@")
-    if at and ":" in userinfo:  # user:password@ (a bare user@ is a user name, kept)
-        netloc = f"{userinfo.partition(':')[0]}:***@{hostport}"
-    tail = re.sub(r"(?i)((?:^|[?&])password=)[^&#]*", r"\1***", tail)
-    return f"{scheme}://{netloc}{slash}{tail}"
-
-
 def _check_url(url: str) -> None:
     """ValueError naming ``remote`` for a URL no client could connect with (a port or
     database that is not a number, no host): found here, not as a warning at the first miss
@@ -219,7 +203,8 @@ class RedisStore:
             try:
                 import redis
             except ImportError as exc:
-                raise CacheError(f"remote {redact_url(self.url)!r} needs the 'redis' package: install "
+                raise CacheError(f"remote {redact_url(self.url)!r} needs the 'redis' package: "
+                                 f"install "
                                  f"kernelpack[redis]") from exc
             self._client = redis.Redis.from_url(
                 self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s,

@@ -20,6 +20,8 @@ import threading
 import time
 from urllib.parse import unquote, urlparse
 
+from ._args import redact_url
+
 __all__ = ["RespClient", "RespError", "MAX_REPLY_BYTES", "MIN_TRANSFER_RATE"]
 
 MAX_REPLY_BYTES = 1 << 30  # default bound on one bulk reply (the cache passes a tighter one)
@@ -29,13 +31,6 @@ _MAX_ARRAY = 1 << 16
 # 64 MiB entry on a slow link still arrives, while a server that trickles bytes cannot stretch
 # one command without bound (a per-recv timeout alone never fires against one byte a second).
 MIN_TRANSFER_RATE = 8 << 20  # bytes per second
-
-
-def _redact(url: str) -> str:
-    """The URL without its password (see :func:`kernelpack.cache.remote.redact_url`)."""
-    from .remote import redact_url
-
-    return redact_url(url)
 
 
 class RespError(OSError):
@@ -50,12 +45,13 @@ class RespClient:
                  max_reply_bytes: int = MAX_REPLY_BYTES) -> None:
         parsed = urlparse(url)
         if parsed.scheme != "redis" or not parsed.hostname:
-            raise ValueError(f"expected redis://host:port/db (got {_redact(url)!r})")
+            raise ValueError(f"expected redis://host:port/db (got {redact_url(url)!r})")
         self.host = parsed.hostname
         self.port = parsed.port or 6379
         path = parsed.path.strip("/")
         if path and not path.isdigit():
-            raise ValueError(f"redis database must be a number (got {path!r} in {_redact(url)!r})")
+            raise ValueError(f"redis database must be a number (got {path!r} in "
+                             f"{redact_url(url)!r})")
         self.db = int(path or 0)
         self.username = unquote(parsed.username) if parsed.username else None
         self.password = unquote(parsed.password) if parsed.password else None
