@@ -325,12 +325,8 @@ def array_ufunc(ufunc: Any, method: str, inputs: tuple, kwargs: dict) -> object:
     if method == "__call__" and not kwargs:
         if name in _UFUNC_BINARY and len(inputs) == 2:
             return _binary(_UFUNC_BINARY[name], *inputs)
-        if name == "power" and len(inputs) == 2:
-            base, exp = inputs
-            if isinstance(base, Value) and base.dtype == bool_ and isinstance(exp, int) \
-                    and not isinstance(exp, bool):
-                base = astype(base, int64)  # no ``** 2`` shortcut here: int64, as NumPy's
-            return pow(base, exp)
+        if name == "power" and len(inputs) == 2:  # kp.pow is np.power (a bool base: int64)
+            return pow(*inputs)
         if name in _UFUNC_UNARY and len(inputs) == 1:
             return _unary(_UFUNC_UNARY[name], inputs[0])
         if name == "positive" and len(inputs) == 1:

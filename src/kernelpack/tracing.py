@@ -379,7 +379,8 @@ def pow(x: object, y: object) -> Value:  # noqa: A001
     """``kp.pow(x, y)``, NumPy's ``np.power``: as ``x ** y``, except that a bool base with an
     int exponent is int64 (``np.power(b, 2)``), where the operator's ``b ** 2`` is NumPy's int8
     ``square``."""
-    if isinstance(x, Value) and x.dtype == bool_ and type(y) is int:
+    if isinstance(x, Value) and x.dtype == bool_ and isinstance(y, int) \
+            and not isinstance(y, bool):
         x = astype(x, int64)
     return _power(x, y)
 
