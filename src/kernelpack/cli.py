@@ -4,39 +4,31 @@
 :mod:`kernelpack.cli_cache` is installed. Every subcommand has ``--help``. Exit status: 0 on
 success (``diff``: identical), 1 on a bad file, a failed check or a difference (one line
 ``error: <message>`` on stderr), 2 on a usage error (argparse). Nothing here touches a GPU.
+
+This module is the command line itself: the parser, the types of its options, and
+:func:`main`'s mapping of failures to exit statuses. What each subcommand does is
+:mod:`kernelpack.cli_commands`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import io
-import json
 import os
 import re
 import sys
-from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
+from .cli_commands import EXTENSIONS  # noqa: F401 - kernelpack.cli.EXTENSIONS, as before
+from .cli_commands import (CLIError, UsageError, cmd_diff, cmd_eval, cmd_extract, cmd_inspect,
+                           cmd_keygen, cmd_sign, cmd_verify, parse_assignment, safe_filename)
 from .errors import KernelPackError
 
 __all__ = ["main", "build_parser", "parse_assignment", "safe_filename"]
 
-EXTENSIONS = {"cubin": "cubin", "ptx": "ptx", "host": "o"}
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]")
 
-
-class CLIError(Exception):
-    """A failure the user must see as ``error: <message>`` with exit status 1."""
-
-
-class UsageError(CLIError):
-    """Options that do not go together: ``<prog>: error: <message>``, exit status 2 (as
-    argparse's own usage errors)."""
-
-
-# ---- helpers ------------------------------------------------------------------------------------
+# ---- argument types -----------------------------------------------------------------------------
 def _arch(text: str) -> str:
     from .targets import parse_arch
 
@@ -67,282 +59,6 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a size in bytes such as 4096, 512M or 4G "
                                          f"(got {text!r})")
     return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
-
-
-def _load(path: str, trusted_keys: Sequence[str] | None = None) -> Any:
-    from .loader import load
-
-    if not os.path.isfile(path):
-        raise CLIError(f"{path}: no such file" if not os.path.exists(path)
-                       else f"{path}: not a regular file")
-    if trusted_keys:
-        from .signing import load_public_key
-
-        # read every --trusted-key before the artifact: the loader reads them only for a
-        # signed file, so a mistyped key path was reported as "artifact is unsigned"
-        trusted_keys = [load_public_key(k) for k in trusted_keys]  # type: ignore[misc]
-    return load(path, trusted_keys=list(trusted_keys) if trusted_keys else None)
-
-
-@contextlib.contextmanager
-def _about(path: str) -> Iterator[None]:
-    """A KernelPackError raised inside names ``path``: ``diff`` has two files, and a corrupt
-    image found by ``verify`` must say which file holds it."""
-    try:
-        yield
-    except KernelPackError as exc:
-        from .loader import name_file
-
-        name_file(exc, path)
-        raise
-
-
-def _stdout_console() -> Any:
-    from .cli_render import console
-
-    return console(sys.stdout)
-
-
-def safe_filename(text: str) -> str:
-    """A file name that cannot leave its directory: no separators, no leading dots, no ``..``
-    (names come from the artifact, which is untrusted)."""
-    name = _UNSAFE.sub("_", text).lstrip(".")
-    name = name.replace("..", "_")
-    return name or "_"
-
-
-def _module_stem(name: str) -> str:
-    """A module's file name stem: the name itself when it is safe as it stands, else the safe
-    form plus a hash of the name, so that module names differing only in characters that
-    :func:`safe_filename` replaces (``mé`` and ``mè``) still get one file each."""
-    safe = safe_filename(name)
-    if safe == name:
-        return safe
-    import hashlib
-
-    return f"{safe}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
-
-
-def parse_assignment(text: str, kinds: dict[str, str]) -> tuple[str, Any]:
-    """``x=4096,1000`` -> ("x", (4096, 1000)); ``a=0.5`` -> ("a", 0.5); ``n=7`` -> ("n", 7).
-
-    ``kinds`` maps parameter names to ``"tensor"``, ``"int"``, ``"bool"`` or ``"float"``: a
-    tensor always gets a shape tuple (``x=4096`` is 1-D, ``x=`` and ``x=()`` are 0-D;
-    parentheses or brackets around a shape are allowed), a scalar a single number (a bool
-    also ``true``/``false``, as ``Program.plan`` takes True/False).
-    """
-    name, sep, value = text.partition("=")
-    name = name.strip()
-    if not sep or not name.isidentifier():
-        raise CLIError(f"expected NAME=VALUE such as x=4096,1000 or s=3 (got {text!r})")
-    stripped = value.strip()
-    if len(stripped) >= 2 and (stripped[0], stripped[-1]) in (("(", ")"), ("[", "]")):
-        value = stripped[1:-1]  # x=(4096,1000) or x=[4096,1000], as Python writes shapes
-    parts = [p.strip() for p in value.split(",")] if value.strip() else []
-    if parts and parts[-1] == "":
-        parts.pop()  # "x=4096," is a 1-D shape too
-    kind = kinds.get(name, "tensor" if "," in value else "int")
-    try:
-        if kind == "tensor":
-            return name, tuple(int(p) for p in parts)
-        if len(parts) != 1:
-            raise ValueError
-        if kind == "bool" and parts[0].lower() in ("true", "false"):
-            return name, parts[0].lower() == "true"
-        return name, (float(parts[0]) if kind == "float" else int(parts[0]))
-    except ValueError:
-        want = {"tensor": "a shape of integers", "int": "an integer", "float": "a number",
-                "bool": "true, false, 0 or 1"}[kind]
-        raise CLIError(f"{name}: expected {want} (got {value!r})") from None
-
-
-# ---- subcommands -------------------------------------------------------------------------------
-def cmd_inspect(args: argparse.Namespace) -> int:
-    from .cli_facts import pack_facts
-
-    if args.driver is not None and args.device is None:
-        raise UsageError("--driver needs --device (the architecture to explain the choice for)")
-    pack = _load(args.file)
-    with _about(args.file):
-        facts = pack_facts(pack, device=args.device, driver_version=args.driver)
-    if args.json:
-        print(json.dumps(facts, indent=2))
-    else:
-        from .cli_render import render_pack
-
-        render_pack(_stdout_console(), facts)
-    return 0
-
-
-def _verified(path: str, trusted_keys: Sequence[str] | None = None) -> Any:
-    """The pack at ``path`` after every check ``verify`` makes: structure, every summary and
-    image, and a signature it carries, which must hold under the key it names even when no
-    key is trusted (the loader checks it only against trusted keys): a file changed after
-    signing fails here."""
-    pack = _load(path, trusted_keys)
-    with _about(path):
-        pack.verify()
-        # the digest load() verified, not a second load: no second pass over the file, and no
-        # window in which a replaced file's signature is checked for this pack's contents
-        pack.check_signature_intact()
-    return pack
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    pack = _verified(args.file, args.trusted_key)
-    sig = getattr(pack, "signature", None)
-    modules = list(pack.modules.values())
-    images = [image for m in modules for image in m.images]
-    raw = sum(int(getattr(i, "raw_size", 0)) for i in images)
-    signed = ("unsigned" if sig is None else
-              f"signed by {getattr(sig, 'key_id', '?')}" +
-              (" (trusted)" if getattr(sig, "verified", False)
-               else " (signature intact; key not checked: use --trusted-key)"))
-    print(f"OK: {args.file}: {len(pack.programs)} program(s), {len(modules)} module(s), "
-          f"{len(images)} image(s), {raw} raw bytes; {signed}")
-    return 0
-
-
-def cmd_extract(args: argparse.Namespace) -> int:
-    pack = _load(args.file)
-    out = Path(args.output)
-    if out.exists() and not out.is_dir():
-        raise CLIError(f"{out}: exists and is not a directory")
-    plan: list[tuple[Path, Any]] = []
-    seen: dict[Path, str] = {}
-    for module in pack.modules.values():
-        for image in module.images:
-            ext = EXTENSIONS.get(image.kind, "bin")
-            name = f"{_module_stem(module.name)}.{safe_filename(image.target)}.{ext}"
-            path = out / name
-            label = f"{module.name}/{image.target}"
-            if path in seen:
-                raise CLIError(f"images {seen[path]} and {label} map to one file name {name}")
-            seen[path] = label
-            plan.append((path, image))
-    total = sum(image.raw_size for _, image in plan)  # raw sizes are checked when read
-    if total > args.max_bytes:
-        raise CLIError(f"{args.file}: extracting would write {total} bytes in {len(plan)} "
-                       f"file(s), over the limit of {args.max_bytes} (raise it with "
-                       f"--max-bytes)")
-    # lexists: a dangling symlink counts too (writing through it would create a file elsewhere)
-    existing = [p for p, _ in plan if os.path.lexists(p)]
-    if existing and not args.force:
-        raise CLIError(f"refusing to overwrite {', '.join(map(str, existing))} (use --force)")
-    for path in existing:  # --force replaces files only: fail before anything is written
-        if path.is_symlink() or not path.is_file():
-            raise CLIError(f"{path}: exists and is not a regular file; not overwriting it")
-    checked: set[tuple] = set()
-    with _about(args.file):  # every image checked before anything is created or written,
-        for _, image in plan:  # one at a time: their raw sizes may add up beyond memory
-            if image.check_key not in checked:  # images sharing a blob: checked once
-                image.read(keep=False)  # decompressed and digest-checked
-                checked.add(image.check_key)
-    out.mkdir(parents=True, exist_ok=True)
-    for path, image in plan:
-        with _about(args.file):
-            raw = image.read(keep=False)
-        path.write_bytes(raw)
-        print(f"{path}  ({len(raw)} bytes)")
-    if not plan:
-        print(f"{args.file} holds no images; nothing written")
-    return 0
-
-
-def _param_kinds(summary: Any) -> dict[str, str]:
-    from .summary import Tensor
-
-    kinds: dict[str, str] = {}
-    for p in summary.params:
-        if isinstance(p, Tensor):
-            kinds[p.name] = "tensor"
-        else:
-            kinds[p.name] = ("bool" if p.dtype.kind == "b" else
-                             "int" if p.dtype.is_integer else "float")
-    return kinds
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    from .cli_facts import plan_facts
-
-    pack = _load(args.file)
-    if args.program not in pack.programs:
-        raise CLIError(f"no program {args.program!r} in {args.file} "
-                       f"(programs: {', '.join(pack.programs) or 'none'})")
-    program = pack[args.program]
-    with _about(args.file):
-        kinds = _param_kinds(program.summary)
-    values: dict[str, Any] = {}
-    for text in args.values:
-        given = text.partition("=")[0].strip()
-        if given.isidentifier() and given not in kinds:  # before its value is judged by a guess
-            inputs = [p.name for p in program.summary.params
-                      if getattr(p, "role", "in") != "out" and getattr(p, "value", None) is None]
-            raise CLIError(f"{args.program} has no input {given!r} "
-                           f"(inputs: {', '.join(inputs) or 'none'})")
-        name, value = parse_assignment(text, kinds)
-        if name in values:
-            raise CLIError(f"{name} is given twice ({name}={values[name]!r} and {text!r})")
-        values[name] = value
-    try:
-        plan = program.plan(**values)
-    except TypeError as exc:  # missing or unknown inputs: the user's command line is wrong
-        raise CLIError(str(exc)) from None
-    facts = plan_facts(plan)
-    if args.json:
-        print(json.dumps(facts, indent=2))
-    else:
-        from .cli_render import render_plan
-
-        render_plan(_stdout_console(), facts)
-    return 0
-
-
-def cmd_diff(args: argparse.Namespace) -> int:
-    from .cli_facts import diff_facts, pack_facts, printable
-
-    a, b = _load(args.a), _load(args.b)
-    # Images are compared by their recorded digests, so first prove that the bytes match
-    # them: a corrupt file is an error, never "identical".
-    with _about(args.a):
-        a.verify()
-        fa = pack_facts(a)
-    with _about(args.b):
-        b.verify()
-        fb = pack_facts(b)
-    lines = diff_facts(fa, fb)
-    from .cli_render import signature_text
-
-    for key, show in (("format_version", str), ("generator", str),
-                      ("signature", signature_text)):
-        if fa[key] != fb[key]:  # metadata: reported, but the kernels are what diff compares
-            print(printable(f"note: {key}: {show(fa[key])} -> {show(fb[key])}"))
-    for line in lines:
-        print(printable(line))
-    return 1 if lines else 0
-
-
-def cmd_keygen(args: argparse.Namespace) -> int:
-    from .signing import key_id, load_public_key, write_keypair
-
-    private, public = write_keypair(args.output)
-    print(f"private key: {private} (keep it secret)")
-    print(f"public key:  {public} (key id {key_id(load_public_key(public))})")
-    return 0
-
-
-def cmd_sign(args: argparse.Namespace) -> int:
-    from .serializer import _write_atomic, resign
-    from .signing import key_id, load_private_key, public_key_bytes
-
-    key = load_private_key(args.key)
-    # never put a signature on bytes that do not verify, nor over a broken signature: that
-    # file was changed after it was signed, and `verify` refuses it
-    pack = _verified(args.file)
-    target = args.output or args.file
-    _write_atomic(target, resign(pack, key))  # the verified body and blobs, not re-encoded
-    print(f"signed {args.file} -> {target} (key id {key_id(public_key_bytes(key))})")
-    return 0
 
 
 # ---- parser --------------------------------------------------------------------------------------

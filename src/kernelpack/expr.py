@@ -12,13 +12,17 @@ Python operators build expressions: ``+ - * // % << >>``, unary ``-`` and the or
 ``< <= > >=``. ``==`` and ``!=`` keep their structural meaning (expressions are dict keys);
 use :func:`eq` / :func:`ne` for symbolic equality. Inside a ``@kp.fusion`` trace a dim used
 with a float or with ``/ ** & | ^`` becomes a traced int64 value (``1.0 / x.shape[1]``).
+
+How an expression is written out (``str``, :func:`canonical_text` for cache keys) and walked
+(:func:`iter_nodes`) is :mod:`kernelpack.expr_text`; its names are importable from here too.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 from .expr_eval import INT64_MAX, INT64_MIN, ExprEvalError, apply_op, evaluate
+from .expr_text import _PRINT_NODES, _format, canonical_text, iter_nodes
 
 __all__ = [
     "Expr", "ExprLike", "sym", "const", "as_expr",
@@ -27,16 +31,12 @@ __all__ = [
     "INT64_MIN", "INT64_MAX", "OPERATORS", "evaluate", "canonical_text",
 ]
 
-# operator name -> (arity, printed form). The names are stable: the format maps them to opcodes.
+# operator name -> arity. The names are stable: the format maps them to opcodes.
 OPERATORS: dict[str, int] = {
     "add": 2, "sub": 2, "mul": 2, "floordiv": 2, "ceildiv": 2, "mod": 2, "min": 2, "max": 2,
     "shl": 2, "shr": 2, "eq": 2, "ne": 2, "lt": 2, "le": 2, "gt": 2, "ge": 2,
     "and": 2, "or": 2, "not": 1, "neg": 1, "select": 3,
 }
-_INFIX = {"add": ("+", 5), "sub": ("-", 5), "mul": ("*", 6), "floordiv": ("//", 6),
-          "mod": ("%", 6), "shl": ("<<", 4), "shr": (">>", 4), "eq": ("==", 3), "ne": ("!=", 3),
-          "lt": ("<", 3), "le": ("<=", 3), "gt": (">", 3), "ge": (">=", 3),
-          "and": ("and", 1), "or": ("or", 0)}
 _COMMUTATIVE = frozenset({"add", "mul", "min", "max", "eq", "ne", "and", "or"})
 
 ExprLike = Union["Expr", int, str]
@@ -421,74 +421,3 @@ def _identity(op: str, args: tuple[Expr, ...]) -> Expr | None:
     if op in ("min", "max") and a == b:
         return a
     return None
-
-
-# ---- printing ----------------------------------------------------------------------------------
-# Printing walks the tree, which a loaded program's LOADs can make exponentially large, and
-# error messages print expressions: past this many nodes the rest prints as "...".
-_PRINT_NODES = 256
-
-
-def _format(e: Expr, parent_prec: int, budget: list[int]) -> str:
-    budget[0] -= 1
-    if budget[0] < 0:
-        return "..."
-    if e.op == "const":
-        return str(e.value)
-    if e.op == "sym":
-        return str(e.value)
-    if e.op == "neg":
-        inner = _format(e.args[0], 7, budget)
-        return f"-{inner}"
-    if e.op == "not":
-        text = f"not {_format(e.args[0], 2, budget)}"
-        return f"({text})" if parent_prec > 2 else text
-    if e.op in _INFIX:
-        sign, prec = _INFIX[e.op]
-        # left-associative: the right operand needs parentheses at equal precedence; a
-        # comparison's left one too, or "(a < b) < c" would read as Python's chained a < b < c
-        left = prec + 1 if prec == 3 else prec
-        lhs = _format(e.args[0], left, budget)
-        text = f"{lhs} {sign} {_format(e.args[1], prec + 1, budget)}"
-        return f"({text})" if prec < parent_prec else text
-    name = {"ceildiv": "cdiv"}.get(e.op, e.op)
-    return f"{name}({', '.join(_format(a, -1, budget) for a in e.args)})"
-
-
-def canonical_text(e: Expr) -> str:
-    """A complete, deterministic text of ``e`` for cache keys: one entry per distinct node,
-    children first, operands by index (``"s:n;c:256;ceildiv(0,1)"``).
-
-    Why not ``str(e)``: printing stops after :data:`_PRINT_NODES` nodes (error messages must
-    stay short), so two expressions that differ only past that point print alike and would
-    share a key. This text is linear in the number of distinct nodes, never truncated, and
-    equal exactly for structurally equal expressions (however their nodes are shared)."""
-    index: dict[Expr, int] = {}
-    out: list[str] = []
-    for node in iter_nodes((e,)):
-        if node.op == "const":
-            text = f"c:{node.value}"
-        elif node.op == "sym":
-            text = f"s:{node.value}"
-        else:
-            text = f"{node.op}({','.join(str(index[a]) for a in node.args)})"
-        index[node] = len(out)
-        out.append(text)
-    return ";".join(out)
-
-
-def iter_nodes(roots: Iterable[Expr]) -> Iterable[Expr]:
-    """Every node reachable from ``roots``, children before parents, each once."""
-    seen: set[Expr] = set()
-    for root in roots:
-        stack: list[tuple[Expr, bool]] = [(root, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if node in seen:
-                continue
-            if expanded or not node.args:
-                seen.add(node)
-                yield node
-                continue
-            stack.append((node, True))
-            stack.extend((child, False) for child in reversed(node.args))

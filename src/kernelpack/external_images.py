@@ -3,22 +3,23 @@ with nvJitLink, NVPTX LLVM IR through LLVM's backend, CUDA C through NVRTC, and 
 as ELF files for the CUDA machine (architecture and entry), all without a GPU.
 
 Split from :mod:`kernelpack.external`, which builds the summary: this module holds what each
-source kind needs to become checked images for the requested targets.
+source kind needs to become checked images for the requested targets. What PTX text and cubins
+declare (entries, parameters, a cubin's architecture) is read by :mod:`kernelpack.code_scan`;
+those readers are importable from here too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import stat
-import struct
 from pathlib import Path
 from typing import Mapping, Sequence, Union
 
+from .code_scan import cubin_arch, cubin_entries, cubin_entry_params, ptx_entries, ptx_entry_params
 from .compiled import Image
 from .errors import CompileError
-from .limits import MAX_IMAGE_SIZE, MAX_NAME_LENGTH
+from .limits import MAX_IMAGE_SIZE
 from .targets import Arch, parse_arch, parse_target_list, portable_lowest
 
 __all__ = ["read_source", "ptx_entries", "ptx_entry_params", "cubin_entries", "cubin_arch",
@@ -27,12 +28,6 @@ __all__ = ["read_source", "ptx_entries", "ptx_entry_params", "cubin_entries", "c
 
 PtxSource = Union[str, bytes, os.PathLike]
 
-_ENTRY_RE = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)")
-_PTX_COMMENT_RE = re.compile(rb"//[^\n]*|/\*.*?\*/", re.DOTALL)
-_ELF_MAGIC = b"\x7fELF"
-_EM_CUDA = 190
-_STT_FUNC = 2
-_STO_CUDA_ENTRY = 0x10
 _CODE_MARKS = ("\n", ".entry", ".version", "define ", "__global__", "#include")
 _BOM = b"\xef\xbb\xbf"
 
@@ -42,7 +37,7 @@ def _text(data: bytes) -> bytes:
     return data[len(_BOM):].rstrip(b"\0") if data.startswith(_BOM) else data.rstrip(b"\0")
 
 
-# ---- PTX ---------------------------------------------------------------------------------------
+# ---- sources -----------------------------------------------------------------------------------
 def read_source(source: PtxSource, what: str = "source") -> bytes:
     """Source text from a str/bytes or a file path. A str is text when it looks like code (has
     a newline, a PTX directive, ``__global__`` or ``#include``: a one-line ``.cu`` that
@@ -73,6 +68,7 @@ def read_source(source: PtxSource, what: str = "source") -> bytes:
     raise TypeError(f"{what} must be text (str/bytes) or a path (got {type(source).__name__})")
 
 
+# ---- PTX and LLVM IR ---------------------------------------------------------------------------
 def ptx_from_llvm_ir(ir: bytes, targets: Sequence[str]) -> tuple[str, str]:
     """LLVM IR → PTX with llvmlite's NVPTX backend, for the lowest requested architecture (so
     that nvJitLink can build every higher one from it). Its ``a``/``f`` suffix is dropped when
@@ -100,58 +96,6 @@ def ptx_from_llvm_ir(ir: bytes, targets: Sequence[str]) -> tuple[str, str]:
     machine = llvm.Target.from_triple(triple).create_target_machine(cpu=lowest.sm, opt=3)
     version = ".".join(str(v) for v in llvm.llvm_version_info)
     return machine.emit_assembly(module), f"LLVM {version} NVPTX (llvmlite {llvmlite.__version__})"
-
-
-def ptx_entries(ptx: bytes) -> list[str]:
-    """The kernel entry names declared in PTX text (``.entry NAME``), in order. Comments are
-    skipped: a commented-out ``// .entry old(`` is not a kernel ptxas will build."""
-    code = _PTX_COMMENT_RE.sub(b" ", ptx)
-    return [m.group(1).decode("ascii", "replace") for m in _ENTRY_RE.finditer(code)]
-
-
-_PARAM_TYPE_BYTES = {"pred": 1, "b8": 1, "u8": 1, "s8": 1, "b16": 2, "u16": 2, "s16": 2,
-                     "f16": 2, "bf16": 2, "b32": 4, "u32": 4, "s32": 4, "f32": 4, "b64": 8,
-                     "u64": 8, "s64": 8, "f64": 8}
-_PARAM_ARRAY_RE = re.compile(r"\[\s*(\d+)\s*\]\s*$")
-_PARAM_WORD_RE = re.compile(r"\.([A-Za-z]\w*)")
-
-
-def ptx_entry_params(ptx: bytes, entry: str) -> list[tuple[str, int]] | None:
-    """The ``.param`` list of kernel ``entry`` in PTX text as ``(declaration, bytes)`` pairs,
-    in order (``[]`` for a kernel without parameters); None when the entry is not found or a
-    declaration is not one this reader understands (the caller then checks nothing).
-
-    Why: the runtime passes one pointer per summary argument to cuLaunchKernel, which reads
-    as many parameters, of the sizes the kernel declares, as the kernel has. An argument list
-    of another length or width is read out of bounds on the GPU, not reported."""
-    code = _PTX_COMMENT_RE.sub(b" ", ptx).decode("utf-8", "replace")
-    match = re.search(r"\.entry\s+" + re.escape(entry) + r"(?![\w$])\s*", code)
-    if match is None:
-        return None
-    if not code.startswith("(", match.end()):
-        return []  # ".entry k {": no parameters
-    close = code.find(")", match.end())
-    if close < 0:
-        return None
-    body = code[match.end() + 1:close].strip()
-    if not body:
-        return []
-    params: list[tuple[str, int]] = []
-    for decl in body.split(","):
-        decl = " ".join(decl.split())
-        # directives, not words: ".param.u64 x" assembles, and a name ("xf32") is no type
-        words = _PARAM_WORD_RE.findall(decl)
-        if not decl.startswith(".param") or words[0] != "param":
-            return None
-        types = [w for w in words if w in _PARAM_TYPE_BYTES]
-        if len(types) != 1:
-            return None
-        size = _PARAM_TYPE_BYTES[types[0]]
-        array = _PARAM_ARRAY_RE.search(decl)
-        if array is not None:
-            size *= int(array.group(1))
-        params.append((decl, size))
-    return params
 
 
 def images_from_ptx(ptx: bytes, entry: str, targets: Sequence[str],
@@ -286,127 +230,3 @@ def _check_cubin(data: bytes, arch: Arch, entry: str, hint: str = "") -> None:
     if entry not in found:
         raise CompileError(f"kernel entry {entry!r} is not in the cubin for {arch.sm} "
                            f"(entries found: {found or 'none'}){hint}")
-
-
-def _elf_header(data: bytes, what: str) -> tuple[int, int, int, int]:
-    """Check the ELF identification of a cubin; returns (shoff, shentsize, shnum, flags)."""
-    if data[:4] != _ELF_MAGIC:
-        raise CompileError(f"{what} is not an ELF file (starts with {data[:4]!r}, expected "
-                           f"{_ELF_MAGIC!r}); pass PTX with ptx= instead")
-    if len(data) < 64 or data[4] != 2 or data[5] != 1:
-        raise CompileError(f"{what} is not a 64-bit little-endian ELF file")
-    machine = struct.unpack_from("<H", data, 18)[0]
-    if machine != _EM_CUDA:
-        raise CompileError(f"{what} is an ELF file for machine {machine}, not CUDA "
-                           f"({_EM_CUDA})")
-    (shoff,) = struct.unpack_from("<Q", data, 40)
-    (flags,) = struct.unpack_from("<I", data, 48)
-    shentsize, shnum = struct.unpack_from("<HH", data, 58)
-    return shoff, shentsize, shnum, flags
-
-
-def cubin_arch(data: bytes, what: str = "cubin") -> int | None:
-    """The SM number (90 for sm_90) a cubin was built for, from its ELF flags; None when the
-    ELF ABI version is one this reader does not know."""
-    _elf_header(data, what)
-    abi = data[8]
-    (flags,) = struct.unpack_from("<I", data, 48)
-    if abi >= 8:
-        return (flags >> 8) & 0xFF
-    if abi == 7:
-        return flags & 0xFF
-    return None
-
-
-_EIFMT_SVAL, _EIATTR_KPARAM_INFO = 4, 0x17
-_PARAM_ATTRS = (0x0A, 0x17, 0x19)  # PARAM_CBANK, KPARAM_INFO, CBANK_PARAM_SIZE
-
-
-def cubin_entry_params(data: bytes, entry: str) -> list[tuple[str, int]] | None:
-    """The parameters of kernel ``entry`` in a cubin, from the ``KPARAM_INFO`` attributes of
-    its ``.nv.info.<entry>`` section, as ``(description, bytes)`` pairs by ordinal (``[]``
-    when the section has no parameter attribute at all: a kernel without parameters); None
-    when the section or the attributes are missing or not as expected (nothing is checked).
-
-    Why: as :func:`ptx_entry_params`, so that ``cubin=`` arguments are checked like PTX's."""
-    try:
-        shoff, shentsize, shnum, _ = _elf_header(data, "cubin")
-        (shstrndx,) = struct.unpack_from("<H", data, 62)
-        if shentsize < 64 or shstrndx >= shnum or shoff + shnum * shentsize > len(data):
-            return None
-        # (name, offset, size) of each section header
-        sections = [struct.unpack_from("<I20xQQ", data, shoff + i * shentsize)
-                    for i in range(shnum)]
-        names_at = sections[shstrndx][1]
-        want = b".nv.info." + entry.encode() + b"\0"
-        found = [sec for sec in sections
-                 if data[names_at + sec[0]:names_at + sec[0] + len(want)] == want]
-        if len(found) != 1 or found[0][1] + found[0][2] > len(data):
-            return None
-        info = data[found[0][1]:found[0][1] + found[0][2]]
-        sizes: dict[int, int] = {}
-        pos, param_attrs = 0, 0
-        while pos + 4 <= len(info):
-            fmt, attr = info[pos], info[pos + 1]
-            param_attrs += attr in _PARAM_ATTRS
-            if fmt != _EIFMT_SVAL:  # no value, a byte or a half word: 4 bytes in all
-                pos += 4
-                continue
-            (size,) = struct.unpack_from("<H", info, pos + 2)
-            if attr == _EIATTR_KPARAM_INFO and size >= 12 and pos + 4 + size <= len(info):
-                _, ordinal, _, flags = struct.unpack_from("<IHHI", info, pos + 4)
-                sizes[ordinal] = (flags >> 18) & 0x3FFF
-            pos += 4 + size
-    except (struct.error, CompileError):
-        return None
-    if not sizes and not param_attrs:
-        return []  # a kernel without parameters has no parameter bank: none to pass
-    if not sizes or sorted(sizes) != list(range(len(sizes))):
-        return None
-    return [(f"parameter {i} ({sizes[i]} bytes)", sizes[i]) for i in range(len(sizes))]
-
-
-def cubin_entries(data: bytes, what: str = "cubin") -> list[str]:
-    """Kernel entry names of a cubin: function symbols marked as CUDA entries.
-
-    Every offset is checked against the file size; a malformed ELF gives CompileError. The
-    work stays linear in the file size: symbol tables may not overlap (a thousand section
-    headers naming one table made a 300 KB file take seconds, quadratically more for larger
-    ones), and a name is read up to MAX_NAME_LENGTH bytes (an entry kernelpack can launch is
-    no longer; twenty thousand symbols naming one 500 KB string held 10 GB of names).
-    Longer names are skipped: they cannot be the entry asked for.
-    """
-    shoff, shentsize, shnum, _ = _elf_header(data, what)
-    if shentsize < 64 or shoff + shnum * shentsize > len(data):
-        raise CompileError(f"{what}: section header table outside the file")
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
-                for i in range(shnum)]
-    names: list[str] = []
-    scanned = 0
-    for _name, sh_type, _f, _a, offset, size, link, _i, _al, entsize in sections:
-        if sh_type != 2:  # SHT_SYMTAB
-            continue
-        if link >= shnum or offset + size > len(data) or entsize < 24:
-            raise CompileError(f"{what}: malformed symbol table")
-        scanned += size
-        if scanned > len(data):
-            raise CompileError(f"{what}: symbol tables overlap (together {scanned}+ bytes in a "
-                               f"{len(data)}-byte file)")
-        str_off, str_size = sections[link][4], sections[link][5]
-        if str_off + str_size > len(data):
-            raise CompileError(f"{what}: string table outside the file")
-        str_end = str_off + str_size
-        for pos in range(offset, offset + size - entsize + 1, entsize):
-            st_name, info, other = struct.unpack_from("<IBB", data, pos)
-            if info & 0xF != _STT_FUNC or not other & _STO_CUDA_ENTRY:
-                continue
-            if st_name >= str_size:
-                raise CompileError(f"{what}: symbol name outside the string table")
-            start = str_off + st_name
-            end = data.find(b"\0", start, min(str_end, start + MAX_NAME_LENGTH + 1))
-            if end < 0:
-                if start + MAX_NAME_LENGTH + 1 < str_end:
-                    continue  # longer than any entry name: not the one asked for
-                raise CompileError(f"{what}: unterminated symbol name")
-            names.append(data[start:end].decode("ascii", "replace"))
-    return names

@@ -10,17 +10,23 @@ predicates, the first whose predicate holds is run. Sizes and launch dimensions 
 that name on first use and requires equality on every later use; an integer scalar parameter
 passed by the caller is a symbol under its own name; a repeated launch's loop counter is a
 symbol inside that launch.
+
+This module holds what a program takes (parameters, constraints) and the program itself, with
+the check that its parts fit together; how it runs (:class:`Variant`, :class:`Launch`,
+:class:`Arg`, :class:`Scratch`) is :mod:`kernelpack.launches`, and the checks of single fields
+are :mod:`kernelpack._fields`. Import every name of the data model from here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence, Union
+from dataclasses import dataclass
+from typing import Callable, Union
 
-from .dtypes import DType, as_dtype, is_numpy_bool
-from .expr import Expr, ExprLike, as_expr, const
-from .limits import (MAX_ARGS, MAX_CONSTRAINTS, MAX_LAUNCHES, MAX_NAME_LENGTH, MAX_PARAMS,
-                     MAX_RANK, MAX_SCRATCH, MAX_VARIANTS)
+from ._fields import _dim, _flag, _items, _name, _shape
+from .dtypes import DType, as_dtype
+from .expr import Expr, as_expr
+from .launches import Arg, Launch, Scratch, Variant
+from .limits import MAX_CONSTRAINTS, MAX_PARAMS, MAX_VARIANTS
 
 __all__ = [
     "Tensor", "TensorType", "Scalar", "Param", "Constraint", "Scratch", "Arg", "Launch", "Variant",
@@ -28,75 +34,6 @@ __all__ = [
 ]
 
 ROLES = ("in", "out", "inout")
-
-
-def _name(value: object, what: str) -> str:
-    if not isinstance(value, str) or not value.isidentifier() or len(value) > MAX_NAME_LENGTH:
-        raise ValueError(f"{what} must be an identifier of at most {MAX_NAME_LENGTH} characters "
-                         f"(got {value!r})")
-    return value
-
-
-def _dim(value: object, what: str) -> Expr:
-    """One dimension. A bool is refused: ``True`` would silently become 1."""
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, a symbol name or an expression (got {value!r})")
-    try:
-        return as_expr(value)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise TypeError(f"{what}: {exc}") from None
-
-
-def _flag(value: object, what: str) -> bool:
-    """A yes/no field: a bool, NumPy's, or the int 0/1 (stored as the bool). ``"no"`` would be
-    truthy, and the serializer's FlatBuffers builder fails on anything but a bool or 0/1 with
-    an error naming nothing of the caller's."""
-    if value.__class__ is bool:
-        return value  # type: ignore[return-value]
-    if is_numpy_bool(value):
-        return bool(value)
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    raise TypeError(f"{what} must be a bool (got {value!r:.80})")
-
-
-def _shape(shape: Iterable[ExprLike], what: str) -> tuple[Expr, ...]:
-    if isinstance(shape, (str, bytes, int, Expr)) or not isinstance(shape, Iterable):
-        raise TypeError(f"{what}: shape must be a sequence of dims (got {shape!r})")
-    dims = tuple(_dim(d, f"{what}: shape[{i}]") for i, d in enumerate(shape))
-    if len(dims) > MAX_RANK:
-        raise ValueError(f"{what}: rank {len(dims)} exceeds the limit {MAX_RANK}")
-    for i, d in enumerate(dims):
-        if d.is_const and int(d.value) < 0:  # type: ignore[arg-type]
-            raise ValueError(f"{what}: shape[{i}] = {d.value} is negative")
-    return dims
-
-
-def _items(values: object, kinds: type | tuple[type, ...], what: str) -> tuple:
-    """A list field as a tuple of ``kinds``: a str would be iterated into its letters, and a
-    wrong item would fail later with an AttributeError naming nothing of the caller's."""
-    names = " or ".join(f"kp.{k.__name__}"
-                        for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise TypeError(f"{what} must be a list of {names} (got {values!r:.80})")
-    items = tuple(values)
-    for i, item in enumerate(items):
-        if not isinstance(item, kinds):
-            raise TypeError(f"{what}[{i}] must be a {names} (got {item!r:.80})")
-    return items
-
-
-def _dim3(values: ExprLike | Sequence[ExprLike], what: str) -> tuple[Expr, Expr, Expr]:
-    if isinstance(values, (int, str, Expr)):
-        values = (values,)
-    elif isinstance(values, bytes) or not isinstance(values, Iterable):
-        raise TypeError(f"{what} must be an int, a symbol name, an expression or a tuple of 1 "
-                        f"to 3 of them (got {values!r})")
-    dims = [_dim(v, what) for v in values]
-    if not 1 <= len(dims) <= 3:
-        raise ValueError(f"{what} takes 1 to 3 dimensions (got {len(dims)})")
-    dims += [const(1)] * (3 - len(dims))
-    return dims[0], dims[1], dims[2]
 
 
 @dataclass(frozen=True)
@@ -193,134 +130,6 @@ class Constraint:
         if not isinstance(self.message, str):
             raise TypeError(f"constraint message must be a str (got {self.message!r:.80})")
 
-
-@dataclass(frozen=True)
-class Scratch:
-    """A global workspace buffer, allocated per call and freed after the stream finishes."""
-
-    name: str
-    dtype: DType
-    shape: tuple[Expr, ...]
-    zero_init: bool = False
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "name", _name(self.name, "scratch name"))
-        object.__setattr__(self, "dtype", as_dtype(self.dtype))
-        object.__setattr__(self, "shape", _shape(self.shape, f"scratch {self.name!r}"))
-        object.__setattr__(self, "zero_init",
-                           _flag(self.zero_init, f"scratch {self.name!r}: zero_init"))
-
-
-@dataclass(frozen=True)
-class Arg:
-    """What one kernel argument is bound to.
-
-    - ``kind="buffer"``: the device pointer of tensor parameter or scratch ``name``;
-    - ``kind="scalar"``: the caller's scalar parameter ``name`` (or a computed one);
-    - ``kind="value"``: ``value`` evaluated and passed as ``dtype`` (an integer type).
-    """
-
-    kind: str
-    name: str = ""
-    value: Expr | None = None
-    dtype: DType | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind in ("buffer", "scalar"):
-            _name(self.name, f"{self.kind} argument")
-            if self.value is not None or self.dtype is not None:
-                raise ValueError(f"{self.kind} argument {self.name!r} takes no value or dtype")
-        elif self.kind == "value":
-            if self.value is None or self.dtype is None:
-                raise ValueError("a value argument needs value= and dtype=")
-            object.__setattr__(self, "value", _dim(self.value, "value argument"))
-            object.__setattr__(self, "dtype", as_dtype(self.dtype))
-            if not self.dtype.is_integer:
-                raise ValueError(f"a value argument must have an integer dtype (got {self.dtype})")
-            if self.name:
-                raise ValueError("a value argument has no name")
-        else:
-            raise ValueError(f"argument kind must be 'buffer', 'scalar' or 'value' (got {self.kind!r})")
-
-    @staticmethod
-    def buffer(name: str) -> "Arg":
-        return Arg("buffer", name)
-
-    @staticmethod
-    def scalar(name: str) -> "Arg":
-        return Arg("scalar", name)
-
-    @staticmethod
-    def of(value: ExprLike, dtype: DType) -> "Arg":
-        return Arg("value", value=value, dtype=dtype)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One kernel launch. With ``count`` it repeats ``count`` times in order, and ``loop`` names
-    the symbol (0, 1, ...) usable in its grid, block, shared memory and value arguments."""
-
-    kernel: str
-    module: str
-    grid: tuple[Expr, Expr, Expr]
-    block: tuple[Expr, Expr, Expr]
-    args: tuple[Arg, ...]
-    shared_mem: Expr = field(default_factory=lambda: const(0))
-    count: Expr | None = None
-    loop: str = ""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.kernel, str) or not self.kernel or len(self.kernel) > MAX_NAME_LENGTH:
-            raise ValueError(f"launch kernel must be a non-empty entry name of at most "
-                             f"{MAX_NAME_LENGTH} characters (got {self.kernel!r:.80})")
-        if not isinstance(self.loop, str):  # None would reach the serializer as a string
-            raise TypeError(f"launch {self.kernel!r}: loop must be a symbol name or '' "
-                            f"(got {self.loop!r})")
-        _name(self.module, "launch module")
-        object.__setattr__(self, "grid", _dim3(self.grid, "grid"))
-        object.__setattr__(self, "block", _dim3(self.block, "block"))
-        object.__setattr__(self, "shared_mem",
-                           _dim(self.shared_mem, f"launch {self.kernel!r}: shared_mem"))
-        object.__setattr__(self, "args",
-                           _items(self.args, Arg, f"launch {self.kernel!r}: args"))
-        if len(self.args) > MAX_ARGS:
-            raise ValueError(f"launch {self.kernel!r}: {len(self.args)} arguments exceed {MAX_ARGS}")
-        if self.count is not None:
-            object.__setattr__(self, "count", _dim(self.count, f"launch {self.kernel!r}: count"))
-            if self.loop:
-                _name(self.loop, "loop symbol")
-        elif self.loop:
-            raise ValueError(f"launch {self.kernel!r}: loop symbol {self.loop!r} given without count")
-
-    def expressions(self) -> Iterator[Expr]:
-        yield from self.grid
-        yield from self.block
-        yield self.shared_mem
-        if self.count is not None:
-            yield self.count
-        for arg in self.args:
-            if arg.value is not None:
-                yield arg.value
-
-
-@dataclass(frozen=True)
-class Variant:
-    """An implementation: scratch buffers and launches, run when ``predicate`` holds (None:
-    always)."""
-
-    launches: tuple[Launch, ...]
-    scratch: tuple[Scratch, ...] = ()
-    predicate: Expr | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "launches", _items(self.launches, Launch, "variant launches"))
-        object.__setattr__(self, "scratch", _items(self.scratch, Scratch, "variant scratch"))
-        if self.predicate is not None:
-            object.__setattr__(self, "predicate", as_expr(self.predicate))
-        if len(self.launches) > MAX_LAUNCHES:
-            raise ValueError(f"{len(self.launches)} launches exceed the limit {MAX_LAUNCHES}")
-        if len(self.scratch) > MAX_SCRATCH:
-            raise ValueError(f"{len(self.scratch)} scratch buffers exceed the limit {MAX_SCRATCH}")
 
 
 @dataclass(frozen=True)

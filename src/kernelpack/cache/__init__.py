@@ -11,9 +11,10 @@ Concurrency: N processes (or threads) missing one key on one machine compile it 
 per-key ``flock``); N machines missing it compile it once when Redis is reachable (``SET NX
 PX`` lock; the others poll, then load).
 
-The disk tier is :class:`~kernelpack.cache.disk.DiskStore`; the remote tier's reads, writes,
-back-off and fleet lock are :class:`~kernelpack.cache.remote_tier.RemoteTier`, which counts and
-warns through the Cache that holds it.
+The disk tier's files are :class:`~kernelpack.cache.disk.DiskStore`, and its verified reads
+and counted writes :class:`~kernelpack.cache.disk_tier.DiskTier`; the remote tier's reads,
+writes, back-off and fleet lock are :class:`~kernelpack.cache.remote_tier.RemoteTier`. Both
+tiers count and warn through the Cache that holds them.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from .. import config
 from ..errors import KernelPackError
 from ..compiled import Compiled
 from ._args import from_env, key_list, maintenance, positive_int, seconds
-from .binding import check_binding
 from .disk import DiskStore, check_digest
+from .disk_tier import DiskTier
 from .keys import CacheKey, make_key
 from .remote_tier import RemoteTier
 
@@ -125,6 +126,7 @@ class Cache:
         self._trusted: list[bytes] | None = None
         self._stats = dict.fromkeys(STAT_NAMES, 0)
         self._stats_lock = threading.Lock()
+        self._disk_tier = DiskTier(self)
         self._remote_tier = RemoteTier(self)
         if sign_with is not None or (self.remote is not None and self._trusted_arg):
             # Misconfigured keys are API misuse: fail here, not at the first miss. (This
@@ -203,7 +205,7 @@ class Cache:
 
         return save(compiled, sign_with=self.sign_with)
 
-    # ---- the disk tier (the remote one is self._remote_tier) -------------------------------------
+    # ---- the tiers: disk (self._disk_tier) and remote (self._remote_tier) ----------------------
     def _warn(self, message: str) -> None:
         """Log and warn; ``stacklevel`` names the caller of the tier method that failed."""
         _log().warning(message)
@@ -211,59 +213,15 @@ class Cache:
 
     def _from_disk(self, key: CacheKey | str, count_miss: bool = True,
                    name: str | None = None) -> Compiled | None:
-        hit = self._verified_disk_entry(key, count_miss, name)
+        hit = self._disk_tier.entry(key, count_miss, name)
         return None if hit is None else hit[1]
 
-    def _verified_disk_entry(self, key: CacheKey | str, count_miss: bool = True,
-                             name: str | None = None) -> tuple[bytes, Compiled] | None:
-        """The disk entry's bytes and what they decode to, read once and verified; None on a
-        miss or a bad entry (quarantined). A bad entry includes one that cannot be ``key``'s
-        (another program, another image set: :func:`~.binding.check_binding`), since a disk
-        entry carries no key of its own."""
-        digest = check_digest(key)
-        try:
-            found = self.disk.read(digest)
-        except OSError as exc:
-            self._count("errors")
-            self._warn(f"disk cache read of {digest[:16]} failed: {exc}")
-            return None
-        if found is None:
-            if count_miss:
-                self._count("disk_misses")
-            return None
-        data, seen = found
-        try:
-            compiled = self._decode(data, None, "disk")
-            check_binding(compiled, key, name)
-        except KernelPackError as exc:  # the bytes are bad (the loader's promise)
-            try:
-                moved = self.disk.quarantine(digest, seen)
-                where = f"moved to {moved}" if moved else "already replaced by another process"
-            except OSError as move_exc:  # a broken cache dir costs a warning, never a crash
-                self._count("errors")
-                where = f"could not be moved aside ({move_exc})"
-            self._count("quarantined")
-            self._warn(f"disk cache entry {digest[:16]} is invalid ({type(exc).__name__}: "
-                       f"{exc}); {where}; recompiling")
-            return None
-        except Exception as exc:  # the loader itself failed (a bug, a missing module): the
-            self._count("errors")  # entry may be fine, so keep it; never crash on a hit
-            self._warn(f"loading disk cache entry {digest[:16]} failed "
-                       f"({type(exc).__name__}: {exc}); recompiling")
-            return None
-        self._count("disk_hits")
-        return data, compiled
-
-    def _put_disk(self, key: CacheKey | str, data: bytes, sync: bool = True,
-                  record: bool = True) -> None:
-        try:
-            self.disk.put(key, data, sync=sync)
-            if record and isinstance(key, CacheKey):
-                self.disk.record_parts(key)
-            self._count("puts")
-        except (OSError, KernelPackError) as exc:
-            self._count("errors")
-            self._warn(f"disk cache write of {check_digest(key)[:16]} failed: {exc}")
+    @property
+    def _put_disk(self) -> Callable[..., None]:
+        """The disk tier's write, :meth:`DiskTier.put <.disk_tier.DiskTier.put>` (the remote
+        tier puts its hits through with it): the bound method itself, not a wrapper, so that
+        the warning of a failed write names the caller of the write."""
+        return self._disk_tier.put
 
     # ---- the API -------------------------------------------------------------------------------
     def load(self, key: CacheKey | str, *, name: str | None = None) -> Compiled | None:
@@ -279,7 +237,7 @@ class Cache:
         disk), or None: the issue's storage interface, over both tiers. Verified as
         :meth:`load` verifies (a bad disk entry is quarantined, an untrusted remote one
         refused), since the bytes are executable code whoever asks for them."""
-        hit = self._verified_disk_entry(key)
+        hit = self._disk_tier.entry(key)
         if hit is not None:
             return hit[0]  # the bytes that were verified, not a second read of the file
         if self._remote_tier.readable():

@@ -1,0 +1,88 @@
+"""Checked conversions of the fields a user gives the data model, each naming the field.
+
+:mod:`kernelpack.summary` (and :mod:`kernelpack.launches`, :mod:`kernelpack.compiled`,
+:mod:`kernelpack.external`) take names, dims, yes/no flags and lists from hand-written
+summaries: a wrong value must fail where it is given, with a message that names the field and
+what was got, never later inside the serializer or the loader with an error that names
+nothing of the caller's. Each helper returns the canonical value (an identifier, an
+:class:`~kernelpack.expr.Expr`, a bool, a tuple) or raises TypeError/ValueError.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from .dtypes import is_numpy_bool
+from .expr import Expr, ExprLike, as_expr, const
+from .limits import MAX_NAME_LENGTH, MAX_RANK
+
+__all__ = ["_name", "_dim", "_flag", "_shape", "_items", "_dim3"]
+
+
+def _name(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value.isidentifier() or len(value) > MAX_NAME_LENGTH:
+        raise ValueError(f"{what} must be an identifier of at most {MAX_NAME_LENGTH} characters "
+                         f"(got {value!r})")
+    return value
+
+
+def _dim(value: object, what: str) -> Expr:
+    """One dimension. A bool is refused: ``True`` would silently become 1."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, a symbol name or an expression (got {value!r})")
+    try:
+        return as_expr(value)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise TypeError(f"{what}: {exc}") from None
+
+
+def _flag(value: object, what: str) -> bool:
+    """A yes/no field: a bool, NumPy's, or the int 0/1 (stored as the bool). ``"no"`` would be
+    truthy, and the serializer's FlatBuffers builder fails on anything but a bool or 0/1 with
+    an error naming nothing of the caller's."""
+    if value.__class__ is bool:
+        return value  # type: ignore[return-value]
+    if is_numpy_bool(value):
+        return bool(value)
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{what} must be a bool (got {value!r:.80})")
+
+
+def _shape(shape: Iterable[ExprLike], what: str) -> tuple[Expr, ...]:
+    if isinstance(shape, (str, bytes, int, Expr)) or not isinstance(shape, Iterable):
+        raise TypeError(f"{what}: shape must be a sequence of dims (got {shape!r})")
+    dims = tuple(_dim(d, f"{what}: shape[{i}]") for i, d in enumerate(shape))
+    if len(dims) > MAX_RANK:
+        raise ValueError(f"{what}: rank {len(dims)} exceeds the limit {MAX_RANK}")
+    for i, d in enumerate(dims):
+        if d.is_const and int(d.value) < 0:  # type: ignore[arg-type]
+            raise ValueError(f"{what}: shape[{i}] = {d.value} is negative")
+    return dims
+
+
+def _items(values: object, kinds: type | tuple[type, ...], what: str) -> tuple:
+    """A list field as a tuple of ``kinds``: a str would be iterated into its letters, and a
+    wrong item would fail later with an AttributeError naming nothing of the caller's."""
+    names = " or ".join(f"kp.{k.__name__}"
+                        for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"{what} must be a list of {names} (got {values!r:.80})")
+    items = tuple(values)
+    for i, item in enumerate(items):
+        if not isinstance(item, kinds):
+            raise TypeError(f"{what}[{i}] must be a {names} (got {item!r:.80})")
+    return items
+
+
+def _dim3(values: ExprLike | Sequence[ExprLike], what: str) -> tuple[Expr, Expr, Expr]:
+    if isinstance(values, (int, str, Expr)):
+        values = (values,)
+    elif isinstance(values, bytes) or not isinstance(values, Iterable):
+        raise TypeError(f"{what} must be an int, a symbol name, an expression or a tuple of 1 "
+                        f"to 3 of them (got {values!r})")
+    dims = [_dim(v, what) for v in values]
+    if not 1 <= len(dims) <= 3:
+        raise ValueError(f"{what} takes 1 to 3 dimensions (got {len(dims)})")
+    dims += [const(1)] * (3 - len(dims))
+    return dims[0], dims[1], dims[2]

@@ -1,0 +1,102 @@
+"""The disk tier of a :class:`~kernelpack.cache.Cache`: verified reads that quarantine a bad
+entry, and writes whose failure costs a warning, never the caller's work.
+
+A disk entry is untrusted input, as every cache entry is: every read goes back through
+``kp.load`` and must hold the program the key names (:func:`~.binding.check_binding`), since a
+disk entry carries no key of its own. An entry the loader refuses is moved aside
+(:meth:`~.disk.DiskStore.quarantine`) and recompiled; a loader that fails for another reason (a
+bug, a missing module) leaves the entry where it is. The files themselves (layout, locks,
+eviction) are :class:`~kernelpack.cache.disk.DiskStore`; this module is what the Cache does
+with them.
+
+As :class:`~kernelpack.cache.remote_tier.RemoteTier`, the tier keeps no state of its own: the
+store, counters, warnings and decoding are the Cache's, so ``Cache.stats()``, the warnings and
+a patched ``Cache._decode`` are the same whichever tier did the work.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING
+
+from ..compiled import Compiled
+from ..errors import KernelPackError
+from .binding import check_binding
+from .disk import check_digest
+from .keys import CacheKey
+
+if TYPE_CHECKING:
+    from . import Cache
+
+__all__ = ["DiskTier"]
+
+
+class DiskTier:
+    """The disk half of one Cache (``cache.disk``, a :class:`~.disk.DiskStore`).
+
+    Warnings are given with the Cache's ``_warn``, whose ``stacklevel`` names the caller of the
+    tier method that failed (``Cache._from_disk``, ``Cache.get``, ``Cache.put``, ``store``,
+    the remote tier's put-through): a wrapper in between would be named instead, which is why
+    ``Cache._put_disk`` is this tier's bound :meth:`put` itself.
+    """
+
+    def __init__(self, cache: Cache) -> None:
+        # A weak proxy, as RemoteTier's: the Cache owns its tier, and a reference cycle would
+        # keep a dropped Cache alive until the next garbage collection.
+        self._cache = weakref.proxy(cache)
+
+    def entry(self, key: CacheKey | str, count_miss: bool = True,
+              name: str | None = None) -> tuple[bytes, Compiled] | None:
+        """The disk entry's bytes and what they decode to, read once and verified; None on a
+        miss or a bad entry (quarantined). A bad entry includes one that cannot be ``key``'s
+        (another program, another image set: :func:`~.binding.check_binding`), since a disk
+        entry carries no key of its own."""
+        cache = self._cache
+        digest = check_digest(key)
+        try:
+            found = cache.disk.read(digest)
+        except OSError as exc:
+            cache._count("errors")
+            cache._warn(f"disk cache read of {digest[:16]} failed: {exc}")
+            return None
+        if found is None:
+            if count_miss:
+                cache._count("disk_misses")
+            return None
+        data, seen = found
+        try:
+            compiled = cache._decode(data, None, "disk")
+            check_binding(compiled, key, name)
+        except KernelPackError as exc:  # the bytes are bad (the loader's promise)
+            try:
+                moved = cache.disk.quarantine(digest, seen)
+                where = f"moved to {moved}" if moved else "already replaced by another process"
+            except OSError as move_exc:  # a broken cache dir costs a warning, never a crash
+                cache._count("errors")
+                where = f"could not be moved aside ({move_exc})"
+            cache._count("quarantined")
+            cache._warn(f"disk cache entry {digest[:16]} is invalid ({type(exc).__name__}: "
+                        f"{exc}); {where}; recompiling")
+            return None
+        except Exception as exc:  # the loader itself failed (a bug, a missing module): the
+            cache._count("errors")  # entry may be fine, so keep it; never crash on a hit
+            cache._warn(f"loading disk cache entry {digest[:16]} failed "
+                        f"({type(exc).__name__}: {exc}); recompiling")
+            return None
+        cache._count("disk_hits")
+        return data, compiled
+
+    def put(self, key: CacheKey | str, data: bytes, sync: bool = True,
+            record: bool = True) -> None:
+        """Write ``data`` under ``key`` (and the key's parts, for ``explain``, when ``record``);
+        a failure is counted and warned about. ``sync=False`` for entries that can be fetched
+        again (a remote hit put through): no fsync."""
+        cache = self._cache
+        try:
+            cache.disk.put(key, data, sync=sync)
+            if record and isinstance(key, CacheKey):
+                cache.disk.record_parts(key)
+            cache._count("puts")
+        except (OSError, KernelPackError) as exc:
+            cache._count("errors")
+            cache._warn(f"disk cache write of {check_digest(key)[:16]} failed: {exc}")

@@ -1,0 +1,151 @@
+"""How a program runs: its variants, their kernel launches, launch arguments and scratch buffers.
+
+Part of the data model of :mod:`kernelpack.summary` (import these names from there): a
+:class:`~kernelpack.summary.KernelSummary` says what a program takes (parameters, constraints);
+each :class:`Variant` is one way to run it, a list of :class:`Launch` es guarded by a
+predicate. Grids, blocks, shared memory, counts and value arguments are
+:class:`~kernelpack.expr.Expr` over the program's symbols; that every symbol and buffer they
+name exists is checked by ``KernelSummary.check``, which sees the whole program.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from ._fields import _dim, _dim3, _flag, _items, _name, _shape
+from .dtypes import DType, as_dtype
+from .expr import Expr, ExprLike, as_expr, const
+from .limits import MAX_ARGS, MAX_LAUNCHES, MAX_NAME_LENGTH, MAX_SCRATCH
+
+__all__ = ["Scratch", "Arg", "Launch", "Variant"]
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A global workspace buffer, allocated per call and freed after the stream finishes."""
+
+    name: str
+    dtype: DType
+    shape: tuple[Expr, ...]
+    zero_init: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", _name(self.name, "scratch name"))
+        object.__setattr__(self, "dtype", as_dtype(self.dtype))
+        object.__setattr__(self, "shape", _shape(self.shape, f"scratch {self.name!r}"))
+        object.__setattr__(self, "zero_init",
+                           _flag(self.zero_init, f"scratch {self.name!r}: zero_init"))
+
+
+@dataclass(frozen=True)
+class Arg:
+    """What one kernel argument is bound to.
+
+    - ``kind="buffer"``: the device pointer of tensor parameter or scratch ``name``;
+    - ``kind="scalar"``: the caller's scalar parameter ``name`` (or a computed one);
+    - ``kind="value"``: ``value`` evaluated and passed as ``dtype`` (an integer type).
+    """
+
+    kind: str
+    name: str = ""
+    value: Expr | None = None
+    dtype: DType | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind in ("buffer", "scalar"):
+            _name(self.name, f"{self.kind} argument")
+            if self.value is not None or self.dtype is not None:
+                raise ValueError(f"{self.kind} argument {self.name!r} takes no value or dtype")
+        elif self.kind == "value":
+            if self.value is None or self.dtype is None:
+                raise ValueError("a value argument needs value= and dtype=")
+            object.__setattr__(self, "value", _dim(self.value, "value argument"))
+            object.__setattr__(self, "dtype", as_dtype(self.dtype))
+            if not self.dtype.is_integer:
+                raise ValueError(f"a value argument must have an integer dtype (got {self.dtype})")
+            if self.name:
+                raise ValueError("a value argument has no name")
+        else:
+            raise ValueError(f"argument kind must be 'buffer', 'scalar' or 'value' (got {self.kind!r})")
+
+    @staticmethod
+    def buffer(name: str) -> "Arg":
+        return Arg("buffer", name)
+
+    @staticmethod
+    def scalar(name: str) -> "Arg":
+        return Arg("scalar", name)
+
+    @staticmethod
+    def of(value: ExprLike, dtype: DType) -> "Arg":
+        return Arg("value", value=value, dtype=dtype)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch. With ``count`` it repeats ``count`` times in order, and ``loop`` names
+    the symbol (0, 1, ...) usable in its grid, block, shared memory and value arguments."""
+
+    kernel: str
+    module: str
+    grid: tuple[Expr, Expr, Expr]
+    block: tuple[Expr, Expr, Expr]
+    args: tuple[Arg, ...]
+    shared_mem: Expr = field(default_factory=lambda: const(0))
+    count: Expr | None = None
+    loop: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kernel, str) or not self.kernel or len(self.kernel) > MAX_NAME_LENGTH:
+            raise ValueError(f"launch kernel must be a non-empty entry name of at most "
+                             f"{MAX_NAME_LENGTH} characters (got {self.kernel!r:.80})")
+        if not isinstance(self.loop, str):  # None would reach the serializer as a string
+            raise TypeError(f"launch {self.kernel!r}: loop must be a symbol name or '' "
+                            f"(got {self.loop!r})")
+        _name(self.module, "launch module")
+        object.__setattr__(self, "grid", _dim3(self.grid, "grid"))
+        object.__setattr__(self, "block", _dim3(self.block, "block"))
+        object.__setattr__(self, "shared_mem",
+                           _dim(self.shared_mem, f"launch {self.kernel!r}: shared_mem"))
+        object.__setattr__(self, "args",
+                           _items(self.args, Arg, f"launch {self.kernel!r}: args"))
+        if len(self.args) > MAX_ARGS:
+            raise ValueError(f"launch {self.kernel!r}: {len(self.args)} arguments exceed {MAX_ARGS}")
+        if self.count is not None:
+            object.__setattr__(self, "count", _dim(self.count, f"launch {self.kernel!r}: count"))
+            if self.loop:
+                _name(self.loop, "loop symbol")
+        elif self.loop:
+            raise ValueError(f"launch {self.kernel!r}: loop symbol {self.loop!r} given without count")
+
+    def expressions(self) -> Iterator[Expr]:
+        yield from self.grid
+        yield from self.block
+        yield self.shared_mem
+        if self.count is not None:
+            yield self.count
+        for arg in self.args:
+            if arg.value is not None:
+                yield arg.value
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An implementation: scratch buffers and launches, run when ``predicate`` holds (None:
+    always)."""
+
+    launches: tuple[Launch, ...]
+    scratch: tuple[Scratch, ...] = ()
+    predicate: Expr | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "launches", _items(self.launches, Launch, "variant launches"))
+        object.__setattr__(self, "scratch", _items(self.scratch, Scratch, "variant scratch"))
+        if self.predicate is not None:
+            object.__setattr__(self, "predicate", as_expr(self.predicate))
+        if len(self.launches) > MAX_LAUNCHES:
+            raise ValueError(f"{len(self.launches)} launches exceed the limit {MAX_LAUNCHES}")
+        if len(self.scratch) > MAX_SCRATCH:
+            raise ValueError(f"{len(self.scratch)} scratch buffers exceed the limit {MAX_SCRATCH}")
+
