@@ -33,7 +33,7 @@ from .expr import INT64_MAX, Expr, sym
 from .limits import MAX_EXPR_DEPTH
 from .summary import KernelSummary, Scalar, Tensor
 
-__all__ = ["compile_fast"]
+__all__ = ["compile_fast", "symbols_read"]
 
 if TYPE_CHECKING:  # type aliases only: subscripting ``Callable`` costs a few hundred µs of
     # a process's first call when it runs at import
@@ -167,7 +167,7 @@ def _launch(r: _Registers, done: set[int], steps: list[Step], ln: Any, index: in
 
 
 def _expressions(s: KernelSummary) -> list[Expr]:
-    """Every expression of the summary."""
+    """Every expression of the summary (tensor dims included)."""
     exprs = [d for p in s.params if isinstance(p, Tensor) for d in p.shape]
     exprs += [p.value for p in s.params if isinstance(p, Scalar) and p.value is not None]
     exprs += [c.predicate for c in s.constraints]
@@ -177,6 +177,17 @@ def _expressions(s: KernelSummary) -> list[Expr]:
         for ln in v.launches:
             exprs += ln.expressions()
     return exprs
+
+
+def symbols_read(summary: KernelSummary) -> set[str]:
+    """The symbols some expression of ``summary`` reads, a tensor's dim included. A caller's
+    integer scalar outside this set (a seed, a flag the kernel alone reads) changes nothing in
+    a plan but its own entry in ``Plan.symbols``: it may take uint64's full range, and the
+    runtime's launch caches need not tell its values apart."""
+    read: set[str] = set()
+    for e in _expressions(summary):
+        read |= e.symbols()
+    return read
 
 
 def compile_fast(summary: KernelSummary) -> FastPlan | None:
@@ -190,8 +201,7 @@ def compile_fast(summary: KernelSummary) -> FastPlan | None:
         return None
     read: set[str] = set()  # symbols some expression reads: their values must be int64
     if any(isinstance(p, Scalar) and dtype_range(p.dtype)[1] > INT64_MAX for p in s.inputs):
-        for e in exprs:  # (only a uint64 scalar can exceed int64)
-            read |= e.symbols()
+        read = symbols_read(s)  # (only a uint64 scalar can exceed int64)
     bound = s.bound_symbols()
     r = _Registers(bound)
     index = {name: i for i, name in enumerate(bound)}

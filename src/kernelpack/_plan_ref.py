@@ -18,7 +18,7 @@ from ._plan_types import (MAX_GRID_X, MAX_GRID_YZ, NO_COMPUTED, Allocation, Plan
                           PlannedLaunch, check_block, check_smem, dim, dim_at, dtype_range,
                           tensors_first)
 from .dtypes import DType, is_numpy_bool
-from .errors import ConstraintError
+from .errors import ConstraintError, ExpressionError
 from .expr import INT64_MAX, Expr
 from .expr_program import ExprEncoder, ExprProgram
 from .limits import MAX_LAUNCH_REPEAT, MAX_PLANNED_LAUNCHES
@@ -47,12 +47,21 @@ class ReferencePlanner:
         self._nbound = len(bound)
         self._bound_names = tuple(bound)
         enc = ExprEncoder([*bound, *loops])
+        # Only a uint64 scalar can hold more than int64: where one is an input, note the
+        # first field that reads each symbol, so that binding such a value to a symbol an
+        # expression reads is refused whichever expressions this call happens to evaluate.
+        track = any(not isinstance(p, Tensor) and p.is_symbol and dtype_range(p.dtype)[1] >
+                    INT64_MAX for p in s.inputs)
+        readers: dict[str, str] = {}
 
         def field(expr: Expr, what: str) -> Any:
             # Constant fields are folded to ints; others hold the encoder's handle until
             # finish() says which root it became.
             if expr.is_const:
                 return int(expr.value)  # type: ignore[arg-type]
+            if track:
+                for name in expr.symbols():
+                    readers.setdefault(name, what)
             return _Field(enc.add(expr), what)
 
         sym_index = {name: i for i, name in enumerate([*bound, *loops])}
@@ -88,6 +97,8 @@ class ReferencePlanner:
                 else:
                     self._scalars.append((p.name, -1, "", (0, 0)))
         self._deferred = deferred
+        # (filled in as the fields below are made; read per call, so complete by then)
+        self._readers = readers
         self._symbol_scalars = tuple(i for i, sc in enumerate(self._scalars) if sc[1] >= 0)
         self._computed = [(p.name, field(p.value, f"scalar {p.name}"), dtype_range(p.dtype))
                           for p in s.params if isinstance(p, Scalar) and p.value is not None]
@@ -193,6 +204,13 @@ class ReferencePlanner:
             if src and frame[idx] != v:
                 raise ConstraintError(f"scalar {pname} is {v} but {pname} = {frame[idx]} "
                                       f"from {src}")
+            if v > INT64_MAX and pname in self._readers:
+                # a lazy evaluation (an untaken select branch, a variant not chosen) would
+                # let it through for some shapes and refuse it for others
+                raise ExpressionError(f"scalar {pname!r} = {v} is outside int64, but "
+                                      f"{self._readers[pname]} reads {pname!r} and expressions "
+                                      f"are evaluated over int64 (a uint64 scalar that no "
+                                      f"expression reads may take its full range)")
             frame[idx] = v
         value = self.program.value
         for f, where in self._deferred:
@@ -275,14 +293,19 @@ class ReferencePlanner:
         if not (0 <= gx <= MAX_GRID_X and 0 <= gy <= MAX_GRID_YZ and 0 <= gz <= MAX_GRID_YZ):
             raise ConstraintError(f"{where}: grid ({gx}, {gy}, {gz}) outside the limits "
                                   f"x 0..{MAX_GRID_X}, y/z 0..{MAX_GRID_YZ}")
+        # An empty grid (size-0 tensors) is never launched: its block, shared memory and value
+        # arguments are evaluated but not held to the launch limits, so that a block of
+        # min(n, 256) or an argument of n - 1 does not refuse a call with n = 0.
+        launched = gx and gy and gz
         static = self._static.get(id(launch))
         if static is not None:
             block, smem = static
         else:
             bx, by, bz, smem = (v if v.__class__ is int else value(frame, v.root, v.what)
                                 for v in (*block_f, smem_f))
-            check_block(bx, by, bz, where)
-            check_smem(smem, where)
+            if launched:
+                check_block(bx, by, bz, where)
+                check_smem(smem, where)
             block = (bx, by, bz)
         args = args_f
         if id(launch) in self._value_launches:
@@ -292,7 +315,7 @@ class ReferencePlanner:
                     f = a[1]
                     v = f if f.__class__ is int else value(frame, f.root, f.what)
                     lo, hi = a[3]
-                    if not lo <= v <= hi:
+                    if launched and not lo <= v <= hi:
                         what = f.what if f.__class__ is _Field else where + " value argument"
                         raise ConstraintError(f"{what} = {v} does not fit {a[2]}")
                     args.append(("value", v, a[2]))

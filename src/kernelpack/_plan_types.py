@@ -41,7 +41,11 @@ class PlannedLaunch(NamedTuple):
     """One kernel launch with concrete dimensions. ``args`` items are ``("buffer", name)``,
     ``("scalar", name)`` or ``("value", int, DType)``. ``index`` is the launch's position in
     its variant's ``launches`` (the copies of a repeated launch share it): the runtime keeps
-    one parameter block and one loaded function per summary launch and finds them by it."""
+    one parameter block and one loaded function per summary launch and finds them by it.
+
+    A launch whose grid has a 0 dimension (size-0 tensors) stays in the plan but is never
+    issued (CUDA refuses an empty grid): the runtime skips it, and the planner does not hold
+    its block, shared memory or value arguments to the launch limits."""
 
     kernel: str
     module: str

@@ -43,7 +43,8 @@ def call_program(program: Any, *args: Any, out: Any = None, stream: Any = None,
     ------
     LaunchError
         Wrong dtype, rank, device or layout of an argument (message names it), or a driver
-        failure (chained to the CUresult). DeviceError when there is no GPU or driver.
+        failure (chained to the CUresult). DeviceError when there is no GPU or driver, or
+        when an argument names a device this process cannot see (the message names it).
     ConstraintError
         Shapes or scalars violate the summary.
     CompatibilityError
@@ -73,7 +74,7 @@ def warmup(pack: Any, devices: Iterable[int] | None = None) -> None:
 
     Raises CompatibilityError, CompileError, LaunchError or DeviceError as a call would.
     """
-    from .device import current_device_ordinal, get_device
+    from .device import check_ordinal, current_device_ordinal, get_device
     from .launcher import bind
 
     devices = _device_list(devices)
@@ -95,6 +96,7 @@ def warmup(pack: Any, devices: Iterable[int] | None = None) -> None:
     if devices is None:
         devices = [current_device_ordinal()]
     for ordinal in devices:  # every device checked before any program loads on one
+        check_ordinal(ordinal, "warmup(devices=...)")
         get_device(ordinal)
     for program in programs:
         bound = bind(program)

@@ -23,7 +23,7 @@ from ..dtypes import DType, as_dtype
 from ..errors import LaunchError
 
 __all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "adapter_for",
-           "stream_handle", "GENERIC", "hold", "release_held", "readonly_why"]
+           "stream_handle", "GENERIC", "hold", "held_views", "release_held", "readonly_why"]
 
 ArrayFacts = tuple  # (ptr, shape, dtype token, device ordinal (-1: host), contiguous)
 
@@ -152,7 +152,7 @@ def _read_cai(cai: dict, what: str, stream: int) -> ArrayFacts:
         producer = None if producer is None else _integer(producer, "stream")
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise LaunchError(f"argument {what!r}: malformed __cuda_array_interface__ ({exc})") from None
-    _check_data(ptr, shape, what)
+    _check_data(ptr, shape, what, dtype)
     contiguous = _contiguous(shape, strides, dtype.itemsize if dtype else 1)
     device = _pointer_device(ptr) if ptr else -2
     # Host memory (-1) is refused by the caller, naming the argument: no event for it.
@@ -180,16 +180,23 @@ def readonly_why(obj: Any) -> str | None:
     return None
 
 
-def _check_data(ptr: int, shape: tuple[int, ...], what: str) -> None:
-    """A NULL data pointer is valid only for an empty array: launching with one would make
-    the kernel fault on the device (and poison the context), so it is refused here."""
-    if ptr:
-        return
+def _check_data(ptr: int, shape: tuple[int, ...], what: str, dtype: DType | None) -> None:
+    """A NULL data pointer is valid only for an empty array, and a pointer must be aligned to
+    its elements (a complex one to its parts; torch and cupy see to both, a generic producer's
+    pointer or DLPack ``byte_offset`` can be anything): otherwise the kernel faults on the
+    device, which poisons the CUDA context for the whole process. Refused, naming the argument."""
     for d in shape:
         if d == 0:
             return
-    raise LaunchError(f"argument {what!r}: data pointer is NULL for a non-empty array of "
-                      f"shape {shape}")
+    if not ptr:
+        raise LaunchError(f"argument {what!r}: data pointer is NULL for a non-empty array of "
+                          f"shape {shape}")
+    if dtype is not None:
+        align = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+        if ptr & (align - 1):
+            raise LaunchError(f"argument {what!r}: data pointer {ptr:#x} is not a multiple of "
+                              f"{align}, the alignment of its {dtype} elements (a kernel "
+                              f"would fault on the misaligned address)")
 
 
 def _read_dlpack(obj: Any, what: str, stream: int) -> ArrayFacts:
@@ -207,6 +214,11 @@ def hold(obj: Any) -> None:
     if views is None:
         views = _held.views = []
     views.append(obj)
+
+
+def held_views() -> list:
+    """What :func:`hold` keeps on this thread now (read this call: see dlpack.read_array)."""
+    return getattr(_held, "views", None) or []
 
 
 def release_held() -> None:

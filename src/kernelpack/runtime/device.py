@@ -17,7 +17,7 @@ from ..errors import DeviceError
 from ..targets import Arch
 from . import driver as _drv
 
-__all__ = ["Device", "get_device", "device_count", "current_device_ordinal"]
+__all__ = ["Device", "get_device", "device_count", "current_device_ordinal", "check_ordinal"]
 
 
 class Device:
@@ -117,6 +117,19 @@ def device_count() -> int:
                               "CUDA_VISIBLE_DEVICES and nvidia-smi)")
         _count = count
     return _count
+
+
+def check_ordinal(ordinal: int, where: str) -> None:
+    """DeviceError when ``ordinal`` is not a device this process can see; ``where`` says who
+    carried it, to start the message with ("argument 'x' (DLPack device_id 7)").
+    Without it the call failed later, in :class:`Device`, with "CUDA device 7 does not exist"
+    and no word of which argument said 7 (a DLPack producer's ``device_id``)."""
+    if _forked_after_init:  # the parent's device count means nothing here
+        raise DeviceError(FORK_MESSAGE)
+    count = device_count()
+    if not 0 <= ordinal < count:
+        raise DeviceError(f"{where}: CUDA device {ordinal} does not exist (this machine "
+                          f"has {count} device{'s' if count != 1 else ''})")
 
 
 def get_device(ordinal: int) -> Device:

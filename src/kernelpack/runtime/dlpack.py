@@ -115,7 +115,7 @@ class DLTensorView:
     deleter is ours to call: exactly once, when the view is released or collected."""
 
     __slots__ = ("capsule", "ptr", "device_type", "device_id", "dtype", "shape", "strides",
-                 "readonly", "source", "_managed", "_deleter")
+                 "readonly", "source", "stream", "facts", "_managed", "_deleter")
 
     def __init__(self, capsule: Any, ptr: int, device_type: int, device_id: int,
                  dtype: DType | None, shape: tuple[int, ...], strides: tuple[int, ...] | None,
@@ -129,6 +129,8 @@ class DLTensorView:
         self.strides = strides
         self.readonly = readonly  # why the memory must not be written ("" when it may be)
         self.source: Any = None  # the object whose __dlpack__ made the capsule
+        self.stream = 0          # the consumer stream it was asked for (read_array)
+        self.facts: tuple | None = None  # what read_array returned for it
         self._managed = managed
         self._deleter = deleter
 
@@ -233,8 +235,15 @@ def take(obj: Any, what: str, stream: int) -> DLTensorView:
 def read_array(obj: Any, what: str, stream: int) -> tuple:
     """The array facts (:mod:`.arrays`) of an object read through ``__dlpack__``; the view is
     held (:func:`~.arrays.hold`) until the call has queued its work."""
-    from .arrays import _check_data, _contiguous, hold
+    from .arrays import _check_data, _contiguous, held_views, hold
+    from .device import check_ordinal
 
+    # Read once per call: the same object met again in this call (``out=`` whose device
+    # decided the call's, then checked as the output; one array passed twice) reuses the
+    # held view, for the same consumer stream, instead of exporting a second capsule.
+    for held in held_views():
+        if held.source is obj and held.stream == stream and held.facts is not None:
+            return held.facts
     # Ask where the array lives first: a host producer (NumPy) refuses a CUDA ``stream=``
     # with its own exception type, and its memory must be refused anyway.
     where = getattr(obj, "__dlpack_device__", None)
@@ -258,12 +267,15 @@ def read_array(obj: Any, what: str, stream: int) -> tuple:
     if view.device_id < 0:  # -1/-2 would read as kernelpack's "host" / "unknown device"
         raise LaunchError(f"argument {what!r}: DLPack device id {view.device_id} is not a "
                           f"CUDA device ordinal")
-    _check_data(view.ptr, view.shape, what)
+    check_ordinal(view.device_id, f"argument {what!r} (DLPack device_id {view.device_id})")
+    _check_data(view.ptr, view.shape, what, view.dtype)
     itemsize = view.dtype.itemsize if view.dtype else 1
     strides = tuple(s * itemsize for s in view.strides) if view.strides is not None else None
+    view.stream = stream
+    view.facts = (view.ptr, view.shape, view.dtype, view.device_id,
+                  _contiguous(view.shape, strides, itemsize))
     hold(view)  # the memory must stay the producer's until the launch is queued
-    return view.ptr, view.shape, view.dtype, view.device_id, _contiguous(view.shape, strides,
-                                                                         itemsize)
+    return view.facts
 
 
 def _unwritable(flags: int) -> str:

@@ -43,8 +43,8 @@ from ..errors import KernelPackError
 from .binding import fills_of
 from .native import launcher
 
-__all__ = ["make_fast_path", "fits", "split_scalars", "lazy_view_checks", "FastCore",
-           "ThreadState"]
+__all__ = ["make_fast_path", "fits", "split_scalars", "keyed_symbols", "lazy_view_checks",
+           "FastCore", "ThreadState"]
 
 Call = Callable[[Any, Any, Any], Any]
 
@@ -118,8 +118,11 @@ class FastCore:
                            and s.dtype.kind == "c"}
         self.complex_out = [o.dtype.kind == "c" for o in bs.outputs]
         self.in_tokens = in_tokens
-        # the planner's scalars: a key carries the symbol ones; the others do not matter to it
-        self.symbol_positions = [s.slot for s in bs.inputs if not s.is_tensor and s.is_symbol]
+        # the planner's scalars: a key carries the symbols an expression reads; the others
+        # do not matter to a launch entry (see keyed_symbols)
+        keyed = keyed_symbols(bs)
+        self.symbol_positions = [s.slot for s in bs.inputs if not s.is_tensor and s.is_symbol
+                                 and s.name in keyed]
         self.n_scalars = bs.n_scalars
         self.fill_from = bs.fill_from
         self.nfill = bs.nvals - bs.fill_from
@@ -290,11 +293,23 @@ def lazy_view_checks(tensor_index: list[int], key: tuple, complex_in: set[int],
     return views, view_out
 
 
+def keyed_symbols(bs: Any) -> set[str]:
+    """The caller's integer scalars that key a launch entry: those an expression reads (a
+    dim's name included, so that a scalar that must equal a dim is still checked). Another
+    integer (a seed, a step counter) is only written to its slot: keying entries on it made
+    every new value miss the caches and plan again (about 5-20 µs a call, and caches that
+    were cleared every 256 values)."""
+    from .._plan_fast import symbols_read
+
+    return symbols_read(bs.summary)
+
+
 def split_scalars(bp: Any) -> tuple[tuple, tuple]:
     """The caller's scalars as ``floats`` ``(argument index, value slot)`` and ``ints``
-    ``(argument index, value slot, lowest, highest, is a symbol)`` (``fits`` admits no other
-    kind)."""
+    ``(argument index, value slot, lowest, highest, keys the entry)`` (``fits`` admits no
+    other kind; see :func:`keyed_symbols` for the last field)."""
     floats, ints = [], []
+    keyed = keyed_symbols(bp.bound)
     for i, s in enumerate(bp.bound.inputs):
         if s.is_tensor:
             continue
@@ -302,7 +317,7 @@ def split_scalars(bp: Any) -> tuple[tuple, tuple]:
         if rng is None:
             floats.append((i, bp._nbuf + s.slot))
         else:
-            ints.append((i, bp._nbuf + s.slot, rng[0], rng[1], s.is_symbol))
+            ints.append((i, bp._nbuf + s.slot, rng[0], rng[1], s.is_symbol and s.name in keyed))
     return tuple(floats), tuple(ints)
 
 
