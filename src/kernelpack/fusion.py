@@ -35,6 +35,7 @@ from .graph import BINARY, BITWISE, COMPARE, FLOAT_ONLY, REDUCTIONS, UNARY  # no
 from .ops import (abs, arange, ceil, complex, cos, dim_expr, erf, exp, exp2, floor, imag, iota,
                   log, log2, max, maximum, mean, min, minimum, pad, prod, real, rsqrt, sigmoid,
                   sin, sqrt, sum, tan, tanh, where)
+from .promotion import dsl_dtype
 from .summary import TensorType
 from .tracing import Value, active_graph, astype, current_graph, pow, trace_value
 from .tracing import broadcast_shapes  # noqa: F401 - kept importable, as above
@@ -68,7 +69,7 @@ class Fusion:
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 raise TraceError(f"fusion {self.name}: parameter {p.name!r} is variadic; every "
                                  f"input needs its own annotated parameter")
-            ann = hints.get(p.name)
+            ann = _numpy_scalar_type(hints.get(p.name))
             if not isinstance(ann, (TensorType, DType)):
                 raise TraceError(f"fusion {self.name}: parameter {p.name!r} needs an annotation "
                                  f"kp.Tensor[dtype, dims...] or a scalar dtype such as kp.f32 "
@@ -174,6 +175,20 @@ class Fusion:
         doc = {"graph": self.trace(fixed).canonical(), "static": dict(sorted(fixed.items())),
                "options": {k: repr(v) for k, v in sorted((options or {}).items())}}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _numpy_scalar_type(ann: object) -> object:
+    """A scalar parameter annotated with NumPy's type (``s: np.float32``, ``np.dtype("f4")``) as
+    the kernelpack dtype, as ``kp.Tensor[np.float32, "n"]`` already takes it (it was "needs an
+    annotation"); anything else unchanged. Python's ``float``/``int`` stay refused: NumPy
+    treats those as weak numbers, which a typed scalar parameter is not."""
+    cls = ann if isinstance(ann, type) else type(ann)
+    if not str(getattr(cls, "__module__", "")).startswith("numpy"):
+        return ann
+    try:
+        return dsl_dtype(ann)
+    except TypeError:
+        return ann
 
 
 def _check_bound(g: Graph) -> None:

@@ -22,7 +22,7 @@ import operator
 from typing import TYPE_CHECKING, Any
 
 from .dtypes import (DType, as_dtype, bool_, complex64, complex128, float16, float32, float64,
-                     int64, uint64)
+                     int8, int16, int32, int64, uint8, uint16, uint32, uint64)
 from .errors import TraceError
 from .expr import Expr, const
 from .graph import COMPARE, current_graph
@@ -35,7 +35,7 @@ else:
 
 __all__ = ["broadcast_shapes", "dim_number_error", "dsl_dtype",
            "math_dtype", "trace_value", "widen_for_comparison",
-           "index_axes"]
+           "known_comparison", "from_sizes", "index_axes"]
 
 _KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
 
@@ -120,6 +120,12 @@ def _dim_float(v: Value) -> bool:
     float or complex, so weak beside a narrower float or complex tensor."""
     return (v.dtype in (float64, complex128)
             and _built_from_dims(v, _DIM_FLOAT_OPS, _DIM_FLOAT_DTYPES))
+
+
+def from_sizes(v: Value) -> bool:
+    """Whether ``v`` is a 0-d value computed from dims and Python numbers alone, comparisons
+    included (``x.shape[0] / 1 == 0``, what ``np.arange(x.shape[0])`` asks the truth of)."""
+    return _built_from_dims(v, _DIM_FLOAT_OPS | COMPARE, _DIM_FLOAT_DTYPES)
 
 
 def _built_from_dims(v: Value, ops: frozenset, dtypes: frozenset) -> bool:
@@ -261,19 +267,60 @@ def widen_for_comparison(t: object, lit: object) -> object:
     return t
 
 
+_FLIPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+
+
+def known_comparison(op: str, a: object, b: object) -> bool | None:
+    """The result, the same for every element, of comparing an integer tensor with a Python
+    int that no integer dtype of the kernel can hold beside it (past int64, or past uint64's
+    range for a uint64 tensor): NumPy 2 compares such a literal exactly (``u64 > -1`` and
+    ``i64 < 2**63`` are all True), where typing the literal as the tensor's dtype raised an
+    out-of-bounds TraceError. None where the comparison is an ordinary one (a literal
+    :func:`widen_for_comparison` makes exact by widening to int64 included) and for bool
+    tensors, whose comparison with such a literal NumPy refuses (OverflowError) as we do."""
+    t, lit, flip = (a, b, False) if isinstance(b, int) else (b, a, True)
+    dt = getattr(t, "dtype", None)
+    if not (isinstance(dt, DType) and dt.kind in "iu" and isinstance(lit, int)
+            and not isinstance(lit, bool) and hasattr(t, "graph")):
+        return None
+    lo, hi = (0, (1 << 64) - 1) if dt == uint64 else (-(1 << 63), (1 << 63) - 1)
+    if lo <= lit <= hi:
+        return None
+    op = _FLIPPED[op] if flip else op  # now "t op lit"
+    above = lit > hi  # every element of t is below lit (else every element is above it)
+    return {"lt": above, "le": above, "gt": not above, "ge": not above, "eq": False,
+            "ne": True}[op]
+
+
 _PY_TYPES: dict[type, DType] = {bool: bool_, int: int64, float: float64, complex: complex128}
+
+# NumPy's dtype strings (np.dtype("f8")) that are not kernelpack names, or that kernelpack's
+# shared name table reads otherwise: "float" is torch's float32 there, NumPy's float64 here.
+_NUMPY_STRINGS: dict[str, DType] = {
+    "float": float64, "int": int64, "complex": complex128, "single": float32, "b1": bool_,
+    "?": bool_, "f2": float16, "f4": float32, "f8": float64, "c8": complex64, "c16": complex128,
+    "i1": int8, "i2": int16, "i4": int32, "u1": uint8, "u2": uint16, "u4": uint32}
+# with a byte order ("<i8", "=u8") a code is NumPy's alone: "i8" is int64 there, where the bare
+# "i8" / "u8" stay kernelpack's short names (kp.i8 is int8)
+_NUMPY_SIZED: dict[str, DType] = {**_NUMPY_STRINGS, "i8": int64, "u8": uint64}
 
 
 def dsl_dtype(value: object) -> DType:
     """A dtype as NumPy's ``astype`` takes it: a kernelpack dtype or name, NumPy's scalar types
-    (``np.float32``, ``np.bool_``) and Python's ``bool int float complex`` (NumPy's bool,
-    int64, float64, complex128). ``x.astype(float)`` was a TraceError (not a dtype)."""
+    (``np.float32``, ``np.bool_``), Python's ``bool int float complex`` (NumPy's bool,
+    int64, float64, complex128) and NumPy's dtype strings (``"f8"``, ``"<i4"``, ``"float"``).
+    ``x.astype(float)`` was a TraceError (not a dtype); ``x.astype("float")`` was float32."""
     if isinstance(value, type):
         if value in _PY_TYPES:
             return _PY_TYPES[value]
         name = getattr(value, "__name__", None)
         if getattr(value, "__module__", None) == "numpy" and isinstance(name, str):
             value = "bool" if name in ("bool_", "bool") else name
+    if isinstance(value, str):
+        if value[:1] in ("<", "=", "|") and value[1:] in _NUMPY_SIZED:
+            return _NUMPY_SIZED[value[1:]]
+        if value in _NUMPY_STRINGS:
+            return _NUMPY_STRINGS[value]
     return as_dtype(value)
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import builtins
 
-from .dtypes import (DType, bool_, complex64, complex128, float32, float64, int8, int64,
-                     uint64)
+from .dtypes import (DType, bfloat16, bool_, complex64, complex128, float16, float32, float64,
+                     int8, int64, uint64)
 from .errors import TraceError
 from .expr import Expr, const, select
 from .graph import BITWISE, COMPARE, Graph, Node, active_graph, current_graph
 from .promotion import (_axes, _desc, _fmt, _from_dims, _promote, broadcast_shapes, dsl_dtype,
-                        index_axes, math_dtype, trace_value, widen_for_comparison)
+                        from_sizes, index_axes, known_comparison, math_dtype, trace_value,
+                        widen_for_comparison)
 
 __all__ = ["Value", "trace_value", "broadcast_shapes", "astype", "pow", "active_graph",
            "current_graph"]
@@ -99,6 +100,12 @@ class Value:
         return f"<traced {self.dtype}[{dims}] from {self.node.op}>"
 
     def __bool__(self) -> bool:
+        if from_sizes(self):
+            # np.arange(x.shape[0]) and range() get here: NumPy divides the size by the step
+            # (a traced value) and asks whether the result is positive
+            raise TraceError(f"the truth of {_desc(self)} computed from sizes is unknown while "
+                             f"tracing (sizes are known only at launch); use kp.arange for "
+                             f"np.arange/range of a size, kp.where for a choice")
         raise TraceError("the truth of a traced tensor is unknown while tracing; use kp.where")
 
     def __getattr__(self, name: str) -> object:
@@ -157,7 +164,15 @@ class Value:
     __hash__ = None  # type: ignore[assignment]
 
     # methods
-    def astype(self, dtype: object) -> "Value":
+    def astype(self, dtype: object, order: str = "K", casting: str = "unsafe",
+               subok: bool = True, copy: bool = True) -> "Value":
+        """NumPy's ``astype`` signature: ``copy=False`` (common in NumPy code) means nothing in
+        a fusion, which never aliases; memory order, subclasses and a casting rule other than
+        NumPy's default ``"unsafe"`` do not exist here, so they are refused by name."""
+        if order not in ("K", "A", "C") or casting != "unsafe" or subok is not True:
+            raise TraceError(f"astype of {_desc(self)}: order={order!r}, casting={casting!r}, "
+                             f"subok={subok!r} are not supported (a fusion casts elementwise, "
+                             f"as NumPy's casting='unsafe')")
         return astype(self, dtype)
 
     @property
@@ -230,6 +245,10 @@ def _graph_of(*values: object) -> Graph:
 def _binary(op: str, a: object, b: object) -> Value:
     g = _graph_of(a, b)
     if op in COMPARE:
+        known = known_comparison(op, a, b)
+        if known is not None:  # u64 > -1, i64 < 2**63: the same for every element
+            t = a if isinstance(a, Value) else b
+            return _binary("eq" if known else "ne", _zeros_like(t), 0)  # type: ignore[arg-type]
         a, b = widen_for_comparison(a, b), widen_for_comparison(b, a)
     like = b.dtype if isinstance(b, Value) else a.dtype if isinstance(a, Value) else None
     va = trace_value(g, a, like if not isinstance(a, Value) else None)
@@ -418,6 +437,10 @@ def _power(x: object, y: object) -> Value:
     if isinstance(x, Value) and isinstance(y, int) and not isinstance(y, bool) and 0 <= y <= 8:
         if y == 0:
             return _binary("add", _zeros_like(x), 1)
+        if y >= 3 and x.dtype in (float16, bfloat16):
+            # one operation in NumPy (powf in float32, rounded to float16 once): the chain
+            # rounding after every product was 1 ulp off for a quarter of h ** 3 values
+            return astype(_power(astype(x, float32), y), x.dtype)
         out = x
         for _ in range(y - 1):
             out = _binary("mul", out, x)

@@ -17,10 +17,14 @@ __all__ = ["int_max", "shift_count_syms", "expr_max"]
 def shift_count_syms(graph: Graph) -> frozenset[str]:
     """Dims that are the count of a shift in some shape or dim of the graph (``1 << n``): an
     Expr shift is defined only for counts 0..63 (the planner raises on others, and the kernel's
-    own ``shl`` of that shape would be poison), so wherever a kernel runs, those dims are <= 63."""
+    own ``shl`` of that shape would be poison), so wherever a kernel runs, those dims are <= 63.
+    Only nodes the outputs read count: the planner never evaluates a dead node's shape (an
+    unused ``kp.arange(1 << n)``), so it bounds nothing, and with it ``x >> kp.arange(n)``
+    lost its guard and shifted by 64..n-1 modulo the width instead of giving 0 or -1."""
     found: set[str] = set()
-    stack: list[Expr] = [d for node in graph.nodes for d in node.shape]
-    stack += [a for node in graph.nodes if node.op == "dim" for a in node.attrs
+    live = [graph.nodes[nid] for nid in sorted(graph.reachable(nid for _, nid in graph.outputs))]
+    stack: list[Expr] = [d for node in live for d in node.shape]
+    stack += [a for node in live if node.op == "dim" for a in node.attrs
               if isinstance(a, Expr)]
     seen: set[int] = set()
     while stack:
