@@ -52,6 +52,25 @@ class DType:
             return self
         return float32 if self is complex64 else float64
 
+    def __eq__(self, other: object) -> bool:
+        """Equal to the same kernelpack dtype, and to NumPy's and PyTorch's spelling of it
+        (``x.dtype == np.float32`` in a fusion written like NumPy code must not be silently
+        False). Strings are not compared: ``"float"`` means float32 to PyTorch and float64
+        to NumPy. The hash stays the dataclass's, as NumPy's dtypes do: mixed dict keys are
+        told apart by hash, never conflated."""
+        if isinstance(other, DType):
+            return (self.name, self.code, self.itemsize, self.kind) == (
+                other.name, other.code, other.itemsize, other.kind)
+        module = (other if isinstance(other, type) else type(other)).__module__ or ""
+        if module.partition(".")[0] not in ("numpy", "torch"):
+            return NotImplemented  # type: ignore[return-value]
+        if getattr(other, "byteorder", "=") == ">":  # a big-endian NumPy dtype
+            return False
+        try:
+            return as_dtype(other) is self
+        except TypeError:
+            return False
+
     def __repr__(self) -> str:
         return f"kp.{self.name}"
 
