@@ -7,8 +7,15 @@ the runtime modules, verifying and opening the pack, decoding the summary, bindi
 program, choosing, checking and decompressing the image, and the launch path of a first call.
 
 Each child process sets up before the clock what the GPU benchmark's children have before
-theirs: ``import kernelpack``, a ``cuda.bindings.driver`` (here the fake, as a module, every
-``cu*`` call timed), and the inputs (a stand-in ``torch`` whose tensors answer like torch's,
+theirs: ``import kernelpack``, a driver (by default a ``cuda.bindings.driver``: the fake, as a
+module, every ``cu*`` call timed; with ``--driver libcuda`` kernelpack's own ctypes door,
+``runtime/libcuda.py``, which is what a Linux GPU host takes, over the C-level fake of
+``tests/runtime/c_fake_driver.py``: ``ctypes.CDLL("libcuda.so.1")`` hands out the fake's
+``cuGetProcAddress_v2``, the fake's ctypes function classes are dropped from ctypes' cache as
+a GPU host's process has never made them, and every entry point's Python side is timed as
+the driver's; ctypes' callback trampolines into the fake are not, so this door's "Python"
+column includes up to a few µs per driver call that a real driver does not cost: about 30
+calls in a first call), and the inputs (a stand-in ``torch`` whose tensors answer like torch's,
 or with ``--arrays cai`` plain objects exporting ``__cuda_array_interface__``). Then it times
 
   load       ``pack = kp.load(path)``
@@ -29,7 +36,8 @@ kernelpack's bytecode is compiled once before timing (as an installed package's 
 this machine may set PYTHONDONTWRITEBYTECODE.
 
     python benchmarks/first_call_cpu.py [--reps N] [--programs 1,100] [--arrays torch|cai]
-        [--stdlib MODS] [--against OLD_SRC] [--importtime] [--profile] [--json FILE]
+        [--driver bindings|libcuda] [--stdlib MODS] [--against OLD_SRC] [--importtime]
+        [--profile] [--json FILE]
 
 ``--against OLD_SRC`` also times the package under another source directory (a copy of
 ``src/`` before a change), interleaved, for a before/after on a noisy machine;
@@ -100,13 +108,52 @@ class DriverModule(types.ModuleType):
         return value
 
 
-cuda = types.ModuleType("cuda")
-cuda.__path__ = []
-bindings = types.ModuleType("cuda.bindings")
-bindings.__path__ = []
-driver = DriverModule("cuda.bindings.driver")
-cuda.bindings, bindings.driver = bindings, driver
-sys.modules.update({"cuda": cuda, "cuda.bindings": bindings, "cuda.bindings.driver": driver})
+if DRIVER == "bindings":
+    cuda = types.ModuleType("cuda")
+    cuda.__path__ = []
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.__path__ = []
+    driver = DriverModule("cuda.bindings.driver")
+    cuda.bindings, bindings.driver = bindings, driver
+    sys.modules.update({"cuda": cuda, "cuda.bindings": bindings, "cuda.bindings.driver": driver})
+else:  # the GPU's door: kernelpack's ctypes driver (runtime/libcuda.py) over a C-level fake
+    import ctypes
+    functypes = dict(ctypes._c_functype_cache)
+    import c_fake_driver
+
+    class TimedCFake(c_fake_driver.CFakeLibcuda):
+        def _guard(self, fn):  # every entry point's Python side timed (not ctypes' trampoline)
+            guarded = super()._guard(fn)
+
+            def timed(*args):
+                t = time.perf_counter()
+                try:
+                    return guarded(*args)
+                finally:
+                    SPENT[0] += time.perf_counter() - t
+                    SPENT[1] += 1
+            return timed
+
+        def _get_proc_address(self, *args):  # the fake's lookup (cuGetProcAddress_v2) too
+            t = time.perf_counter()
+            try:
+                return super()._get_proc_address(*args)
+            finally:
+                SPENT[0] += time.perf_counter() - t
+                SPENT[1] += 1
+
+    cfake = TimedCFake(fake)
+    # ctypes caches CFUNCTYPE classes by signature: forget the ones the fake's entry points
+    # made, which a GPU host's process has not (they stay alive with the fake)
+    ctypes._c_functype_cache.clear()
+    ctypes._c_functype_cache.update(functypes)
+    real_cdll = ctypes.CDLL
+
+    def CDLL(name, *args, **kwargs):  # "libcuda.so.1": the fake's cuGetProcAddress_v2
+        if name == "libcuda.so.1":
+            return types.SimpleNamespace(cuGetProcAddress_v2=cfake.get_proc_address)
+        return real_cdll(name, *args, **kwargs)
+    ctypes.CDLL = CDLL
 
 
 if ARRAYS == "torch":
@@ -186,10 +233,11 @@ print(s.getvalue())
 
 
 def child_code(path: Path, name: str, arrays: str, preload: list[str], body: str,
-               stdlib: tuple[str, ...] = ()) -> str:
+               stdlib: tuple[str, ...] = (), driver: str = "bindings") -> str:
     """The child's source: set-up (see PRELUDE; ``stdlib`` and ``preload`` are imported before
     the clock), then ``body``."""
     head = (f"FAKES = {str(FAKES)!r}\nARRAYS = {arrays!r}\nN, A = {N}, {A}\n"
+            f"DRIVER = {driver!r}\n"
             f"PATH, NAME = {str(path)!r}, {name!r}\nPRELOAD = {preload!r}\n"
             f"STDLIB = {list(stdlib)!r}\n")
     return head + PRELUDE + body
@@ -310,6 +358,10 @@ def main() -> int:
     ap.add_argument("--programs", default="1",
                     help="comma-separated program counts of the artifacts (default 1; the "
                          "GPU benchmark also uses 100)")
+    ap.add_argument("--driver", choices=("bindings", "libcuda"), default="bindings",
+                    help="the driver door: a fake cuda.bindings.driver module (default), or "
+                         "kernelpack's ctypes door (runtime/libcuda.py, what a GPU host uses) "
+                         "over the C-level fake of tests/runtime/c_fake_driver.py")
     ap.add_argument("--arrays", choices=("torch", "cai"), default="torch",
                     help="inputs: stand-in torch tensors (default) or "
                          "__cuda_array_interface__ objects")
@@ -338,7 +390,7 @@ def main() -> int:
         env.pop("PYTHONPYCACHEPREFIX", None)  # read the bytecode compileall just wrote
         # the fake stands in for cuda.bindings.driver: the runtime must take that door (by
         # default it opens libcuda.so.1 through ctypes, which a CPU machine lacks)
-        env["KERNELPACK_DRIVER"] = "cuda-bindings"
+        env["KERNELPACK_DRIVER"] = "cuda-bindings" if args.driver == "bindings" else "auto"
     workdir = Path(tempfile.mkdtemp(prefix="kp-first-call-"))
     paths, how = build_artifacts(workdir, counts)
     started = time.perf_counter()
@@ -348,34 +400,38 @@ def main() -> int:
     for count in counts:
         for tag, env in envs.items():
             key = f"{tag}{label(count)}"
-            plain = child_code(paths[count], names[count], args.arrays, [], TIMED, stdlib)
+            plain = child_code(paths[count], names[count], args.arrays, [], TIMED, stdlib,
+                               args.driver)
             notes[key] = [m for m in result_of(run_child(plain, env)[0])["new_modules"]
                           if not m.startswith("__")]
             configs[f"{key}, plain"] = (plain, env)
             configs[f"{key}, imports done"] = (child_code(
-                paths[count], names[count], args.arrays, notes[key], TIMED, stdlib), env)
+                paths[count], names[count], args.arrays, notes[key], TIMED, stdlib,
+                args.driver), env)
     runs: dict[str, list[dict]] = {k: [] for k in configs}
     for _ in range(args.reps):  # interleaved, so that a busy moment hits every row
         for key, (code, env) in configs.items():
             runs[key].append(result_of(run_child(code, env)[0]))
-    print(f"artifacts: {how}; arrays: {args.arrays}; imported before the clock: kernelpack"
+    print(f"artifacts: {how}; arrays: {args.arrays}; driver: {args.driver}; "
+          f"imported before the clock: kernelpack"
           f"{', ' + ', '.join(stdlib) if stdlib else ''}; {args.reps} fresh processes per row "
           f"(medians), {time.perf_counter() - started:.0f} s; python {sys.version.split()[0]}")
     print()
     print("\n".join(summarize(runs, notes)))
     first = counts[0]
     if args.importtime:
-        code = child_code(paths[first], names[first], args.arrays, [], TIMED, stdlib)
+        code = child_code(paths[first], names[first], args.arrays, [], TIMED, stdlib,
+                          args.driver)
         print()
         print("\n".join(import_table(run_child(code, envs[""], ("-X", "importtime"))[1])))
     if args.profile:
         code = child_code(paths[first], names[first], args.arrays, notes[label(first)],
-                          PROFILED, stdlib)
+                          PROFILED, stdlib, args.driver)
         print()
         print(run_child(code, envs[""])[0])
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": runs, "modules": notes, "how": how,
-                                               "stdlib": stdlib}, indent=1))
+                                               "stdlib": stdlib, "driver": args.driver}, indent=1))
     return 0
 
 

@@ -203,18 +203,24 @@ class Table:
 class ByteViews:
     """``len()`` and ``[i]`` over a verified vector of tables whose ``data`` field is bytes:
     view ``i`` is made on request. A file may hold up to MAX_BLOBS blobs that no image names
-    (8 MB of empty ones): making a Table and a view of each at load cost seconds and 400 MB."""
+    (8 MB of empty ones): making a Table and a view of each at load cost seconds and 400 MB.
+    A view asked for is kept: images naming one blob (the same cubin in many modules) share
+    it instead of each making a Table and a view at load."""
 
-    __slots__ = ("buf", "start", "count", "table")
+    __slots__ = ("buf", "start", "count", "table", "_made")
 
     def __init__(self, buf: Buffer, start: int, count: int, table: str) -> None:
         self.buf, self.start, self.count, self.table = buf, start, count, table
+        self._made: dict[int, memoryview] = {}
 
     def __len__(self) -> int:
         return self.count
 
     def __getitem__(self, index: int) -> memoryview:
-        return self._table(index).view("data")
+        view = self._made.get(index)
+        if view is None:
+            view = self._made[index] = self._table(index).view("data")
+        return view
 
     def _table(self, index: int) -> Table:
         if not 0 <= index < self.count:

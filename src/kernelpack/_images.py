@@ -15,7 +15,7 @@ import os
 import threading
 import weakref
 from functools import lru_cache
-from typing import Any, Sequence, Union
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ._fbread import ByteViews, Table
 from .errors import FormatError, IntegrityError
@@ -101,7 +101,8 @@ class FileBlobs:
         return FileBlob(self.file, *self.views.span(index))
 
 
-Stored = Union[memoryview, FileBlob]
+if TYPE_CHECKING:  # a runtime typing.Union costs ~40 µs at import, inside a first load
+    Stored = memoryview | FileBlob
 
 
 class ImageInfo:

@@ -283,8 +283,9 @@ class _Walker:
                         raise self.fail((where, name), f"nested body at {start} is not "
                                                        f"{BODY_ALIGNMENT}-aligned")
                     continue
-                covered += self.elements(target, count, cat, extra, limit, depth,
-                                         (where, name))
+                if count:  # an empty vector of strings or tables has nothing more to check
+                    covered += self.elements(target, count, cat, extra, limit, depth,
+                                             (where, name))
                 continue
             covered += self.field(pos, fpos, tname, name, cat, extra, limit, depth,
                                   (where, name))

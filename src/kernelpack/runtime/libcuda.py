@@ -78,7 +78,12 @@ _NEWER = {"cuFuncLoad": 12040}
 
 # CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
 #                              cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
-_GET_PROC_ADDRESS = ctypes.CFUNCTYPE(c_int, c_char_p, _PP, c_int, c_uint64, _PI)
+_GET_PROC_ADDRESS_ARGS = (c_char_p, _PP, c_int, c_uint64, _PI)
+
+# Every entry point is one function-pointer type returning CUresult, with its argument types
+# set on each pointer: a CFUNCTYPE per signature is a new ctypes class (~7 µs each, ten of
+# them in a process's first launch); setting ``argtypes`` on an instance converts the same.
+_ENTRY = ctypes.CFUNCTYPE(c_int)
 
 _NOT_FOUND = 500  # CUDA_ERROR_NOT_FOUND
 
@@ -115,8 +120,8 @@ def _handle(value: Any) -> int:
 class LibCuda:
     """The driver functions the runtime calls, over one ``cuGetProcAddress``.
 
-    ``get_proc_address`` is the driver's ``cuGetProcAddress_v2`` (a ctypes function of type
-    ``_GET_PROC_ADDRESS``; tests hand in a Python one); ``per_thread`` picks the per-thread
+    ``get_proc_address`` is the driver's ``cuGetProcAddress_v2`` (a ctypes function taking
+    ``_GET_PROC_ADDRESS_ARGS``; tests hand in a Python one); ``per_thread`` picks the per-thread
     default-stream flavour of the stream functions.
     """
 
@@ -131,7 +136,6 @@ class LibCuda:
         self._flags = (flags.CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM if per_thread
                        else flags.CU_GET_PROC_ADDRESS_LEGACY_STREAM)
         self._fns: dict[str, Callable[..., int]] = {}
-        self._types: dict[tuple[Any, ...], Any] = {}
 
     def __repr__(self) -> str:
         return f"<LibCuda: {len(self._fns)} driver functions resolved>"
@@ -144,10 +148,9 @@ class LibCuda:
             address, err = self._address(name, _NEWER.get(name, MIN_DRIVER_VERSION))
             if not address:
                 return _missing(name, err or _NOT_FOUND)
-            proto = self._types.get(argtypes)
-            if proto is None:
-                proto = self._types[argtypes] = ctypes.CFUNCTYPE(c_int, *argtypes)
-            fn = self._fns[name] = proto(address)
+            fn = _ENTRY(address)
+            fn.argtypes = argtypes  # on the pointer, not a CFUNCTYPE per signature (see _ENTRY)
+            self._fns[name] = fn
         return fn
 
     def _address(self, symbol: str, version: int) -> tuple[int, int]:
@@ -200,9 +203,13 @@ class LibCuda:
                 out.value)
 
     def cuDeviceGetName(self, length: int, device: int) -> tuple[int, bytes]:
-        buf = ctypes.create_string_buffer(int(length))
-        err = self._fn("cuDeviceGetName")(ctypes.addressof(buf), int(length), int(device))
-        return (err, buf.raw)
+        # a bytearray's address through c_char.from_buffer: create_string_buffer would make a
+        # ``c_char * length`` class (~30 µs the first time, inside a process's first launch)
+        length = int(length)
+        buf = bytearray(max(length, 1))  # (from_buffer refuses an empty one)
+        view = ctypes.c_char.from_buffer(buf)  # exports buf: it cannot move during the call
+        err = self._fn("cuDeviceGetName")(ctypes.addressof(view), length, int(device))
+        return (err, bytes(buf[:length]))
 
     def cuDevicePrimaryCtxRetain(self, device: int) -> tuple[int, int]:
         out = c_void_p()
@@ -342,8 +349,11 @@ def open_driver(per_thread: bool, library: str = "libcuda.so.1") -> LibCuda:
     """
     lib = ctypes.CDLL(library)
     try:
-        raw = lib.cuGetProcAddress_v2
+        get = lib.cuGetProcAddress_v2
     except AttributeError:
         raise LookupError(f"{library} has no cuGetProcAddress_v2: the NVIDIA driver predates "
                           f"CUDA 12.0 (R525), which kernelpack needs") from None
-    return LibCuda(_GET_PROC_ADDRESS(ctypes.cast(raw, c_void_p).value), per_thread)
+    # the library's own function object, typed in place as _ENTRY's pointers are: no ctypes
+    # class made for it, no cast to its address
+    get.restype, get.argtypes = c_int, _GET_PROC_ADDRESS_ARGS
+    return LibCuda(get, per_thread)
