@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 import weakref
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Sequence
@@ -246,27 +245,13 @@ class ImageInfo:
                 f"{self.raw_size} bytes)")
 
 
-_local = threading.local()
-
-
-def _decompressor() -> Any:
-    """This thread's zstd decompression context (making one costs more than a small image's
-    decompression; contexts may not be shared between threads)."""
-    dctx = getattr(_local, "dctx", None)
-    if dctx is None:
-        import zstandard
-
-        dctx = _local.dctx = zstandard.ZstdDecompressor()
-    return dctx
-
-
 def _frame_size(stored: memoryview | bytes, raw_size: int, where: str) -> None:
     """The zstd frame must declare its content size, and it must equal ``raw_size``."""
-    import zstandard
+    from . import _zstd  # libzstd through ctypes where present (see _zstd: no zstandard import)
 
     try:
-        declared = zstandard.frame_content_size(stored)
-    except zstandard.ZstdError as exc:
+        declared = _zstd.frame_content_size(stored)
+    except _zstd.ZstdFormatError as exc:
         raise IntegrityError(f"{where}: not a zstd frame ({exc})") from None
     if declared != raw_size:
         raise IntegrityError(f"{where}: zstd frame declares {declared} bytes, raw_size is "
@@ -287,11 +272,11 @@ def _decompress(stored: memoryview | bytes, raw_size: int, where: str) -> bytes:
 def _inflate(stored: memoryview | bytes, raw_size: int, where: str) -> bytes:
     """:func:`_decompress` after the frame's declared size was checked (by
     :meth:`ImageInfo.check_stored`, which :meth:`ImageInfo.read` has just run)."""
-    import zstandard
+    from . import _zstd
 
     try:
-        out = _decompressor().decompress(stored, max_output_size=raw_size)
-    except zstandard.ZstdError as exc:
+        out = _zstd.decompress(stored, raw_size)
+    except _zstd.ZstdFormatError as exc:
         raise IntegrityError(f"{where}: zstd decompression failed ({exc})") from None
     if len(out) != raw_size:
         raise IntegrityError(f"{where}: decompressed to {len(out)}{'+' if len(out) > raw_size else ''}"

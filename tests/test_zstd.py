@@ -1,0 +1,153 @@
+"""The load path's zstd reader (kernelpack._zstd): libzstd through ctypes and the zstandard
+package must accept and refuse the same frames, byte for byte."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import zstandard
+
+from kernelpack import _zstd
+
+LIBZSTD = _zstd._open_libzstd()
+needs_libzstd = pytest.mark.skipif(LIBZSTD is None, reason="no libzstd.so.1 >= 1.4.0 here")
+
+
+def _outcome(backend: object, method: str, *args: object) -> tuple[str, object]:
+    try:
+        return "ok", getattr(backend, method)(*args)
+    except _zstd.ZstdFormatError as exc:
+        return "error", str(exc)
+
+
+def _frames(count: int) -> list[tuple[bytes, bytes]]:
+    """(original, frame) pairs: valid frames and damaged ones (flipped bytes, cut short,
+    trailing bytes), of sizes from empty to larger than zstd's block size."""
+    rng = random.Random(7)
+    compressor = zstandard.ZstdCompressor(level=19, write_content_size=True)
+    out = []
+    for i in range(count):
+        n = rng.choice([0, 1, 5, 100, 4000, 140000])
+        data = bytes(rng.getrandbits(8) if rng.random() < 0.3 else 0 for _ in range(n))
+        frame = bytearray(compressor.compress(data))
+        if i % 3:
+            for _ in range(rng.randint(1, 4)):
+                frame[rng.randrange(len(frame))] = rng.getrandbits(8)
+        if i % 7 == 0:
+            frame = frame[:rng.randrange(len(frame) + 1)]
+        if i % 11 == 0:
+            frame += bytes(rng.getrandbits(8) for _ in range(5))
+        out.append((data, bytes(frame)))
+    return out
+
+
+@needs_libzstd
+def test_backends_agree_on_valid_and_damaged_frames() -> None:
+    reference = _zstd._Zstandard()
+    checked = 0
+    for data, frame in _frames(600):
+        declared = _outcome(LIBZSTD, "frame_content_size", frame)
+        assert (declared[0] == "ok") == (_outcome(reference, "frame_content_size", frame)[0]
+                                         == "ok")
+        if declared[0] == "ok":
+            assert declared == _outcome(reference, "frame_content_size", frame)
+        if declared != ("ok", len(data)):
+            continue  # the loader refuses such a frame before decompressing it
+        checked += 1
+        got = _outcome(LIBZSTD, "decompress", frame, len(data))
+        want = _outcome(reference, "decompress", frame, len(data))
+        # accepted (the exact original) by both, or by neither: damaged content that still
+        # decodes to the declared size is caught by the image's raw digest either way
+        assert (got == ("ok", data)) == (want == ("ok", data)), (got, want)
+    assert checked > 100
+
+
+@needs_libzstd
+def test_only_the_first_frame_is_read() -> None:
+    compressor = zstandard.ZstdCompressor(write_content_size=True)
+    first, second = b"kernel" * 100, b"other" * 50
+    frames = compressor.compress(first) + compressor.compress(second)
+    assert LIBZSTD.decompress(frames, len(first)) == first
+    assert _zstd._Zstandard().decompress(frames, len(first)) == first
+
+
+@needs_libzstd
+def test_output_is_bounded_by_raw_size() -> None:
+    frame = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(10000))
+    with pytest.raises(_zstd.ZstdFormatError, match="decompression error"):
+        LIBZSTD.decompress(frame, 100)
+
+
+@needs_libzstd
+def test_contexts_are_pooled_not_leaked() -> None:
+    frame = zstandard.ZstdCompressor(write_content_size=True).compress(b"x" * 1000)
+    backend = _zstd._open_libzstd()
+    assert backend is not None
+    for _ in range(50):
+        assert backend.decompress(frame, 1000) == b"x" * 1000
+    assert len(backend._idle) == 1
+
+
+def test_falls_back_to_zstandard_without_libzstd(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctypes
+
+    def missing(name: str, *args: object, **kwargs: object) -> object:
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", missing)
+    monkeypatch.setattr(_zstd, "_backend", None)
+    assert _zstd.backend() == "zstandard"
+    frame = zstandard.ZstdCompressor(write_content_size=True).compress(b"abc" * 10)
+    assert _zstd.frame_content_size(frame) == 30
+    assert _zstd.decompress(frame, 30) == b"abc" * 10
+    with pytest.raises(_zstd.ZstdFormatError):
+        _zstd.frame_content_size(b"not a frame")
+
+
+def test_old_libzstd_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctypes
+
+    class Old:
+        class ZSTD_versionNumber:  # noqa: N801 - mirrors the C name
+            argtypes: tuple = ()
+            restype: object = None
+
+            def __call__(self) -> int:
+                return 10308
+
+        def __init__(self, name: str) -> None:
+            self.ZSTD_versionNumber = Old.ZSTD_versionNumber()
+
+    monkeypatch.setattr(ctypes, "CDLL", Old)
+    assert _zstd._open_libzstd() is None
+
+
+@needs_libzstd
+def test_loading_an_image_does_not_import_zstandard(tmp_path) -> None:
+    """With libzstd present, a process that loads an artifact and reads a compressed image
+    never imports the zstandard package (~0.6-1 ms of a first launch)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import kernelpack as kp
+
+    from kp_samples import axpy
+
+    path = tmp_path / "a.kpack"
+    kp.save([axpy()], str(path))
+    code = ("import sys, json, kernelpack as kp\n"
+            "pack = kp.load(sys.argv[1])\n"
+            "images = [i for m in pack.compiled('axpy').modules for i in m.images]\n"
+            "sizes = [len(i.data) for i in images]\n"
+            "from kernelpack import _zstd\n"
+            "print(json.dumps(['zstandard' in sys.modules, _zstd.backend(), sizes]))\n")
+    src = os.path.dirname(os.path.dirname(kp.__file__))
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                         text=True, check=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": src}).stdout
+    imported, backend, sizes = json.loads(out.splitlines()[-1])
+    assert backend == "libzstd" and not imported
+    assert sizes and all(size > 0 for size in sizes)
