@@ -14,7 +14,7 @@ queued, as with any sequence of CUDA calls).
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Sequence
 
 from ..dtypes import uint8
 from ..errors import LaunchError
@@ -55,8 +55,10 @@ def _outputs_in_order(out: Any, outputs: list, program: str) -> list:
 
 
 def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: Any,
-        out: Any) -> Any:
-    """Allocate (or take ``out=``), write the slots and launch what ``plan`` says."""
+        out: Any, inputs: Sequence[tuple[int, int, str]] = ()) -> Any:
+    """Allocate (or take ``out=``), write the slots and launch what ``plan`` says.
+    ``inputs``: the tensor inputs' ``(pointer, nbytes, name)``, against which ``out=`` is
+    checked for partial overlap (:func:`_check_aliasing`)."""
     bs = bp.bound
     name = bp.name
     variant = bs.variants[plan.variant]
@@ -94,9 +96,11 @@ def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: 
             vals[alloc.slot] = ptr
             if alloc.zero_init:
                 memsets.append((ptr, planned.nbytes))
+        spans = [(vals[a.slot], allocations[a.name].nbytes, a.name) for a in bs.outputs]
         if len(results) > 1:
-            _check_disjoint(name, [(vals[a.slot], allocations[a.name].nbytes, a.name)
-                                   for a in bs.outputs])
+            _check_disjoint(name, spans)
+        if inputs:
+            _check_aliasing(name, spans, inputs)
     else:
         results = []
         for alloc in bs.outputs:
@@ -147,6 +151,23 @@ def _check_disjoint(program: str, spans: list[tuple[int, int, str]]) -> None:
         if p1 < p0 + n0:
             raise LaunchError(f"{program}: out {a!r} and out {b!r} overlap in memory; pass a "
                               f"separate array for each output")
+
+
+def _check_aliasing(program: str, outs: list[tuple[int, int, str]],
+                    inputs: Sequence[tuple[int, int, str]]) -> None:
+    """Refuse an ``out=`` array that partially overlaps an input (``out=x[1:]`` for ``x``):
+    the threads that write it race with the threads that still read the input, so the result
+    depends on scheduling. The very same memory (same start, same size) is in-place use and
+    is allowed: it is defined for a program that reads each element before writing it."""
+    for p0, n0, a in outs:
+        if not n0:
+            continue
+        for p1, n1, b in inputs:
+            if n1 and p1 < p0 + n0 and p0 < p1 + n1 and (p0 != p1 or n0 != n1):
+                raise LaunchError(
+                    f"{program}: out {a!r} partially overlaps argument {b!r} in memory "
+                    f"(out {n0} bytes at {p0:#x}, {b!r} {n1} bytes at {p1:#x}); pass a "
+                    f"separate array, or the very same array as {b!r} for in-place use")
 
 
 def _queue(bp: Any, st: Any, plan: Any, variant: Any, vals: list, cs: Any,

@@ -35,6 +35,7 @@ another device (``torch.cuda.set_device``) since the last call.
 from __future__ import annotations
 
 import ctypes
+import struct
 import sys
 import threading
 from typing import Any, Callable
@@ -50,6 +51,7 @@ Call = Callable[[Any, Any, Any], Any]
 
 # Launch-ready entries kept per program (distinct input shapes); cleared when full.
 PLAN_CACHE_SIZE = 256
+_POINTER_SIZE = struct.calcsize("@P")
 
 
 def fits(bs: Any) -> bool:
@@ -86,16 +88,25 @@ class ThreadState:
 
     def __init__(self, layouts: list[tuple[int, list[int]]]) -> None:
         self.ctx = -1
-        self.bufs: list[Any] = []
+        self.bufs: list[bytearray] = []
         self.addrs: list[int] = []
         self._keep: list[Any] = []
         for size, offsets in layouts:
-            buf = ctypes.create_string_buffer(max(size, 1))
-            base = ctypes.addressof(buf)
-            ptrs = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
-            self.bufs.append(buf)
-            self.addrs.append(ctypes.addressof(ptrs) if offsets else 0)
-            self._keep.append(ptrs)
+            # As LaunchSpec.make_block: one bytearray, the slots at 0 and the ``void*`` array
+            # after them, its address taken through a ``c_char`` view. A ctypes array type
+            # (``create_string_buffer``'s ``c_char * n``, ``c_void_p * n``) is made per new
+            # size, 20-50 µs of a thread's first call. The view, kept in ``_keep``, keeps the
+            # bytearray exported: it can never be resized (moved) under the driver.
+            count = len(offsets)
+            at = -(-size // _POINTER_SIZE) * _POINTER_SIZE
+            mem = bytearray(max(at + _POINTER_SIZE * count, 1))
+            view = ctypes.c_char.from_buffer(mem)
+            base = ctypes.addressof(view)
+            if count:
+                struct.pack_into(f"@{count}P", mem, at, *[base + o for o in offsets])
+            self.bufs.append(mem)
+            self.addrs.append(base + at if count else 0)
+            self._keep.append(view)
 
 
 class FastCore:

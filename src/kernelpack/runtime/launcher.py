@@ -202,17 +202,35 @@ class BoundProgram:
         # ranks, dims, constraints, variant, sizes, launch limits: the planner's checks
         plan = self.plan_shapes(shapes, scalars)
         if device < 0:  # no tensor argument says (only scalars, or size-0 arrays)
-            device = _out_device(out) if out is not None else current_device_ordinal()
+            # read with the call's stream and the output's name: run() reads it again the
+            # same way and so reuses the view (one DLPack export per call; arrays.held_views)
+            device = (_out_device(out, self.bound.outputs, sh) if out is not None
+                      else current_device_ordinal())
         if adapter is None:
             adapter = _out_adapter(out) or GENERIC
         if explicit is None:
             sh = adapter.current_stream(device)
         st = self._states.get(device) or self.state(device)
-        result = run(self, st, device, sh, adapter, vals, plan, out)
+        spans = _input_spans(inputs, vals, shapes) if out is not None else ()
+        result = run(self, st, device, sh, adapter, vals, plan, out, spans)
         if adapter.name not in self._fast_for and adapter.name in ("torch", "cupy"):
             with self._lock:  # a framework imported after binding: cover it too
                 self._refresh_fast_path()
         return result
+
+
+def _input_spans(inputs: Sequence[Any], vals: list,
+                 shapes: list) -> list[tuple[int, int, str]]:
+    """The tensor inputs' ``(pointer, nbytes, name)`` (``shapes`` in their order), which
+    ``out=`` must not partially overlap (:func:`~.execute.run`)."""
+    spans = []
+    tensors = (spec for spec in inputs if spec.is_tensor)
+    for spec, shape in zip(tensors, shapes):
+        nbytes = spec.dtype.itemsize
+        for d in shape:
+            nbytes *= d
+        spans.append((vals[spec.slot], nbytes, spec.name))
+    return spans
 
 
 def _planner_of(program: Any) -> Any:
@@ -237,28 +255,33 @@ def _modules_of(program: Any) -> dict[str, Any]:
                     f"kp.Compiled")
 
 
-def _first_out(out: Any) -> Any:
-    """The first array of ``out=`` (None when it holds none: ``()``/``{}``, whose count
-    :func:`~.execute.run` then checks against the outputs with its own message)."""
+def _first_out(out: Any, outputs: Sequence[Any]) -> tuple[Any, Any]:
+    """The first array of ``out=`` and the output it is for (its name in ``{name: array}``,
+    else the first output's); ``(None, None)`` when it holds none: ``()``/``{}``, whose count
+    :func:`~.execute.run` then checks against the outputs with its own message."""
     if isinstance(out, dict):
-        return next(iter(out.values()), None)
+        return next(iter(out.items()), (None, None))[::-1]
     if isinstance(out, (tuple, list)):
-        return out[0] if out else None
-    return out
+        out = out[0] if out else None
+    return out, (outputs[0].name if outputs else None)
 
 
-def _out_device(out: Any) -> int:
+def _out_device(out: Any, outputs: Sequence[Any], stream: int) -> int:
     """The device of ``out=`` when no input says (only scalars, or NULL-pointer size-0
-    arrays); the current device when ``out=`` holds no array or its device is unknown."""
-    first = _first_out(out)
+    arrays); the current device when ``out=`` holds no array or its device is unknown.
+
+    The array is read as :func:`~.execute.run` reads it next, with the call's ``stream`` and
+    under its output's name: a DLPack producer is then exported once for the call (run finds
+    the held view), and a message names the output as run's would."""
+    first, name = _first_out(out, outputs)
     if first is None:
         return current_device_ordinal()
-    dev = adapter_for(first).read(first, "out", 0)[3]
+    dev = adapter_for(first).read(first, str(name), stream)[3]
     return dev if dev >= 0 else current_device_ordinal()
 
 
 def _out_adapter(out: Any) -> Adapter | None:
-    first = None if out is None else _first_out(out)
+    first = None if out is None else _first_out(out, ())[0]
     return None if first is None else adapter_for(first)
 
 

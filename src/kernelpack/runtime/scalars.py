@@ -21,6 +21,8 @@ __all__ = ["convert_scalar", "bfloat16_bits"]
 _F32_MAX = 3.4028234663852886e38
 _F16_MAX = 65504.0
 _BF16_MAX = 3.3895313892515355e38
+#: NumPy dtype kinds whose values are no real number: complex, timedelta, datetime
+_NOT_REAL = ("c", "m", "M")
 _f32 = struct.Struct("<f")
 _f16 = struct.Struct("<e")
 _u32 = struct.Struct("<I")
@@ -121,6 +123,12 @@ def convert_scalar(value: Any, dtype: DType, rng: tuple[int, int] | None, name: 
         if isinstance(value, (str, bytes, bytearray, memoryview)):
             raise TypeError(f"{program}: scalar {name!r} is {dtype}; pass a number "
                             f"(got {type(value).__name__} {value!r})")
+        # float() of a NumPy complex drops the imaginary part (a ComplexWarning, which is
+        # easily filtered), and of a unitless timedelta64 gives its count: refused as a Python
+        # complex is, by the NumPy dtype kind (complex, timedelta, datetime)
+        if getattr(getattr(value, "dtype", None), "kind", None) in _NOT_REAL:
+            raise TypeError(f"{program}: scalar {name!r} is {dtype}; pass a number "
+                            f"(got {type(value).__name__})")
         try:
             v = float(value)
         except OverflowError:  # an int beyond any float (10**400)
