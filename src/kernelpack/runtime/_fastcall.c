@@ -282,6 +282,7 @@ static void entry_free(Entry *e) {
     Py_XDECREF(e->shapes);
     PyMem_Free(e->likes);
     PyMem_Free(e->views);
+    PyMem_Free(e->spans);
     if (e->launches != NULL)
         for (k = 0; k < e->nlaunch; k++)
             PyMem_Free(e->launches[k].tmpl);
@@ -305,17 +306,58 @@ static int as_uint32(PyObject *o, unsigned int *out) {
     return 0;
 }
 
-/* The C entry for hooks.entry(key)'s answer (shapes, likes, launches, views, view_out); NULL
- * with an exception set when the answer is malformed (a bug in fast_native.py, reported as
- * such). */
+/* The spans a single out= must not partially overlap, from hooks.entry's `overlap`:
+ * (out_nbytes, ((value slot, nbytes), ...)). -1 with an exception set when malformed. */
+static int spans_from(FastCall *self, Entry *e, PyObject *overlap) {
+    PyObject *spans;
+    Py_ssize_t k;
+    if (!PyTuple_Check(overlap) || PyTuple_Size(overlap) != 2 ||
+        !PyTuple_Check(spans = PyTuple_GetItem(overlap, 1))) {
+        PyErr_SetString(PyExc_TypeError, "FastCall: hooks.entry's overlap is (out_nbytes, "
+                        "((slot, nbytes), ...))");
+        return -1;
+    }
+    e->out_nbytes = PyLong_AsUnsignedLongLong(PyTuple_GetItem(overlap, 0));
+    if (PyErr_Occurred())
+        return -1;
+    e->nspans = PyTuple_Size(spans);
+    e->spans = PyMem_Calloc(e->nspans ? e->nspans : 1, sizeof(InSpan));
+    if (e->spans == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (k = 0; k < e->nspans; k++) {
+        PyObject *item = PyTuple_GetItem(spans, k);
+        long slot;
+        if (!PyTuple_Check(item) || PyTuple_Size(item) != 2) {
+            PyErr_SetString(PyExc_TypeError, "FastCall: an overlap span is (slot, nbytes)");
+            return -1;
+        }
+        slot = PyLong_AsLong(PyTuple_GetItem(item, 0));
+        e->spans[k].nbytes = PyLong_AsUnsignedLongLong(PyTuple_GetItem(item, 1));
+        if (PyErr_Occurred())
+            return -1;
+        if (slot < 0 || slot >= self->nvalues) {
+            PyErr_SetString(PyExc_ValueError, "FastCall: an overlap span's slot is out of "
+                            "range");
+            return -1;
+        }
+        e->spans[k].slot = (int)slot;
+    }
+    return 0;
+}
+
+/* The C entry for hooks.entry(key)'s answer (shapes, likes, launches, views, view_out,
+ * overlap); NULL with an exception set when the answer is malformed (a bug in fast_native.py,
+ * reported as such). */
 static Entry *entry_from(FastCall *self, PyObject *answer) {
     PyObject *shapes, *likes, *launches, *views;
     Entry *e;
     Py_ssize_t k, n;
     int view_out;
-    if (!PyTuple_Check(answer) || PyTuple_Size(answer) != 5) {
+    if (!PyTuple_Check(answer) || PyTuple_Size(answer) != 6) {
         PyErr_SetString(PyExc_TypeError, "FastCall: hooks.entry must answer None or "
-                        "(shapes, likes, launches, views, view_out)");
+                        "(shapes, likes, launches, views, view_out, overlap)");
         return NULL;
     }
     shapes = PyTuple_GetItem(answer, 0);
@@ -346,6 +388,10 @@ static Entry *entry_from(FastCall *self, PyObject *answer) {
     if (e->likes == NULL || e->launches == NULL || e->views == NULL) {
         entry_free(e);
         return (Entry *)PyErr_NoMemory();
+    }
+    if (spans_from(self, e, PyTuple_GetItem(answer, 5)) < 0) {
+        entry_free(e);
+        return NULL;
     }
     for (k = 0; k < e->nviews; k++) {
         e->views[k] = PyLong_AsSsize_t(PyTuple_GetItem(views, k));
@@ -710,6 +756,7 @@ failed:
 static int check_out(FastCall *self, const Entry *e, PyObject *out, long device, Value *vals) {
     PyObject *shape = NULL;
     uint64_t ptr;
+    Py_ssize_t k;
     int r;
     long d;
     if (self->nouts != 1)
@@ -731,6 +778,12 @@ static int check_out(FastCall *self, const Entry *e, PyObject *out, long device,
         return 0;
     if (e->view_out && self->lazy_views && (r = lazy_view(&self->rd, out)) != 0)
         return r < 0 ? -1 : 0;
+    for (k = 0; k < e->nspans; k++) { /* vals holds the inputs' pointers (read_arguments) */
+        uint64_t p = vals[e->spans[k].slot].u, n = e->spans[k].nbytes;
+        if ((p >= ptr ? p - ptr < e->out_nbytes : ptr - p < n) &&
+            (p != ptr || n != e->out_nbytes))
+            return 0; /* partially overlaps an input: the general path refuses it */
+    }
     vals[self->outs[0].slot].u = ptr;
     return 1;
 }

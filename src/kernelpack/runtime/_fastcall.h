@@ -134,6 +134,11 @@ typedef struct {
 } EntryLaunch;
 
 typedef struct {
+    int slot;           /* an input's value slot */
+    uint64_t nbytes;    /* and its size in bytes */
+} InSpan;
+
+typedef struct {
     PyObject *shapes;   /* tuple of the outputs' shapes */
     Py_ssize_t *likes;  /* per output: argument to allocate it like, or -1 */
     int nlaunch;
@@ -141,6 +146,9 @@ typedef struct {
     Py_ssize_t nviews;  /* arguments that may be torch's lazy conj/neg views: asked per call */
     Py_ssize_t *views;
     int view_out;       /* the same for out= */
+    uint64_t out_nbytes; /* a single out=: its size, and the non-empty tensor inputs' value */
+    Py_ssize_t nspans;  /* slots and sizes it must not partially overlap (fastpath.out_overlap) */
+    InSpan *spans;
 } Entry;
 
 /* How a tensor's attribute or method is read. Looked up once on the tensor type: a data

@@ -98,7 +98,7 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
         entry = cache.get(k) or plan(k)
         if entry is None or st is None or get_device() != device:
             return slow(args, out, stream)  # the general path switches devices itself
-        fills, shapes, todo, likes, one, _, _ = entry  # no lazy views in CuPy
+        fills, shapes, todo, likes, one, _, _, overlap = entry  # no lazy views in CuPy
         if fills is not None:
             vals[fill_from:] = fills
         if out is None:
@@ -113,7 +113,12 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
             if ((dty := out.dtype) is not out_dt and dty != out_dt or mem.device_id != device
                     or not contiguous(out) or out.shape != shapes[0]):
                 return slow(args, out, stream)
-            vals[out_slot] = mem.ptr
+            o = vals[out_slot] = mem.ptr
+            on, spans = overlap
+            for slot, n in spans:  # partially overlaps an input: the general path refuses it
+                p = vals[slot]
+                if p < o + on and o < p + n and (p != o or n != on):
+                    return slow(args, out, stream)
             ret = out
         else:
             return slow(args, out, stream)

@@ -48,18 +48,19 @@ class Hooks:
         self._sizes = [size for size, _ in core.layouts]
 
     def entry(self, key: tuple) -> tuple | None:
-        """``(output shapes, likes, launches, views, view_out)`` for ``key``, each launch
-        ``(j, gx, gy, gz, bx, by, bz, shared_mem, template)`` where ``template`` is the
+        """``(output shapes, likes, launches, views, view_out, overlap)`` for ``key``, each
+        launch ``(j, gx, gy, gz, bx, by, bz, shared_mem, template)`` where ``template`` is the
         parameter block with the planner's computed values in place (the call writes the
         rest); ``views`` / ``view_out``: the arguments (and whether ``out=``) to ask for
-        torch's lazy views (:func:`~.fastpath.lazy_view_checks`). None when the planner
-        refuses the key or a computed value does not fit its parameter (the general path then
-        explains)."""
+        torch's lazy views (:func:`~.fastpath.lazy_view_checks`); ``overlap``: what a single
+        ``out=`` must not partially overlap (:func:`~.fastpath.out_overlap`). None when the
+        planner refuses the key or a computed value does not fit its parameter (the general
+        path then explains)."""
         core = self.core
         entry = core.cache.get(key) or core.plan(key)
         if entry is None:
             return None
-        fills, shapes, todo, likes, _, views, view_out = entry
+        fills, shapes, todo, likes, _, views, view_out, overlap = entry
         vals: list[Any] = [0] * self._nvals
         if fills is not None:
             vals[core.fill_from:] = fills
@@ -71,7 +72,7 @@ class Hooks:
             except (struct.error, OverflowError, TypeError):
                 return None
             launches.append((j, gx, gy, gz, bx, by, bz, smem, bytes(block)))
-        return shapes, likes, tuple(launches), views, view_out
+        return shapes, likes, tuple(launches), views, view_out, overlap
 
     def launch_failed(self, err: int, j: int, gx: int, gy: int, gz: int, bx: int, by: int,
                       bz: int, smem: int) -> None:

@@ -96,7 +96,7 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
         entry = cache.get(k) or plan(k)
         if entry is None or st is None:  # or a first call on this device (or host memory)
             return slow(args, out, stream)
-        fills, shapes, todo, likes, one, views, view_out = entry
+        fills, shapes, todo, likes, one, views, view_out, overlap = entry
         for i in views:  # lazy conjugate/negative views: the general path refuses them
             t = args[i]
             if t.is_conj() or t.is_neg():
@@ -121,7 +121,12 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
                     or out.get_device() != device
                     or view_out and (out.is_conj() or out.is_neg())):
                 return slow(args, out, stream)
-            vals[out_slot] = out.data_ptr()
+            o = vals[out_slot] = out.data_ptr()
+            on, spans = overlap
+            for slot, n in spans:  # partially overlaps an input: the general path refuses it
+                p = vals[slot]
+                if p < o + on and o < p + n and (p != o or n != on):
+                    return slow(args, out, stream)
             ret = out
             sh = raw_stream(device) if stream is None else stream_handle(stream)
         else:

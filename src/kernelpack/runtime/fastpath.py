@@ -45,7 +45,7 @@ from .binding import fills_of
 from .native import launcher
 
 __all__ = ["make_fast_path", "fits", "split_scalars", "keyed_symbols", "lazy_view_checks",
-           "FastCore", "ThreadState"]
+           "out_overlap", "FastCore", "ThreadState"]
 
 Call = Callable[[Any, Any, Any], Any]
 
@@ -129,6 +129,8 @@ class FastCore:
                            and s.dtype.kind == "c"}
         self.complex_out = [o.dtype.kind == "c" for o in bs.outputs]
         self.in_tokens = in_tokens
+        # per tensor input (in key order): its value slot and element size (see out_overlap)
+        self.in_spans = [(s.slot, s.dtype.itemsize) for s in bs.inputs if s.is_tensor]
         # the planner's scalars: a key carries the symbols an expression reads; the others
         # do not matter to a launch entry (see keyed_symbols)
         keyed = keyed_symbols(bs)
@@ -165,13 +167,14 @@ class FastCore:
         from the planner's plan; None when the planner refuses (the general path then asks it
         again and raises its error). Cached per key.
 
-        Returns ``(fills, shapes, todo, likes, one, views, view_out)``: the computed values
-        (the value list's last ``len(fills)`` slots, or None when there are none), output
+        Returns ``(fills, shapes, todo, likes, one, views, view_out, overlap)``: the computed
+        values (the value list's last ``len(fills)`` slots, or None when there are none), output
         shapes, the non-empty launches ``(getter, pack_into, j, gx, gy, gz, bx, by, bz,
         smem)``, per output the index of an input it can be allocated like (-1: none), the
         launch when there is exactly one (else None), the arguments to check for torch's lazy
-        conjugate/negative views, and whether ``out=`` needs that check (see
-        :func:`lazy_view_checks`)."""
+        conjugate/negative views, whether ``out=`` needs that check (see
+        :func:`lazy_view_checks`), and what a single ``out=`` is checked against for partial
+        overlap with an input (see :func:`out_overlap`)."""
         nt = self.ntensors
         scalars: list[Any] = [0] * self.n_scalars
         for pos, v in zip(self.symbol_positions, key[nt:]):
@@ -202,8 +205,10 @@ class FastCore:
         one = todo[0] if len(todo) == 1 else None
         views, view_out = lazy_view_checks(self.tensor_index, key, self.complex_in, shapes,
                                            self.complex_out)
+        overlap = (out_overlap(self.in_spans, key, plan.allocations[self.outputs[0][1]].nbytes)
+                   if len(self.outputs) == 1 else (0, ()))
         entry = self.cache[key] = (fills or None, shapes, tuple(todo), tuple(likes), one,
-                                   views, view_out)
+                                   views, view_out, overlap)
         return entry
 
     # ---- once per thread ----------------------------------------------------------------------
@@ -302,6 +307,27 @@ def lazy_view_checks(tensor_index: list[int], key: tuple, complex_in: set[int],
                   if i in complex_in or _numel(shape) == 1)
     view_out = len(out_shapes) == 1 and (complex_out[0] or _numel(out_shapes[0]) == 1)
     return views, view_out
+
+
+def out_overlap(in_spans: list[tuple[int, int]], key: tuple,
+                out_nbytes: int) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """What a single ``out=`` of ``out_nbytes`` is checked against per call: ``(out_nbytes,
+    ((value slot, nbytes), ...))`` of the non-empty tensor inputs (``in_spans``: their slots
+    and element sizes, ``key``: their shapes first). A call whose ``out=`` partially overlaps
+    one (``p < o + out_nbytes and o < p + nbytes``, not the very same bytes) goes to the
+    general path, which refuses it (execute._check_aliasing); the fast paths then compare a
+    few integers per input, only in calls with ``out=``. ``(0, ())`` when ``out=`` is
+    empty."""
+    if not out_nbytes:
+        return 0, ()
+    spans = []
+    for (slot, itemsize), shape in zip(in_spans, key):
+        nbytes = itemsize
+        for d in shape:
+            nbytes *= d
+        if nbytes:
+            spans.append((slot, nbytes))
+    return out_nbytes, tuple(spans)
 
 
 def keyed_symbols(bs: Any) -> set[str]:
