@@ -94,6 +94,9 @@ class Emitter(Memory):
         self.scopes: list[dict] = [{}]
         self.exprs: dict[Expr, ir.Value] = {}
         self.rowcache: dict[int, tuple[Val, tuple[ir.Value, ...]]] = {}
+        # reduction -> workspace of its shape holding its values (a pointwise kernel after
+        # the kernel that reduced them, lowering/longrows.py): loaded, not recomputed
+        self.stored: dict[int, str] = {}
         self.uses_libdevice = False
         self.scalars = {n: (to_compute(self.entry, a, d), d) for n, (a, d) in self.scalars.items()}
         self.vec_lane: int | None = None  # lane within a 16-byte group (vectorized loops)
@@ -345,6 +348,8 @@ class Emitter(Memory):
             if not all(_same(a, c) for a, c in zip(ctx.comps[:len(outer)], outer)):
                 raise NotRowSchedulable(f"reduction {node.id} read at another row")
             return val
+        if node.id in self.stored:
+            return self.load(self.stored[node.id], node.dtype, self.ravel(ctx.comps, node.shape))
         kind, axes = node.attrs
         src = self.graph.nodes[node.inputs[0]]
         dims = [src.shape[a] for a in axes]

@@ -69,6 +69,7 @@ def _pointwise(em: Emitter, spec: KernelSpec) -> None:
     gid, stride, total = b.add(b.mul(bid, blk), tid), b.mul(nb, blk), em.numel(spec.shape)
     start = em.loops.alloca(I64, "start")
     b.store(ZERO, start)
+    em.stored = dict(spec.values)  # per-row reductions an earlier kernel wrote (longrows.py)
     if spec.vec > 1:
         flag = em.loops.alloca(ir.IntType(1), "aligned")
         vec = ir.Constant(I64, spec.vec)

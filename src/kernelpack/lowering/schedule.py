@@ -12,7 +12,9 @@ each thread gets one row: the phase encoding up to 2^16 amplitudes at B = 128), 
 and then a block
 per row reading tiles of 16-byte chunks (:mod:`.tiles`); rows that are written back (softmax,
 layernorm) are held in registers — a warp per row up to 256 elements (float32), then blocks of
-64..512 threads per row up to 8192 (:data:`REG_GROUPS`) — and longer rows loop. Full
+64..512 threads per row up to 8192 (:data:`REG_GROUPS`) — and longer rows loop. Rows written
+much longer than they are reduced (``kp.pad`` to ``1 << n``) reduce into a per-row workspace
+first, then a pointwise grid writes them (:mod:`.longrows`). Full
 reductions (outer dims empty) run on a grid (:mod:`.fullred`): a
 *partial* kernel writes one partial result per 16384 elements into a global workspace of
 ``cdiv(n, 16384)`` entries, then one block combines them (outputs as long as the input,
@@ -128,8 +130,8 @@ class KernelSpec:
     min_threads: int = 0            # row with slots, or thread rows: resident threads per SM
     #                                 ptxas must allow (thread rows: 0 = no bound)
     spread: bool = False            # a full reduction's last kernel over many blocks (SPREAD)
-    # (reduction, one-entry workspace): full reductions whose finalized value a combine kernel
-    # stored (fullred.py); the kernel loads it once instead of computing it
+    # (reduction, workspace): full reductions whose value a combine kernel stored (fullred.py),
+    # loaded once; pointwise: per-row values of the reduction's shape (longrows.py)
     values: tuple[tuple[int, str], ...] = ()
     split: Expr | None = None       # colsplit: threads per output element (lowering/columns.py)
 
@@ -281,6 +283,14 @@ def _stage(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tuple[st
                   for r in reduces) and all(
         graph.nodes[n].shape == first.shape
         or _prod(graph.nodes[n].shape[len(outer):]) == const(1) for _, n in outs)
+    if keeps_row and not uniform:
+        # output rows maybe longer than the reduced ones (kp.pad to 1 << n): longrows.py
+        from .longrows import long_row_stage, out_length
+
+        out_len = out_length(graph, outs, outer)
+        shorter = le(out_len, length)
+        if out_len != length and not (shorter.is_const and shorter.value):
+            return long_row_stage(graph, base, shape, outs, outer, length, reduces, taken)
     # (group, predicate, 16-byte chunks per thread, threads per block, tiled, resident
     # threads per SM to keep registers for)
     options: list[tuple[str, Expr | None, int, int, bool, int]] = []

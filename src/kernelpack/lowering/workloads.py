@@ -158,8 +158,12 @@ SHAPES: dict[str, list[dict[str, tuple[int, ...]]]] = {
     "phase": [{"x": (b, n)} for b, n in ((1, 1), (3, 5), (16, 10), (128, 14))],
     "angle": [{"x": (b, n)} for b, n in ((1, 1), (3, 5), (16, 10), (128, 14))],
     "basis": [{"j": (b,), "n": n} for b, n in ((1, 1), (5, 4), (128, 14))],
+    # and rows written much longer than reduced (lowering/longrows.py): one row over a grid,
+    # per-row workspaces after a thread / tiled warp / tiled block reduction
     "amplitude": [{"v": (b, l), "n": n} for b, l, n in ((1, 1, 1), (4, 5, 3), (32, 1000, 10),
-                                                         (2, 1 << 14, 14))],
+                                                         (2, 1 << 14, 14), (1, 1000, 20),
+                                                         (1, 1 << 20, 20), (16, 20, 16),
+                                                         (16, 1000, 16), (2, 3000, 17))],
 }
 
 WORKLOADS: dict[str, dict[str, F.Fusion]] = {}
