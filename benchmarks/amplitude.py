@@ -1,0 +1,134 @@
+"""Amplitude encoding on the GPU: rows padded to a much longer output, before and after
+``lowering/longrows.py``, against PyTorch eager.
+
+The amplitude encoding (``lowering/workloads.py``; math in the shared qdp-workloads notes)
+normalizes each row of ``v`` (b, l) and writes it, zero-padded, into a complex row of
+``1 << n`` amplitudes. Before ``longrows.py`` the row schedule was chosen from the reduced
+length ``l`` alone, so one warp or one block wrote each whole output row: at b = 1, l = 1000,
+n = 20, 32 threads wrote 2^20 amplitudes. Now long output rows get a reduction stage and a
+pointwise stage over the whole output. This script compiles the workload twice in one
+process, as ``kp.compile`` does now and with ``longrows.OUT_PER_THREAD`` raised past any
+shape (every row fused into one kernel: what ran before), and times both and PyTorch eager
+on the same inputs (CUDA events, L2 flushed, medians; ``_gpu_timing``). Results are checked
+against float64/complex128 torch before timing.
+
+    python benchmarks/amplitude.py [--quick] [--no-results]
+
+Bandwidth: bytes read (v) + written (the complex output) once / time, as a fraction of the
+device-to-device copy bandwidth of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "src"))
+
+import kernelpack as kp  # noqa: E402
+from _gpu_timing import (RESULTS, append_results, copy_bandwidth,  # noqa: E402
+                         markdown_table, median_ms, rel_err)
+
+# (b, l, n): long padded rows (the fix), and shapes the fix must leave alone
+SHAPES = [(1, 1000, 20), (1, 1 << 20, 20), (128, 1000, 20), (16, 1000, 16), (128, 1024, 10),
+          (4096, 256, 8)]
+QUICK = [(1, 1000, 20), (128, 1000, 20), (4096, 256, 8)]
+DTYPES = ("float32", "float64")
+
+
+def build(after: bool, workdir: Path, tag: str) -> Any:
+    """The amplitude workload for both dtypes, compiled for this GPU, with or without the
+    long-row stages."""
+    import torch
+
+    from kernelpack.lowering import longrows, workloads
+
+    major, minor = torch.cuda.get_device_capability()
+    saved = longrows.OUT_PER_THREAD
+    longrows.OUT_PER_THREAD = saved if after else 1 << 40
+    try:
+        compiled = [kp.compile(workloads.make(getattr(kp, d))["amplitude"],
+                               targets=[f"sm_{major}{minor}"]) for d in DTYPES]
+    finally:
+        longrows.OUT_PER_THREAD = saved
+    path = workdir / f"amplitude_{tag}.kpack"
+    kp.save(compiled, str(path))
+    return kp.load(str(path))
+
+
+def _eager(torch: Any, v: Any, n: int) -> Any:
+    ctype = torch.complex64 if v.dtype == torch.float32 else torch.complex128
+    out = torch.zeros((v.shape[0], 1 << n), dtype=ctype, device=v.device)
+    out[:, :v.shape[1]] = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="three shapes only")
+    ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("amplitude.py: needs torch and a CUDA device; nothing to measure")
+        return 0
+    if not torch.cuda.is_available():
+        print("amplitude.py: no CUDA device; nothing to measure")
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        packs = {"after": build(True, Path(tmp), "after"),
+                 "before": build(False, Path(tmp), "before")}
+        copy_bw = copy_bandwidth()
+        for dname in DTYPES:
+            dtype = getattr(torch, dname)
+            for b, l, n in (QUICK if args.quick else SHAPES):
+                gen = torch.Generator(device="cuda").manual_seed(b * 7919 + l * 31 + n)
+                v = torch.randn((b, l), device="cuda", dtype=dtype, generator=gen)
+                ref = _eager(torch, v.double(), n)
+                t = {}
+                for kind in ("after", "before"):
+                    prog = packs[kind][f"amplitude_{dname}"]
+                    err = rel_err(prog(v, n), ref)
+                    if not err <= (1e-5 if dname == "float32" else 1e-12):
+                        raise SystemExit(f"amplitude {dname} {(b, l, n)} {kind}: relative "
+                                         f"error {err:.2e}")
+                    t[kind] = median_ms(lambda p=prog, v=v: p(v, n), rep_ms=50, max_reps=200)
+                t["eager"] = median_ms(lambda v=v: _eager(torch, v, n), rep_ms=50,
+                                       max_reps=200)
+                nbytes = b * l * v.element_size() + b * (1 << n) * 2 * v.element_size()
+                cells = [f"{t[k]:.3f} ms ({100 * nbytes / (t[k] * 1e-3) / copy_bw:.0f}%)"
+                         for k in ("after", "before", "eager")]
+                rows.append([dname, f"({b}, {l}, {n})", *cells,
+                             f"{t['before'] / t['after']:.1f}x",
+                             f"{t['after'] / t['eager']:.2f}"])
+                print(" | ".join(rows[-1]), flush=True)
+                del v, ref
+    body = [
+        "`python benchmarks/amplitude.py`: amplitude encoding (normalize each row of v (b, l), "
+        "zero-pad to 1 << n complex amplitudes). 'after' is the code as compiled now "
+        "(lowering/longrows.py: long output rows get a reduction stage and a pointwise stage "
+        "over the whole output); 'before' the same workload with every row fused into one "
+        "kernel (longrows.OUT_PER_THREAD raised past any shape: what ran before); eager: "
+        "`zeros` + `v / vector_norm(v)` into the first l columns. Cells: median time (CUDA "
+        "events, L2 flushed) and bytes read + written once / time as a fraction of this run's "
+        f"copy bandwidth ({copy_bw / 1e9:.0f} GB/s). Every result checked against complex128 "
+        "torch (relative error <= 1e-5 float32, 1e-12 float64) before timing.",
+        "",
+        *markdown_table(["dtype", "(b, l, n)", "after", "before", "torch eager",
+                         "before / after", "after / eager"], rows),
+    ]
+    section = append_results("Amplitude encoding, long padded rows (`benchmarks/amplitude.py`)",
+                             body, results=None if args.no_results else RESULTS)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
