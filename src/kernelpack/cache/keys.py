@@ -30,13 +30,14 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .. import config
+from ..toolchain.ptxas_guard import GUARD_ID
 from ..limits import FORMAT_MAJOR, FORMAT_MINOR
 
 __all__ = ["CacheKey", "make_key", "canonical_options", "toolchain_identity", "digest_parts",
            "KEY_LABELS"]
 
 KEY_LABELS = ("format", "kernelpack", "kind", "source", "options", "targets", "llvm",
-              "nvjitlink", "libdevice", "env")
+              "nvjitlink", "libdevice", "ptxas-guard", "env")
 _DOMAIN = b"kernelpack-cache-key/1\0"
 
 
@@ -285,6 +286,7 @@ def make_key(kind: str, source: bytes | str, options: Mapping[str, object] | Non
         ("options", canonical_options(options or {})),
         ("targets", _canonical_targets(targets)),
         *toolchain_identity(),
+        ("ptxas-guard", GUARD_ID),  # cubins assembled before a workaround are not reused
         ("env", ";".join(f"{n}={v}" for n, v in config.codegen_env())),
     )
     return CacheKey(digest_parts(parts), parts)

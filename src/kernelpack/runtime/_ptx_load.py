@@ -29,7 +29,11 @@ def ptx_cache_path(ptx: bytes, arch_sm: str, toolchain: str) -> Path | None:
         root = default_cache_dir()
     except ValueError:
         return None
-    key = hashlib.sha256(b"kernelpack-ptx-cubin-v1\0" + toolchain.encode() + b"\0"
+    from ..toolchain.ptxas_guard import GUARD_ID
+
+    # the guard's id: cubins assembled before a ptxas workaround are not reused
+    key = hashlib.sha256(b"kernelpack-ptx-cubin-v1\0" + GUARD_ID.encode() + b"\0"
+                         + toolchain.encode() + b"\0"
                          + arch_sm.encode() + b"\0" + ptx).hexdigest()
     return root / "runtime-ptx" / key[:2] / f"{key[2:]}.cubin"
 
@@ -47,6 +51,22 @@ def _write_atomic(path: Path, data: bytes) -> None:
         return
 
 
+def _driver_jit(ptx: bytes, device: Device) -> tuple[bytes, str, None]:
+    """The PTX for the driver to JIT, with a warning where the driver's ptxas is one that
+    miscompiles this module (:mod:`kernelpack.toolchain.ptxas_guard`: the driver's JIT
+    takes no per-module workaround here)."""
+    from ..toolchain.ptxas_guard import FIXED_IN, needs_guard
+
+    driver = (device.driver_version // 1000, device.driver_version % 1000 // 10)
+    if driver < FIXED_IN and needs_guard(ptx):
+        warnings.warn(f"the driver (CUDA {driver[0]}.{driver[1]}) JITs PTX that holds signed "
+                      f"integer min/max of negated values, which CUDA releases before "
+                      f"{FIXED_IN[0]}.{FIXED_IN[1]} can miscompile (wrong results); install "
+                      f"nvidia-nvjitlink of the driver's major so kernelpack assembles it with "
+                      f"the workaround", RuntimeWarning, stacklevel=4)
+    return ptx.rstrip(b"\0") + b"\0", "ptx (driver JIT)", None
+
+
 def _ptx_code(ptx: bytes, device: Device) -> tuple[bytes, str, Path | None]:
     """Compile PTX for ``device`` with nvJitLink through the cache; returns (code, source, the
     cache path to evict if the driver rejects it)."""
@@ -60,12 +80,12 @@ def _ptx_code(ptx: bytes, device: Device) -> tuple[bytes, str, Path | None]:
         warnings.warn(f"nvJitLink is unavailable ({exc}); the driver will JIT the PTX for "
                       f"{arch.sm} (slow at every start). Install nvidia-nvjitlink to compile "
                       f"once and cache the cubin.", RuntimeWarning, stacklevel=3)
-        return ptx.rstrip(b"\0") + b"\0", "ptx (driver JIT)", None
+        return _driver_jit(ptx, device)
     if jit_version[0] > device.driver_version // 1000:
         warnings.warn(f"nvJitLink {jit_version[0]}.{jit_version[1]} is a newer major than the "
                       f"driver (CUDA {device.driver_version // 1000}); the driver will JIT the "
                       f"PTX for {arch.sm} instead", RuntimeWarning, stacklevel=3)
-        return ptx.rstrip(b"\0") + b"\0", "ptx (driver JIT)", None
+        return _driver_jit(ptx, device)
     path = ptx_cache_path(ptx, arch.sm, nvjitlink.toolchain_id())
     try:
         cached = path.read_bytes() if path is not None else b""

@@ -71,12 +71,17 @@ def ptx_target(ptx: bytes) -> Arch:
 
 def ptx_to_cubin(ptx: bytes | str, arch: Arch, *, name: str = "kernel.ptx",
                  options: tuple[str, ...] = ("-O3",)) -> bytes:
-    """Assemble PTX into a cubin for ``arch``; raises CompileError carrying nvJitLink's log."""
+    """Assemble PTX into a cubin for ``arch``; raises CompileError carrying nvJitLink's log.
+
+    Modules that an affected ptxas miscompiles get its workaround option added
+    (:mod:`.ptxas_guard`)."""
+    from .ptxas_guard import guard_options
+
     nvjitlink = _module()
     data = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
     if not data.endswith(b"\0"):
         data += b"\0"  # nvJitLink reads PTX as a C string
-    opts = [f"-arch={arch.sm}", *options]
+    opts = [f"-arch={arch.sm}", *options, *guard_options(data, version())]
     try:
         handle = nvjitlink.create(len(opts), opts)
     except Exception as exc:
