@@ -21,8 +21,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["median_ms", "copy_bandwidth", "rel_err", "device_info", "markdown_table",
-           "append_results", "l2_bytes", "rotation_count", "RESULTS"]
+__all__ = ["cuda_torch", "median_ms", "copy_bandwidth", "rel_err", "device_info",
+           "markdown_table", "append_results", "l2_bytes", "rotation_count", "RESULTS"]
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 FLUSH_BYTES = 256 << 20
@@ -32,6 +32,20 @@ _flush_buf: Any = None
 def _torch() -> Any:
     import torch
 
+    return torch
+
+
+def cuda_torch(script: str) -> Any:
+    """torch, when it is installed and sees a CUDA device; else None, after saying so (a GPU
+    benchmark run on a machine without one measures nothing and exits cleanly)."""
+    try:
+        import torch
+    except ImportError:
+        print(f"{script}: needs torch and a CUDA device; nothing to measure")
+        return None
+    if not torch.cuda.is_available():
+        print(f"{script}: no CUDA device; nothing to measure")
+        return None
     return torch
 
 

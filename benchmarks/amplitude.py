@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 import kernelpack as kp  # noqa: E402
 from _gpu_timing import (RESULTS, append_results, copy_bandwidth,  # noqa: E402
-                         markdown_table, median_ms, rel_err)
+                         cuda_torch, markdown_table, median_ms, rel_err)
 
 # (b, l, n): long padded rows (the fix), and shapes the fix must leave alone
 SHAPES = [(1, 1000, 20), (1, 1 << 20, 20), (128, 1000, 20), (16, 1000, 16), (128, 1024, 10),
@@ -73,13 +73,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="three shapes only")
     ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
     args = ap.parse_args()
-    try:
-        import torch
-    except ImportError:
-        print("amplitude.py: needs torch and a CUDA device; nothing to measure")
-        return 0
-    if not torch.cuda.is_available():
-        print("amplitude.py: no CUDA device; nothing to measure")
+    torch = cuda_torch("amplitude.py")
+    if torch is None:
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 import kernelpack as kp  # noqa: E402
 from _gpu_timing import (RESULTS, append_results, copy_bandwidth,  # noqa: E402
-                         markdown_table, median_ms, rel_err)
+                         cuda_torch, markdown_table, median_ms, rel_err)
 
 T = kp.Tensor
 
@@ -105,13 +105,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="two shapes only")
     ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
     args = ap.parse_args()
-    try:
-        import torch
-    except ImportError:
-        print("columns.py: needs torch and a CUDA device; nothing to measure")
-        return 0
-    if not torch.cuda.is_available():
-        print("columns.py: no CUDA device; nothing to measure")
+    torch = cuda_torch("columns.py")
+    if torch is None:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         packs = {"split": build(True, Path(tmp), "split"),
