@@ -20,7 +20,7 @@ from typing import Any
 
 from .arrays import stream_handle
 from .fast_native import native_cupy_call
-from .fastpath import Call, FastCore, split_scalars
+from .fastpath import Call, FastCore, out_overlaps_input, split_scalars
 
 __all__ = ["cupy_path"]
 
@@ -45,7 +45,7 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
     tensors = [(i, s.slot, tok[s.name]) for i, s in enumerate(bs.inputs) if s.is_tensor]
     first_i, first_slot, first_dt = tensors[0]
     rest = tuple(tensors[1:])
-    floats, ints = split_scalars(bp)
+    floats, ints = split_scalars(bp, core.keyed)
     outputs = tuple(core.outputs)
     single_out = len(outputs) == 1
     out_slot, _, out_dt = outputs[0] if outputs else (0, None, None)
@@ -114,11 +114,8 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
                     or not contiguous(out) or out.shape != shapes[0]):
                 return slow(args, out, stream)
             o = vals[out_slot] = mem.ptr
-            on, spans = overlap
-            for slot, n in spans:  # partially overlaps an input: the general path refuses it
-                p = vals[slot]
-                if p < o + on and o < p + n and (p != o or n != on):
-                    return slow(args, out, stream)
+            if out_overlaps_input(vals, o, overlap):  # the general path refuses it
+                return slow(args, out, stream)
             ret = out
         else:
             return slow(args, out, stream)

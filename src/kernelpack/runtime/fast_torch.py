@@ -17,7 +17,7 @@ from typing import Any
 
 from .arrays import stream_handle
 from .fast_native import native_torch_call
-from .fastpath import Call, FastCore, split_scalars
+from .fastpath import Call, FastCore, out_overlaps_input, split_scalars
 
 __all__ = ["torch_path"]
 
@@ -38,7 +38,7 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
     tensors = [(i, s.slot, tok[s.name]) for i, s in enumerate(bs.inputs) if s.is_tensor]
     first_i, first_slot, first_dt = tensors[0]
     rest = tuple(tensors[1:])
-    floats, ints = split_scalars(bp)
+    floats, ints = split_scalars(bp, core.keyed)
     outputs = tuple(core.outputs)
     single_out = len(outputs) == 1
     out_slot, _, out_dt = outputs[0] if outputs else (0, None, None)
@@ -122,11 +122,8 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
                     or view_out and (out.is_conj() or out.is_neg())):
                 return slow(args, out, stream)
             o = vals[out_slot] = out.data_ptr()
-            on, spans = overlap
-            for slot, n in spans:  # partially overlaps an input: the general path refuses it
-                p = vals[slot]
-                if p < o + on and o < p + n and (p != o or n != on):
-                    return slow(args, out, stream)
+            if out_overlaps_input(vals, o, overlap):  # the general path refuses it
+                return slow(args, out, stream)
             ret = out
             sh = raw_stream(device) if stream is None else stream_handle(stream)
         else:

@@ -35,6 +35,7 @@ another device (``torch.cuda.set_device``) since the last call.
 from __future__ import annotations
 
 import ctypes
+import math
 import struct
 import sys
 import threading
@@ -42,10 +43,11 @@ from typing import Any, Callable
 
 from ..errors import KernelPackError
 from .binding import fills_of
+from .execute import partially_overlaps
 from .native import launcher
 
 __all__ = ["make_fast_path", "fits", "split_scalars", "keyed_symbols", "lazy_view_checks",
-           "out_overlap", "FastCore", "ThreadState"]
+           "out_overlap", "out_overlaps_input", "FastCore", "ThreadState"]
 
 Call = Callable[[Any, Any, Any], Any]
 
@@ -133,7 +135,7 @@ class FastCore:
         self.in_spans = [(s.slot, s.dtype.itemsize) for s in bs.inputs if s.is_tensor]
         # the planner's scalars: a key carries the symbols an expression reads; the others
         # do not matter to a launch entry (see keyed_symbols)
-        keyed = keyed_symbols(bs)
+        self.keyed = keyed = keyed_symbols(bs)
         self.symbol_positions = [s.slot for s in bs.inputs if not s.is_tensor and s.is_symbol
                                  and s.name in keyed]
         self.n_scalars = bs.n_scalars
@@ -314,20 +316,23 @@ def out_overlap(in_spans: list[tuple[int, int]], key: tuple,
     """What a single ``out=`` of ``out_nbytes`` is checked against per call: ``(out_nbytes,
     ((value slot, nbytes), ...))`` of the non-empty tensor inputs (``in_spans``: their slots
     and element sizes, ``key``: their shapes first). A call whose ``out=`` partially overlaps
-    one (``p < o + out_nbytes and o < p + nbytes``, not the very same bytes) goes to the
-    general path, which refuses it (execute._check_aliasing); the fast paths then compare a
-    few integers per input, only in calls with ``out=``. ``(0, ())`` when ``out=`` is
-    empty."""
+    one (:func:`out_overlaps_input`) goes to the general path, which refuses it
+    (execute._check_aliasing); the fast paths then compare a few integers per input, only in
+    calls with ``out=``. ``(0, ())`` when ``out=`` is empty."""
     if not out_nbytes:
         return 0, ()
-    spans = []
-    for (slot, itemsize), shape in zip(in_spans, key):
-        nbytes = itemsize
-        for d in shape:
-            nbytes *= d
-        if nbytes:
-            spans.append((slot, nbytes))
-    return out_nbytes, tuple(spans)
+    spans = ((slot, itemsize * math.prod(shape)) for (slot, itemsize), shape in zip(in_spans, key))
+    return out_nbytes, tuple((slot, nbytes) for slot, nbytes in spans if nbytes)
+
+
+def out_overlaps_input(vals: list, out_ptr: int,
+                       overlap: tuple[int, tuple[tuple[int, int], ...]]) -> bool:
+    """Whether a single ``out=`` at ``out_ptr`` partially overlaps a tensor input (``vals``:
+    the call's value slots; ``overlap``: the entry's :func:`out_overlap`). The torch and
+    CuPy fast paths then hand the call to the general path, which refuses it."""
+    out_nbytes, spans = overlap
+    return any(partially_overlaps(out_ptr, out_nbytes, vals[slot], nbytes)
+               for slot, nbytes in spans)
 
 
 def keyed_symbols(bs: Any) -> set[str]:
@@ -341,12 +346,12 @@ def keyed_symbols(bs: Any) -> set[str]:
     return symbols_read(bs.summary)
 
 
-def split_scalars(bp: Any) -> tuple[tuple, tuple]:
+def split_scalars(bp: Any, keyed: set[str]) -> tuple[tuple, tuple]:
     """The caller's scalars as ``floats`` ``(argument index, value slot)`` and ``ints``
     ``(argument index, value slot, lowest, highest, keys the entry)`` (``fits`` admits no
-    other kind; see :func:`keyed_symbols` for the last field)."""
+    other kind; ``keyed``: :func:`keyed_symbols` of the program, ``FastCore.keyed``, for the
+    last field)."""
     floats, ints = [], []
-    keyed = keyed_symbols(bp.bound)
     for i, s in enumerate(bp.bound.inputs):
         if s.is_tensor:
             continue

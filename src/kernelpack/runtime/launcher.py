@@ -15,6 +15,7 @@ The summary is evaluated in one place, so a call's errors are ``program.plan(...
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -226,10 +227,7 @@ def _input_spans(inputs: Sequence[Any], vals: list,
     spans = []
     tensors = (spec for spec in inputs if spec.is_tensor)
     for spec, shape in zip(tensors, shapes):
-        nbytes = spec.dtype.itemsize
-        for d in shape:
-            nbytes *= d
-        spans.append((vals[spec.slot], nbytes, spec.name))
+        spans.append((vals[spec.slot], spec.dtype.itemsize * math.prod(shape), spec.name))
     return spans
 
 
