@@ -82,6 +82,8 @@ class CFakeLibcuda:
             "cuEventRecord": ((_P, _P), lambda e, s: self._record("cuEventRecord", _h(e),
                                                                   _h(s))),
             "cuEventDestroy": ((_P,), lambda e: self._record("cuEventDestroy", _h(e))),
+            "cuFuncSetAttribute": ((_P, _I, _I), lambda fn, a, v: f.cuFuncSetAttribute(
+                _h(fn), a, v)[0]),
             "cuGetErrorName": ((_I, _PS), self._error_name),
             "cuGetErrorString": ((_I, _PS), self._error_string),
         }

@@ -180,6 +180,10 @@ class FakeDriver:
         return (CUresult(0),)
 
     # ---- memory --------------------------------------------------------------------------
+    def cuFuncSetAttribute(self, func: Any, attr: Any, value: int) -> tuple:
+        self.calls.append(("cuFuncSetAttribute", int(func), int(attr), value))
+        return (CUresult(0),)
+
     def cuMemAlloc(self, nbytes: int) -> tuple:
         buf = ctypes.create_string_buffer(nbytes)
         addr = ctypes.addressof(buf)

@@ -63,7 +63,26 @@ def call_program(program: Any, *args: Any, out: Any = None, stream: Any = None,
 def _merge_kwargs(bound: Any, args: tuple, kwargs: dict) -> tuple:
     from .._plan_types import merge_inputs
 
+    for key in kwargs:
+        if key not in bound._input_names:
+            _not_an_input(bound, key)
     return tuple(merge_inputs(bound.name, bound._input_names, args, kwargs))
+
+
+def _not_an_input(bound: Any, key: str) -> None:
+    """TypeError for a keyword naming an output (``z=buf`` where ``out=`` was meant) or a
+    computed scalar, saying which it is, as ``plan()`` does; other names are left to
+    ``merge_inputs`` ("has no input")."""
+    from ..summary import Tensor
+
+    for p in bound.bound.summary.params:
+        if p.name != key:
+            continue
+        what = (f"an output: kernelpack allocates it, or pass your array as out= "
+                f"(out={{{key!r}: array}})" if isinstance(p, Tensor)
+                else "computed from the shapes, never passed")
+        raise TypeError(f"{bound.name}: {key!r} is not an input, it is {what} "
+                        f"(inputs: {list(bound._input_names)})")
 
 
 def warmup(pack: Any, devices: Iterable[int] | None = None) -> None:

@@ -10,7 +10,8 @@ through DLPack) goes away.
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from ..dtypes import DType
 from . import driver as _drv
@@ -111,12 +112,30 @@ class DeviceBuffer:
         """The contents as bytes (synchronous; for tests and debugging)."""
         if self.nbytes == 0:
             return b""
-        get_device(self.device).make_current()
         drv = _drv.bindings()
         out = bytearray(self.nbytes)
-        _drv.check(drv.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
-        _drv.check(drv.cuMemcpyDtoH(out, self.ptr, self.nbytes), "cuMemcpyDtoH")
+        with _on(self.device):
+            _drv.check(drv.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+            _drv.check(drv.cuMemcpyDtoH(out, self.ptr, self.nbytes), "cuMemcpyDtoH")
         return bytes(out)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
+        """The contents as a new NumPy array in host memory (a synchronous copy, as
+        :meth:`copy_to_host`), so ``np.asarray(buf)`` reads the values: without this NumPy made
+        a 0-d object array holding the buffer. ``copy=False`` is a ValueError (NumPy's rule:
+        device memory can only be read into a copy)."""
+        import numpy
+
+        if copy is False:
+            raise ValueError("DeviceBuffer: a host array of device memory is always a copy "
+                             "(got copy=False)")
+        try:
+            host = numpy.dtype(self.dtype.name)
+        except TypeError:
+            raise TypeError(f"DeviceBuffer of {self.dtype}: NumPy has no {self.dtype} dtype; "
+                            f"read the raw bytes with buf.copy_to_host()") from None
+        arr = numpy.frombuffer(bytearray(self.copy_to_host()), host).reshape(self.shape)
+        return arr if dtype is None else arr.astype(dtype, copy=False)
 
     def __del__(self) -> None:
         if self._owned and self.ptr:
@@ -135,16 +154,50 @@ class DeviceBuffer:
         return (f"DeviceBuffer(shape={self.shape}, dtype={self.dtype}, device={self.device}, "
                 f"ptr=0x{self.ptr:x})")
 
+    # copy.copy, copy.deepcopy and pickle would otherwise copy the slots: a second owner of
+    # the same pointer, which frees the memory when it goes while this one still uses it
+    # (and frees it again later). Refused, with where a copy can be had instead.
+    def _refuse_copy(self, how: str) -> TypeError:
+        return TypeError(f"a DeviceBuffer cannot be {how}: it owns device memory of this "
+                         f"process, which a second owner would free under it; copy it with "
+                         f"torch.from_dlpack(buf).clone() or cupy.asarray(buf).copy(), or read "
+                         f"it with buf.copy_to_host()")
+
+    def __copy__(self) -> "DeviceBuffer":
+        raise self._refuse_copy("copied (copy.copy)")
+
+    def __deepcopy__(self, memo: dict) -> "DeviceBuffer":
+        raise self._refuse_copy("copied (copy.deepcopy)")
+
+    def __reduce__(self) -> Any:
+        raise self._refuse_copy("pickled")
+
 
 def _order_after(device: int, producer: int, consumer: int) -> None:
     """Make ``consumer`` wait for the work queued so far on ``producer`` (event + wait)."""
     drv = _drv.bindings()
-    get_device(device).make_current()
-    flags = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
-    event = _drv.check(drv.cuEventCreate(flags), "cuEventCreate")
-    try:
-        _drv.check(drv.cuEventRecord(event, producer), "cuEventRecord")
-        _drv.check(drv.cuStreamWaitEvent(consumer, event, 0), "cuStreamWaitEvent")
-    finally:
-        drv.cuEventDestroy(event)
+    with _on(device):
+        flags = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        event = _drv.check(drv.cuEventCreate(flags), "cuEventCreate")
+        try:
+            _drv.check(drv.cuEventRecord(event, producer), "cuEventRecord")
+            _drv.check(drv.cuStreamWaitEvent(consumer, event, 0), "cuStreamWaitEvent")
+        finally:
+            drv.cuEventDestroy(event)
+
+
+@contextmanager
+def _on(device: int) -> Iterator[None]:
+    """Device ``device``'s primary context current for the body (events and the default
+    streams belong to the current context), then the calling thread's own again: an export
+    (``torch.from_dlpack(buf)``) or a copy must not switch the caller to another device
+    (``torch.cuda.current_device()`` reads the current context). Costs one
+    ``cuCtxGetCurrent`` when the device is current already, as making it current did."""
+    dev = get_device(device)
+    current = _drv.check(_drv.bindings().cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if current is not None and int(current) == dev.ctx_id:
+        yield
+    else:
+        with dev.pushed():
+            yield
 

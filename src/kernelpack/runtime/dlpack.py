@@ -314,7 +314,18 @@ def _capsule_destructor(capsule_addr: int) -> None:
     # A capsule never consumed (still named "dltensor") owns its tensor: release it. A consumed
     # one was renamed "used_dltensor" and its consumer calls the deleter itself.
     try:
-        if _raw_is_valid(capsule_addr, b"dltensor"):
+        try:
+            valid = _raw_is_valid(capsule_addr, b"dltensor")
+        except Exception:  # noqa: BLE001 - ctypes.ArgumentError (seen on CPython 3.11)
+            # Called with an exception pending: a consumer that failed drops the capsule
+            # unconsumed (NumPy's from_dlpack of device memory: "Unsupported device"), and
+            # ctypes refuses to convert an argument while an error is set, which took the
+            # release with it and leaked the buffer. That error is gone now (ctypes turned it
+            # into this one), so the release can go ahead; anything else fails again here.
+            # Keeping the consumer's exception needs a destructor written in C, which saves
+            # and restores it.
+            valid = _raw_is_valid(capsule_addr, b"dltensor")
+        if valid:
             _deleter(_raw_get_pointer(capsule_addr, b"dltensor"))
     except TypeError:  # interpreter shutdown: this module's globals are already gone
         pass

@@ -23,7 +23,7 @@ from .arrays import GENERIC, adapter_for, readonly_why
 from .binding import ARG_BUFFER, ARG_SCALAR, fills_of
 from .native import launcher
 
-__all__ = ["run", "cu_stream"]
+__all__ = ["run", "cu_stream", "allow_shared", "DEFAULT_SHARED_MEM"]
 
 _drv_mod: Any = None
 
@@ -197,6 +197,9 @@ def _queue(bp: Any, st: Any, plan: Any, variant: Any, vals: list, cs: Any,
         except (struct.error, OverflowError) as exc:
             raise LaunchError(f"{name}: an argument of {ls.kernel} does not fit its "
                               f"parameter ({exc})") from None
+        if pl.shared_mem > DEFAULT_SHARED_MEM:
+            allow_shared(name, st, plan.variant, pl.index, funcs[pl.index], pl.shared_mem,
+                         ls.kernel)
         queued.append((ls, funcs[pl.index], pl, args))
     for ptr, nbytes in memsets:
         if nbytes:
@@ -217,6 +220,38 @@ def _queue(bp: Any, st: Any, plan: Any, variant: Any, vals: list, cs: Any,
                     raise failure from failure.__cause__
                 finally:
                     del failure  # no exception -> frame cycle: the call's outputs go now
+
+
+#: Dynamic shared memory any kernel may take per block (48 KiB); more needs the function's
+#: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES raised first, or the launch fails.
+DEFAULT_SHARED_MEM = 48 * 1024
+
+
+def allow_shared(program: str, st: Any, variant: int, index: int, func: Any, smem: int,
+                 kernel: str) -> None:
+    """Let launch ``index`` of ``variant`` (function ``func`` on ``st``'s device) take ``smem``
+    bytes of dynamic shared memory: above 48 KiB the driver refuses the launch unless the
+    function opted in (what CUDA C's ``cudaFuncSetAttribute`` is for). Done once per function
+    and size, before anything of the call is queued; beyond the device's limit the
+    LaunchError names the kernel, the size and the limit."""
+    key = (variant, index)
+    if st.smem.get(key, DEFAULT_SHARED_MEM) >= smem:
+        return
+    drv = _drv_mod or _driver()
+    attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    err, = drv.cuFuncSetAttribute(func, attr, smem)
+    if err:
+        optin = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        failed, limit = drv.cuDeviceGetAttribute(optin, st.device.ordinal)
+        shown = "less" if failed else f"at most {limit} bytes per block"
+        failure = _drv.error_for(err, f"{program}: {kernel} asks for {smem} bytes of dynamic "
+                                      f"shared memory (this device allows {shown}, its "
+                                      f"static shared memory included); allowing it")
+        try:
+            raise failure from failure.__cause__
+        finally:
+            del failure
+    st.smem[key] = smem
 
 
 def _arg_values(nbuf: int, ls: Any, pl: Any, vals: list) -> tuple:

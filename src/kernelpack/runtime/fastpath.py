@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from ..errors import KernelPackError
 from .binding import fills_of
-from .execute import partially_overlaps
+from .execute import DEFAULT_SHARED_MEM, partially_overlaps
 from .native import launcher
 
 __all__ = ["make_fast_path", "fits", "split_scalars", "keyed_symbols", "lazy_view_checks",
@@ -167,7 +167,8 @@ class FastCore:
     def plan(self, key: tuple) -> Any:
         """The launch-ready entry for one key (input shapes, then the symbol scalars), made
         from the planner's plan; None when the planner refuses (the general path then asks it
-        again and raises its error). Cached per key.
+        again and raises its error) or a launch takes more than 48 KiB of dynamic shared
+        memory (the general path raises the function's limit first). Cached per key.
 
         Returns ``(fills, shapes, todo, likes, one, views, view_out, overlap)``: the computed
         values (the value list's last ``len(fills)`` slots, or None when there are none), output
@@ -193,6 +194,10 @@ class FastCore:
         for pl in plan.launches:
             (gx, gy, gz), (bx, by, bz) = pl.grid, pl.block
             if gx and gy and gz:
+                if pl.shared_mem > DEFAULT_SHARED_MEM:
+                    # the function's limit must be raised on the call's device first
+                    # (execute.allow_shared): the general path does it
+                    return None
                 j = first + pl.index
                 getter, pack, _ = self.launches[j]
                 todo.append((getter, pack, j, gx, gy, gz, bx, by, bz, pl.shared_mem))

@@ -40,15 +40,17 @@ _adapters_by_type: dict[type, Adapter] = {}
 class _DeviceState:
     """What a bound program needs on one device: the device and one function per launch
     (``funcs[variant][launch]``, and the same in one list, variant after variant: ``flat``,
-    which the fast paths index)."""
+    which the fast paths index). ``smem``: per ``(variant, launch)`` the dynamic shared memory
+    its function was allowed beyond the default 48 KiB (:func:`~.execute.allow_shared`)."""
 
-    __slots__ = ("device", "funcs", "flat", "libraries")
+    __slots__ = ("device", "funcs", "flat", "libraries", "smem")
 
     def __init__(self, device: Device, funcs: list[list[Any]], libraries: list[Any]) -> None:
         self.device = device
         self.funcs = funcs
         self.flat = [f for variant in funcs for f in variant]
         self.libraries = libraries
+        self.smem: dict[tuple[int, int], int] = {}
 
 
 class BoundProgram:
@@ -161,19 +163,25 @@ class BoundProgram:
         scalars: list[Any] = []
         explicit = None if stream is None else stream_handle(stream)
         sh = explicit or 0
-        adapter: Adapter | None = None
+        adapter: Adapter | None = None  # the outputs' framework: the last non-generic one
+        read_by: Adapter | None = None  # the adapter ``tokens`` are for (the last one used)
         tokens: list[Any] = []
         device = -2
+        foreign = False  # an input read through __cuda_array_interface__ / __dlpack__
         for i, spec in enumerate(inputs):
             arg = args[i]
             if spec.is_tensor:
                 ad = _adapters_by_type.get(arg.__class__)
                 if ad is None:
                     ad = _adapters_by_type[arg.__class__] = adapter_for(arg)
-                if ad is not adapter:
+                if ad is not read_by:
+                    # the dtype tokens follow the argument's own adapter: a torch tensor after
+                    # a generic one was compared with kernelpack dtypes ("has dtype float32,
+                    # expected float32")
+                    read_by, tokens = ad, self._tokens_for(ad)
                     if adapter is None or ad is not GENERIC:
                         adapter = ad
-                    tokens = self._tokens_for(ad)
+                    foreign = foreign or ad is GENERIC
                 ptr, shape, dt, dev, contiguous = ad.read(arg, spec.name, sh)
                 if dev == -1:  # before the dtype: a host array's dtype may be unreadable
                     raise LaunchError(f"{self.name}: argument {spec.name!r} is in host memory; "
@@ -211,6 +219,14 @@ class BoundProgram:
             adapter = _out_adapter(out) or GENERIC
         if explicit is None:
             sh = adapter.current_stream(device)
+            if foreign and sh > 2 and device >= 0:
+                # The generic inputs were read before the framework's current stream was
+                # known, so their producers were ordered before the legacy default stream
+                # (stream 0: DLPack's stream=1, the interface's "stream"). A torch/cupy stream
+                # is usually non-blocking and does not wait for that one by itself.
+                from .buffer import _order_after
+
+                _order_after(device, 0, sh)
         st = self._states.get(device) or self.state(device)
         spans = _input_spans(inputs, vals, shapes) if out is not None else ()
         result = run(self, st, device, sh, adapter, vals, plan, out, spans)

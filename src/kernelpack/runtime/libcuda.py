@@ -58,6 +58,7 @@ _SPECS: dict[str, tuple[Any, ...]] = {
     "cuLibraryUnload": (_P,),
     "cuKernelGetFunction": (_PP, _P),
     "cuFuncLoad": (_P,),
+    "cuFuncSetAttribute": (_P, _I, _I),
     "cuLaunchKernel": (_P, _U, _U, _U, _U, _U, _U, _U, _P, _P, _P),
     "cuMemAlloc": (_PQ, _Z),
     "cuMemFree": (_Q,),
@@ -91,6 +92,11 @@ _NOT_FOUND = 500  # CUDA_ERROR_NOT_FOUND
 class CUdevice_attribute:  # the members the runtime reads (cuda.bindings' names)
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+
+
+class CUfunction_attribute:
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
 class CUpointer_attribute:
@@ -128,6 +134,7 @@ class LibCuda:
     CUdevice_attribute = CUdevice_attribute
     CUpointer_attribute = CUpointer_attribute
     CUevent_flags = CUevent_flags
+    CUfunction_attribute = CUfunction_attribute
     CUdriverProcAddress_flags = CUdriverProcAddress_flags
 
     def __init__(self, get_proc_address: Callable[..., int], per_thread: bool) -> None:
@@ -256,6 +263,9 @@ class LibCuda:
     def cuKernelGetFunction(self, kernel: Any) -> tuple[int, int]:
         out = c_void_p()
         return (self._fn("cuKernelGetFunction")(byref(out), _handle(kernel)), out.value or 0)
+
+    def cuFuncSetAttribute(self, function: Any, attribute: int, value: int) -> tuple[int]:
+        return (self._fn("cuFuncSetAttribute")(_handle(function), int(attribute), int(value)),)
 
     def cuFuncLoad(self, function: Any) -> tuple[int]:
         return (self._fn("cuFuncLoad")(_handle(function)),)
