@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import re
@@ -310,7 +311,12 @@ def cmd_sign(args: argparse.Namespace) -> int:
     # file was changed after it was signed, and `verify` refuses it
     pack = _verified(args.file)
     target = args.output or args.file
+    try:  # `-o /dev/stdout`: the artifact goes to stdout, so the report goes to stderr
+        to_stdout = os.path.samestat(os.stat(target), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        to_stdout = False
     _write_atomic(target, resign(pack, key))  # the verified body and blobs, not re-encoded
-    print(f"signed {args.file} -> {target} (key id {key_id(public_key_bytes(key))})")
+    print(f"signed {args.file} -> {target} (key id {key_id(public_key_bytes(key))})",
+          file=sys.stderr if to_stdout else sys.stdout)
     return 0
 

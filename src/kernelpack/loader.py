@@ -118,11 +118,33 @@ class Program(_call_base()):  # type: ignore[misc]
 
     @property
     def summary(self) -> KernelSummary:
+        """The decoded summary. Decoding checks that every launch's module and kernel exist
+        (docs/FORMAT.md §3, 8): a summary naming code the file lacks would otherwise plan,
+        inspect and evaluate as if it could run. FormatError when one is missing."""
         if self._summary is None:
-            self._summary = decode_program(self.pack._programs[self._index])
-            if self._summary.name != self.name:  # pragma: no cover - same bytes, same name
-                raise FormatError(f"program {self.name!r} decodes as {self._summary.name!r}")
+            summary = decode_program(self.pack._programs[self._index])
+            if summary.name != self.name:  # pragma: no cover - same bytes, same name
+                raise FormatError(f"program {self.name!r} decodes as {summary.name!r}")
+            self._launch_modules(summary)
+            self._summary = summary
         return self._summary
+
+    def _launch_modules(self, summary: KernelSummary) -> dict[str, ModuleInfo]:
+        """The modules ``summary``'s launches use; FormatError if a module or kernel is
+        missing."""
+        out: dict[str, ModuleInfo] = {}
+        for vi, variant in enumerate(summary.variants):
+            for launch in variant.launches:
+                info = self.pack._modules.get(launch.module)
+                if info is None:
+                    raise FormatError(f"program {self.name!r} variant {vi}: launch of "
+                                      f"{launch.kernel!r} uses module {launch.module!r}, which "
+                                      f"the file does not contain")
+                if launch.kernel not in info.kernels:
+                    raise FormatError(f"program {self.name!r}: module {launch.module!r} has no "
+                                      f"kernel {launch.kernel!r} (has {list(info.kernels)})")
+                out[info.name] = info
+        return out
 
     @property
     def planner(self) -> Any:
@@ -137,19 +159,7 @@ class Program(_call_base()):  # type: ignore[misc]
     @property
     def modules(self) -> dict[str, ModuleInfo]:
         """The modules this program's launches use; FormatError if one is missing."""
-        out: dict[str, ModuleInfo] = {}
-        for vi, variant in enumerate(self.summary.variants):
-            for launch in variant.launches:
-                info = self.pack._modules.get(launch.module)
-                if info is None:
-                    raise FormatError(f"program {self.name!r} variant {vi}: launch of "
-                                      f"{launch.kernel!r} uses module {launch.module!r}, which "
-                                      f"the file does not contain")
-                if launch.kernel not in info.kernels:
-                    raise FormatError(f"program {self.name!r}: module {launch.module!r} has no "
-                                      f"kernel {launch.kernel!r} (has {list(info.kernels)})")
-                out[info.name] = info
-        return out
+        return self._launch_modules(self.summary)
 
     def plan(self, *args: Any, **kwargs: Any) -> Any:
         """Evaluate the summary for these shapes and scalars → :class:`~kernelpack.planner.Plan`.

@@ -19,6 +19,7 @@ import hashlib
 import io
 import os
 import re
+import stat
 import tempfile
 from typing import BinaryIO, Iterable, Union
 
@@ -272,17 +273,47 @@ def _write_file_object(file: object, data: bytes) -> None:
         written = file.write(view)  # type: ignore[attr-defined]
 
 
+def _write_target(path: str) -> tuple[str, bool]:
+    """(the path to write, whether to write it directly): ``path`` means the file it names,
+    as for ``open(path, "wb")``. A symbolic link is followed, so that the file it names is
+    replaced and the link stays. A FIFO or device (``/dev/stdout``, ``/dev/null``) is written
+    directly: renaming over it replaced the device itself (as root, for everyone)."""
+    try:
+        st: os.stat_result | None = os.stat(path)
+    except OSError:
+        st = None  # nothing there yet, or a dangling link: created below
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return path, True
+    if not os.path.islink(path):
+        return path, False
+    real = os.path.realpath(path)
+    if st is None:
+        return real, False  # a dangling link: create the file it names
+    try:
+        if os.path.samestat(st, os.stat(real)):
+            return real, False
+    except OSError:
+        pass
+    return path, True  # a link no path resolves to (/proc/self/fd/N of a deleted file)
+
+
 def _write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Temp file in the same directory, fsync, os.replace: all or nothing under ``path``."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file path", path)
+    """Temp file in the same directory, fsync, os.replace: all or nothing under ``path``
+    (see :func:`_write_target` for links, devices and FIFOs, which are written directly)."""
+    asked = os.fspath(path)  # errors name it, not the link's target or a temporary name
+    if os.path.isdir(asked):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file path", asked)
+    path, direct = _write_target(asked)
+    if direct:
+        with open(path, "wb") as f:
+            _write_file_object(f, data)
+        return
     directory = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
                                    suffix=".tmp")
-    except OSError as exc:  # name the file the caller asked for, not our temporary name
-        raise _renamed(exc, path) from None
+    except OSError as exc:
+        raise _renamed(exc, asked) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -300,7 +331,7 @@ def _write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         except OSError:
             pass
         if isinstance(exc, OSError):
-            raise _renamed(exc, path) from None
+            raise _renamed(exc, asked) from None
         raise
     try:  # make the rename itself durable; not every platform can open a directory
         dir_fd = os.open(directory, os.O_RDONLY)
@@ -350,8 +381,9 @@ def save(items: object, path_or_file: PathOrFile = None, *, sign_with: object = 
         (``pack["name"]``), or an iterable of them.
         Modules shared by several programs are stored once (same name and images; their
         kernel entries are merged: two kp.external of one source, each naming its kernel).
-    path_or_file: a path (written crash-safely: temp file + fsync + rename), a binary file
-        object (written as is), or None (just return the bytes).
+    path_or_file: a path (written crash-safely: temp file + fsync + rename; a symbolic link
+        is followed, a FIFO or device written directly), a binary file object (written as
+        is), or None (just return the bytes).
     sign_with: an ed25519 private key (anything :func:`kernelpack.signing.load_private_key`
         accepts) to sign the artifact with. Without it the result is unsigned, also when
         re-saving a signed Pack (signing the same content with the same key gives the same
