@@ -25,9 +25,9 @@ from .summary import Arg, Constraint, KernelSummary, Launch, Scalar, Scratch, Te
 from .external import external
 from .planner import Plan
 # The fusion DSL is pure Python (no llvmlite); kp.compile imports the lowering on first call.
-from .fusion import (abs, arange, ceil, complex, cos, erf, exp, exp2, floor, fusion, imag, iota,
-                     log, log2, max, maximum, mean, min, minimum, pad, pow, prod, real, rsqrt,
-                     sigmoid, sin, sqrt, sum, tan, tanh, where)
+from .fusion import (abs, arange, ceil, complex, conj, cos, erf, exp, exp2, floor, fusion, imag,
+                     iota, log, log2, max, maximum, mean, min, minimum, pad, pow, prod, real,
+                     rsqrt, sigmoid, sin, sqrt, sum, tan, tanh, where)
 
 
 def compile(f, targets=("sm_80", "sm_90", "ptx"), *, static=None, cache=None,  # type: ignore[no-untyped-def]
@@ -108,5 +108,6 @@ __all__ = [
     # fusion DSL and compilation
     "fusion", "compile", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan",
     "tanh", "erf", "sigmoid", "floor", "ceil", "abs", "pow", "where", "minimum", "maximum",
-    "min", "max", "sum", "prod", "mean", "arange", "iota", "complex", "real", "imag", "pad",
+    "min", "max", "sum", "prod", "mean", "arange", "iota", "complex", "real", "imag", "conj",
+    "pad",
 ]

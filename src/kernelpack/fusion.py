@@ -32,9 +32,9 @@ from .limits import MAX_NAME_LENGTH
 # Kept importable from here (outside __all__, as before the split): the op vocabulary and the
 # broadcasting rule were attributes of this module; new code imports them from graph/tracing.
 from .graph import BINARY, BITWISE, COMPARE, FLOAT_ONLY, REDUCTIONS, UNARY  # noqa: F401
-from .ops import (abs, arange, ceil, complex, cos, dim_expr, erf, exp, exp2, floor, imag, iota,
-                  log, log2, max, maximum, mean, min, minimum, pad, prod, real, rsqrt, sigmoid,
-                  sin, sqrt, sum, tan, tanh, where)
+from .ops import (abs, arange, ceil, complex, conj, cos, dim_expr, erf, exp, exp2, floor, imag,
+                  iota, log, log2, max, maximum, mean, min, minimum, pad, prod, real, rsqrt,
+                  sigmoid, sin, sqrt, sum, tan, tanh, where)
 from .promotion import dsl_dtype
 from .summary import TensorType
 from .tracing import Value, active_graph, astype, current_graph, pow, trace_value
@@ -44,7 +44,7 @@ __all__ = [
     "Node", "Graph", "Fusion", "Value", "fusion", "trace_value",
     "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
     "sigmoid", "floor", "ceil", "abs", "pow", "where", "minimum", "maximum", "min", "max",
-    "sum", "prod", "mean", "arange", "iota", "complex", "real", "imag", "pad", "astype",
+    "sum", "prod", "mean", "arange", "iota", "complex", "real", "imag", "conj", "pad", "astype",
     "dim_expr",
 ]
 

@@ -21,12 +21,13 @@ from .promotion import dsl_dtype
 # The underscore builders are package-internal: this module and tracing are one layer, split
 # so the rules and the public entry points each stay readable.
 from .tracing import (Value, _axes, _binary, _desc, _fmt, _graph_of, _power, _promote, _reduce,
-                      _unary, astype, broadcast_shapes, current_graph, pow, reduce_api, trace_value)
+                      _unary, astype, broadcast_shapes, conj, current_graph, pow, reduce_api,
+                      trace_value)
 
 __all__ = [
     "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
     "sigmoid", "floor", "ceil", "abs", "pow", "where", "minimum", "maximum", "min", "max",
-    "sum", "prod", "mean", "arange", "iota", "complex", "real", "imag", "pad", "astype",
+    "sum", "prod", "mean", "arange", "iota", "complex", "real", "imag", "conj", "pad", "astype",
     "dim_expr", "array_ufunc",
 ]
 
@@ -43,6 +44,8 @@ def _math(op: str) -> Callable[[object], Value]:
                              f"kp.arange / x.astype to make one from a dim")
         return _unary(op, x)  # type: ignore[return-value]
     fn.__name__ = op
+    fn.__qualname__ = f"kp.{op}"  # kp.exp(x, y): "kp.exp() takes 1 positional argument",
+    # not "_math.<locals>.fn() takes ..."
     fn.__doc__ = f"Elementwise ``{op}`` of a traced tensor (libdevice or an LLVM intrinsic)."
     return fn
 
@@ -329,8 +332,8 @@ def array_ufunc(ufunc: Any, method: str, inputs: tuple, kwargs: dict) -> object:
             return pow(*inputs)
         if name in _UFUNC_UNARY and len(inputs) == 1:
             return _unary(_UFUNC_UNARY[name], inputs[0])
-        if name == "positive" and len(inputs) == 1:
-            return inputs[0]
+        if name in ("positive", "conjugate") and len(inputs) == 1:
+            return conj(inputs[0]) if name == "conjugate" else inputs[0]
         if name == "square" and len(inputs) == 1:  # x ** 2: a bool squares to int8 as here
             return _power(inputs[0], 2)
     how = f"np.{name}" + ("" if method == "__call__" else f".{method}")
@@ -357,6 +360,8 @@ def array_function(func: Any, args: tuple, kwargs: dict) -> object:
     name = getattr(func, "__name__", repr(func))
     if name == "where" and len(args) == 3 and not kwargs:
         return where(*args)
+    if name in ("real", "imag") and len(args) == 1 and not kwargs:  # np.real(z), np.imag(z)
+        return _unary(name, args[0])
     if name in _FUNCTION_REDUCTIONS and 1 <= len(args) <= 5:
         kind, names = _FUNCTION_REDUCTIONS[name]
         given = dict(zip(names, args[1:]))

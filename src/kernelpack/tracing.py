@@ -24,7 +24,7 @@ from .promotion import (_axes, _desc, _fmt, _from_dims, _promote, broadcast_shap
                         from_sizes, index_axes, known_comparison, math_dtype, trace_value,
                         widen_for_comparison)
 
-__all__ = ["Value", "trace_value", "broadcast_shapes", "astype", "pow", "active_graph",
+__all__ = ["Value", "trace_value", "broadcast_shapes", "astype", "pow", "conj", "active_graph",
            "current_graph"]
 
 # ---- traced values ----------------------------------------------------------------------------
@@ -111,8 +111,8 @@ class Value:
     def __getattr__(self, name: str) -> object:
         # only reached for names Value lacks: NumPy methods such as x.reshape or x.T
         raise _NoAttribute(f"traced tensors have no attribute {name!r} (supported: astype, "
-                           f"real, imag, sum, prod, max, min, mean, shape, size, dtype, ndim, "
-                           f"indexing with None)")
+                           f"real, imag, conj, sum, prod, max, min, mean, shape, size, dtype, "
+                           f"ndim, indexing with None)")
 
     def __len__(self) -> int:
         raise _no_value("len()")
@@ -182,6 +182,11 @@ class Value:
     @property
     def imag(self) -> "Value":
         return _unary("imag", self)  # type: ignore[return-value]
+
+    def conj(self) -> "Value":
+        return conj(self)
+
+    conjugate = conj
 
     # NumPy's signatures: x.sum(0, np.float64) passes a dtype, x.max(0, None, True) keepdims
     def sum(self, axis=None, dtype=None, out=None, keepdims=False):
@@ -318,6 +323,16 @@ def _unary(op: str, x: object) -> Value | Expr | int:
     if dt.is_complex and op != "exp":  # the lowering has complex neg, abs, real, imag, exp
         raise TraceError(f"{op}: complex arguments are not supported (got {_desc(x)})")
     return x.graph.add(op, dt, x.shape, (x.id,))
+
+
+def conj(x: object) -> Value:
+    """NumPy's ``conjugate``: ``re - i·im`` for a complex tensor (the imaginary part negated, so
+    ``0j`` gives ``-0j`` as in NumPy), the tensor itself for a real or bool one."""
+    if not isinstance(x, Value):
+        raise TraceError(f"conj: expects a traced tensor (got {x!r:.80})")
+    if not x.dtype.is_complex:
+        return x
+    return _binary("complex", _unary("real", x), _unary("neg", _unary("imag", x)))
 
 
 def _zeros_like(x: Value) -> Value:

@@ -184,10 +184,39 @@ def convert(b: ir.IRBuilder, v: Val, src: DType, dst: DType) -> Val:
             return b.select(b.trunc(v, I1), ir.Constant(dt_, 1.0), ir.Constant(dt_, 0.0))
         return b.sitofp(v, dt_) if src.kind == "i" else b.uitofp(v, dt_)
     if dst.kind in "iu":
-        return b.fptosi(v, dt_) if dst.kind == "i" else b.fptoui(v, dt_)
+        return _float_to_int(b, v, dst, dt_)
     if st == dt_:
         return v
     return b.fpext(v, dt_) if isinstance(dt_, ir.DoubleType) else b.fptrunc(v, dt_)
+
+
+def _truncate_to(b: ir.IRBuilder, v: ir.Value, bits: int) -> ir.Value:
+    """``v`` truncated toward zero to a signed ``bits``-wide integer, and that type's minimum
+    where it does not fit (NaN, infinities, out of range): x86's "integer indefinite", which
+    NumPy's casts give. A bare ``fptosi`` is poison there in LLVM, and NVPTX's ``cvt.rzi``
+    saturates (NaN to 0), so the device and NumPy disagreed."""
+    t, lim = ir.IntType(bits), float(2 ** (bits - 1))
+    fits = b.and_(b.fcmp_ordered(">=", v, ir.Constant(v.type, -lim)),
+                  b.fcmp_ordered("<", v, ir.Constant(v.type, lim)))
+    return b.select(fits, b.fptosi(v, t), ir.Constant(t, -(2 ** (bits - 1))))
+
+
+def _float_to_int(b: ir.IRBuilder, v: ir.Value, dst: DType, t: ir.IntType) -> ir.Value:
+    """NumPy's ``astype`` from a float to an integer dtype, as NumPy computes it on x86: the
+    value truncated toward zero, wrapped modulo 2**width (``-2.7`` is 254 as uint8 and
+    4294967294 as uint32, ``300.5`` is 44 as uint8, ``70000.0`` is 4464 as int16: NumPy's
+    results without a warning). Through a 32-bit conversion for int8..int32, uint8 and uint16
+    and a 64-bit one for uint32 and int64, each giving its minimum where the value does not
+    fit (NaN and infinities: int32/int64's minimum, 0 in narrower types); uint64 converts
+    values from 2**63 on with 2**63 taken off first, as C compilers do. Those warned cases
+    follow x86 so the device gives the host's answer, not its own saturation."""
+    if dst.name == "uint64":
+        top = ir.Constant(v.type, float(2 ** 63))
+        high = b.xor(_truncate_to(b, b.fsub(v, top), 64), ir.Constant(I64, -(2 ** 63)))
+        return b.select(b.fcmp_ordered(">=", v, top), high, _truncate_to(b, v, 64))
+    wide = 32 if t.width <= 16 or dst.name == "int32" else 64
+    r = _truncate_to(b, v, wide)
+    return r if t.width == wide else b.trunc(r, t)
 
 
 def _zero_or_one(v: ir.Value) -> bool:
