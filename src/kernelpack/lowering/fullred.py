@@ -27,9 +27,9 @@ from __future__ import annotations
 from ..expr import Expr, cdiv, const, emin
 from ..graph import Graph
 from ..summary import Scratch
-from .schedule import BLOCK, CHUNK, ROW_BLOCK, SPREAD, Choice, KernelSpec, Stage
+from .schedule import BLOCK, CHUNK, GRID_CAP, ROW_BLOCK, SPREAD, Choice, KernelSpec, Stage
 
-__all__ = ["full_stage", "direct_reduces"]
+__all__ = ["full_stage", "passes", "direct_reduces"]
 
 
 def direct_reduces(graph: Graph, roots: list[int]) -> list[int]:
@@ -56,6 +56,60 @@ def _fresh(name: str, taken: set[str]) -> str:
     return name
 
 
+def passes(graph: Graph, base: str, reduces: list[int], taken: set[str],
+           outer: tuple[Expr, ...] = (), finish: frozenset[int] = frozenset(),
+           chunk: int = CHUNK, block: int = BLOCK, combine_block: int = ROW_BLOCK
+           ) -> tuple[list[KernelSpec], list[Scratch], dict[int, tuple[str, Expr]],
+                      dict[int, str]]:
+    """The partial and combine kernels of ``reduces`` (id order), level by level, for rows
+    below the dims ``outer`` (empty: full reductions, one row): each reduction's partial
+    kernel reduces blocks of ``chunk`` elements of a row (``block`` threads) into a workspace
+    of ``cdiv(length, chunk)`` entries per row; the reductions another one reads, and those
+    in ``finish``, are then finalized by their level's combine kernel (a block of
+    ``combine_block`` threads per row) into a workspace of one value per row, which later
+    partial kernels load once per block (:mod:`.rowsplit` shares this with full reductions).
+
+    Returns (kernels, workspaces, reduction -> (partials workspace, entries per row),
+    reduction -> finalized value's workspace)."""
+    from .codegen import acc_dtype
+    from .rows import levels
+
+    read = {d for r in reduces for d in direct_reduces(graph, [graph.nodes[r].inputs[0]])}
+    rows = _numel(outer)
+    kernels: list[KernelSpec] = []
+    scratch: list[Scratch] = []
+    partials: dict[int, tuple[str, Expr]] = {}   # reduction -> (workspace, entries per row)
+    values: dict[int, str] = {}                  # reduction -> finalized values' workspace
+    for depth, level in enumerate(levels(graph, tuple(reduces))):
+        for r in level:
+            k = reduces.index(r)
+            node = graph.nodes[r]
+            src = graph.nodes[node.inputs[0]]
+            count = cdiv(_numel(src.shape[len(outer):]), chunk)
+            total = rows * count if outer else count
+            ws = _fresh(f"{base}_ws{k}", taken)
+            scratch.append(Scratch(ws, acc_dtype(node.attrs[0], node.dtype), (total,)))
+            needs = tuple((d, values[d]) for d in direct_reduces(graph, [src.id]))
+            kernels.append(KernelSpec(f"{base}_partial{k}", "partial", ((ws, r),), src.shape,
+                                      block, total, scratch=(ws, *(v for _, v in needs)),
+                                      values=needs, outer=len(outer),
+                                      chunk=0 if chunk == CHUNK else chunk))
+            partials[r] = (ws, count)
+        done = [r for r in level if r in read or r in finish]
+        if not done:
+            continue
+        for r in done:
+            values[r] = _fresh(f"{base}_val{reduces.index(r)}", taken)
+            scratch.append(Scratch(values[r], graph.nodes[r].dtype,
+                                   graph.nodes[r].shape if outer else (const(1),)))
+        kernels.append(KernelSpec(
+            f"{base}_combine{depth}", "row", tuple((values[r], r) for r in done), outer,
+            combine_block, emin(rows, GRID_CAP) if outer else const(1), group="block",
+            reduces=tuple(done), partials=tuple((r, *partials[r]) for r in done),
+            scratch=tuple(partials[r][0] for r in done)))
+    return kernels, scratch, partials, values
+
+
 def full_stage(graph: Graph, base: str, outs: list[tuple[str, int]], reduces: list[int],
                keeps_row: bool, taken: set[str]) -> Stage:
     """The stage computing outputs ``outs`` (name, node) whose reductions ``reduces`` (id
@@ -64,38 +118,7 @@ def full_stage(graph: Graph, base: str, outs: list[tuple[str, int]], reduces: li
     Kernels are named ``{base}_partial{k}`` (``k``: the reduction's index in ``reduces``),
     ``{base}_combine{level}`` and ``{base}_rowblock``; workspaces ``{base}_ws{k}`` (partials,
     the accumulator's dtype) and ``{base}_val{k}`` (one finalized value)."""
-    from .codegen import acc_dtype
-    from .rows import levels
-
-    read = {d for r in reduces for d in direct_reduces(graph, [graph.nodes[r].inputs[0]])}
-    kernels: list[KernelSpec] = []
-    scratch: list[Scratch] = []
-    partials: dict[int, tuple[str, Expr]] = {}   # reduction -> (workspace, entries)
-    values: dict[int, str] = {}                  # reduction -> one-entry workspace
-    for depth, level in enumerate(levels(graph, tuple(reduces))):
-        for r in level:
-            k = reduces.index(r)
-            node = graph.nodes[r]
-            src = graph.nodes[node.inputs[0]]
-            count = cdiv(_numel(src.shape), CHUNK)
-            ws = _fresh(f"{base}_ws{k}", taken)
-            scratch.append(Scratch(ws, acc_dtype(node.attrs[0], node.dtype), (count,)))
-            needs = tuple((d, values[d]) for d in direct_reduces(graph, [src.id]))
-            kernels.append(KernelSpec(f"{base}_partial{k}", "partial", ((ws, r),), src.shape,
-                                      BLOCK, count, scratch=(ws, *(v for _, v in needs)),
-                                      values=needs))
-            partials[r] = (ws, count)
-        finished = [r for r in level if r in read]
-        if not finished:
-            continue
-        for r in finished:
-            values[r] = _fresh(f"{base}_val{reduces.index(r)}", taken)
-            scratch.append(Scratch(values[r], graph.nodes[r].dtype, (const(1),)))
-        kernels.append(KernelSpec(
-            f"{base}_combine{depth}", "row", tuple((values[r], r) for r in finished), (),
-            ROW_BLOCK, const(1), group="block", reduces=tuple(finished),
-            partials=tuple((r, *partials[r]) for r in finished),
-            scratch=tuple(partials[r][0] for r in finished)))
+    kernels, scratch, partials, values = passes(graph, base, reduces, taken)
     last = direct_reduces(graph, [nid for _, nid in outs])
     combined = tuple((r, *partials[r]) for r in last if r not in values)
     loaded = tuple((r, values[r]) for r in last if r in values)

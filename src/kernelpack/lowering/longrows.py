@@ -29,7 +29,7 @@ from ..summary import Scratch
 from .schedule import BLOCK, GRID_CAP, ROW_BLOCK, WARP_KEEP_MAX, Choice, KernelSpec, Stage, \
     vector_width
 
-__all__ = ["OUT_PER_THREAD", "out_length", "long_row_stage"]
+__all__ = ["OUT_PER_THREAD", "out_length", "long_row_stage", "values_pointwise"]
 
 # a fused row kernel's group writes at most this many elements of a row per thread
 # (2048 for a warp: WARP_KEEP_MAX, the longest reduced row a warp takes)
@@ -55,6 +55,18 @@ def out_length(graph: Graph, outs: list[tuple[str, int]], outer: tuple[Expr, ...
     for one in lengths[1:]:
         longest = emax(longest, one)
     return longest
+
+
+def values_pointwise(graph: Graph, name: str, shape: tuple[Expr, ...],
+                     outs: list[tuple[str, int]], stored: list[tuple[int, str]]) -> KernelSpec:
+    """A pointwise kernel writing ``outs`` (all of ``shape``) on a full grid (16-byte groups
+    where :func:`~.schedule.vector_width` allows), loading the values of the reductions in
+    ``stored`` (reduction, workspace of its shape) where it needs them: an earlier kernel
+    wrote them (here, and :mod:`.rowsplit`'s combine kernels)."""
+    vec = vector_width(graph, [nid for _, nid in outs])
+    return KernelSpec(name, "pointwise", tuple(outs), shape, BLOCK,
+                      emin(cdiv(_prod(shape), BLOCK * vec), GRID_CAP), vec=vec,
+                      scratch=tuple(ws for _, ws in stored), values=tuple(stored))
 
 
 def _fresh(name: str, taken: set[str]) -> str:
@@ -112,12 +124,8 @@ def long_row_stage(graph: Graph, base: str, shape: tuple[Expr, ...],
         spaces.append(Scratch(ws, graph.nodes[r].dtype, graph.nodes[r].shape))
     sub = _stage(graph, f"{base}_s", graph.nodes[direct[0]].shape,
                  [(s.name, r) for s, r in zip(spaces, direct)], False, taken)
-    vec = vector_width(graph, [nid for _, nid in outs])
-    total = _prod(shape)
-    point = KernelSpec(f"{base}_pointwise", "pointwise", tuple(outs), shape, BLOCK,
-                       emin(cdiv(total, BLOCK * vec), GRID_CAP), vec=vec,
-                       scratch=tuple(s.name for s in spaces),
-                       values=tuple((r, s.name) for s, r in zip(spaces, direct)))
+    point = values_pointwise(graph, f"{base}_pointwise", shape, outs,
+                             [(r, s.name) for s, r in zip(spaces, direct)])
     for alt in sub.alternatives:
         if add(alt.predicate, (*alt.kernels, point), (*alt.scratch, *spaces)):
             break

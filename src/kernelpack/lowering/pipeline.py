@@ -22,7 +22,7 @@ from ..limits import MAX_VARIANTS
 from ..compiled import Compiled, Image, Module
 from ..summary import Arg, Constraint, KernelSummary, Launch, Scalar, Tensor, Variant
 from ..targets import Arch, parse_target_list, portable_lowest
-from .schedule import Stage, lockstep, plan, variants
+from .schedule import Choice, Stage, lockstep, plan, variants
 
 __all__ = ["Options", "Build", "STAGES", "run", "compile_fusion"]
 
@@ -87,7 +87,11 @@ def fit_variants(stages: Sequence[Stage], most: int = MAX_VARIANTS) -> tuple[Sta
     variant per combination. While there are too many, the stage with the most alternatives
     loses its last conditional one (its widest rows' kernel): the rows it took go to the next
     alternative whose predicate holds, ultimately the unconditional loop every stage ends
-    with. Programs within the limit are left as they are."""
+    with. Split alternatives of few, long rows (:mod:`.rowsplit`) go first, widest stage
+    first: what the other alternatives run for every other shape stays as it was before the
+    split existed (two softmaxes of other shapes kept 8 x 8 = 64 variants; with a split each,
+    81, and trimming by width dropped both 8192-wide register kernels). Programs within the
+    limit are left as they are."""
     alts = [list(st.alternatives) for st in stages]
 
     def count() -> int:  # as many as schedule.variants will make
@@ -97,8 +101,10 @@ def fit_variants(stages: Sequence[Stage], most: int = MAX_VARIANTS) -> tuple[Sta
         return n
 
     while count() > most:
-        i = max(range(len(alts)), key=lambda k: (len(alts[k]), -k))
-        conditional = [j for j, c in enumerate(alts[i]) if c.predicate is not None]
+        split = [k for k in range(len(alts)) if any(map(_splits, alts[k]))]
+        i = max(split or range(len(alts)), key=lambda k: (len(alts[k]), -k))
+        conditional = [j for j, c in enumerate(alts[i]) if c.predicate is not None
+                       and (_splits(c) or not split)]
         if not conditional:
             break
         # stages in lockstep with this one (the same predicates: column stages over one
@@ -112,6 +118,11 @@ def fit_variants(stages: Sequence[Stage], most: int = MAX_VARIANTS) -> tuple[Sta
     return tuple(st if len(a) == len(st.alternatives)
                  else dataclasses.replace(st, alternatives=tuple(a))
                  for st, a in zip(stages, alts))
+
+
+def _splits(choice: Choice) -> bool:
+    """Whether ``choice`` is a row stage's split alternative (partials over rows' chunks)."""
+    return any(k.kind == "partial" and k.outer for k in choice.kernels)
 
 
 def symbols_of(graph: Graph) -> list[str]:

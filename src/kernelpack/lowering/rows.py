@@ -185,7 +185,9 @@ class _Group(RegisterRows):
             passes: dict[object, list[int]] = {}
             for red in level:
                 if red in self.values:  # one load of the finalized value, nothing to combine
-                    em.rowcache[red] = (em.load(self.values[red], self.g.nodes[red].dtype, ZERO),
+                    # (one per row, rows split across blocks: rowsplit.py; one: fullred.py)
+                    at = r if self.spec.shape else ZERO
+                    em.rowcache[red] = (em.load(self.values[red], self.g.nodes[red].dtype, at),
                                         outer)
                     continue
                 src = self.g.nodes[self.g.nodes[red].inputs[0]]

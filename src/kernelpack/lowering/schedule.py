@@ -23,8 +23,9 @@ slice); a reduction that reads another (a variance) takes its own partial pass a
 combine kernel has stored the other's value. Column reductions (a contiguous block of axes
 short of the last: ``x.sum(axis=0)``) split each output's reduced indices across many
 threads, then combine the partials (:mod:`.columns`), where the shapes give enough splits.
-Anything else falls back to the general schedule: one thread per output element, looping
-over the reduced indices.
+Few, long rows (``rows <= SPLIT_MAX_ROWS``, ``length >= SPLIT_MIN_LENGTH``) are split across
+blocks first (:mod:`.rowsplit`). Anything else falls back to the general schedule: one thread
+per output element, looping over the reduced indices.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "lockstep", "red
            "THREAD_ROW_MAX", "WARP_ROW_MAX", "SPREAD", "WARP_KEEP_MAX", "REG_GROUPS",
            "REG_GROUPS_WIDE",
            "REG_GROUPS_LIGHT", "REG_GROUPS_LIGHT_WIDE", "MIN_THREADS_PER_SM", "TILE_CHUNKS", "TILE_WARP_MAX",
-           "TILE_BLOCK", "ONE_ROW_MIN_THREADS", "acc_width", "per_row"]
+           "TILE_BLOCK", "ONE_ROW_MIN_THREADS", "acc_width", "per_row", "ROW_SPLIT",
+           "SPLIT_MIN_LENGTH", "SPLIT_MAX_ROWS", "SPLIT_CHUNK", "SPLIT_BLOCK",
+           "SPLIT_COMBINE_BLOCK"]
 
 BLOCK = 256            # threads per block of pointwise, thread-per-row and partial kernels
 ROW_BLOCK = 512        # threads of a block-per-row kernel
@@ -109,6 +112,21 @@ REG_GROUPS_LIGHT = (("warp", 1, BLOCK), ("warp", 2, BLOCK), ("block", 2, 64), ("
 REG_GROUPS_LIGHT_WIDE = REG_GROUPS_LIGHT[:4] + (("block", 2, 256), ("block", 4, 256),
                                                 ("block", 8, 256))
 
+# Few, long rows split across blocks (lowering/rowsplit.py) where length >= SPLIT_MIN_LENGTH
+# and rows <= SPLIT_MAX_ROWS: blocks of SPLIT_BLOCK threads reduce SPLIT_CHUNK elements each (a
+# multiple of SPLIT_BLOCK·UNROLL), a block of SPLIT_COMBINE_BLOCK per row combines them. Set by
+# reasoning before any GPU run (benchmarks/rowsplit.py --sweep sets them; notes/rowsplit.md):
+# an H200's 132 SMs hold ~4 blocks of 512 per SM, so <= 256 rows leave half the thread slots
+# idle; a 128 KB row takes one SM ~2-3 us per pass, the split's extra launches ~2 us each; 4096
+# elements per block give a row of 2^20 256 blocks. ROW_SPLIT = False: the previous schedules.
+ROW_SPLIT = True
+SPLIT_MIN_LENGTH = 32768
+SPLIT_MAX_ROWS = 256
+SPLIT_CHUNK = 4096
+SPLIT_BLOCK = 256
+SPLIT_COMBINE_BLOCK = 256
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """One kernel. ``kind``: ``pointwise`` | ``row`` | ``partial``. ``shape`` is the output
@@ -134,6 +152,8 @@ class KernelSpec:
     # loaded once; pointwise: per-row values of the reduction's shape (longrows.py)
     values: tuple[tuple[int, str], ...] = ()
     split: Expr | None = None       # colsplit: threads per output element (lowering/columns.py)
+    outer: int = 0                  # partial: leading dims of `shape` that are rows (rowsplit)
+    chunk: int = 0                  # partial: elements per block (0: CHUNK)
 
 
 @dataclass(frozen=True)
@@ -291,6 +311,15 @@ def _stage(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tuple[st
         shorter = le(out_len, length)
         if out_len != length and not (shorter.is_const and shorter.value):
             return long_row_stage(graph, base, shape, outs, outer, length, reduces, taken)
+    alts: list[Choice] = []
+    if ROW_SPLIT and (uniform or not keeps_row):  # few, long rows: across blocks (rowsplit.py)
+        from .rowsplit import split_choice
+
+        split = split_choice(graph, base, shape, outs, outer, length, reduces, keeps_row, taken)
+        if split is not None:
+            alts.append(split)
+            if split.predicate is None:
+                return Stage(names, tuple(alts))
     # (group, predicate, 16-byte chunks per thread, threads per block, tiled, resident
     # threads per SM to keep registers for)
     options: list[tuple[str, Expr | None, int, int, bool, int]] = []
@@ -337,7 +366,6 @@ def _stage(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tuple[st
     elif not keeps_row:
         options.append(("warp", le(length, WARP_ROW_MAX), 0, BLOCK, False, 0))
     options.append(("block", None, 0, ROW_BLOCK, False, 0))
-    alts: list[Choice] = []
     for group, pred, slots, block, tiled, most in options:
         if pred is not None and pred.is_const:
             if not pred.value:

@@ -1,0 +1,110 @@
+"""Few, long rows split across blocks: the row stage's first alternative where it applies.
+
+A row stage (reductions over the trailing axes: ``x.sum(-1)``, softmax, layernorm, masked
+means) runs a thread, a warp or a block per row (:mod:`.schedule`). With few long rows that
+leaves most of the GPU idle: a softmax of (1, 2^20) streamed its row three times through one
+SM of an H200's 132, ``x.sum(-1)`` of (4, 10^7) through four. Where rows are few and long
+(``rows <= SPLIT_MAX_ROWS`` and ``length >= SPLIT_MIN_LENGTH``, a symbolic predicate over the
+dims, the same on every device) this alternative takes the full reductions' passes
+(:func:`.fullred.passes`) row by row instead:
+
+- per reduction level, a *partial* kernel over ``rows · P`` blocks (``P = cdiv(length,
+  SPLIT_CHUNK)``): block ``row · P + p`` reduces chunk ``p`` of its row into
+  ``ws[row · P + p]``, with the accumulators and order of the full reductions' partials (no
+  atomics: the result depends on the launch shape alone, so it is deterministic);
+- a *combine* kernel per level whose reductions are needed later (a block per row) combining
+  the row's ``P`` partials and storing the finalized value (a mean divided by the length) in
+  a workspace of the reduction's shape; the next level's partials load their row's values
+  once per block (softmax: the max, then the sum of ``exp(x - max)``);
+- then the outputs: per-row outputs (``x.sum(-1)``, logsumexp) by one block per row that
+  combines the last level's partials and loads the stored values (as :mod:`.fullred`'s last
+  kernel does for one row); rows written back (softmax, layernorm, ``x - x.mean(-1,
+  keepdims=True)``) by :func:`.longrows.values_pointwise`'s kernel over the whole output on a
+  full grid, with 16-byte vectors where the pointwise kernel takes them.
+
+The cost against a block per row: one more read of the input per written-back row (the
+outputs' pass reads it again rather than from registers) and one launch per level; the gain:
+every SM streams, with ``UNROLL`` loads in flight per thread. Stages whose written rows are
+longer than the reduced ones (:mod:`.longrows`) and the general schedule keep theirs.
+"""
+
+from __future__ import annotations
+
+from ..errors import CompileError
+from ..expr import Expr, const, emin, ge, land, le
+from ..graph import Graph
+from . import schedule as _schedule
+from .bounds import expr_max, shift_count_syms
+from .schedule import GRID_CAP, UNROLL, Choice, KernelSpec
+
+__all__ = ["split_choice", "split_predicate"]
+
+
+def _prod(dims: tuple[Expr, ...]) -> Expr:
+    total: Expr = const(1)
+    for d in dims:
+        total = total * d
+    return total
+
+
+def split_predicate(rows: Expr, length: Expr) -> Expr:
+    """When a stage of ``rows`` rows of at most ``length`` elements splits its rows across
+    blocks (the constants are read at call time, so a benchmark or test can patch them)."""
+    return land(ge(length, _schedule.SPLIT_MIN_LENGTH), le(rows, _schedule.SPLIT_MAX_ROWS))
+
+
+def split_choice(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tuple[str, int]],
+                 outer: tuple[Expr, ...], length: Expr, reduces: list[int], keeps_row: bool,
+                 taken: set[str]) -> Choice | None:
+    """The split alternative of the row stage writing ``outs`` (all of ``shape``), whose
+    reductions ``reduces`` (id order) reduce rows of at most ``length`` elements below the
+    outer dims ``outer``; ``keeps_row``: the outputs are rows written back. None when the
+    predicate never holds (static dims outside it, or a length known to stay short: a shift
+    count's dim is at most 63); a predicate of None: it always holds.
+
+    Kernels are named ``{base}_split_partial{k}``, ``{base}_split_combine{level}`` and
+    ``{base}_split_rowblock`` (per-row outputs) or ``{base}_split_pointwise`` (rows);
+    workspaces ``{base}_split_ws{k}`` (partials) and ``{base}_split_val{k}`` (row values).
+
+    Raises:
+        CompileError: ``SPLIT_CHUNK`` is not a positive multiple of ``SPLIT_BLOCK·UNROLL``
+            (a chunk's unrolled loop has no bounds checks; patched constants only).
+    """
+    from .fullred import direct_reduces, passes
+    from .longrows import values_pointwise
+
+    chunk, block = _schedule.SPLIT_CHUNK, _schedule.SPLIT_BLOCK
+    combine_block = _schedule.SPLIT_COMBINE_BLOCK
+    if chunk <= 0 or block <= 0 or chunk % (block * UNROLL):
+        raise CompileError(f"schedule.SPLIT_CHUNK must be a positive multiple of SPLIT_BLOCK"
+                           f" * UNROLL = {block * UNROLL} (got {chunk})")
+    for name, threads in (("SPLIT_BLOCK", block), ("SPLIT_COMBINE_BLOCK", combine_block)):
+        if threads % 32 or not 32 <= threads <= 1024:
+            raise CompileError(f"schedule.{name} must be a multiple of 32 in 32..1024 "
+                               f"(got {threads})")
+    top = expr_max(length, shift_count_syms(graph))
+    if top is not None and top < _schedule.SPLIT_MIN_LENGTH:
+        return None  # rows bounded short (the encodings' n terms, a shift count: <= 63)
+    rows = _prod(outer)
+    pred: Expr | None = split_predicate(rows, length)
+    assert pred is not None
+    if pred.is_const:
+        if not pred.value:
+            return None
+        pred = None
+    sbase = f"{base}_split"
+    direct = direct_reduces(graph, [nid for _, nid in outs])
+    kernels, scratch, partials, values = passes(
+        graph, sbase, reduces, taken, outer, frozenset(direct) if keeps_row else frozenset(),
+        chunk, block, combine_block)
+    if keeps_row:  # every reduction the rows read is stored: a pointwise grid writes them
+        last = values_pointwise(graph, f"{sbase}_pointwise", shape, outs,
+                                [(r, values[r]) for r in direct])
+    else:  # a block per row combines the last partials, loads the stored values, writes
+        combined = tuple((r, *partials[r]) for r in direct if r not in values)
+        loaded = tuple((r, values[r]) for r in direct if r in values)
+        last = KernelSpec(f"{sbase}_rowblock", "row", tuple(outs), outer, combine_block,
+                          emin(rows, GRID_CAP), group="block", reduces=tuple(direct),
+                          partials=combined, values=loaded,
+                          scratch=tuple(w for _, w, _ in combined) + tuple(v for _, v in loaded))
+    return Choice((*kernels, last), tuple(scratch), pred)
