@@ -125,7 +125,10 @@ def _shape_args(name: str, shape: tuple[int, int]) -> dict[str, tuple[int, ...]]
     return {"x": shape}
 
 
-def _takes_split(shape: tuple[int, int]) -> bool:
+def _takes_split(name: str, shape: tuple[int, int]) -> bool:
+    if name in ("rowsum", "logsumexp"):  # per-row outputs
+        return shape[1] >= schedule.SPLIT_REDUCE_MIN_LENGTH \
+            and shape[0] <= schedule.SPLIT_REDUCE_MAX_ROWS
     return shape[1] >= schedule.SPLIT_MIN_LENGTH and shape[0] <= schedule.SPLIT_MAX_ROWS
 
 
@@ -167,7 +170,7 @@ def check_plans(packs: dict[str, Any], shapes: list[tuple[int, int]]) -> list[st
             kernels = [launch.kernel for launch in pack[name].plan(**_shape_args(name, shape))
                        .launches]
             split = any("_split_" in k for k in kernels)
-            if split != (kind == "split" and _takes_split(shape)):
+            if split != (kind == "split" and _takes_split(name, shape)):
                 raise SystemExit(f"{name} {shape} {kind}: kernels {kernels}")
             lines.append(f"{name} {shape} {kind}: {' '.join(kernels)}")
     return lines
@@ -218,7 +221,8 @@ def sweep(torch: Any, target: str, shapes: list[tuple[int, int]], md: str | None
     names = ("softmax", "layernorm", "rowsum", "logsumexp")
     cells: dict[tuple, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        forced = dict(SPLIT_MIN_LENGTH=1, SPLIT_MAX_ROWS=1 << 40)  # split every shape
+        forced = dict(SPLIT_MIN_LENGTH=1, SPLIT_MAX_ROWS=1 << 40, SPLIT_REDUCE_MIN_LENGTH=1,
+                      SPLIT_REDUCE_MAX_ROWS=1 << 40)  # split every shape
         packs = {}
         for i, (chunk, block, comb) in enumerate(_sweep_configs()):
             with _Patched(SPLIT_CHUNK=chunk, SPLIT_BLOCK=block, SPLIT_COMBINE_BLOCK=comb,
@@ -324,12 +328,14 @@ def main() -> int:
                 cells = [f"{t[k]:.4f} ms ({100 * nbytes / (t[k] * 1e-3) / copy_bw:.0f}%)"
                          for k in ("split", "rows", "eager")]
                 rows.append([name, f"{shape[0]}x{shape[1]}",
-                             "yes" if _takes_split(shape) else "no", *cells,
+                             "yes" if _takes_split(name, shape) else "no", *cells,
                              f"{t['rows'] / t['split']:.2f}x", f"{t['split'] / t['eager']:.2f}"])
     body = [
         "`python benchmarks/rowsplit.py`; float32 (softmax_f64: float64). 'split' is the code "
         "as compiled now (lowering/rowsplit.py, taken where 'split?' says yes: rows <= "
-        f"{schedule.SPLIT_MAX_ROWS}, length >= {schedule.SPLIT_MIN_LENGTH}); 'rows' the same "
+        f"{schedule.SPLIT_MAX_ROWS}, length >= {schedule.SPLIT_MIN_LENGTH}; rowsum and "
+        f"logsumexp: rows <= {schedule.SPLIT_REDUCE_MAX_ROWS}, length >= "
+        f"{schedule.SPLIT_REDUCE_MIN_LENGTH}); 'rows' the same "
         "fusions compiled with schedule.ROW_SPLIT = False (a thread, warp or block per row: "
         "what ran before), timed after every split and torch kernel. Cells: median time (CUDA "
         "events, L2 flushed) and bytes read + written once / time as a fraction of the copy "

@@ -191,7 +191,7 @@ def test_row_reduction_variants_and_predicates():
     s = c.summary
     caps = [128, 256, 512, 1024, 2048, 4096, 8192]
     # first: few, long rows split across blocks (lowering/rowsplit.py)
-    assert [v.predicate for v in s.variants] == [land(ge("n", 32768), le("b", 256))] + [
+    assert [v.predicate for v in s.variants] == [land(ge("n", 65536), le("b", 256))] + [
         land(ge("n", 1), le("n", k)) for k in caps] + [None]
     assert [int(v.launches[0].block[0]) for v in s.variants] == [256, 256, 256, 64, 128, 128,
                                                                   256, 256, 512]
@@ -233,7 +233,7 @@ def test_rows_without_per_element_transcendentals_hold_more_per_thread():
 def test_reduce_only_rows_pick_thread_warp_or_block():
     s = kp.compile(F32["masked_mean"], targets=["sm_90"]).summary
     assert [v.predicate for v in s.variants] == [
-        land(ge("n", 32768), le("b", 256)), le("n", 32), le("n", 2048), None]
+        land(ge("n", 262144), le("b", 32)), le("n", 32), le("n", 2048), None]
     assert [v.launches[0].kernel.rsplit("_", 1)[1] for v in s.variants] == [
         "partial0", "rowthread", "rowwarpt16", "rowblock256t16"]
     assert [int(v.launches[0].block[0]) for v in s.variants] == [256, 256, 256, 256]

@@ -24,7 +24,9 @@ T = kp.Tensor
 @pytest.fixture(autouse=True)
 def small_split(monkeypatch):
     """Split constants an emulator can run: blocks of 32 threads, 128-element chunks."""
-    for name, value in (("SPLIT_MIN_LENGTH", 200), ("SPLIT_MAX_ROWS", 3), ("SPLIT_CHUNK", 128),
+    for name, value in (("SPLIT_MIN_LENGTH", 200), ("SPLIT_MAX_ROWS", 3),
+                        ("SPLIT_REDUCE_MIN_LENGTH", 200), ("SPLIT_REDUCE_MAX_ROWS", 3),
+                        ("SPLIT_CHUNK", 128),
                         ("SPLIT_BLOCK", 32), ("SPLIT_COMBINE_BLOCK", 32)):
         monkeypatch.setattr(schedule, name, value)
 

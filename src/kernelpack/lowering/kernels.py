@@ -63,7 +63,9 @@ def emit(module: ir.Module, graph: Graph, spec: KernelSpec, scratch: dict[str, D
 def _pointwise(em: Emitter, spec: KernelSpec) -> None:
     """Grid-stride loop; with ``spec.vec > 1`` a first loop handles groups of ``vec``
     elements (16 bytes of the widest tensor) when every buffer it touches is 16-byte aligned
-    (checked in the kernel), and the scalar loop takes the rest."""
+    (checked in the kernel), and the scalar loop takes the rest. With ``spec.groups > 1`` each
+    thread takes that many groups a block apart (:data:`~.schedule.HEAVY_POINTWISE`): all of
+    their loads first, then the math, then the stores."""
     b, m = em.b, em.module
     tid, bid, nb = sreg(b, m, "tid"), sreg(b, m, "ctaid"), sreg(b, m, "nctaid")
     blk = ir.Constant(I64, spec.block)
@@ -76,34 +78,67 @@ def _pointwise(em: Emitter, spec: KernelSpec) -> None:
         vec = ir.Constant(I64, spec.vec)
         nvec = b.udiv(total, vec)
         with b.if_then(b.load(flag, typ=ir.IntType(1))):
-            with em.loops.range(gid, nvec, stride, "v") as v:
-                base = b.mul(v, vec)
-                em.push()
-                # every load first, then the math, then every store: LLVM's load/store
-                # vectorizer merges only accesses it can see side by side
-                lanes = []
-                for k in range(spec.vec):
-                    em.vec_lane = k
-                    i = b.add(base, ir.Constant(I64, k)) if k else base
-                    ctx = Ctx(spec.shape, em.unravel(i, spec.shape), i)
-                    for leaf in _same_shape_inputs(em.graph, spec):
-                        em.value(leaf, ctx)
-                    lanes.append((k, i, ctx))
-                pending = []
-                for k, i, ctx in lanes:
-                    em.vec_lane = k
-                    pending += [(k, name, nid, i, em.value(nid, ctx)) for name, nid in spec.outputs]
-                for k, name, nid, i, val in pending:
-                    em.vec_lane = k
-                    em.store(name, em.graph.nodes[nid].dtype, i, val, contiguous=True)
-                em.vec_lane = None
-                em.pop()
+            if spec.groups > 1:
+                _grouped_vectors(em, spec, nvec)
+            else:
+                with em.loops.range(gid, nvec, stride, "v") as v:
+                    _vectors(em, spec, [v])
             b.store(b.mul(nvec, vec), start)
         em.entry.store(em.aligned16(), flag)
     with em.loops.range(b.add(b.load(start, typ=I64), gid), total, stride) as i:
         em.push()
         _store_outputs(em, spec, i)
         em.pop()
+
+
+def _grouped_vectors(em: Emitter, spec: KernelSpec, nvec: ir.Value) -> None:
+    """``spec.groups`` 16-byte groups per thread, ``spec.block`` apart (coalesced per warp), over
+    a grid-stride loop of *rounds* of ``block·groups`` groups: a whole round without bounds
+    checks, a partial last one group by group (a loop: one more copy of the math, not
+    ``groups``)."""
+    b, m = em.b, em.module
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    tid, bid, nb = sreg(b, m, "tid"), sreg(b, m, "ctaid"), sreg(b, m, "nctaid")
+    per = spec.block * spec.groups
+    rounds = b.udiv(b.add(nvec, c(per - 1)), c(per))
+    with em.loops.range(bid, rounds, nb, "r") as r:
+        first = b.add(b.mul(r, c(per)), tid)
+        groups = [b.add(first, c(u * spec.block)) if u else first for u in range(spec.groups)]
+        whole = b.icmp_signed("<=", b.mul(b.add(r, c(1)), c(per)), nvec)
+        with b.if_else(whole) as (yes, no):
+            with yes:
+                _vectors(em, spec, groups)
+            with no:  # the last, partial round: this thread's groups below nvec, one by one
+                with em.loops.range(first, nvec, c(spec.block), "g") as v:
+                    _vectors(em, spec, [v])
+
+
+def _vectors(em: Emitter, spec: KernelSpec, groups: list[ir.Value]) -> None:
+    """The outputs at the 16-byte groups ``groups`` (group indices): every load first, then the
+    math, then every store (LLVM's load/store vectorizer merges only accesses it can see side
+    by side, and loads issued together are in flight together)."""
+    b = em.b
+    vec = ir.Constant(I64, spec.vec)
+    em.push()
+    lanes = []
+    for v in groups:
+        base = b.mul(v, vec)
+        for k in range(spec.vec):
+            em.vec_lane = k
+            i = b.add(base, ir.Constant(I64, k)) if k else base
+            ctx = Ctx(spec.shape, em.unravel(i, spec.shape), i)
+            for leaf in _same_shape_inputs(em.graph, spec):
+                em.value(leaf, ctx)
+            lanes.append((k, i, ctx))
+    pending = []
+    for k, i, ctx in lanes:
+        em.vec_lane = k
+        pending += [(k, name, nid, i, em.value(nid, ctx)) for name, nid in spec.outputs]
+    for k, name, nid, i, val in pending:
+        em.vec_lane = k
+        em.store(name, em.graph.nodes[nid].dtype, i, val, contiguous=True)
+    em.vec_lane = None
+    em.pop()
 
 
 def _same_shape_inputs(graph, spec: KernelSpec) -> list[int]:

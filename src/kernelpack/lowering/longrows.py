@@ -27,7 +27,7 @@ from ..expr import Expr, cdiv, const, emax, emin, land, le
 from ..graph import Graph
 from ..summary import Scratch
 from .schedule import BLOCK, GRID_CAP, ROW_BLOCK, WARP_KEEP_MAX, Choice, KernelSpec, Stage, \
-    vector_width
+    pointwise_spec, vector_width
 
 __all__ = ["OUT_PER_THREAD", "out_length", "long_row_stage", "values_pointwise"]
 
@@ -63,10 +63,8 @@ def values_pointwise(graph: Graph, name: str, shape: tuple[Expr, ...],
     where :func:`~.schedule.vector_width` allows), loading the values of the reductions in
     ``stored`` (reduction, workspace of its shape) where it needs them: an earlier kernel
     wrote them (here, and :mod:`.rowsplit`'s combine kernels)."""
-    vec = vector_width(graph, [nid for _, nid in outs])
-    return KernelSpec(name, "pointwise", tuple(outs), shape, BLOCK,
-                      emin(cdiv(_prod(shape), BLOCK * vec), GRID_CAP), vec=vec,
-                      scratch=tuple(ws for _, ws in stored), values=tuple(stored))
+    return pointwise_spec(graph, name, shape, outs, vector_width(graph, [nid for _, nid in outs]),
+                          tuple(stored))
 
 
 def _fresh(name: str, taken: set[str]) -> str:

@@ -4,8 +4,9 @@ A row stage (reductions over the trailing axes: ``x.sum(-1)``, softmax, layernor
 means) runs a thread, a warp or a block per row (:mod:`.schedule`). With few long rows that
 leaves most of the GPU idle: a softmax of (1, 2^20) streamed its row three times through one
 SM of an H200's 132, ``x.sum(-1)`` of (4, 10^7) through four. Where rows are few and long
-(``rows <= SPLIT_MAX_ROWS`` and ``length >= SPLIT_MIN_LENGTH``, a symbolic predicate over the
-dims, the same on every device) this alternative takes the full reductions' passes
+(``rows <= SPLIT_MAX_ROWS`` and ``length >= SPLIT_MIN_LENGTH`` for rows written back, the
+``SPLIT_REDUCE_`` pair for per-row outputs: a symbolic predicate over the dims, the same on
+every device) this alternative takes the full reductions' passes
 (:func:`.fullred.passes`) row by row instead:
 
 - per reduction level, a *partial* kernel over ``rows · P`` blocks (``P = cdiv(length,
@@ -47,10 +48,17 @@ def _prod(dims: tuple[Expr, ...]) -> Expr:
     return total
 
 
-def split_predicate(rows: Expr, length: Expr) -> Expr:
+def split_predicate(rows: Expr, length: Expr, keeps_row: bool = True) -> Expr:
     """When a stage of ``rows`` rows of at most ``length`` elements splits its rows across
-    blocks (the constants are read at call time, so a benchmark or test can patch them)."""
-    return land(ge(length, _schedule.SPLIT_MIN_LENGTH), le(rows, _schedule.SPLIT_MAX_ROWS))
+    blocks: rows written back (``keeps_row``) by ``SPLIT_MIN_LENGTH``/``SPLIT_MAX_ROWS``, per-row
+    outputs by the ``SPLIT_REDUCE_`` pair (their tiled block-per-row kernels stream faster, so
+    the split pays later). The constants are read at call time, so a benchmark or test can
+    patch them."""
+    if keeps_row:
+        least, most = _schedule.SPLIT_MIN_LENGTH, _schedule.SPLIT_MAX_ROWS
+    else:
+        least, most = _schedule.SPLIT_REDUCE_MIN_LENGTH, _schedule.SPLIT_REDUCE_MAX_ROWS
+    return land(ge(length, least), le(rows, most))
 
 
 def split_choice(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tuple[str, int]],
@@ -83,10 +91,11 @@ def split_choice(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tu
             raise CompileError(f"schedule.{name} must be a multiple of 32 in 32..1024 "
                                f"(got {threads})")
     top = expr_max(length, shift_count_syms(graph))
-    if top is not None and top < _schedule.SPLIT_MIN_LENGTH:
+    least = _schedule.SPLIT_MIN_LENGTH if keeps_row else _schedule.SPLIT_REDUCE_MIN_LENGTH
+    if top is not None and top < least:
         return None  # rows bounded short (the encodings' n terms, a shift count: <= 63)
     rows = _prod(outer)
-    pred: Expr | None = split_predicate(rows, length)
+    pred: Expr | None = split_predicate(rows, length, keeps_row)
     assert pred is not None
     if pred.is_const:
         if not pred.value:

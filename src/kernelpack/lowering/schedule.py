@@ -23,8 +23,8 @@ slice); a reduction that reads another (a variance) takes its own partial pass a
 combine kernel has stored the other's value. Column reductions (a contiguous block of axes
 short of the last: ``x.sum(axis=0)``) split each output's reduced indices across many
 threads, then combine the partials (:mod:`.columns`), where the shapes give enough splits.
-Few, long rows (``rows <= SPLIT_MAX_ROWS``, ``length >= SPLIT_MIN_LENGTH``) are split across
-blocks first (:mod:`.rowsplit`). Anything else falls back to the general schedule: one thread
+Few, long rows (``rows <= SPLIT_MAX_ROWS``, ``length >= SPLIT_MIN_LENGTH``; per-row outputs:
+the ``SPLIT_REDUCE_`` pair) are split across blocks first (:mod:`.rowsplit`). Anything else falls back to the general schedule: one thread
 per output element, looping over the reduced indices.
 """
 
@@ -36,7 +36,8 @@ from ..expr import Expr, cdiv, const, emax, emin, ge, land, le
 from ..graph import Graph
 from ..summary import Scratch
 from .materialize import workspace_stages
-from .traits import heavy as _heavy, per_row, row_transcendental as _row_transcendental
+from .traits import elementwise_heavy, heavy as _heavy, per_row, \
+    row_transcendental as _row_transcendental
 
 __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "lockstep", "reduces_of",
            "row_outer", "vector_width", "BLOCK", "UNROLL", "ROW_BLOCK", "WARP_ROWS", "CHUNK", "GRID_CAP",
@@ -44,7 +45,9 @@ __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "lockstep", "red
            "REG_GROUPS_WIDE",
            "REG_GROUPS_LIGHT", "REG_GROUPS_LIGHT_WIDE", "MIN_THREADS_PER_SM", "TILE_CHUNKS", "TILE_WARP_MAX",
            "TILE_BLOCK", "ONE_ROW_MIN_THREADS", "acc_width", "per_row", "ROW_SPLIT",
-           "SPLIT_MIN_LENGTH", "SPLIT_MAX_ROWS", "SPLIT_CHUNK", "SPLIT_BLOCK",
+           "HEAVY_POINTWISE", "GRID_X_MAX", "pointwise_spec",
+           "SPLIT_MIN_LENGTH", "SPLIT_MAX_ROWS", "SPLIT_REDUCE_MIN_LENGTH",
+           "SPLIT_REDUCE_MAX_ROWS", "SPLIT_CHUNK", "SPLIT_BLOCK",
            "SPLIT_COMBINE_BLOCK"]
 
 BLOCK = 256            # threads per block of pointwise, thread-per-row and partial kernels
@@ -112,16 +115,34 @@ REG_GROUPS_LIGHT = (("warp", 1, BLOCK), ("warp", 2, BLOCK), ("block", 2, 64), ("
 REG_GROUPS_LIGHT_WIDE = REG_GROUPS_LIGHT[:4] + (("block", 2, 256), ("block", 4, 256),
                                                 ("block", 8, 256))
 
-# Few, long rows split across blocks (lowering/rowsplit.py) where length >= SPLIT_MIN_LENGTH
-# and rows <= SPLIT_MAX_ROWS: blocks of SPLIT_BLOCK threads reduce SPLIT_CHUNK elements each (a
-# multiple of SPLIT_BLOCK·UNROLL), a block of SPLIT_COMBINE_BLOCK per row combines them. Set by
-# reasoning before any GPU run (benchmarks/rowsplit.py --sweep sets them; notes/rowsplit.md):
-# an H200's 132 SMs hold ~4 blocks of 512 per SM, so <= 256 rows leave half the thread slots
-# idle; a 128 KB row takes one SM ~2-3 us per pass, the split's extra launches ~2 us each; 4096
-# elements per block give a row of 2^20 256 blocks. ROW_SPLIT = False: the previous schedules.
+# Few, long rows split across blocks (lowering/rowsplit.py): rows written back (softmax,
+# layernorm) where length >= SPLIT_MIN_LENGTH and rows <= SPLIT_MAX_ROWS, per-row outputs
+# (x.sum(-1), logsumexp) where length >= SPLIT_REDUCE_MIN_LENGTH and rows <=
+# SPLIT_REDUCE_MAX_ROWS; blocks of SPLIT_BLOCK threads reduce SPLIT_CHUNK elements each (a
+# multiple of SPLIT_BLOCK·UNROLL), a block of SPLIT_COMBINE_BLOCK per row combines them.
+# H200, benchmarks/rowsplit.py (06:02 UTC; notes/rowsplit.md): chunk and block sizes from 2048
+# to 16384 and 128 to 512 within noise of each other (512-thread partial blocks 5-30% slower),
+# so 4096/256/256 stay. A block per row streams ~20 GB/s of a softmax row (3 reads + a write;
+# (1, 2^20): 0.80 ms, split 0.040 ms) and the split costs ~40 us of fixed work (5 launches),
+# so written-back rows split from 65536 (at 32768 the split lost 0.3-0.6x at 64-256 rows; at
+# 65536 it won 1.1-1.3x from 128 rows); per-row outputs keep tiled blocks that stream ~3x
+# faster: the split won at (32, 262144) 1.15x, (16, 2^20) 2.0x, (8, 10^6) 2.8x, and lost at
+# (32, 65536) 0.87x, (256, 65536) 0.92x, tied at (64, 262144). ROW_SPLIT = False: the previous
+# schedules.
+# Pointwise kernels whose per-element work has a transcendental or a division (gelu's tanh):
+# (threads per block, 16-byte groups per thread, a block apart, all loads issued first), on a
+# grid of up to GRID_X_MAX blocks. H200, gelu float32 (time / torch eager, two runs): 64 x 2
+# 0.995-1.008 (2^26) and 0.998-0.999 (2^28), 128 x 2 0.998-1.005 / 1.000-1.001, the one group
+# of 256 threads on a capped grid it replaces 1.010-1.017 / 1.008-1.009; 64 x 1 and 32 x 2
+# 1.24 (too few resident threads), 64 x 4 1.015-1.017. Light kernels (axpy) keep one group
+# per thread: there every variant was within 0.5% of eager (.gpu/exptree/pw_probe*.py, 05:45).
+HEAVY_POINTWISE = (64, 2)
+GRID_X_MAX = 2**31 - 1  # the grid's x limit on every CUDA device kernelpack targets
 ROW_SPLIT = True
-SPLIT_MIN_LENGTH = 32768
+SPLIT_MIN_LENGTH = 65536
 SPLIT_MAX_ROWS = 256
+SPLIT_REDUCE_MIN_LENGTH = 262144
+SPLIT_REDUCE_MAX_ROWS = 32
 SPLIT_CHUNK = 4096
 SPLIT_BLOCK = 256
 SPLIT_COMBINE_BLOCK = 256
@@ -152,6 +173,7 @@ class KernelSpec:
     # loaded once; pointwise: per-row values of the reduction's shape (longrows.py)
     values: tuple[tuple[int, str], ...] = ()
     split: Expr | None = None       # colsplit: threads per output element (lowering/columns.py)
+    groups: int = 1                 # pointwise: 16-byte groups per thread, a block apart
     outer: int = 0                  # partial: leading dims of `shape` that are rows (rowsplit)
     chunk: int = 0                  # partial: elements per block (0: CHUNK)
 
@@ -197,6 +219,26 @@ def vector_width(graph: Graph, roots: list[int]) -> int:
         if node.op == "input":
             widest = max(widest, node.dtype.itemsize)
     return 16 // widest if widest <= 8 else 1
+
+
+def pointwise_spec(graph: Graph, name: str, shape: tuple[Expr, ...],
+                   outs: list[tuple[str, int]], vec: int,
+                   stored: tuple[tuple[int, str], ...] = ()) -> KernelSpec:
+    """The pointwise kernel ``name`` writing ``outs`` (all of ``shape``) in groups of ``vec``
+    elements, loading the per-row values ``stored`` (reduction, workspace) where it reads them:
+    one group per thread of a ``BLOCK`` on a capped grid-stride grid, or, where the work per
+    element has a transcendental or a division (:data:`HEAVY_POINTWISE`), several groups per
+    thread in smaller blocks on a full grid."""
+    n = _prod(shape)
+    scratch = tuple(ws for _, ws in stored)
+    if vec > 1 and elementwise_heavy(graph, [nid for _, nid in outs]):
+        block, groups = HEAVY_POINTWISE
+        return KernelSpec(name, "pointwise", tuple(outs), shape, block,
+                          emin(cdiv(n, block * groups * vec), GRID_X_MAX), vec=vec,
+                          groups=groups, scratch=scratch, values=stored)
+    return KernelSpec(name, "pointwise", tuple(outs), shape, BLOCK,
+                      emin(cdiv(n, BLOCK * vec), GRID_CAP), vec=vec, scratch=scratch,
+                      values=stored)
 
 
 def acc_width(graph: Graph, reduces: tuple[int, ...] | list[int]) -> int:
@@ -267,10 +309,8 @@ def _stage(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tuple[st
     outer = None if general or not reduces else row_outer(graph, reduces, shape)
     names = tuple(n for n, _ in outs)
     if outer is None:
-        n = _prod(shape)
         vec = 1 if reduces else vector_width(graph, [nid for _, nid in outs])
-        spec = KernelSpec(base + "_pointwise", "pointwise", tuple(outs), shape, BLOCK,
-                          emin(cdiv(n, BLOCK * vec), GRID_CAP), vec=vec)
+        spec = pointwise_spec(graph, base + "_pointwise", shape, outs, vec)
         columns = None
         if reduces and not general:  # column sums split across threads (columns.py)
             from .columns import column_choices

@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 from ..graph import Graph
 
-__all__ = ["per_row", "heavy", "row_transcendental"]
+__all__ = ["per_row", "heavy", "elementwise_heavy", "row_transcendental"]
 
 _HEAVY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh",
                     "erf", "sigmoid", "div", "pow", "floordiv", "mod"})
@@ -52,8 +52,19 @@ def heavy(graph: Graph, roots: list[int], reduces: set[int]) -> bool:
     """Whether the per-element work of a row kernel includes a transcendental or a division
     (softmax's exp): such rows want more threads per row, not more elements per thread. Work
     on per-row values (layernorm's rsqrt of the variance) does not count."""
+    return _heavy_from(graph, [*roots, *(graph.nodes[r].inputs[0] for r in reduces)], reduces)
+
+
+def elementwise_heavy(graph: Graph, roots: list[int]) -> bool:
+    """Whether a pointwise kernel computing ``roots`` does a transcendental or a division per
+    element (gelu's tanh, not axpy): values of reductions it loads (a softmax's row sums, from
+    a workspace) and work on them alone do not count."""
+    reduces = {n for n in graph.reachable(roots) if graph.nodes[n].op == "reduce"}
+    return _heavy_from(graph, list(roots), reduces)
+
+
+def _heavy_from(graph: Graph, starts: list[int], reduces: Iterable[int]) -> bool:
     uniform = per_row(graph, reduces)
-    starts = [*roots, *(graph.nodes[r].inputs[0] for r in reduces)]
     return any(graph.nodes[n].op in _HEAVY and graph.nodes[n].dtype.kind in "fc"
                for n in graph.reachable(starts, through=lambda n: not uniform(n)))
 

@@ -239,7 +239,13 @@ def allow_shared(program: str, st: Any, variant: int, index: int, func: Any, sme
         return
     drv = _drv_mod or _driver()
     attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    err, = drv.cuFuncSetAttribute(func, attr, smem)
+    # ``func`` is the library's CUkernel (launchable as it is); the attribute belongs to its
+    # CUfunction in the device's context (cuFuncSetAttribute on the CUkernel handle itself:
+    # CUDA_ERROR_INVALID_HANDLE on an H200)
+    with st.device.pushed():
+        err, function = drv.cuKernelGetFunction(int(func))
+        if not err:
+            err, = drv.cuFuncSetAttribute(function, attr, smem)
     if err:
         optin = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
         failed, limit = drv.cuDeviceGetAttribute(optin, st.device.ordinal)

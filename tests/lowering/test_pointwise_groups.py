@@ -1,0 +1,76 @@
+"""Pointwise kernels with a transcendental or a division per element take several 16-byte
+groups per thread, a block apart, all loads first (schedule.HEAVY_POINTWISE); light ones
+(axpy) keep one group per thread. Run on the SIMT emulator against NumPy float64 at sizes
+that end in a whole round, a partial round, a scalar tail, misaligned, and with a grid too
+small for one round per block (the grid-stride loop over rounds)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernelpack as kp
+from kernelpack.lowering import schedule
+
+from .simt import Kernels
+
+T = kp.Tensor
+
+
+@kp.fusion
+def gelu32(x: T[kp.f32, "n"]):
+    return 0.5 * x * (1.0 + kp.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+@kp.fusion
+def ratio64(x: T[kp.f64, "n"], y: T[kp.f64, "n"]):
+    return x / (y * y + 1.0), kp.exp(-x * x)
+
+
+@kp.fusion
+def axpy32(x: T[kp.f32, "n"], y: T[kp.f32, "n"], a: kp.f32):
+    return a * x + y
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+
+
+def test_heavy_kernels_take_groups_light_ones_do_not():
+    block, groups = schedule.HEAVY_POINTWISE
+    g = kp.compile(gelu32, targets=["sm_90"]).summary.variants[0].launches[0]
+    assert int(g.block[0]) == block and g.grid[0] == kp.emin(kp.cdiv("n", block * groups * 4),
+                                                              schedule.GRID_X_MAX)
+    a = kp.compile(axpy32, targets=["sm_90"]).summary.variants[0].launches[0]
+    assert int(a.block[0]) == schedule.BLOCK
+    assert a.grid[0] == kp.emin(kp.cdiv("n", schedule.BLOCK * 4), schedule.GRID_CAP)
+
+
+@pytest.mark.parametrize("n", [1, 3, 511, 512, 1000, 2051, 4 * 512 * 3])
+def test_grouped_float32_sizes(n):
+    x = (np.random.default_rng(n).standard_normal(n) * 3).astype(np.float32)
+    (got,) = Kernels(gelu32)(x)
+    np.testing.assert_allclose(got, _gelu(x), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("offset", [1, 2])
+def test_misaligned_views_take_the_scalar_loop(offset):
+    x = (np.random.default_rng(5).standard_normal(1200) * 2).astype(np.float32)
+    base = (-x.ctypes.data // 4) % 4
+    view = x[base + offset:base + offset + 1100]
+    assert view.ctypes.data % 16
+    (got,) = Kernels(gelu32)(view)
+    np.testing.assert_allclose(got, _gelu(view), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("n", [255, 256, 257, 1001])
+def test_a_grid_smaller_than_the_rounds_loops_over_them(monkeypatch, n):
+    monkeypatch.setattr(schedule, "GRID_X_MAX", 2)  # 2 blocks: many rounds each
+    k = Kernels(ratio64)
+    assert k.planner.plan((n,), (n,)).launches[0].grid[0] == min(2, -(-n // 256))
+    rng = np.random.default_rng(n)
+    x, y = rng.standard_normal(n), rng.standard_normal(n)
+    q, e = k(x, y)
+    np.testing.assert_allclose(q, x / (y * y + 1.0), rtol=1e-15)
+    np.testing.assert_allclose(e, np.exp(-x * x), rtol=1e-15)
