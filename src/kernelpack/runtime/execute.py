@@ -14,10 +14,10 @@ queued, as with any sequence of CUDA calls).
 from __future__ import annotations
 
 import struct
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from ..dtypes import uint8
-from ..errors import LaunchError
+from ..errors import KernelPackError, LaunchError
 from . import driver as _drv
 from .arrays import GENERIC, adapter_for, readonly_why
 from .binding import ARG_BUFFER, ARG_SCALAR, fills_of
@@ -213,13 +213,9 @@ def _queue(bp: Any, st: Any, plan: Any, variant: Any, vals: list, cs: Any,
             (gx, gy, gz), (bx, by, bz), smem = pl.grid, pl.block, pl.shared_mem
             err, = launch(func, gx, gy, gz, bx, by, bz, smem, cs, ls.params_addr, 0)
             if err:
-                failure = _drv.error_for(err, f"{name}: launching {ls.kernel} with grid "
-                                              f"{(gx, gy, gz)} block {(bx, by, bz)} "
-                                              f"shared_mem {smem}")
-                try:
-                    raise failure from failure.__cause__
-                finally:
-                    del failure  # no exception -> frame cycle: the call's outputs go now
+                _raise(_drv.error_for(err, f"{name}: launching {ls.kernel} with grid "
+                                           f"{(gx, gy, gz)} block {(bx, by, bz)} "
+                                           f"shared_mem {smem}"))
 
 
 #: Dynamic shared memory any kernel may take per block (48 KiB); more needs the function's
@@ -250,14 +246,19 @@ def allow_shared(program: str, st: Any, variant: int, index: int, func: Any, sme
         optin = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
         failed, limit = drv.cuDeviceGetAttribute(optin, st.device.ordinal)
         shown = "less" if failed else f"at most {limit} bytes per block"
-        failure = _drv.error_for(err, f"{program}: {kernel} asks for {smem} bytes of dynamic "
-                                      f"shared memory (this device allows {shown}, its "
-                                      f"static shared memory included); allowing it")
-        try:
-            raise failure from failure.__cause__
-        finally:
-            del failure
+        _raise(_drv.error_for(err, f"{program}: {kernel} asks for {smem} bytes of dynamic "
+                                   f"shared memory (this device allows {shown}, its static "
+                                   f"shared memory included); allowing it"))
     st.smem[key] = smem
+
+
+def _raise(failure: KernelPackError) -> NoReturn:
+    """Raise ``failure`` from its CudaResultError, holding it in no frame's locals (no
+    exception -> traceback -> frame cycle: a failed call's outputs are freed at once)."""
+    try:
+        raise failure from failure.__cause__
+    finally:
+        del failure
 
 
 def _arg_values(nbuf: int, ls: Any, pl: Any, vals: list) -> tuple:
