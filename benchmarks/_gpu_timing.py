@@ -21,7 +21,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["cuda_torch", "median_ms", "copy_bandwidth", "rel_err", "device_info",
+__all__ = ["cuda_torch", "median_ms", "copy_bandwidth", "time_cell", "rel_err", "device_info",
            "markdown_table", "append_results", "l2_bytes", "rotation_count", "RESULTS"]
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -108,6 +108,12 @@ def copy_bandwidth(nbytes: int = 1 << 30, **kw: Any) -> float:
         raise RuntimeError("copy_bandwidth: dst differs from src after the copy")
     del src, dst
     return 2 * nbytes / (ms * 1e-3)
+
+
+def time_cell(ms: float, nbytes: int, copy_bw: float, digits: int = 3) -> str:
+    """A table cell: ``ms`` and the bytes moved over that time as a fraction of ``copy_bw``
+    (bytes per second), e.g. ``0.131 ms (97%)``."""
+    return f"{ms:.{digits}f} ms ({nbytes / (ms * 1e-3) / copy_bw:.0%})"
 
 
 def rel_err(got: Any, ref: Any) -> float:

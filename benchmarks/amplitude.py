@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 import kernelpack as kp  # noqa: E402
 from _gpu_timing import (RESULTS, append_results, copy_bandwidth,  # noqa: E402
-                         cuda_torch, markdown_table, median_ms, rel_err)
+                         cuda_torch, markdown_table, median_ms, rel_err, time_cell)
 
 # (b, l, n): long padded rows (the fix), and shapes the fix must leave alone
 SHAPES = [(1, 1000, 20), (1, 1 << 20, 20), (128, 1000, 20), (16, 1000, 16), (128, 1024, 10),
@@ -98,7 +98,7 @@ def main() -> int:
                 t["eager"] = median_ms(lambda v=v: _eager(torch, v, n), rep_ms=50,
                                        max_reps=200)
                 nbytes = b * l * v.element_size() + b * (1 << n) * 2 * v.element_size()
-                cells = [f"{t[k]:.3f} ms ({100 * nbytes / (t[k] * 1e-3) / copy_bw:.0f}%)"
+                cells = [time_cell(t[k], nbytes, copy_bw, 3)
                          for k in ("after", "before", "eager")]
                 rows.append([dname, f"({b}, {l}, {n})", *cells,
                              f"{t['before'] / t['after']:.1f}x",

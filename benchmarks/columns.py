@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 import kernelpack as kp  # noqa: E402
 from _gpu_timing import (RESULTS, append_results, copy_bandwidth,  # noqa: E402
-                         cuda_torch, markdown_table, median_ms, rel_err)
+                         cuda_torch, markdown_table, median_ms, rel_err, time_cell)
 
 T = kp.Tensor
 
@@ -143,7 +143,7 @@ def main() -> int:
             for name in FUSIONS:
                 t = {k: times[name, shape, k] for k in ("split", "general", "eager")}
                 nbytes = _bytes(name, shape)
-                cells = [f"{t[k]:.3f} ms ({100 * nbytes / (t[k] * 1e-3) / copy_bw:.0f}%)"
+                cells = [time_cell(t[k], nbytes, copy_bw, 3)
                          for k in ("split", "general", "eager")]
                 rows.append([name, f"{shape[0]}x{shape[1]}", *cells,
                              f"{t['general'] / t['split']:.1f}x",

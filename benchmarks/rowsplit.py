@@ -283,7 +283,7 @@ def main() -> int:
     if args.dry_run:
         return dry_run(args.sweep)
     from _gpu_timing import (RESULTS, append_results, copy_bandwidth, cuda_torch,
-                             markdown_table, median_ms)
+                             markdown_table, median_ms, time_cell)
 
     torch = cuda_torch("rowsplit.py")
     if torch is None:
@@ -325,7 +325,7 @@ def main() -> int:
             for name in FUSIONS:
                 t = {k: times[name, shape, k] for k in ("split", "rows", "eager")}
                 nbytes = _bytes(name, shape)
-                cells = [f"{t[k]:.4f} ms ({100 * nbytes / (t[k] * 1e-3) / copy_bw:.0f}%)"
+                cells = [time_cell(t[k], nbytes, copy_bw, 4)
                          for k in ("split", "rows", "eager")]
                 rows.append([name, f"{shape[0]}x{shape[1]}",
                              "yes" if _takes_split(name, shape) else "no", *cells,
