@@ -101,7 +101,11 @@ def fit_variants(stages: Sequence[Stage], most: int = MAX_VARIANTS) -> tuple[Sta
         return n
 
     while count() > most:
-        split = [k for k in range(len(alts)) if any(map(_splits, alts[k]))]
+        # only a conditional split can go: a stage whose static dims make its split the one
+        # alternative (predicate None) chosen here found nothing to drop and stopped the
+        # trimming of the other stages (a static softmax beside three others: 512 variants)
+        split = [k for k in range(len(alts))
+                 if any(_splits(c) and c.predicate is not None for c in alts[k])]
         i = max(split or range(len(alts)), key=lambda k: (len(alts[k]), -k))
         conditional = [j for j, c in enumerate(alts[i]) if c.predicate is not None
                        and (_splits(c) or not split)]
