@@ -24,7 +24,9 @@ Guarantees, and how:
   times) are removed down to 90% of the cap.
 - **Hostile files.** An entry name that holds anything but a regular file (a FIFO, a device, a
   symlink to ``/dev/zero``, a directory) or one larger than the format allows is quarantined
-  without being read: it can neither block a reader nor exhaust its memory.
+  without being read: it can neither block a reader nor exhaust its memory. A key record is
+  read the same way, and a directory under any file's name is removed by eviction and
+  ``clear`` instead of stopping them (:mod:`kernelpack.cache._files`).
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import CacheError
 from ..limits import MAX_FILE_SIZE
+from ._files import read_record as _read_record, remove_file as _remove
+from ._files import write_atomic as _write_atomic
 from .keys import CacheKey
 
 __all__ = ["DiskStore", "EntryInfo", "check_digest", "TOUCH_INTERVAL_S", "LOW_WATER",
@@ -143,14 +146,20 @@ class DiskStore:
                 return b"", identity  # can never verify (or never end): quarantined unread
             with open(fd, "rb", closefd=False) as f:
                 data = f.read()  # a regular file of at most MAX_FILE_SIZE bytes
+            now = time.time()
+            if touch and now - st.st_mtime > TOUCH_INTERVAL_S:
+                # Through the descriptor, and the identity taken again after it: the
+                # identity is the file as it is now, so a quarantine after a failed
+                # verification moves it instead of taking our own touch for another
+                # process's fresh entry.
+                with contextlib.suppress(OSError):  # read-only cache dirs still serve hits
+                    os.utime(fd, (now, now))
+                    st = os.fstat(fd)
+                    identity = (st.st_ino, st.st_mtime_ns)
         finally:
             os.close(fd)
         if not touch:
             return data, identity
-        now = time.time()
-        if now - st.st_mtime > TOUCH_INTERVAL_S:
-            with contextlib.suppress(OSError):  # read-only cache dirs still serve hits
-                os.utime(path, (now, now))
         if len(self._used) >= _MAX_USED:
             self._used.clear()  # a bound, not a policy: the mtimes still order the entries
         self._used[digest] = now
@@ -191,11 +200,13 @@ class DiskStore:
                                            indent=1).encode(), sync=False)
 
     def read_parts(self, digest: str) -> CacheKey | None:
-        """The recorded key, or None when there is no record or it does not reproduce
-        ``digest`` (a tampered or foreign record is not trusted)."""
+        """The recorded key, or None when there is no record, it does not reproduce
+        ``digest`` (a tampered or foreign record is not trusted), or it has no ``kind`` (every
+        key :func:`~.keys.make_key` makes has one, and ``ls`` and explained misses read it)."""
         try:
-            record = json.loads(self._parts_path(check_digest(digest)).read_bytes())
+            record = json.loads(_read_record(self._parts_path(check_digest(digest))))
             key = CacheKey.from_parts(record["parts"])
+            key.part("kind")
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return key if key.digest == digest else None
@@ -262,7 +273,7 @@ class DiskStore:
             return None
         for old in self.quarantined()[:-MAX_QUARANTINED]:  # keep evidence, but bounded
             with contextlib.suppress(OSError):
-                old.unlink()
+                _remove(old)
         return target
 
     def entries(self) -> list[EntryInfo]:
@@ -318,7 +329,7 @@ class DiskStore:
                 if total <= goal:
                     break
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(e.path)
+                    _remove(e.path)  # a directory under an entry's name too
                     removed += 1
                     freed += e.size
                 total -= e.size
@@ -351,12 +362,12 @@ class DiskStore:
         count = 0
         for e in self.entries():
             with contextlib.suppress(FileNotFoundError):
-                e.path.unlink()
+                _remove(e.path)
                 count += 1
         for pattern in ("keys/??/*.json", "quarantine/*" + _SUFFIX):
             for path in self.root.glob(pattern):
                 with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+                    _remove(path)
         return count
 
 
@@ -367,37 +378,3 @@ def _quarantine_order(path: Path) -> tuple[int, str]:
     parts = path.name.split(".")
     stamp = parts[1] if len(parts) == 3 else ""
     return (int(stamp) if stamp.isdigit() else 0, path.name)
-
-
-def _write_atomic(path: Path, data: bytes, sync: bool = True) -> None:
-    """Temp file in the target's directory, (fsync), ``os.replace``: all or nothing.
-
-    Without ``sync`` a crash may leave a truncated file under the final name on some
-    filesystems; callers use it only for data that is verified on every read (and then
-    quarantined) or that is advisory (key records).
-    """
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileNotFoundError:  # first entry of its shard: create the folder (rarely needed)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CacheError(f"cache directory {str(path.parent)!r} cannot be created: "
-                             f"{exc.strerror}") from exc
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        if sync:
-            os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.replace(tmp, path)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -24,6 +24,7 @@ def key_record(disk: DiskStore, remote: Any, digest: str) -> CacheKey | None:
             raw = remote.get_parts(digest)
             if raw is not None:
                 found = CacheKey.from_parts(json.loads(raw)["parts"])
+                found.part("kind")  # as on disk (DiskStore.read_parts): none, no record
                 key = found if found.digest == digest else None
         except Exception:  # an explanation is best effort; a bad record explains nothing
             key = None
@@ -41,14 +42,15 @@ def explain_miss(disk: DiskStore, key: CacheKey) -> str:
     """The parts that differ between ``key`` and the nearest recorded key of the same kind
     (the fewest differing parts), e.g. ``options: 'd1{...i256}' -> 'd1{...i128}'``."""
     best: tuple[int, CacheKey] | None = None
+    kind = dict(key.parts).get("kind")  # a hand-made CacheKey may lack one: none compares
     for other in disk.recorded_keys():
-        if other.digest == key.digest or other.part("kind") != key.part("kind"):
+        if other.digest == key.digest or dict(other.parts).get("kind") != kind:
             continue
         n = len(key.diff(other))
         if best is None or n < best[0]:
             best = (n, other)
     if best is None:
-        return f"{key.digest[:16]}: no recorded key of kind {key.part('kind')!r} to compare"
+        return f"{key.digest[:16]}: no recorded key of kind {kind!r} to compare"
     diffs = "; ".join(f"{label}: {theirs!r} -> {mine!r}"
                       for label, mine, theirs in key.diff(best[1]))
     return f"{key.digest[:16]} differs from {best[1].digest[:16]} in {diffs}"

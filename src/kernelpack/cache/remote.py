@@ -27,8 +27,10 @@ from ..errors import CacheError, SignatureError
 from ._args import redact_url
 from .disk import check_digest
 from .keys import CacheKey
+from .resp import ReplyTooLarge, RespError
 
-__all__ = ["RedisStore", "redact_url", "wrap_entry", "unwrap_entry", "ENTRY_MAGIC", "ENTRY_DOMAIN"]
+__all__ = ["RedisStore", "BadEntryValue", "redact_url", "wrap_entry", "unwrap_entry",
+           "ENTRY_MAGIC", "ENTRY_DOMAIN"]
 
 ENTRY_MAGIC = b"KPCE"
 ENTRY_VERSION = 1
@@ -46,6 +48,12 @@ _UNLOCK = ("if redis.call('type', KEYS[1])['ok'] == 'string' and "
 _TAKE_STALE = (f"if {_LIVE} then return 0 end "
                "redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2]) return 1")
 _IS_LIVE = f"if {_LIVE} then return 1 else return 0 end"
+
+
+class BadEntryValue(CacheError):
+    """The value under an entry key cannot be an entry: larger than any entry may be
+    (``max_entry_bytes`` plus the envelope header), or not a string (``WRONGTYPE``). A bad
+    entry, refused like any other, not a remote outage: the server answered."""
 
 
 def _message(digest: str, artifact: bytes) -> bytes:
@@ -215,7 +223,26 @@ class RedisStore:
         return f"{self.namespace}:{what}:{check_digest(key)}"
 
     def get(self, key: str | CacheKey) -> bytes | None:
-        value = self.client.get(self._name("entry", key))
+        """The envelope under ``key``, or None; :class:`BadEntryValue` for a value of another
+        type, or larger than an entry may be (never downloaded by the RESP client; refused
+        after the fact by redis-py, which has no reply limit)."""
+        limit = self.max_entry_bytes + _HEADER.size
+        try:
+            value = self.client.get(self._name("entry", key))
+        except Exception as exc:  # RespError, or the redis package's ResponseError
+            if isinstance(exc, ReplyTooLarge):
+                raise BadEntryValue(f"remote entry {check_digest(key)[:16]}: {exc} "
+                                    f"(max_entry_bytes {self.max_entry_bytes} + envelope "
+                                    f"header)") from None
+            if "WRONGTYPE" in str(exc) and (isinstance(exc, RespError) or
+                                            type(exc).__name__ == "ResponseError"):
+                raise BadEntryValue(f"remote entry {check_digest(key)[:16]} is not a string "
+                                    f"value ({exc})") from None
+            raise
+        if value is not None and len(value) > limit:
+            raise BadEntryValue(f"remote entry {check_digest(key)[:16]}: {len(value)} bytes "
+                                f"exceed the limit {limit} (max_entry_bytes "
+                                f"{self.max_entry_bytes} + envelope header)")
         return None if value is None else bytes(value)
 
     def put(self, key: str | CacheKey, data: bytes) -> bool:

@@ -3,7 +3,9 @@ a back-off after a failure, and the fleet-wide single-flight lock.
 
 What it guarantees (issue 5): a remote that is down, slow or returns garbage costs a
 :class:`~kernelpack.cache.CacheWarning` and a local compile, never a failure, and is then
-skipped for :data:`REMOTE_BACKOFF_S`, so no timeout is paid per key. A remote entry is
+skipped for :data:`REMOTE_BACKOFF_S`, so no timeout is paid per key. A value that cannot be
+an entry (too large, not a string: :class:`~.remote.BadEntryValue`) is one bad entry, refused
+without the back-off, so that one planted value cannot switch the remote off. A remote entry is
 executable code: unless the cache opted out, it is read only when its envelope carries a
 trusted signature, and anything else is refused and counted. N machines missing one key
 compile it once while the remote is reachable (a ``SET NX PX`` lock; the others poll, then
@@ -84,6 +86,13 @@ class RemoteTier:
         try:
             data = cache.remote.get(digest)
         except Exception as exc:
+            from .remote import BadEntryValue
+
+            if isinstance(exc, BadEntryValue):  # one bad value, not an outage: no back-off
+                cache._count("refused")
+                cache._warn(f"remote cache entry {digest[:16]} refused ({type(exc).__name__}: "
+                            f"{exc}); compiling locally")
+                return None, None, "refused"
             self.failed("read", exc)
             return None, None, "error"
         if data is None:
@@ -114,7 +123,7 @@ class RemoteTier:
         is a warning and a back-off."""
         if not self.ok():
             return
-        from .remote import signed_entry, wrap_entry
+        from .remote import BadEntryValue, signed_entry, wrap_entry
 
         cache = self._cache
         digest = check_digest(key)
@@ -122,7 +131,10 @@ class RemoteTier:
             if cache.sign_with is None:
                 # never replace a signed entry with an unsigned one: the fleet's trusted entry
                 # would be refused by every reader after this one (a node without sign_with)
-                existing = cache.remote.get(digest)
+                try:
+                    existing = cache.remote.get(digest)
+                except BadEntryValue:  # not an entry at all, so not a signed one: replace it
+                    existing = None
                 if existing is not None and signed_entry(digest, existing):
                     return
             if cache.remote.put(digest, wrap_entry(digest, data, cache.sign_with)) is False:

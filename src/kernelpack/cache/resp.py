@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 
 from ._args import redact_url
 
-__all__ = ["RespClient", "RespError", "MAX_REPLY_BYTES", "MIN_TRANSFER_RATE"]
+__all__ = ["RespClient", "RespError", "ReplyTooLarge", "MAX_REPLY_BYTES", "MIN_TRANSFER_RATE"]
 
 MAX_REPLY_BYTES = 1 << 30  # default bound on one bulk reply (the cache passes a tighter one)
 _MAX_LINE = 64 * 1024
@@ -35,6 +35,12 @@ MIN_TRANSFER_RATE = 8 << 20  # bytes per second
 
 class RespError(OSError):
     """The server sent an error reply, or something that is not RESP."""
+
+
+class ReplyTooLarge(RespError):
+    """A bulk reply announced as larger than ``max_reply_bytes``, refused before reading it.
+    The server answered: what it holds under that name is too large, which is a property of
+    the value, not of the connection (the cache refuses that one entry and keeps the remote)."""
 
 
 class RespClient:
@@ -164,7 +170,7 @@ class RespClient:
                 if n < 0:
                     return None
                 if n > self.max_reply_bytes:  # refuse before reading: a hostile entry
-                    raise RespError(f"redis bulk reply of {n} bytes exceeds the limit "
+                    raise ReplyTooLarge(f"redis bulk reply of {n} bytes exceeds the limit "
                                     f"{self.max_reply_bytes}")
                 self._deadline += n / MIN_TRANSFER_RATE  # time to transfer what was announced
                 self._fill(n + 2)

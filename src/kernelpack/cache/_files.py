@@ -1,0 +1,87 @@
+"""File operations of the disk tier (:mod:`kernelpack.cache.disk`) on a directory that is
+untrusted input: atomic writes, reads of key records that a planted FIFO or device cannot block,
+and removals that a directory planted under a file's name cannot stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from ..errors import CacheError
+
+__all__ = ["MAX_RECORD", "read_record", "remove_file", "write_atomic"]
+
+MAX_RECORD = 16 << 20  # a key record is usually a few hundred bytes of parts
+
+
+def remove_file(path: Path) -> None:
+    """Remove an entry, key record or quarantined file; FileNotFoundError when it is gone.
+
+    A directory under such a name (planted, or left by another tool) can never be one, and
+    ``unlink`` refusing it stopped every eviction (the size cap no longer held, every put
+    warned) and every ``clear``/``prune``: it is removed with its contents. ``rmtree`` does not
+    follow symlinks, and a symlink itself is unlinked, never its target.
+    """
+    try:
+        os.unlink(path)
+    except OSError as exc:  # EISDIR on Linux, EPERM elsewhere
+        if exc.errno not in (errno.EISDIR, errno.EPERM) or not stat.S_ISDIR(
+                os.lstat(path).st_mode):
+            raise
+        shutil.rmtree(path)
+
+
+def read_record(path: Path) -> bytes:
+    """A key record's bytes, opened as entries are: a FIFO planted under a record's name must
+    not block ``cache ls``, ``cache explain`` or every explained miss, nor a device or a huge
+    file exhaust memory. ValueError for anything but a regular file of ``MAX_RECORD`` bytes
+    at most (then there is no record to believe)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RECORD:
+            raise ValueError(f"key record {str(path)!r} is not a regular file of at most "
+                             f"{MAX_RECORD} bytes")
+        with open(fd, "rb", closefd=False) as f:
+            return f.read(MAX_RECORD + 1)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes, sync: bool = True) -> None:
+    """Temp file in the target's directory, (fsync), ``os.replace``: all or nothing.
+
+    Without ``sync`` a crash may leave a truncated file under the final name on some
+    filesystems; callers use it only for data that is verified on every read (and then
+    quarantined) or that is advisory (key records).
+    """
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileNotFoundError:  # first entry of its shard: create the folder (rarely needed)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(f"cache directory {str(path.parent)!r} cannot be created: "
+                             f"{exc.strerror}") from exc
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if sync:
+            os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
