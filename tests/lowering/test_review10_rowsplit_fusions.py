@@ -17,6 +17,7 @@ import pytest
 import kernelpack as kp
 from kernelpack.lowering import fullred, longrows, rowsplit, schedule
 
+from .split_consts import kernel_names, softmax_ref, use_small_split
 from .simt import Kernels, assert_close
 
 T = kp.Tensor
@@ -25,21 +26,13 @@ RNG = np.random.default_rng
 
 @pytest.fixture(autouse=True)
 def small_split(monkeypatch):
-    """Split constants an emulator can run (test_rowsplit.py's)."""
-    for name, value in (("SPLIT_MIN_LENGTH", 200), ("SPLIT_MAX_ROWS", 3),
-                        ("SPLIT_REDUCE_MIN_LENGTH", 200), ("SPLIT_REDUCE_MAX_ROWS", 3),
-                        ("SPLIT_CHUNK", 128),
-                        ("SPLIT_BLOCK", 32), ("SPLIT_COMBINE_BLOCK", 32)):
-        monkeypatch.setattr(schedule, name, value)
+    use_small_split(monkeypatch)
 
 
-def _names(k: Kernels, *shapes) -> list[str]:  # type: ignore[no-untyped-def]
-    return [launch.kernel for launch in k.planner.plan(*shapes).launches]
+_names = kernel_names
 
 
-def _sm(xd: np.ndarray) -> np.ndarray:
-    e = np.exp(xd - xd.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
+_sm = softmax_ref
 
 
 def _f64(*xs: np.ndarray) -> list[np.ndarray]:

@@ -16,6 +16,7 @@ import kernelpack as kp
 from kernelpack.errors import CompileError
 from kernelpack.lowering import pipeline, schedule
 
+from .split_consts import kernel_names, use_small_split
 from .simt import Kernels, assert_close
 
 T = kp.Tensor
@@ -23,16 +24,10 @@ T = kp.Tensor
 
 @pytest.fixture(autouse=True)
 def small_split(monkeypatch):
-    """Split constants an emulator can run: blocks of 32 threads, 128-element chunks."""
-    for name, value in (("SPLIT_MIN_LENGTH", 200), ("SPLIT_MAX_ROWS", 3),
-                        ("SPLIT_REDUCE_MIN_LENGTH", 200), ("SPLIT_REDUCE_MAX_ROWS", 3),
-                        ("SPLIT_CHUNK", 128),
-                        ("SPLIT_BLOCK", 32), ("SPLIT_COMBINE_BLOCK", 32)):
-        monkeypatch.setattr(schedule, name, value)
+    use_small_split(monkeypatch)
 
 
-def _names(k: Kernels, *shapes) -> list[str]:  # type: ignore[no-untyped-def]
-    return [launch.kernel for launch in k.planner.plan(*shapes).launches]
+_names = kernel_names
 
 
 @kp.fusion
