@@ -19,14 +19,14 @@ How an expression is written out (``str``, :func:`canonical_text` for cache keys
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Callable, Iterable, Mapping, Union
 
 from .expr_eval import INT64_MAX, INT64_MIN, ExprEvalError, apply_op, evaluate
 from .expr_text import _PRINT_NODES, _format, canonical_text, iter_nodes
 
 __all__ = [
     "Expr", "ExprLike", "sym", "const", "as_expr",
-    "cdiv", "floordiv", "mod", "emin", "emax", "shl", "shr", "select",
+    "cdiv", "product", "floordiv", "mod", "emin", "emax", "shl", "shr", "select",
     "eq", "ne", "lt", "le", "gt", "ge", "land", "lor", "lnot",
     "INT64_MIN", "INT64_MAX", "OPERATORS", "evaluate", "canonical_text",
 ]
@@ -329,6 +329,14 @@ def as_expr(value: ExprLike) -> Expr:
 def cdiv(a: ExprLike, b: ExprLike) -> Expr:
     """Ceiling division ``ceil(a / b)``, the usual grid-size helper."""
     return _make("ceildiv", as_expr(a), as_expr(b))
+
+
+def product(dims: Iterable[ExprLike]) -> Expr:
+    """``dims`` multiplied together, left to right from ``const(1)`` (a shape's element count)."""
+    total: Expr = const(1)
+    for d in dims:
+        total = total * d
+    return total
 
 
 def floordiv(a: ExprLike, b: ExprLike) -> Expr: return _make("floordiv", as_expr(a), as_expr(b))

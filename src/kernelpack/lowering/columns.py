@@ -44,13 +44,14 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ..expr import Expr, cdiv, const, emax, emin, ge, land, le
+from ..expr import Expr, cdiv, const, emax, emin, ge, land, le, product
 from ..graph import Graph
 from ..summary import Scratch
 from .codegen import Ctx, Emitter, acc_dtype
 from .irutil import I1, I64, convert, sreg
 from .mathops import combine, identity
-from .schedule import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS, Choice, KernelSpec, vector_width
+from .schedule import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS, Choice, KernelSpec, fresh_name, \
+    vector_width
 
 __all__ = ["column_axes", "base_reduction", "column_group", "column_choices", "split",
            "emit_split", "TARGET_THREADS", "ROWS_MIN", "SPLIT_MIN", "SPLIT_MAX", "WARP_SPLITS",
@@ -119,12 +120,6 @@ def column_group(graph: Graph, outputs: list[int]) -> list[int] | None:
     return sorted(set(bases))
 
 
-def _numel(dims) -> Expr:  # type: ignore[no-untyped-def]
-    total: Expr = const(1)
-    for d in dims:
-        total = total * d
-    return total
-
 
 def split(graph: Graph, r: int) -> tuple[Expr, Expr, Expr]:
     """(outputs M, reduced length K, splits S) of column reduction ``r``: ``S`` threads per
@@ -133,8 +128,8 @@ def split(graph: Graph, r: int) -> tuple[Expr, Expr, Expr]:
     node = graph.nodes[r]
     src = graph.nodes[node.inputs[0]]
     a, b = column_axes(graph, r)  # type: ignore[misc]
-    kept = _numel(src.shape[:a] + src.shape[b:])
-    length = _numel(src.shape[a:b])
+    kept = product(src.shape[:a] + src.shape[b:])
+    length = product(src.shape[a:b])
     s = emin(emin(cdiv(const(TARGET_THREADS), emax(kept, const(1))), cdiv(length, ROWS_MIN)),
              const(SPLIT_MAX))
     return kept, length, s
@@ -152,9 +147,7 @@ def column_choices(graph: Graph, base: str, outs: list[tuple[str, int]],
     kept, _, s = split(graph, reduces[0])
     scratch, parts = [], []
     for k, r in enumerate(reduces):
-        name = f"{base}_col{k}"
-        while name in taken:
-            name += "_"
+        name = fresh_name(f"{base}_col{k}", taken)
         node = graph.nodes[r]
         scratch.append(Scratch(name, acc_dtype(node.attrs[0], node.dtype), (kept, s)))
         parts.append((r, name))

@@ -24,10 +24,11 @@ every sum is fixed by the launch shape alone (no atomics), so results are determ
 
 from __future__ import annotations
 
-from ..expr import Expr, cdiv, const, emin
+from ..expr import Expr, cdiv, const, emin, product
 from ..graph import Graph
 from ..summary import Scratch
-from .schedule import BLOCK, CHUNK, GRID_CAP, ROW_BLOCK, SPREAD, Choice, KernelSpec, Stage
+from .schedule import BLOCK, CHUNK, GRID_CAP, ROW_BLOCK, SPREAD, Choice, KernelSpec, Stage, \
+    fresh_name
 
 __all__ = ["full_stage", "passes", "direct_reduces"]
 
@@ -41,19 +42,6 @@ def direct_reduces(graph: Graph, roots: list[int]) -> list[int]:
     return sorted(found | {r for r in roots if isreduce(r)})
 
 
-def _numel(shape: tuple[Expr, ...]) -> Expr:
-    total: Expr = const(1)
-    for d in shape:
-        total = total * d
-    return total
-
-
-def _fresh(name: str, taken: set[str]) -> str:
-    """``name``, with underscores appended while a parameter or output already has it (an
-    output named ``f_0_ws0`` was a TraceError)."""
-    while name in taken:
-        name += "_"
-    return name
 
 
 def passes(graph: Graph, base: str, reduces: list[int], taken: set[str],
@@ -75,7 +63,7 @@ def passes(graph: Graph, base: str, reduces: list[int], taken: set[str],
     from .rows import levels
 
     read = {d for r in reduces for d in direct_reduces(graph, [graph.nodes[r].inputs[0]])}
-    rows = _numel(outer)
+    rows = product(outer)
     kernels: list[KernelSpec] = []
     scratch: list[Scratch] = []
     partials: dict[int, tuple[str, Expr]] = {}   # reduction -> (workspace, entries per row)
@@ -85,9 +73,9 @@ def passes(graph: Graph, base: str, reduces: list[int], taken: set[str],
             k = reduces.index(r)
             node = graph.nodes[r]
             src = graph.nodes[node.inputs[0]]
-            count = cdiv(_numel(src.shape[len(outer):]), chunk)
+            count = cdiv(product(src.shape[len(outer):]), chunk)
             total = rows * count if outer else count
-            ws = _fresh(f"{base}_ws{k}", taken)
+            ws = fresh_name(f"{base}_ws{k}", taken)
             scratch.append(Scratch(ws, acc_dtype(node.attrs[0], node.dtype), (total,)))
             needs = tuple((d, values[d]) for d in direct_reduces(graph, [src.id]))
             kernels.append(KernelSpec(f"{base}_partial{k}", "partial", ((ws, r),), src.shape,
@@ -99,7 +87,7 @@ def passes(graph: Graph, base: str, reduces: list[int], taken: set[str],
         if not done:
             continue
         for r in done:
-            values[r] = _fresh(f"{base}_val{reduces.index(r)}", taken)
+            values[r] = fresh_name(f"{base}_val{reduces.index(r)}", taken)
             scratch.append(Scratch(values[r], graph.nodes[r].dtype,
                                    graph.nodes[r].shape if outer else (const(1),)))
         kernels.append(KernelSpec(
@@ -125,7 +113,7 @@ def full_stage(graph: Graph, base: str, outs: list[tuple[str, int]], reduces: li
     # outputs as long as the input (x / x.sum()) were all written by one block: with every
     # reduction read from partials or a value, each block of a grid combines them alike (a
     # few loads) and writes its slice
-    grid = emin(cdiv(_numel(graph.nodes[outs[0][1]].shape), SPREAD[0]), SPREAD[1]) \
+    grid = emin(cdiv(product(graph.nodes[outs[0][1]].shape), SPREAD[0]), SPREAD[1]) \
         if keeps_row else const(1)
     kernels.append(KernelSpec(
         base + "_rowblock", "row", tuple(outs), (), ROW_BLOCK, grid, group="block",

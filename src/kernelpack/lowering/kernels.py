@@ -14,7 +14,7 @@ from typing import Sequence
 from llvmlite import ir
 
 from ..dtypes import DType
-from ..expr import Expr, cdiv, const
+from ..expr import cdiv, product
 from ..graph import Graph
 from .codegen import ZERO, Ctx, Emitter, acc_dtype
 from .columns import emit_split
@@ -173,14 +173,14 @@ def _partial(em: Emitter, spec: KernelSpec) -> None:
     acc_dt = acc_dtype(kind, node.dtype)
     chunk = spec.chunk or CHUNK
     outer, inner = spec.shape[:spec.outer], spec.shape[spec.outer:]
+    total = em.numel(inner)  # one row's length (the whole tensor: one row)
     row, part, row0, comps = ZERO, bid, None, ()
     if spec.outer:
-        per = em.expr(cdiv(_numel(inner), chunk))
+        per = em.expr(cdiv(product(inner), chunk))
         row, part = b.udiv(bid, per), b.urem(bid, per)
-        row0, comps = b.mul(row, em.numel(inner)), em.unravel(row, outer)
+        row0, comps = b.mul(row, total), em.unravel(row, outer)
     for red, val in spec.values:  # reductions the source reads, finished by a combine kernel
         em.rowcache[red] = (em.load(val, g.nodes[red].dtype, row), comps)
-    total = em.numel(inner)  # one row's length (the whole tensor: one row)
     start = b.mul(part, c(chunk))
     end_ = b.add(start, c(chunk))
     end = b.select(b.icmp_signed("<", end_, total), end_, total)
@@ -212,9 +212,3 @@ def _partial(em: Emitter, spec: KernelSpec) -> None:
     with b.if_then(b.icmp_unsigned("==", tid, ZERO)):
         em.store(ws, acc_dt, bid, acc)
 
-
-def _numel(dims: Sequence[Expr]) -> Expr:
-    total: Expr = const(1)
-    for d in dims:
-        total = total * d
-    return total

@@ -23,11 +23,11 @@ a grid, then a grid of blocks writing the outputs), which reduce and write acros
 
 from __future__ import annotations
 
-from ..expr import Expr, cdiv, const, emax, emin, land, le
+from ..expr import Expr, cdiv, const, emax, emin, land, le, product
 from ..graph import Graph
 from ..summary import Scratch
 from .schedule import BLOCK, GRID_CAP, ROW_BLOCK, WARP_KEEP_MAX, Choice, KernelSpec, Stage, \
-    pointwise_spec, vector_width
+    fresh_name, pointwise_spec, vector_width
 
 __all__ = ["OUT_PER_THREAD", "out_length", "long_row_stage", "values_pointwise"]
 
@@ -36,19 +36,13 @@ __all__ = ["OUT_PER_THREAD", "out_length", "long_row_stage", "values_pointwise"]
 OUT_PER_THREAD = WARP_KEEP_MAX // 32
 
 
-def _prod(dims: tuple[Expr, ...]) -> Expr:
-    total: Expr = const(1)
-    for d in dims:
-        total = total * d
-    return total
-
 
 def out_length(graph: Graph, outs: list[tuple[str, int]], outer: tuple[Expr, ...]) -> Expr:
     """The longest row among the outputs ``outs`` (the product of their dims past ``outer``),
     as one expression."""
     lengths: list[Expr] = []
     for _, nid in outs:
-        one = _prod(graph.nodes[nid].shape[len(outer):])
+        one = product(graph.nodes[nid].shape[len(outer):])
         if one not in lengths:
             lengths.append(one)
     longest = lengths[0]
@@ -67,11 +61,6 @@ def values_pointwise(graph: Graph, name: str, shape: tuple[Expr, ...],
                           tuple(stored))
 
 
-def _fresh(name: str, taken: set[str]) -> str:
-    while name in taken:
-        name += "_"
-    return name
-
 
 def long_row_stage(graph: Graph, base: str, shape: tuple[Expr, ...],
                    outs: list[tuple[str, int]], outer: tuple[Expr, ...], length: Expr,
@@ -86,7 +75,7 @@ def long_row_stage(graph: Graph, base: str, shape: tuple[Expr, ...],
 
     names = tuple(n for n, _ in outs)
     out_len = out_length(graph, outs, outer)
-    rows = _prod(outer)
+    rows = product(outer)
     alts: list[Choice] = []
 
     def add(pred: Expr | None, kernels: tuple[KernelSpec, ...],
@@ -117,7 +106,7 @@ def long_row_stage(graph: Graph, base: str, shape: tuple[Expr, ...],
     direct = direct_reduces(graph, [nid for _, nid in outs])
     spaces: list[Scratch] = []
     for k, r in enumerate(direct):
-        ws = _fresh(f"{base}_rv{k}", taken)
+        ws = fresh_name(f"{base}_rv{k}", taken)
         taken.add(ws)
         spaces.append(Scratch(ws, graph.nodes[r].dtype, graph.nodes[r].shape))
     sub = _stage(graph, f"{base}_s", graph.nodes[direct[0]].shape,

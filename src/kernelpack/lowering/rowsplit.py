@@ -32,7 +32,7 @@ longer than the reduced ones (:mod:`.longrows`) and the general schedule keep th
 from __future__ import annotations
 
 from ..errors import CompileError
-from ..expr import Expr, const, emin, ge, land, le
+from ..expr import Expr, emin, ge, land, le, product
 from ..graph import Graph
 from . import schedule as _schedule
 from .bounds import expr_max, shift_count_syms
@@ -41,24 +41,21 @@ from .schedule import GRID_CAP, UNROLL, Choice, KernelSpec
 __all__ = ["split_choice", "split_predicate"]
 
 
-def _prod(dims: tuple[Expr, ...]) -> Expr:
-    total: Expr = const(1)
-    for d in dims:
-        total = total * d
-    return total
-
-
 def split_predicate(rows: Expr, length: Expr, keeps_row: bool = True) -> Expr:
     """When a stage of ``rows`` rows of at most ``length`` elements splits its rows across
     blocks: rows written back (``keeps_row``) by ``SPLIT_MIN_LENGTH``/``SPLIT_MAX_ROWS``, per-row
     outputs by the ``SPLIT_REDUCE_`` pair (their tiled block-per-row kernels stream faster, so
     the split pays later). The constants are read at call time, so a benchmark or test can
     patch them."""
-    if keeps_row:
-        least, most = _schedule.SPLIT_MIN_LENGTH, _schedule.SPLIT_MAX_ROWS
-    else:
-        least, most = _schedule.SPLIT_REDUCE_MIN_LENGTH, _schedule.SPLIT_REDUCE_MAX_ROWS
+    least, most = _bounds(keeps_row)
     return land(ge(length, least), le(rows, most))
+
+
+def _bounds(keeps_row: bool) -> tuple[int, int]:
+    """(least row length, most rows) of the split, for rows written back or per-row outputs."""
+    if keeps_row:
+        return _schedule.SPLIT_MIN_LENGTH, _schedule.SPLIT_MAX_ROWS
+    return _schedule.SPLIT_REDUCE_MIN_LENGTH, _schedule.SPLIT_REDUCE_MAX_ROWS
 
 
 def split_choice(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tuple[str, int]],
@@ -91,10 +88,9 @@ def split_choice(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tu
             raise CompileError(f"schedule.{name} must be a multiple of 32 in 32..1024 "
                                f"(got {threads})")
     top = expr_max(length, shift_count_syms(graph))
-    least = _schedule.SPLIT_MIN_LENGTH if keeps_row else _schedule.SPLIT_REDUCE_MIN_LENGTH
-    if top is not None and top < least:
+    if top is not None and top < _bounds(keeps_row)[0]:
         return None  # rows bounded short (the encodings' n terms, a shift count: <= 63)
-    rows = _prod(outer)
+    rows = product(outer)
     pred: Expr | None = split_predicate(rows, length, keeps_row)
     assert pred is not None
     if pred.is_const:

@@ -24,15 +24,16 @@ combine kernel has stored the other's value. Column reductions (a contiguous blo
 short of the last: ``x.sum(axis=0)``) split each output's reduced indices across many
 threads, then combine the partials (:mod:`.columns`), where the shapes give enough splits.
 Few, long rows (``rows <= SPLIT_MAX_ROWS``, ``length >= SPLIT_MIN_LENGTH``; per-row outputs:
-the ``SPLIT_REDUCE_`` pair) are split across blocks first (:mod:`.rowsplit`). Anything else falls back to the general schedule: one thread
-per output element, looping over the reduced indices.
+the ``SPLIT_REDUCE_`` pair) are split across blocks first (:mod:`.rowsplit`). Anything else
+falls back to the general schedule: one thread per output element, looping over the reduced
+indices.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..expr import Expr, cdiv, const, emax, emin, ge, land, le
+from ..expr import Expr, cdiv, const, emax, emin, ge, land, le, product
 from ..graph import Graph
 from ..summary import Scratch
 from .materialize import workspace_stages
@@ -45,7 +46,7 @@ __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "lockstep", "red
            "REG_GROUPS_WIDE",
            "REG_GROUPS_LIGHT", "REG_GROUPS_LIGHT_WIDE", "MIN_THREADS_PER_SM", "TILE_CHUNKS", "TILE_WARP_MAX",
            "TILE_BLOCK", "ONE_ROW_MIN_THREADS", "acc_width", "per_row", "ROW_SPLIT",
-           "HEAVY_POINTWISE", "GRID_X_MAX", "pointwise_spec",
+           "HEAVY_POINTWISE", "GRID_X_MAX", "pointwise_spec", "fresh_name",
            "SPLIT_MIN_LENGTH", "SPLIT_MAX_ROWS", "SPLIT_REDUCE_MIN_LENGTH",
            "SPLIT_REDUCE_MAX_ROWS", "SPLIT_CHUNK", "SPLIT_BLOCK",
            "SPLIT_COMBINE_BLOCK"]
@@ -196,11 +197,13 @@ class Stage:
     general: bool = False
 
 
-def _prod(dims: tuple[Expr, ...]) -> Expr:
-    total: Expr = const(1)
-    for d in dims:
-        total = total * d
-    return total
+
+def fresh_name(name: str, taken: set[str]) -> str:
+    """``name``, with underscores appended while a parameter, an output or another workspace
+    in ``taken`` already has it (an output named ``f_0_ws0`` was a TraceError)."""
+    while name in taken:
+        name += "_"
+    return name
 
 
 def reduces_of(graph: Graph, roots: list[int]) -> list[int]:
@@ -229,7 +232,7 @@ def pointwise_spec(graph: Graph, name: str, shape: tuple[Expr, ...],
     one group per thread of a ``BLOCK`` on a capped grid-stride grid, or, where the work per
     element has a transcendental or a division (:data:`HEAVY_POINTWISE`), several groups per
     thread in smaller blocks on a full grid."""
-    n = _prod(shape)
+    n = product(shape)
     scratch = tuple(ws for _, ws in stored)
     if vec > 1 and elementwise_heavy(graph, [nid for _, nid in outs]):
         block, groups = HEAVY_POINTWISE
@@ -326,15 +329,15 @@ def _stage(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tuple[st
     # million: 1e-5 .. 5e-5 relative error, one thread reducing the whole long row
     lengths: list[Expr] = []
     for r in reduces:
-        one = _prod(graph.nodes[graph.nodes[r].inputs[0]].shape[len(outer):])
+        one = product(graph.nodes[graph.nodes[r].inputs[0]].shape[len(outer):])
         if one not in lengths:
             lengths.append(one)
     length = lengths[0]
     for one in lengths[1:]:
         length = emax(length, one)
-    rows = _prod(outer)
-    keeps_row = any(not _prod(graph.nodes[n].shape[len(outer):]).is_const
-                    or _prod(graph.nodes[n].shape[len(outer):]).value != 1 for _, n in outs)
+    rows = product(outer)
+    keeps_row = any(not product(graph.nodes[n].shape[len(outer):]).is_const
+                    or product(graph.nodes[n].shape[len(outer):]).value != 1 for _, n in outs)
     if not outer:  # every axis reduced: partial passes over a grid (fullred.py)
         from .fullred import full_stage
 
@@ -342,7 +345,7 @@ def _stage(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tuple[st
     uniform = all(graph.nodes[graph.nodes[r].inputs[0]].shape == first.shape
                   for r in reduces) and all(
         graph.nodes[n].shape == first.shape
-        or _prod(graph.nodes[n].shape[len(outer):]) == const(1) for _, n in outs)
+        or product(graph.nodes[n].shape[len(outer):]) == const(1) for _, n in outs)
     if keeps_row and not uniform:
         # output rows maybe longer than the reduced ones (kp.pad to 1 << n): longrows.py
         from .longrows import long_row_stage, out_length
