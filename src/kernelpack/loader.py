@@ -114,6 +114,7 @@ class Program(_call_base()):  # type: ignore[misc]
         self.name = name
         self._index = index
         self._summary: KernelSummary | None = None
+        self._used: dict[str, ModuleInfo] = {}  # the modules the launches use (with _summary)
         self._planner: Any = None
 
     @property
@@ -125,7 +126,7 @@ class Program(_call_base()):  # type: ignore[misc]
             summary = decode_program(self.pack._programs[self._index])
             if summary.name != self.name:  # pragma: no cover - same bytes, same name
                 raise FormatError(f"program {self.name!r} decodes as {summary.name!r}")
-            self._launch_modules(summary)
+            self._used = self._launch_modules(summary)
             self._summary = summary
         return self._summary
 
@@ -158,8 +159,11 @@ class Program(_call_base()):  # type: ignore[misc]
 
     @property
     def modules(self) -> dict[str, ModuleInfo]:
-        """The modules this program's launches use; FormatError if one is missing."""
-        return self._launch_modules(self.summary)
+        """The modules this program's launches use; FormatError if one is missing (checked
+        and collected once, when the summary is decoded)."""
+        if self._summary is None:
+            self.summary  # noqa: B018 - decodes, checks and collects them
+        return dict(self._used)
 
     def plan(self, *args: Any, **kwargs: Any) -> Any:
         """Evaluate the summary for these shapes and scalars → :class:`~kernelpack.planner.Plan`.
