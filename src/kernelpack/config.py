@@ -14,10 +14,12 @@ the list at the bottom), so the registry is complete before anything reads it.
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from ._records import FrozenRecord
+
+if TYPE_CHECKING:  # imported where a path is made: pathlib is ~3 ms of ``import kernelpack``
+    from pathlib import Path
 
 __all__ = [
     "Knob", "declare", "knob", "knobs", "get", "codegen_env",
@@ -98,6 +100,8 @@ def codegen_env() -> tuple[tuple[str, str], ...]:
 def cache_dir() -> Path:
     """The disk cache root: ``$KERNELPACK_CACHE_DIR``, else ``$XDG_CACHE_HOME/kernelpack``, else
     ``~/.cache/kernelpack`` (never /tmp, which is often tmpfs and lost on reboot)."""
+    from pathlib import Path
+
     explicit = get("KERNELPACK_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
@@ -113,6 +117,8 @@ def default_cache_dir() -> Path:
     as for an arbitrary container uid, where ``Path.home()`` raises RuntimeError or, on newer
     Pythons, is a literal ``~``), instead of a bare RuntimeError or a cache that silently
     appears under ``./~/.cache`` in whatever the working directory is."""
+    from pathlib import Path
+
     try:
         root = cache_dir()
         problem = f"it resolves to {str(root)!r}"
@@ -156,12 +162,16 @@ def explain_cache_misses() -> bool:
 
 def libdevice_override() -> Path | None:
     """An explicit libdevice bitcode file (``$KERNELPACK_LIBDEVICE``)."""
+    from pathlib import Path
+
     value = get("KERNELPACK_LIBDEVICE")
     return Path(value).expanduser() if value else None
 
 
 def cuda_home() -> Path | None:
     """A CUDA toolkit root from ``$CUDA_HOME`` or ``$CUDA_PATH`` (in that order)."""
+    from pathlib import Path
+
     value = get("CUDA_HOME") or get("CUDA_PATH")
     return Path(value).expanduser() if value else None
 

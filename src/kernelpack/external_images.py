@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
-from pathlib import Path
 from typing import Mapping, Sequence, Union
 
 from .code_scan import cubin_arch, cubin_entries, cubin_entry_params, ptx_entries, ptx_entry_params
@@ -52,6 +51,8 @@ def read_source(source: PtxSource, what: str = "source") -> bytes:
     if isinstance(source, str) and any(mark in source for mark in _CODE_MARKS):
         return _text(source.encode())
     if isinstance(source, (str, os.PathLike)):
+        from pathlib import Path  # here: pathlib (with urllib.parse) is ~3 ms of an import
+
         path = Path(source)
         try:
             # a regular file of bounded size: a device or FIFO (/dev/zero, a pipe) would be

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import operator
 import re
 from typing import Any, Callable, Mapping
@@ -171,6 +170,8 @@ class Fusion:
                         options: Mapping[str, object] | None = None) -> bytes:
         """A deterministic serialization of the traced graph plus options: the cache key's
         ``source``. Stable across processes (no ids, hashes or addresses)."""
+        import json  # here, not at the top: json is ~1 ms of ``import kernelpack``
+
         fixed = self.static_dims(static)
         doc = {"graph": self.trace(fixed).canonical(), "static": dict(sorted(fixed.items())),
                "options": {k: repr(v) for k, v in sorted((options or {}).items())}}

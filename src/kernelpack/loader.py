@@ -444,9 +444,10 @@ def load(path_or_bytes: object, *, trusted_keys: Iterable[object] | None = None)
             # values, and not Python's "object is not iterable", which does not say what a
             # key may be
             trusted_keys = [trusted_keys]
-        from .signing import load_public_key
+        from .signing import load_for, load_public_key
 
-        trusted_keys = [load_public_key(k) for k in trusted_keys]
+        # errors name the parameter, as kp.Cache's and kp.save's do ("trusted_keys: ...")
+        trusted_keys = [load_for("trusted_keys", load_public_key, k) for k in trusted_keys]
     try:
         buf, file = _open(path_or_bytes)
         return Pack(buf, trusted_keys=trusted_keys, file=file)
