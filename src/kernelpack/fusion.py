@@ -64,6 +64,9 @@ class Fusion:
         except Exception as exc:
             raise TraceError(f"fusion {self.name}: cannot read annotations: {exc}") from exc
         self.params: list[tuple[str, object]] = []
+        # per parameter, whether it is keyword-only (after a bare *): each trace passes those by
+        # name, and reading the signature again per trace cost ~20 µs of a cache hit's key
+        self._keyword_only = tuple(p.kind == p.KEYWORD_ONLY for p in sig.parameters.values())
         for p in sig.parameters.values():
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 raise TraceError(f"fusion {self.name}: parameter {p.name!r} is variadic; every "
@@ -114,10 +117,9 @@ class Fusion:
                 g.params.append((pname, "scalar", ann, ()))  # type: ignore[arg-type]
                 args.append(g.add("scalar", ann, (), attrs=(pname,)))  # type: ignore[arg-type]
         # keyword-only parameters (after a bare *) are passed by name
-        kinds = [p.kind for p in inspect.signature(self.fn).parameters.values()]
-        pos = [a for a, k in zip(args, kinds) if k != inspect.Parameter.KEYWORD_ONLY]
-        kw = {n: a for (n, _), a, k in zip(self.params, args, kinds)
-              if k == inspect.Parameter.KEYWORD_ONLY}
+        kwonly = self._keyword_only
+        pos = [a for a, k in zip(args, kwonly) if not k]
+        kw = {n: a for (n, _), a, k in zip(self.params, args, kwonly) if k}
         with active_graph(g):
             result = self.fn(*pos, **kw)
         items = _outputs(self.name, result)
@@ -201,9 +203,13 @@ def _check_bound(g: Graph) -> None:
             bound.update(str(d.value) for d in shape if d.is_sym)
         elif dt.kind in "iub":
             bound.add(pname)
+    checked: set[Expr] = set()  # nodes share their shapes' expressions: each checked once
     for node in g.nodes:
         exprs = list(node.shape) + [a for a in node.attrs if isinstance(a, Expr)]
         for e in exprs:
+            if e in checked:
+                continue
+            checked.add(e)
             missing = e.symbols() - bound
             if missing:
                 raise TraceError(f"fusion {g.name}: {node.op} uses dim(s) {sorted(missing)} that "

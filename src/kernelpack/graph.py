@@ -88,9 +88,17 @@ class Graph:
         Expressions are written in full (:func:`~kernelpack.expr.canonical_text`), never as
         ``str()``, which stops printing after a few hundred nodes: two fusions whose sizes
         differed past that point shared a cache key, and one was served the other's kernel."""
+        texts: dict[Expr, str] = {}  # nodes share their shapes' expressions: one text each
+
+        def text(e: Expr) -> str:
+            t = texts.get(e)
+            if t is None:
+                t = texts[e] = canonical_text(e)
+            return t
+
         def enc(a: object) -> object:
             if isinstance(a, Expr):
-                return "expr:" + canonical_text(a)
+                return "expr:" + text(a)
             if isinstance(a, DType):
                 return "dtype:" + a.name
             if isinstance(a, float):
@@ -102,9 +110,8 @@ class Graph:
             return a
         return {
             "name": self.name,
-            "params": [[n, k, d.name, [canonical_text(s) for s in shp]]
-                       for n, k, d, shp in self.params],
-            "nodes": [[n.op, n.dtype.name, [canonical_text(s) for s in n.shape], list(n.inputs),
+            "params": [[n, k, d.name, [text(s) for s in shp]] for n, k, d, shp in self.params],
+            "nodes": [[n.op, n.dtype.name, [text(s) for s in n.shape], list(n.inputs),
                        enc(n.attrs)] for n in self.nodes],
             "outputs": [[n, i] for n, i in self.outputs],
         }
