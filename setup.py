@@ -22,8 +22,9 @@ LIMITED = (3, 12) if sys.version_info >= (3, 12) else (3, 11)
 extensions = [
     Extension(
         "kernelpack.runtime._launch",
+        # _verify.c: the verifier's C walker, a second module of this library (see its top)
         sources=[RUNTIME + f for f in ("_launch.c", "_fastcall.c", "_fastcall_spec.c",
-                                         "_callbase.c")],
+                                         "_callbase.c", "../_verify.c")],
         depends=[RUNTIME + "_launch.h", RUNTIME + "_fastcall.h"],
         define_macros=[("Py_LIMITED_API", f"0x03{LIMITED[1]:02X}0000")],
         py_limited_api=True,

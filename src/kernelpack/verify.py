@@ -12,6 +12,13 @@ alignment), every string (bounds, NUL terminator, UTF-8, length limit), every en
 every bool, the table nesting depth, and that the data of all strings and vectors adds up to
 at most the buffer (objects may not overlap: see :meth:`_Walker.overlap`). Any failure is a
 :class:`~kernelpack.errors.FormatError` naming the field, the offset and what was expected.
+
+The same walk exists in C (``_verify.c``, built into the runtime's optional extension, asked
+through :mod:`kernelpack._verify_native`), about 50-100x faster: :func:`verify_buffer` asks it
+first and returns its answer when it accepts.
+The Python walker here stays the reference and raises every error: the C walker only says
+"reject", and then this one runs (``tests/test_verify_c_differential.py`` holds the two to
+the same verdict on thousands of mutated artifacts).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import codecs
 import struct
 from typing import Any
 
+from . import _verify_native as _native
 from ._schema import BODY_ALIGNMENT, ENUMS, SCALARS, STRUCTS, TABLES
 from .errors import CompatibilityError, FormatError
 from .limits import FILE_IDENTIFIER, FORMAT_MAJOR, MAX_FILE_SIZE, MAX_NAME_LENGTH, MAX_TABLE_DEPTH
@@ -405,12 +413,27 @@ class _Walker:
         return root
 
 
+_USE_C = True  # tests turn the C walker off here to run the Python walker alone
+
+
 def verify_buffer(buf: Buffer, root_type: str, *, identifier: bytes | None,
-                  what: str = "file") -> int:
+                  what: str = "file", _use_c: bool = True) -> int:
     """Walk ``buf`` as a ``root_type`` FlatBuffer; returns the root table position.
+
+    The C walker (``_verify.c``, when the runtime's extension is built) answers first: an
+    accepted buffer costs ~0.5 µs instead of ~40 (a 100-program body: 30 µs, not 3 ms).
+    It never accepts what the Python
+    walker rejects; on a reject the Python walker runs to raise the exact error (and, should
+    the C walker ever be stricter, its verdict stands). ``_use_c=False`` (or ``_USE_C``) skips
+    the C walker, for tests.
 
     Raises FormatError naming the field path (``Pack.blobs[3].data``), offset and expectation.
     """
+    if _use_c and _USE_C:
+        root = _native.root(buf, root_type, identifier, _PLANS,
+                            (MAX_TABLE_DEPTH, MAX_NAME_LENGTH, MAX_FILE_SIZE, BODY_ALIGNMENT))
+        if root >= 0:
+            return root
     walker = _Walker(buf, what)
     root = walker.root(identifier)
     walker.seen.add(root)

@@ -21,4 +21,7 @@ extern kp_launch_fn kp_cu_launch_kernel;
 /* _fastcall.c: adds the FastCall type and forget_contexts() to the module; -1 on error. */
 int kp_fastcall_init(PyObject *module);
 
+/* ../_verify.c: adds verify_fast (the artifact verifier's C walker) to the module; -1 on error. */
+int kp_verify_init(PyObject *module);
+
 #endif
