@@ -10,7 +10,8 @@ nothing of the caller's. Each helper returns the canonical value (an identifier,
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable
+from typing import Sequence
 
 from .dtypes import is_numpy_bool
 from .expr import Expr, ExprLike, as_expr, const
@@ -64,14 +65,19 @@ def _shape(shape: Iterable[ExprLike], what: str) -> tuple[Expr, ...]:
 def _items(values: object, kinds: type | tuple[type, ...], what: str) -> tuple:
     """A list field as a tuple of ``kinds``: a str would be iterated into its letters, and a
     wrong item would fail later with an AttributeError naming nothing of the caller's."""
-    names = " or ".join(f"kp.{k.__name__}"
-                        for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise TypeError(f"{what} must be a list of {names} (got {values!r:.80})")
-    items = tuple(values)
+    def names() -> str:  # only for a message: a loaded summary calls this a dozen times
+        return " or ".join(f"kp.{k.__name__}"
+                           for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+
+    if values.__class__ is tuple:
+        items: tuple = values  # type: ignore[assignment]
+    elif isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"{what} must be a list of {names()} (got {values!r:.80})")
+    else:
+        items = tuple(values)
     for i, item in enumerate(items):
         if not isinstance(item, kinds):
-            raise TypeError(f"{what}[{i}] must be a {names} (got {item!r:.80})")
+            raise TypeError(f"{what}[{i}] must be a {names()} (got {item!r:.80})")
     return items
 
 
