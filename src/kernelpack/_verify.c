@@ -42,6 +42,12 @@ enum {
     CAT_COUNT = 9
 };
 
+/* Recursion bound whatever max_depth a caller passes: ~200 bytes of C stack per level (the
+ * schema nests 4 deep, MAX_TABLE_DEPTH is 16). A deeper file is rejected here, and so left to
+ * the Python walker: a description whose tables nest recursively, with a large max_depth, made
+ * the recursion as deep as the buffer allows (one level per 8 bytes) and overflowed the stack. */
+#define MAX_C_DEPTH 32
+
 typedef struct {
     uint8_t cat;
     uint8_t size;  /* bytes of the field in its table */
@@ -188,7 +194,7 @@ static int elements(Walk *w, uint64_t target, const Field *f, uint64_t depth,
 static int table(Walk *w, uint64_t pos, uint32_t tidx, uint64_t depth, uint64_t *covered_out) {
     const uint8_t *b = w->b;
     uint64_t n = w->n, covered = 0;
-    if (depth > w->max_depth || pos % 4 || pos + 4 > n)
+    if (depth > w->max_depth || depth > MAX_C_DEPTH || pos % 4 || pos + 4 > n)
         return -1;
     int32_t soff = (int32_t)rd_u32(b, pos);
     int64_t vts = (int64_t)pos - (int64_t)soff;
@@ -248,21 +254,25 @@ static int table(Walk *w, uint64_t pos, uint32_t tidx, uint64_t depth, uint64_t 
     return 0;
 }
 
-static void free_desc(void) {
-    if (desc_tables != NULL) {
-        for (Py_ssize_t i = 0; i < desc_ntables; i++)
-            PyMem_Free(desc_tables[i].fields);
-        PyMem_Free(desc_tables);
-    }
-    desc_tables = NULL;
-    desc_ntables = 0;
-    Py_CLEAR(desc_object);
+static void free_tables(Table *tables, Py_ssize_t ntables) {
+    if (tables == NULL)
+        return;
+    for (Py_ssize_t i = 0; i < ntables; i++)
+        PyMem_Free(tables[i].fields);
+    PyMem_Free(tables);
 }
 
-/* One int of a field description in [lo, hi]; -1 with ValueError/TypeError otherwise. */
+/* One int of a field description in [lo, hi]; -1 with ValueError/TypeError otherwise. Only an
+ * int (or subclass) is read: PyLong_AsLongLong would call another object's __index__, that is
+ * run Python code in the middle of load_desc. */
 static int desc_int(PyObject *field, Py_ssize_t i, long long lo, long long hi, Py_ssize_t ti,
                     Py_ssize_t fi, long long *out) {
-    long long v = PyLong_AsLongLong(PyTuple_GetItem(field, i));
+    PyObject *item = PyTuple_GetItem(field, i);
+    if (!PyLong_Check(item)) {
+        PyErr_Format(PyExc_TypeError, "tables[%zd][%zd][%zd] must be an int", ti, fi, i);
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(item);
     if (v == -1 && PyErr_Occurred())
         return -1;
     if (v < lo || v > hi) {
@@ -274,20 +284,22 @@ static int desc_int(PyObject *field, Py_ssize_t i, long long lo, long long hi, P
     return 0;
 }
 
-/* Convert the description (see verify._c_tables) into desc_tables; -1 with an exception. */
+/* Convert the description (see verify._c_tables) and make it the cached one; -1 with an
+ * exception, the cache unchanged. Built in locals and installed only at the end: Python code
+ * run meanwhile (an item's __index__, before desc_int took ints only; an error message's %R)
+ * may call verify_fast and replace the cache, and writing through the globals then wrote
+ * into that other description's arrays (a heap overflow when it had fewer tables). */
 static int load_desc(PyObject *tables) {
-    free_desc();
     if (!PyTuple_Check(tables)) {
         PyErr_Format(PyExc_TypeError, "tables must be a tuple (got %R)", tables);
         return -1;
     }
     Py_ssize_t nt = PyTuple_Size(tables);
-    desc_tables = PyMem_Calloc(nt ? (size_t)nt : 1, sizeof(Table));
-    if (desc_tables == NULL) {
+    Table *out = PyMem_Calloc(nt ? (size_t)nt : 1, sizeof(Table));
+    if (out == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    desc_ntables = nt;
     for (Py_ssize_t ti = 0; ti < nt; ti++) {
         PyObject *fields = PyTuple_GetItem(tables, ti);
         if (!PyTuple_Check(fields)) {
@@ -295,12 +307,12 @@ static int load_desc(PyObject *tables) {
             goto fail;
         }
         Py_ssize_t nf = PyTuple_Size(fields);
-        desc_tables[ti].fields = PyMem_Calloc(nf ? (size_t)nf : 1, sizeof(Field));
-        if (desc_tables[ti].fields == NULL) {
+        out[ti].fields = PyMem_Calloc(nf ? (size_t)nf : 1, sizeof(Field));
+        if (out[ti].fields == NULL) {
             PyErr_NoMemory();
             goto fail;
         }
-        desc_tables[ti].nfields = nf;
+        out[ti].nfields = nf;
         for (Py_ssize_t fi = 0; fi < nf; fi++) {
             PyObject *field = PyTuple_GetItem(fields, fi);
             long long cat, size, align, extra, limit;
@@ -322,15 +334,20 @@ static int load_desc(PyObject *tables) {
                              ti, fi, field);
                 goto fail;
             }
-            desc_tables[ti].fields[fi] = (Field){(uint8_t)cat, (uint8_t)size, (uint8_t)align,
-                                                 (uint32_t)extra, (uint64_t)limit};
+            out[ti].fields[fi] = (Field){(uint8_t)cat, (uint8_t)size, (uint8_t)align,
+                                         (uint32_t)extra, (uint64_t)limit};
         }
     }
+    PyObject *old = desc_object; /* released last: its dealloc may run Python code too */
+    free_tables(desc_tables, desc_ntables);
+    desc_tables = out;
+    desc_ntables = nt;
     Py_INCREF(tables);
     desc_object = tables;
+    Py_XDECREF(old);
     return 0;
 fail:
-    free_desc();
+    free_tables(out, nt);
     return -1;
 }
 
@@ -358,7 +375,9 @@ static long long walk(const uint8_t *b, uint64_t n, uint32_t root_table, const c
     uint64_t root = rd_u32(b, 0);
     if (root < header || root % 4 || root + 4 > n)
         return -1;
-    /* one bit per 4-aligned position; on the stack for buffers up to 128 KiB */
+    /* one bit per 4-aligned position; on the stack for buffers up to 128 KiB, so the
+     * walk's C stack stays under ~5 KiB for the schema's 4 levels (~11 KiB at MAX_C_DEPTH),
+     * well inside the smallest thread stack Python allows (32 KiB); calloc above */
     uint8_t small[4096];
     uint64_t seen_bytes = (n / 4 + 8) / 8;
     uint8_t *seen = small;
@@ -387,6 +406,17 @@ static PyObject *verify_fast(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_Format(PyExc_TypeError, "verify_fast takes 8 arguments (got %zd)", nargs);
         return NULL;
     }
+    /* Exactly bytes, bytearray or memoryview (what kp.load passes) and an identifier of
+     * exactly bytes, or the Python walker decides: what it reads of a subclass is the
+     * subclass's __len__, __getitem__ and __ne__, not these bytes (a bytes subclass whose
+     * len() is 3 was accepted here and rejected there), and another exporter's __buffer__
+     * (3.12) runs Python code, which may call verify_fast and replace the description that
+     * was just checked. From here to the walk's end no Python code runs but on error paths. */
+    PyObject *buf = args[0];
+    if (!PyBytes_CheckExact(buf) && !PyByteArray_CheckExact(buf) && !PyMemoryView_Check(buf))
+        return PyLong_FromLong(-2);
+    if (args[2] != Py_None && !PyBytes_CheckExact(args[2]))
+        return PyLong_FromLong(-2);
     if (args[3] != desc_object && load_desc(args[3]) < 0)
         return NULL;
     if (arg_u64(args[1], "root_table", &root_table) < 0 ||
@@ -401,16 +431,14 @@ static PyObject *verify_fast(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     if (args[2] != Py_None) {
-        if (!PyBytes_Check(args[2]))
-            return PyLong_FromLong(-2); /* not bytes: the Python walker decides */
         char *data;
         if (PyBytes_AsStringAndSize(args[2], &data, &ident_len) < 0)
             return NULL;
         ident = data;
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_CONTIG_RO | PyBUF_FORMAT) < 0) {
-        PyErr_Clear(); /* not a contiguous buffer: the Python walker decides */
+    if (PyObject_GetBuffer(buf, &view, PyBUF_CONTIG_RO | PyBUF_FORMAT) < 0) {
+        PyErr_Clear(); /* a released or strided memoryview: the Python walker decides */
         return PyLong_FromLong(-2);
     }
     long long result = -2;

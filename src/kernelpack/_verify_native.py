@@ -58,8 +58,10 @@ def tables(plans: Mapping[str, Any]) -> Any:
 def root(buf: Any, root_type: str, identifier: bytes | None, plans: Mapping[str, Any],
          limits: tuple[int, int, int, int]) -> int:
     """The root table's position when the C walker accepts ``buf``; -1 when it rejects it,
-    -2 when it leaves it to the Python walker (an unusual buffer or identifier, an unknown
-    root type, no C walker). ``limits``: table depth, name length, file size, body alignment
+    -2 when it leaves it to the Python walker (a buffer that is not exactly bytes, bytearray
+    or a flat unsigned-byte memoryview, an identifier that is not exactly bytes: a subclass's
+    own ``__len__``/``__ne__`` is what the Python walker reads; an unknown root type; no C
+    walker). ``limits``: table depth, name length, file size, body alignment
     (read by the caller at call time, so a patched limit reaches both walkers)."""
     fast = walker if walker is not None else load()
     if not fast:
