@@ -49,3 +49,10 @@ def test_fusion_branches_on_numpy_dtype() -> None:
         return x * 2.0
 
     assert scale.canonical_bytes() == scale_ref.canonical_bytes().replace(b"scale_ref", b"scale")
+
+
+def test_calling_a_dtype_says_what_to_write_instead() -> None:
+    """``kp.f32(1e-5)`` reads like ``np.float32(1e-5)`` (review 11): the error names the
+    number, NumPy's typed scalar and astype, not "'DType' object is not callable"."""
+    with pytest.raises(TypeError, match=r"kp\.float32 is a dtype.*np\.float32\(1e-05\).*astype"):
+        kp.f32(1e-5)

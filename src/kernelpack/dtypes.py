@@ -71,6 +71,15 @@ class DType:
         except TypeError:
             return False
 
+    def __call__(self, value: object = None) -> object:
+        """Refused with a pointer to what works: ``kp.f32(1e-5)`` reads like NumPy's
+        ``np.float32(1e-5)``, but a kernelpack dtype is a type tag, not a scalar type (was
+        "'DType' object is not callable")."""
+        raise TypeError(f"kp.{self.name} is a dtype, not a scalar type: write the number "
+                        f"itself ({value!r} takes the dtype of the tensor it meets), "
+                        f"np.{self.name}({value!r}) for a typed constant, or x.astype(kp."
+                        f"{self.name}) to convert a tensor")
+
     def __repr__(self) -> str:
         return f"kp.{self.name}"
 

@@ -239,6 +239,20 @@ _EXPR_OPS = {"add": "__add__", "sub": "__sub__", "mul": "__mul__", "floordiv": "
              "mod": "__mod__", "shl": "__lshift__", "shr": "__rshift__"}
 
 
+def _power_of_two(base: Value, exponent: Value) -> Expr:
+    """``2 ** n`` (``4 ** n``, ...) as a size: ``1 << (k·n)`` for a base of ``2 ** k``, which
+    the summary's expressions can say (they have no power); how a user writes "N = 2^n". A
+    negative or too large ``n`` fails at plan time like ``1 << n``."""
+    b = dim_expr(base)
+    if b.is_const and int(b.value) >= 1 and int(b.value) & (int(b.value) - 1) == 0:  # type: ignore[arg-type]
+        k = int(b.value).bit_length() - 1  # type: ignore[arg-type]
+        n = dim_expr(exponent)
+        return const(1) << (n if k == 1 else n * k)
+    raise TraceError(f"a size computed as {_desc(base)} ** {_desc(exponent)} cannot be "
+                     f"expressed symbolically: only a power-of-two base is (2 ** n, the same "
+                     f"as 1 << n)")
+
+
 def dim_expr(v: object) -> Expr:
     """A size as an Expr: an int, an Expr (``x.shape[0]``), or a traced integer computed from
     integer scalar parameters, dims and constants (``1 << n`` for a parameter ``n: kp.i64``)."""
@@ -257,6 +271,8 @@ def dim_expr(v: object) -> Expr:
         if node.op in _EXPR_OPS:
             a, b = (dim_expr(Value(v.graph, i)) for i in node.inputs)
             return getattr(a, _EXPR_OPS[node.op])(b)
+        if node.op == "pow":
+            return _power_of_two(*(Value(v.graph, i) for i in node.inputs))
         raise TraceError(f"size computed by {node.op!r} cannot be expressed symbolically")
     if isinstance(v, bool):
         raise TraceError(f"a size must be an integer (got {v!r})")
