@@ -1,9 +1,11 @@
 """Build script for kernelpack's one optional C extension (everything else is pyproject.toml).
 
 ``kernelpack.runtime._launch`` forwards launches to the driver's ``cuLaunchKernel`` with plain
-integers (``_launch.c``) and runs the PyTorch fast path and ``Program.__call__`` in C
-(``_fastcall.c``); see those files for why. It is optional: without a C compiler the build
-skips it, and the runtime does the same in Python through cuda.bindings. It uses the limited C
+integers (``_launch.c``), runs the PyTorch fast path and ``Program.__call__`` in C
+(``_fastcall.c``), and holds the artifact verifier's C walk (``../_verify.c``, asked through
+``kernelpack/_verify_native.py``); see those files for why. It is optional: without a C
+compiler the build skips it, the runtime launches through its Python driver door (ctypes over
+``libcuda.so.1``, or cuda.bindings) and the verifier walks in Python, with the same results. It uses the limited C
 API (plus two functions CPython exports from 3.11 on, declared in ``_fastcall.c``), so one
 build serves every later Python (built on 3.12 or later, it needs 3.12: that limited API lets
 ``Program`` calls skip tp_call); on 3.10 it is not built. It links against nothing (the

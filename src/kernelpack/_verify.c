@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Field categories; verify.py's _C_CATEGORIES maps its plan categories to these numbers. */
+/* Field categories; _verify_native.CATEGORIES maps verify.py's plan categories to these. */
 enum {
     CAT_SCALAR = 0, /* a scalar or a struct: only inside the table and aligned */
     CAT_ENUM = 1,   /* ubyte, extra = number of values */
@@ -284,7 +284,7 @@ static int desc_int(PyObject *field, Py_ssize_t i, long long lo, long long hi, P
     return 0;
 }
 
-/* Convert the description (see verify._c_tables) and make it the cached one; -1 with an
+/* Convert the description (see _verify_native.tables) and make it the cached one; -1 with an
  * exception, the cache unchanged. Built in locals and installed only at the end: Python code
  * run meanwhile (an item's __index__, before desc_int took ints only; an error message's %R)
  * may call verify_fast and replace the cache, and writing through the globals then wrote

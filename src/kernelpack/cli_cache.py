@@ -31,7 +31,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
         p.add_argument("--dir", type=Path, default=None,
                        help="cache root (default: $KERNELPACK_CACHE_DIR, else "
-                            "$XDG_CACHE_HOME/kernelpack)")
+                            "$XDG_CACHE_HOME/kernelpack, else ~/.cache/kernelpack)")
         p.set_defaults(func=fn)
         return p
 

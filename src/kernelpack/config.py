@@ -178,8 +178,10 @@ def cuda_home() -> Path | None:
 
 def native_launch() -> bool:
     """Whether launches may go through kernelpack's C extension (``$KERNELPACK_NATIVE_LAUNCH``,
-    default on; ``0``/``false``/``no``/``off`` launch through cuda.bindings instead, the same
-    semantics at about twice the host cost)."""
+    default on; ``0``/``false``/``no``/``off`` launch through the Python driver door instead:
+    ctypes over ``libcuda.so.1``, or cuda.bindings with ``KERNELPACK_DRIVER=cuda-bindings``;
+    the same semantics at about twice the host cost). The verifier's C walk, in the same
+    extension, is not affected."""
     return (get("KERNELPACK_NATIVE_LAUNCH") or "").strip().lower() not in ("0", "false", "no",
                                                                           "off")
 
@@ -232,7 +234,7 @@ declare("CUDA_HOME", None, codegen=False,
 declare("CUDA_PATH", None, codegen=False,
         doc="Alternative spelling of CUDA_HOME (Windows convention).")
 declare("KERNELPACK_NATIVE_LAUNCH", None, codegen=False,
-        doc="0: launch through cuda.bindings instead of kernelpack's C extension.")
+        doc="0: launch through the Python driver door instead of kernelpack's C extension.")
 declare("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", None, codegen=False,
         doc="cuda.bindings' per-thread default stream switch; kernelpack's launches follow it.")
 declare("KERNELPACK_DRIVER", "auto", codegen=False,

@@ -243,14 +243,12 @@ def _power_of_two(base: Value, exponent: Value) -> Expr:
     """``2 ** n`` (``4 ** n``, ...) as a size: ``1 << (k·n)`` for a base of ``2 ** k``, which
     the summary's expressions can say (they have no power); how a user writes "N = 2^n". A
     negative or too large ``n`` fails at plan time like ``1 << n``."""
-    b = dim_expr(base)
+    b, n = dim_expr(base), dim_expr(exponent)
     if b.is_const and int(b.value) >= 1 and int(b.value) & (int(b.value) - 1) == 0:  # type: ignore[arg-type]
         k = int(b.value).bit_length() - 1  # type: ignore[arg-type]
-        n = dim_expr(exponent)
         return const(1) << (n if k == 1 else n * k)
-    raise TraceError(f"a size computed as {_desc(base)} ** {_desc(exponent)} cannot be "
-                     f"expressed symbolically: only a power-of-two base is (2 ** n, the same "
-                     f"as 1 << n)")
+    raise TraceError(f"a size computed as ({b}) ** ({n}) cannot be expressed symbolically: "
+                     f"only a power-of-two base is (2 ** n, the same as 1 << n)")
 
 
 def dim_expr(v: object) -> Expr:

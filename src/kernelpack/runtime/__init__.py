@@ -1,9 +1,12 @@
-"""kernelpack's GPU side: the only package that imports the CUDA driver bindings.
+"""kernelpack's GPU side: the only package that reaches the CUDA driver.
 
 ``call_program`` launches a loaded program (what ``pack["name"](...)`` does); ``warmup``
 loads a pack's modules onto devices ahead of the first call. Image selection
-(:mod:`.selection`) is pure Python and usable without a GPU. Importing this package does not
-import ``cuda.bindings``; the first launch does.
+(:mod:`.selection`) is pure Python and usable without a GPU. ``import kernelpack`` imports
+these modules (so that a first call imports nothing), but never ``cuda.bindings``, and opens
+no driver: the first launch or ``warmup`` does, through ctypes over ``libcuda.so.1`` on Linux
+(:mod:`.libcuda`), or ``cuda.bindings.driver`` elsewhere and with
+``KERNELPACK_DRIVER=cuda-bindings`` (:mod:`.driver`).
 """
 
 from __future__ import annotations
