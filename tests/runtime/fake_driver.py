@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import struct
+import threading
 from typing import Any, Callable
 
 
@@ -81,11 +82,35 @@ class FakeDriver:
 
     def __init__(self, arch: tuple[int, int] = (9, 0), version: int = 13000, devices: int = 1,
                  kernels: dict[str, tuple[str, KernelImpl]] | None = None,
-                 native: bool = True) -> None:
+                 native: bool = True, archs: dict[int, tuple[int, int]] | None = None,
+                 thread_contexts: bool = False, track_pointers: bool = False,
+                 distinct_kernels: bool = False) -> None:
         """``native``: hand out a C entry point for ``cuLaunchKernel`` (a ctypes callback into
         :meth:`cuLaunchKernel`), so kernelpack's C extension launches through it exactly as
         it would through the driver's; False: ``cuGetProcAddress`` finds nothing and
-        kernelpack launches through :meth:`cuLaunchKernel` as cuda.bindings'."""
+        kernelpack launches through :meth:`cuLaunchKernel` as cuda.bindings'.
+
+        Several devices (multi-GPU tests): ``archs`` gives a device its own compute capability
+        (others have ``arch``); ``thread_contexts`` makes the current context (and the push/pop
+        stack) per thread, as the driver's is, a new thread starting with none;
+        ``track_pointers`` makes ``cuMemAlloc`` remember the device of the current context,
+        which ``cuPointerGetAttribute`` then answers (with ``pointer_devices``, which tests
+        may fill for their own arrays); ``distinct_kernels`` gives each library's kernels their
+        own handles (``kernel_handles``: handle -> (library, entry)), else a kernel's handle
+        depends on its name only. ``launch_contexts`` records per launch ``(entry, current
+        context, stream, function handle)`` and ``load_contexts`` the current context of each
+        ``cuLibraryLoadData``."""
+        self.distinct_kernels = distinct_kernels
+        self.kernel_handles: dict[int, tuple[int, str]] = {}
+        self.thread_contexts = thread_contexts
+        self._tls = threading.local()
+        self._current = 0
+        self._stack: list[int] = []
+        self.archs = dict(archs or {})
+        self.track_pointers = track_pointers
+        self.pointer_devices: dict[int, int] = {}
+        self.launch_contexts: list[tuple[str, int, int, int]] = []
+        self.load_contexts: list[int] = []
         self.arch = arch
         self.version = version
         self.devices = devices
@@ -100,6 +125,36 @@ class FakeDriver:
         self.native = native
         self.callback_errors: list[BaseException] = []
         self._entry = _LAUNCH_C(self._c_launch)  # kept alive as long as the fake
+
+    @property
+    def current(self) -> int:
+        """The current context: the calling thread's with ``thread_contexts``, else one."""
+        if self.thread_contexts:
+            return getattr(self._tls, "current", 0)
+        return self._current
+
+    @current.setter
+    def current(self, ctx: int) -> None:
+        if self.thread_contexts:
+            self._tls.current = ctx
+        else:
+            self._current = ctx
+
+    @property
+    def stack(self) -> list[int]:
+        """The context stack of ``cuCtxPushCurrent`` (per thread with ``thread_contexts``)."""
+        if self.thread_contexts:
+            if not hasattr(self._tls, "stack"):
+                self._tls.stack = []
+            return self._tls.stack
+        return self._stack
+
+    @stack.setter
+    def stack(self, value: list[int]) -> None:
+        if self.thread_contexts:
+            self._tls.stack = value
+        else:
+            self._stack = value
 
     def _id(self) -> int:
         self._next += 1
@@ -120,7 +175,8 @@ class FakeDriver:
 
     def cuDeviceGetAttribute(self, attr: Any, dev: int) -> tuple:
         major = attr == CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
-        return CUresult(0), self.arch[0] if major else self.arch[1]
+        arch = self.archs.get(int(dev), self.arch)
+        return CUresult(0), arch[0] if major else arch[1]
 
     def cuDeviceGetName(self, n: int, dev: int) -> tuple:
         return CUresult(0), b"Fake GPU\0"
@@ -155,6 +211,7 @@ class FakeDriver:
     # ---- libraries -----------------------------------------------------------------------
     def cuLibraryLoadData(self, code: bytes, *rest: Any) -> tuple:
         self.calls.append(("cuLibraryLoadData", bytes(code)))
+        self.load_contexts.append(self.current)
         if self.load_error:
             return (self.load_error, None)
         handle = self._id()
@@ -165,6 +222,10 @@ class FakeDriver:
         entry = name.decode()
         if entry not in self.kernels:
             return CUresult.CUDA_ERROR_NOT_FOUND, None
+        if self.distinct_kernels:
+            handle = self._id()
+            self.kernel_handles[handle] = (int(lib), entry)
+            return CUresult(0), _Handle(handle)
         return CUresult(0), _Handle(hash(entry) & 0xFFFFFF)
 
     def cuLibraryUnload(self, lib: int) -> tuple:
@@ -188,6 +249,8 @@ class FakeDriver:
         buf = ctypes.create_string_buffer(nbytes)
         addr = ctypes.addressof(buf)
         self.memory[addr] = buf
+        if self.track_pointers:
+            self.pointer_devices[addr] = self.current - 0x100
         return CUresult(0), addr
 
     def cuMemAllocAsync(self, nbytes: int, stream: Any) -> tuple:
@@ -200,6 +263,8 @@ class FakeDriver:
 
     def cuMemFree(self, ptr: int) -> tuple:
         self.memory.pop(int(ptr), None)
+        if self.track_pointers:
+            self.pointer_devices.pop(int(ptr), None)
         return (CUresult(0),)
 
     def cuMemsetD8Async(self, ptr: int, value: int, n: int, stream: Any) -> tuple:
@@ -208,7 +273,7 @@ class FakeDriver:
         return (CUresult(0),)
 
     def cuPointerGetAttribute(self, attr: Any, ptr: int) -> tuple:
-        return CUresult(0), 0
+        return CUresult(0), self.pointer_devices.get(int(ptr), 0)
 
     def cuStreamSynchronize(self, stream: Any) -> tuple:
         return (CUresult(0),)
@@ -245,7 +310,9 @@ class FakeDriver:
                 raise OverflowError(f"value {v} out of range for unsigned int")
         if self.launch_error:
             return (self.launch_error,)
-        entry = next(k for k in self.kernels if hash(k) & 0xFFFFFF == int(f))
+        known = self.kernel_handles.get(int(f))
+        entry = known[1] if known else next(k for k in self.kernels
+                                            if hash(k) & 0xFFFFFF == int(f))
         fmt, impl = self.kernels[entry]
         codes = fmt
         values = []
@@ -255,6 +322,7 @@ class FakeDriver:
             values.append(struct.unpack(code, ctypes.string_at(addrs[i], size))[0])
         self.calls.append(("cuLaunchKernel", entry, (gx, gy, gz), (bx, by, bz), shmem,
                            int(stream), tuple(values)))
+        self.launch_contexts.append((entry, self.current, int(stream), int(f)))
         impl((gx, gy, gz), (bx, by, bz), shmem, values)
         return (CUresult(0),)
 

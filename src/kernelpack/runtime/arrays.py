@@ -23,7 +23,8 @@ from ..dtypes import DType, as_dtype
 from ..errors import LaunchError
 
 __all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "adapter_for",
-           "stream_handle", "GENERIC", "hold", "held_views", "release_held", "readonly_why"]
+           "stream_handle", "stream_device", "GENERIC", "hold", "held_views", "release_held",
+           "readonly_why"]
 
 ArrayFacts = tuple  # (ptr, shape, dtype token, device ordinal (-1: host), contiguous)
 
@@ -345,6 +346,19 @@ def adapter_for(obj: Any) -> Adapter:
         found = GENERIC
     _adapters[cls] = found
     return found
+
+
+def stream_device(stream: Any) -> int | None:
+    """The device a framework's stream object says it belongs to (torch ``device_index``,
+    CuPy ``device_id``); None for a raw handle, which does not say (asking the driver would
+    cost every call a driver round trip)."""
+    if isinstance(stream, int):
+        return None
+    for attr in ("device_index", "device_id"):
+        value = getattr(stream, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def stream_handle(stream: Any) -> int:

@@ -58,7 +58,43 @@ def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: 
         out: Any, inputs: Sequence[tuple[int, int, str]] = ()) -> Any:
     """Allocate (or take ``out=``), write the slots and launch what ``plan`` says.
     ``inputs``: the tensor inputs' ``(pointer, nbytes, name)``, against which ``out=`` is
-    checked for partial overlap (:func:`_check_aliasing`)."""
+    checked for partial overlap (:func:`_check_aliasing`).
+
+    The device's context is current while the call allocates and launches; a thread that had
+    another device's context current gets it back afterwards (:func:`_enter`)."""
+    # A launch on a default stream runs in the current context, and a DeviceBuffer is
+    # allocated in it: those need the device's context; an explicit stream carries its own.
+    pushed = _enter(st.device) if sh < 3 or adapter is GENERIC else False
+    try:
+        return _run(bp, st, device, sh, adapter, vals, plan, out, inputs)
+    finally:
+        if pushed:
+            (_drv_mod or _driver()).cuCtxPopCurrent()
+
+
+def _enter(dev: Any) -> bool:
+    """Make ``dev``'s primary context current on the calling thread; True when it was pushed
+    over another device's context, which the caller must pop after the call.
+
+    Tensors on device 0 from a thread working on device 1 (``torch.cuda.set_device(1)``)
+    must not leave the thread on device 0: its next tensors would go there. A thread with no
+    context current gets the device's set and kept, as the CUDA runtime's first call does
+    (and the next call then needs no driver call to confirm it)."""
+    drv = _drv_mod or _driver()
+    err, cur = drv.cuCtxGetCurrent()
+    cur = 0 if err or cur is None else int(cur)
+    if cur == dev.ctx_id:
+        return False
+    if cur == 0:
+        dev.make_current()
+        return False
+    _drv.check(drv.cuCtxPushCurrent(dev.ctx), f"making device {dev.ordinal}'s context current")
+    return True
+
+
+def _run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: Any,
+         out: Any, inputs: Sequence[tuple[int, int, str]]) -> Any:
+    """:func:`run` with the device's context current."""
     bs = bp.bound
     name = bp.name
     variant = bs.variants[plan.variant]
@@ -111,11 +147,6 @@ def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: 
             if alloc.zero_init:
                 memsets.append((ptr, planned.nbytes))
     drv = _drv_mod or _driver()
-    dev = st.device
-    if sh < 3:  # NULL / legacy / per-thread default stream: the current context decides
-        err, cur = drv.cuCtxGetCurrent()
-        if err or int(cur) != dev.ctx_id:
-            dev.make_current()
     cs = _streams.get(sh)
     if cs is None:
         cs = cu_stream(sh)

@@ -24,9 +24,10 @@ from typing import Any, Callable, Sequence
 
 from ..errors import LaunchError
 from . import driver as _drv
-from .arrays import GENERIC, Adapter, adapter_for, readonly_why, release_held, stream_handle
+from .arrays import (GENERIC, Adapter, adapter_for, readonly_why, release_held, stream_device,
+                     stream_handle)
 from .binding import BoundSummary, scalar_range
-from .device import Device, current_device_ordinal, get_device
+from .device import Device, check_ordinal, current_device_ordinal, get_device
 from .library import load_module, preload
 from .native import launcher
 from .execute import run
@@ -167,6 +168,7 @@ class BoundProgram:
         read_by: Adapter | None = None  # the adapter ``tokens`` are for (the last one used)
         tokens: list[Any] = []
         device = -2
+        first = ""  # the argument that decided ``device``
         foreign = False  # an input read through __cuda_array_interface__ / __dlpack__
         for i, spec in enumerate(inputs):
             arg = args[i]
@@ -192,10 +194,12 @@ class BoundProgram:
                 shapes.append(shape)
                 if dev != device:
                     if device == -2:
-                        device = dev
+                        device, first = dev, spec.name
                     elif dev != -2:
+                        # both names: on a server of 8 GPUs "earlier arguments" is a search
                         raise LaunchError(f"{self.name}: argument {spec.name!r} is on device "
-                                          f"{dev}, earlier arguments on device {device}")
+                                          f"{dev}, earlier arguments on device {device} "
+                                          f"(argument {first!r}); move them to one device")
                 if not contiguous:
                     raise LaunchError(f"{self.name}: argument {spec.name!r} is not "
                                       f"C-contiguous (pass .contiguous() / a packed copy)")
@@ -215,6 +219,13 @@ class BoundProgram:
             # same way and so reuses the view (one DLPack export per call; arrays.held_views)
             device = (_out_device(out, self.bound.outputs, sh) if out is not None
                       else current_device_ordinal())
+        if explicit is not None and device >= 0:
+            on = stream_device(stream)
+            if on is not None and on != device:
+                # the launch would run on the stream's device, reading device-`device` memory
+                raise LaunchError(f"{self.name}: stream= is a stream of device {on}, the "
+                                  f"arguments are on device {device}; pass a stream of "
+                                  f"device {device}")
         if adapter is None:
             adapter = _out_adapter(out) or GENERIC
         if explicit is None:
@@ -227,7 +238,11 @@ class BoundProgram:
                 from .buffer import _order_after
 
                 _order_after(device, 0, sh)
-        st = self._states.get(device) or self.state(device)
+        st = self._states.get(device)
+        if st is None:  # a first call on this device: say which argument named a missing one
+            if first:
+                check_ordinal(device, f"{self.name}: argument {first!r}")
+            st = self.state(device)
         spans = _input_spans(inputs, vals, shapes) if out is not None else ()
         result = run(self, st, device, sh, adapter, vals, plan, out, spans)
         if adapter.name not in self._fast_for and adapter.name in ("torch", "cupy"):

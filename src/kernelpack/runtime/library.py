@@ -151,7 +151,9 @@ def load_module(module: Any, device: Device) -> tuple[Selection, LoadedLibrary]:
             selection = Selection(images[index], device.arch, device.driver_version,
                                   list(zip(images, reasons)))
         else:
-            selection = select_image(images, device.arch, device.driver_version, what)
+            # the ordinal too: on a box of mixed GPUs "this device" alone does not say which
+            selection = select_image(images, device.arch, device.driver_version,
+                                     f"{what} (device {device.ordinal})")
             chosen = selection.chosen
             _selections[sel_key] = (next(i for i, img in enumerate(images) if img is chosen),
                                     [reason for _, reason in selection.reasons])
