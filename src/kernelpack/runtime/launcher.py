@@ -132,9 +132,15 @@ class BoundProgram:
         self.call = fast or self.__call__
 
     def warmup(self, ordinal: int) -> None:
+        """Load the program onto device ``ordinal`` and build its fast path now: a server
+        warms up to pay at start-up what its first requests would (the first call's loading,
+        and the fast path that a first call otherwise leaves to the second)."""
         st = self.state(ordinal)
         for lib in st.libraries:
             preload(lib, st.device)
+        with self._lock:
+            if self._fast_pending:
+                self._refresh_fast_path()
 
     def _tokens_for(self, adapter: Adapter) -> list[Any]:
         toks = self._tokens.get(adapter)
