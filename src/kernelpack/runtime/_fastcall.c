@@ -20,6 +20,12 @@
  * launch its dimensions and a parameter-block template holding the planner's computed values),
  * so the expressions are the planner's, never evaluated here.
  *
+ * Python runs in the middle of a call (the tensors' attributes, a key's hashing and release,
+ * the hooks, finalizers) and may call again, clear the entry cache or drop the device state:
+ * whatever the call uses after such a point it holds a reference to (the entry's capsule, the
+ * state), function handles are copied before the state they replace is released, and nesting
+ * is bounded (fastcall_call). tests/runtime/test_review11_fastcall_*.py try each.
+ *
  * The current context: a launch on a default stream (handle < 3) goes to the thread's current
  * context. A thread remembers the device whose primary context it last confirmed (only when
  * the hooks say that may be trusted: one visible device); forget_contexts() makes every thread
@@ -40,6 +46,10 @@ static PyObject *s_flat, *s_allocate, *s_entry, *s_context_was_lost,
 static long context_epoch = 1;
 static KP_THREAD_LOCAL long tls_epoch = 0;
 static KP_THREAD_LOCAL long tls_device = -1;
+
+/* How deep this thread's FastCall calls are nested (see fastcall_call). */
+#define MAX_NESTING 32
+static KP_THREAD_LOCAL int tls_nesting = 0;
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 
@@ -63,29 +73,35 @@ static PyObject *call_access(const Access *a, PyObject *obj) {
     return call_method0(obj, a->name);
 }
 
-/* obj.get_device() as a C long; -2 with an exception set on failure. */
-static long device_of(const Reader *rd, PyObject *obj) {
+/* obj.get_device() into *device. 1: read; 0: not an int of C long's range (the general path
+ * meets it and explains, as the closure's struct packing sends it there); -1: error. */
+static int device_of(const Reader *rd, PyObject *obj, long *device) {
     PyObject *r = call_access(&rd->get_device, obj);
-    long d;
+    int overflow;
     if (r == NULL)
-        return -2;
-    d = PyLong_AsLong(r);
+        return -1;
+    *device = PyLong_AsLongAndOverflow(r, &overflow);
     Py_DECREF(r);
-    if (d == -1 && PyErr_Occurred())
-        return -2;
-    return d;
+    if (*device == -1 && PyErr_Occurred()) { /* not an int (its __index__ raised, too) */
+        PyErr_Clear();
+        return 0;
+    }
+    return !overflow;
 }
 
-/* obj.data_ptr(); 0 with an exception set on failure (a null tensor pointer is fine: the
- * exception is what tells them apart). */
-static uint64_t pointer_of(const Reader *rd, PyObject *obj) {
+/* obj.data_ptr() into *ptr. 1: read (a null tensor pointer is fine); 0: not an int in
+ * [0, 2**64) (the general path says so); -1: error. */
+static int pointer_of(const Reader *rd, PyObject *obj, uint64_t *ptr) {
     PyObject *r = call_access(&rd->data_ptr, obj);
-    unsigned long long p;
     if (r == NULL)
-        return 0;
-    p = PyLong_AsUnsignedLongLong(r);
+        return -1;
+    *ptr = (uint64_t)PyLong_AsUnsignedLongLong(r);
     Py_DECREF(r);
-    return (uint64_t)p;
+    if (*ptr == (uint64_t)-1 && PyErr_Occurred()) { /* not an int, negative or too large */
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
 }
 
 /* 1: r is expected; 0: not; -1: r is NULL (an error is set). Takes r's reference. */
@@ -170,11 +186,8 @@ static int read_array(FastCall *self, PyObject *obj, PyObject *dtype, uint64_t *
         if (cupy_memory(rd, obj, ptr, device) < 0)
             return -1;
     } else {
-        if ((*device = device_of(rd, obj)) == -2)
-            return -1;
-        *ptr = pointer_of(rd, obj);
-        if (PyErr_Occurred())
-            return -1;
+        if ((r = device_of(rd, obj, device)) <= 0 || (r = pointer_of(rd, obj, ptr)) <= 0)
+            return r;
     }
     if (shape != NULL && (*shape = read_attr(&rd->shape, obj)) == NULL)
         return -1;
@@ -253,8 +266,15 @@ static int output_pointer(FastCall *self, PyObject *obj, uint64_t *ptr) {
         }
         PyErr_Clear(); /* data_ptr() says what is wrong, if anything is */
     }
-    *ptr = pointer_of(&self->rd, obj);
-    return PyErr_Occurred() ? -1 : 0;
+    switch (pointer_of(&self->rd, obj, ptr)) {
+    case 1:
+        return 0;
+    case 0:
+        PyErr_Format(PyExc_TypeError, "FastCall: an allocated output's data_ptr() is not an "
+                     "int in [0, 2**64) (an output of %R)", (PyObject *)Py_TYPE(obj));
+        break;
+    }
+    return -1;
 }
 
 static int write_param(unsigned char *at, char code, Value v) {
@@ -374,13 +394,18 @@ static Entry *entry_from(FastCall *self, PyObject *answer) {
                         "kind or length");
         return NULL;
     }
+    n = PyTuple_Size(launches);
+    if (n > MAX_LAUNCHES) { /* launch_all copies each launch's function onto its stack */
+        PyErr_Format(PyExc_ValueError, "FastCall: hooks.entry answered %zd launches (at most "
+                     "%d)", n, MAX_LAUNCHES);
+        return NULL;
+    }
     e = PyMem_Calloc(1, sizeof(Entry));
     if (e == NULL)
         return (Entry *)PyErr_NoMemory();
     Py_INCREF(shapes);
     e->shapes = shapes;
     e->likes = PyMem_Calloc(self->nouts ? self->nouts : 1, sizeof(Py_ssize_t));
-    n = PyTuple_Size(launches);
     e->launches = PyMem_Calloc(n ? n : 1, sizeof(EntryLaunch));
     e->nviews = PyTuple_Size(views);
     e->views = PyMem_Calloc(e->nviews ? e->nviews : 1, sizeof(Py_ssize_t));
@@ -461,20 +486,22 @@ static Entry *entry_from(FastCall *self, PyObject *answer) {
     return e;
 }
 
-/* The entry for key: borrowed capsule, Py_None when the planner refuses the key, NULL on
- * error. */
+/* The entry for key: a new reference to its capsule, or to Py_None when the planner refuses
+ * the key; NULL on error. New, not borrowed: what the caller does next may run Python (the
+ * key's release runs its shapes' finalizers; a shape's __hash__ runs while the key is stored)
+ * and a re-entrant call may clear the cache, which would free a borrowed capsule. */
 static PyObject *entry_for(FastCall *self, PyObject *key) {
     PyObject *capsule = PyDict_GetItemWithError(self->cache, key), *answer;
     Entry *e;
-    if (capsule != NULL || PyErr_Occurred())
+    if (capsule != NULL || PyErr_Occurred()) {
+        Py_XINCREF(capsule);
         return capsule;
+    }
     answer = call_hook(self, s_entry, key);
     if (answer == NULL)
         return NULL;
-    if (answer == Py_None) {
-        Py_DECREF(answer);
-        return Py_None;
-    }
+    if (answer == Py_None)
+        return answer;
     e = entry_from(self, answer);
     Py_DECREF(answer);
     if (e == NULL)
@@ -490,46 +517,57 @@ static PyObject *entry_for(FastCall *self, PyObject *key) {
         Py_DECREF(capsule);
         return NULL;
     }
-    Py_DECREF(capsule); /* the cache holds it */
     return capsule;
 }
 
-/* The function handles of device state st (st.flat, ints), cached while st stays the same. */
-static void **functions_of(FastCall *self, PyObject *st) {
-    PyObject *flat;
-    void **funcs;
+/* The function handles of device state st (st.flat, ints), cached while st stays the same,
+ * for the entry's launches into use[]. -1 with an exception set on failure. The handles are
+ * copied before the state they replace is released: its release may run Python (a finalizer)
+ * that calls again and replaces last_funcs, and another thread may do the same while the GIL
+ * is released around a launch. */
+static int functions_of(FastCall *self, PyObject *st, const Entry *e, void **use) {
+    PyObject *flat, *old_state;
+    void **funcs, **old_funcs;
     int j;
-    if (st == self->last_state)
-        return self->last_funcs;
-    flat = PyObject_GetAttr(st, s_flat);
-    if (flat == NULL)
-        return NULL;
-    if (!PyList_Check(flat) || PyList_Size(flat) != self->nlayouts) {
-        Py_DECREF(flat);
-        PyErr_SetString(PyExc_ValueError, "FastCall: the device state's function list does "
-                        "not match the program's launches");
-        return NULL;
-    }
-    funcs = PyMem_Calloc(self->nlayouts ? self->nlayouts : 1, sizeof(void *));
-    if (funcs == NULL) {
-        Py_DECREF(flat);
-        return (void **)PyErr_NoMemory();
-    }
-    for (j = 0; j < self->nlayouts; j++) {
-        funcs[j] = PyLong_AsVoidPtr(PyList_GetItem(flat, j));
-        if (PyErr_Occurred()) {
+    if (st != self->last_state) {
+        flat = PyObject_GetAttr(st, s_flat);
+        if (flat == NULL)
+            return -1;
+        if (!PyList_Check(flat) || PyList_Size(flat) != self->nlayouts) {
             Py_DECREF(flat);
-            PyMem_Free(funcs);
-            return NULL;
+            PyErr_SetString(PyExc_ValueError, "FastCall: the device state's function list "
+                            "does not match the program's launches");
+            return -1;
         }
+        funcs = PyMem_Calloc(self->nlayouts ? self->nlayouts : 1, sizeof(void *));
+        if (funcs == NULL) {
+            Py_DECREF(flat);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (j = 0; j < self->nlayouts; j++) {
+            funcs[j] = PyLong_AsVoidPtr(PyList_GetItem(flat, j));
+            if (PyErr_Occurred()) {
+                Py_DECREF(flat);
+                PyMem_Free(funcs);
+                return -1;
+            }
+        }
+        Py_DECREF(flat);
+        for (j = 0; j < e->nlaunch; j++)
+            use[j] = funcs[e->launches[j].j];
+        old_funcs = self->last_funcs;
+        old_state = self->last_state;
+        Py_INCREF(st);
+        self->last_state = st;
+        self->last_funcs = funcs;
+        PyMem_Free(old_funcs);
+        Py_XDECREF(old_state);
+        return 0;
     }
-    Py_DECREF(flat);
-    PyMem_Free(self->last_funcs);
-    Py_XDECREF(self->last_state);
-    Py_INCREF(st);
-    self->last_state = st;
-    self->last_funcs = funcs;
-    return funcs;
+    for (j = 0; j < e->nlaunch; j++)
+        use[j] = self->last_funcs[e->launches[j].j];
+    return 0;
 }
 
 /* ---- the call ----------------------------------------------------------------------------- */
@@ -823,7 +861,7 @@ static int stream_of(FastCall *self, PyObject *stream, PyObject *device_obj, lon
  * first on a default stream). -1 with an exception set on failure. */
 static int launch_all(FastCall *self, const Entry *e, PyObject *st, long device, uint64_t sh,
                       const Value *vals) {
-    void **funcs, *use[MAX_LAUNCHES];
+    void *use[MAX_LAUNCHES];
     int k;
     if (sh < 3 && !(tls_epoch == context_epoch && tls_device == device)) {
         PyObject *r = call_hook(self, s_context_was_lost, st);
@@ -835,12 +873,9 @@ static int launch_all(FastCall *self, const Entry *e, PyObject *st, long device,
             tls_device = device;
         }
     }
-    funcs = functions_of(self, st);
-    if (funcs == NULL)
+    /* copied: another thread may replace last_funcs while the GIL is released */
+    if (functions_of(self, st, e, use) < 0)
         return -1;
-    /* copied now: another thread may replace last_funcs while the GIL is released */
-    for (k = 0; k < e->nlaunch; k++)
-        use[k] = funcs[e->launches[k].j];
     for (k = 0; k < e->nlaunch; k++) {
         const EntryLaunch *el = &e->launches[k];
         int err = launch_one(self, el, use[k], (void *)(uintptr_t)sh, vals);
@@ -850,15 +885,18 @@ static int launch_all(FastCall *self, const Entry *e, PyObject *st, long device,
     return 0;
 }
 
-/* The entry of the key `words` (exchange-API path; borrowed, Py_None when the planner refuses
- * it, NULL with *fits -1 on error): the last call's when the key is the same (no Python key is
- * built), else the cache's through the key tuple, which then becomes the last one. */
+/* The entry of the key `words` (exchange-API path; a new reference, to Py_None when the
+ * planner refuses it, NULL with *fits -1 on error): the last call's when the key is the same
+ * (no Python key is built), else the cache's through the key tuple, which then becomes the
+ * last one. */
 static PyObject *remembered_entry(FastCall *self, const int64_t *words, Py_ssize_t nwords,
                                   int *fits) {
     PyObject *key, *capsule;
     if (nwords == self->last_len && self->last_capsule != NULL &&
-        memcmp(words, self->last_key, (size_t)nwords * sizeof(int64_t)) == 0)
+        memcmp(words, self->last_key, (size_t)nwords * sizeof(int64_t)) == 0) {
+        Py_INCREF(self->last_capsule);
         return self->last_capsule;
+    }
     key = key_of_words(self, words);
     if (key == NULL) {
         *fits = -1;
@@ -874,14 +912,14 @@ static PyObject *remembered_entry(FastCall *self, const int64_t *words, Py_ssize
         PyObject *old = self->last_capsule;
         Py_INCREF(capsule);
         self->last_capsule = capsule;
-        Py_XDECREF(old);
         memcpy(self->last_key, words, (size_t)nwords * sizeof(int64_t));
         self->last_len = nwords;
+        Py_XDECREF(old); /* last: the fields are consistent whatever its release runs */
     }
     return capsule;
 }
 
-static PyObject *fastcall_call(FastCall *self, PyObject *const *argv, Py_ssize_t nargs) {
+static PyObject *fastcall_run(FastCall *self, PyObject *const *argv, Py_ssize_t nargs) {
     PyObject *args, *out, *stream, *key, *device_obj = NULL, *capsule = NULL, *st = NULL;
     PyObject *result = NULL, *a[4];
     Value vals[MAX_VALUES];
@@ -920,10 +958,15 @@ static PyObject *fastcall_call(FastCall *self, PyObject *const *argv, Py_ssize_t
         fits = device_obj == NULL ? -1 : 1;
     }
     if (fits > 0) {
+        /* held from here: hooks.entry and the key's hashing run Python, which may empty the
+         * states (a device state is freed with the last reference to it) */
         st = PyDict_GetItemWithError(self->states, device_obj);
+        Py_XINCREF(st);
         /* none: a first call on this device (or host memory); the general path binds it */
         fits = st != NULL ? 1 : PyErr_Occurred() ? -1 : 0;
     }
+    /* the capsule is a new reference (entry_for says why), kept while in use: another
+     * thread, or a re-entrant call, may clear the cache meanwhile */
     if (fits > 0 && key == NULL)
         capsule = remembered_entry(self, words, nwords, &fits);
     else if (fits > 0)
@@ -932,14 +975,13 @@ static PyObject *fastcall_call(FastCall *self, PyObject *const *argv, Py_ssize_t
         fits = capsule == NULL ? -1 : capsule != Py_None;
     Py_XDECREF(key);
     if (fits <= 0) {
+        Py_XDECREF(capsule);
+        Py_XDECREF(st);
         Py_XDECREF(device_obj);
         if (fits < 0)
             return NULL;
         goto slow;
     }
-    /* both kept while in use: another thread may clear the cache or the states meanwhile */
-    Py_INCREF(capsule);
-    Py_INCREF(st);
     e = (const Entry *)PyCapsule_GetPointer(capsule, "kernelpack.fastcall.entry");
     if (e == NULL)
         goto done;
@@ -985,6 +1027,27 @@ slow:
     a[2] = out;
     a[3] = stream;
     return call_method(s_slow, a, 4);
+}
+
+/* FastCall.call. A call made from inside another (a callback of the first calling again)
+ * more than MAX_NESTING deep goes to the general path: each level keeps about 11 KB of C stack
+ * (the key words and the values), so unbounded nesting overflowed the C stack (a crash)
+ * before Python's recursion limit could raise RecursionError; the general path's frames are
+ * Python's and it raises. */
+static PyObject *fastcall_call(FastCall *self, PyObject *const *argv, Py_ssize_t nargs) {
+    PyObject *result;
+    if (tls_nesting >= MAX_NESTING && nargs == 3) {
+        PyObject *a[4];
+        a[0] = self->hooks;
+        a[1] = argv[0];
+        a[2] = argv[1];
+        a[3] = argv[2];
+        return call_method(s_slow, a, 4);
+    }
+    tls_nesting++;
+    result = fastcall_run(self, argv, nargs);
+    tls_nesting--;
+    return result;
 }
 
 static PyObject *fastcall_get_fast_calls(FastCall *self, void *closure) {
