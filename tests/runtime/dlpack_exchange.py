@@ -50,12 +50,19 @@ _new_capsule.restype = ctypes.py_object
 _new_capsule.argtypes = [c_void_p, ctypes.c_char_p, c_void_p]
 
 
+_ALIVE: list[Any] = []  # every FakeExchange made (see FakeExchange.__init__)
+
+
 class FakeExchange:
     """The table, its capsule (``capsule``) and what it was asked: ``described`` (objects),
     ``streams`` ((device type, device id)). ``stream``: what current_work_stream answers;
     ``refuse``: describe nothing (-1, as for a tensor DLPack cannot express)."""
 
     def __init__(self, version: tuple[int, int] = (1, 3)) -> None:
+        # alive as long as the process: the capsule points at this table and its callbacks,
+        # and a test that drops the fake while a fast path keeps the capsule would have the
+        # fast path read and call freed memory (found under ASan, review 11)
+        _ALIVE.append(self)
         self.described: list[Any] = []
         self.streams: list[tuple[int, int]] = []
         self.stream = 0

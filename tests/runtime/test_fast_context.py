@@ -86,7 +86,9 @@ def test_several_devices_ask_on_every_default_stream_call(monkeypatch, torch) ->
     assert fake.ctx_queries - before == 4
     fake.current = CTX0 + 1  # the caller switched this thread to device 1
     assert call_program(prog, x, y, 3.0).values() == [1.0, 4.0, 7.0]
-    assert fake.current == CTX0  # set back for the launch on device 0's tensors
+    # device 0's context was pushed for the launch and popped: the thread stays on device 1
+    # (review 11; it was left on device 0)
+    assert fake.current == CTX0 + 1
 
 
 def test_lost_context_is_set_again_and_the_launch_repeated(monkeypatch, torch) -> None:

@@ -56,10 +56,10 @@ class FailingHooks(Hooks):
             raise KeyError("entry")
         return super().entry(key)
 
-    def stream_handle(self, stream) -> int:
+    def stream_handle(self, stream, device) -> int:
         if self.fail == "stream_handle":
             raise KeyError("stream_handle")
-        return super().stream_handle(stream)
+        return super().stream_handle(stream, device)
 
     def context_was_lost(self, st) -> bool:
         if self.fail == "context_was_lost":

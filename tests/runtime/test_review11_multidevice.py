@@ -139,8 +139,7 @@ def test_devices_0_1_0_load_once_launch_in_their_context_and_leave_the_caller_al
         entry, ctx, stream, handle = fake.launch_contexts[-1]
         assert (entry, ctx, stream) == ("axpby", CTX[device], 0), (i, device, caller)
         handles[device].add(handle)
-        general = kind == "host" or i == 0  # torch: the fast path from the second call on
-        if caller is not None and (general or not FAST_PATH_SWITCHES):
+        if caller is not None:  # the general path and the fast paths alike (review 11)
             assert fake.current == before, (f"call {i}: tensors on device {device} left device "
                                              f"{fake.current - 0x100} current, the caller had "
                                              f"device {caller}")
@@ -164,15 +163,9 @@ def kp_f32() -> FakeDtype:
 
 
 #: The torch/cupy fast paths (fastpath.py FastCore.context_was_lost, and the C FastCall that
-#: calls it) make the tensors' device current with cuCtxSetCurrent and leave it so: a thread
-#: on device 1 calling with tensors on device 0 is on device 0 afterwards (pinned the other
-#: way by test_fast_context.py::test_several_devices_ask_on_every_default_stream_call). Not
-#: this review's files: reported; the xfail below turns into a failure once it is fixed.
-FAST_PATH_SWITCHES = True
-
-
-@pytest.mark.xfail(strict=True, reason="the fast path leaves the tensors' device current "
-                                       "(fastpath.py context_was_lost: cuCtxSetCurrent)")
+#: calls it) made the tensors' device current with cuCtxSetCurrent and left it so: a thread on
+#: device 1 calling with tensors on device 0 was on device 0 afterwards. They push and pop
+#: now, as the general path does.
 @pytest.mark.parametrize("path", ["C", "closure"])
 def test_fast_path_leaves_the_callers_device_alone(monkeypatch, door, torch, path) -> None:
     if path == "closure":

@@ -48,8 +48,6 @@ def test_the_callers_device_is_left_alone_on_the_general_path(torch) -> None:
 
 
 @needs_two
-@pytest.mark.xfail(strict=True, reason="the fast path leaves the tensors' device current "
-                                       "(fastpath.py context_was_lost: cuCtxSetCurrent)")
 def test_the_callers_device_is_left_alone_on_the_fast_path(torch) -> None:
     _calls_from_device_1(torch, 3)
 

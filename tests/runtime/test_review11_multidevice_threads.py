@@ -129,8 +129,8 @@ def test_a_stream_of_another_device_is_refused(monkeypatch, door, stream_type) -
 
 
 def test_torch_stream_of_another_device_on_the_fast_path(monkeypatch, door, torch) -> None:
-    """The general path refuses it; the torch fast path takes ``stream=`` with ``out=`` itself
-    (fast_torch.py: ``stream_handle(stream)``, no device check) and launches."""
+    """The general path refuses it, and so does the torch fast path, which takes ``stream=``
+    with ``out=`` itself (it launched there before review 11)."""
     fake = make_fake(monkeypatch, door)
     prog = kp.load(kp.save([axpby()]))["axpby"]
     x, y = Tensor([1.0], torch.float32), Tensor([1.0], torch.float32)
@@ -138,14 +138,10 @@ def test_torch_stream_of_another_device_on_the_fast_path(monkeypatch, door, torc
     prog(x, y, 1.0)
     prog(x, y, 1.0)  # the fast path is built
     n = len(fake.launch_contexts)
-    try:
+    with pytest.raises(LaunchError, match="stream= is a stream of device 1, the arguments are "
+                                          "on device 0"):
         prog(x, y, 1.0, out=z, stream=TorchStream(0x77, 1))
-    except LaunchError as exc:
-        assert "stream of device 1" in str(exc)
-        assert len(fake.launch_contexts) == n
-    else:
-        pytest.xfail("the torch fast path launched on a stream of device 1 with tensors on "
-                     "device 0 (fast_torch.py does not check the stream's device)")
+    assert len(fake.launch_contexts) == n
 
 
 # ---- fork ---------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@
 
 static PyTypeObject *FastCallType = NULL;
 
-static PyObject *s_flat, *s_allocate, *s_entry, *s_context_was_lost,
+static PyObject *s_flat, *s_allocate, *s_entry, *s_context_was_lost, *s_pop_context,
     *s_launch_failed, *s_slow, *s_stream_handle, *s_ptr, *s_device_id;
 
 /* The remembered context (see the top): valid while epoch matches context_epoch. */
@@ -598,6 +598,24 @@ static int launch_one(FastCall *self, const EntryLaunch *el, void *func, void *s
     return err;
 }
 
+/* Whether hooks.context_was_lost's answer r is PUSHED (fastpath.PUSHED, 2): the device's
+ * context went over another device's, and hooks.pop_context must follow the launches. */
+static int was_pushed(PyObject *r) {
+    return PyLong_Check(r) && PyLong_AsLong(r) == 2;
+}
+
+/* hooks.pop_context(st), keeping an exception already set. */
+static void pop_context(FastCall *self, PyObject *st) {
+    PyObject *type, *value, *tb, *r;
+    PyErr_Fetch(&type, &value, &tb);
+    r = call_hook(self, s_pop_context, st);
+    Py_XDECREF(r);
+    if (type != NULL)
+        PyErr_Restore(type, value, tb);
+    else if (r == NULL)
+        PyErr_Clear(); /* nothing to report it to: the launches went through */
+}
+
 /* A failed launch: on a remembered default-stream context, have the hooks check it and launch
  * again when it had changed; otherwise have them raise the LaunchError. 0: recovered. */
 static int recover(FastCall *self, int err, PyObject *st, long device, uint64_t sh,
@@ -610,18 +628,20 @@ static int recover(FastCall *self, int err, PyObject *st, long device, uint64_t 
         if (r == NULL)
             return -1;
         k = PyObject_IsTrue(r);
+        int pushed = k > 0 && was_pushed(r);
         Py_DECREF(r);
         if (k < 0)
             return -1;
         if (k) {
             err = launch_one(self, el, func, (void *)(uintptr_t)sh, vals);
-            if (!err) {
-                if (self->trust_context) {
-                    tls_epoch = context_epoch;
-                    tls_device = device;
-                }
-                return 0;
+            if (pushed)
+                pop_context(self, st);
+            else if (!err && self->trust_context) {
+                tls_epoch = context_epoch;
+                tls_device = device;
             }
+            if (!err)
+                return 0;
         }
     }
     args[0] = self->hooks;
@@ -839,8 +859,12 @@ static int stream_of(FastCall *self, PyObject *stream, PyObject *device_obj, lon
         *sh = (uint64_t)(uintptr_t)current;
         return 0;
     }
-    if (stream != Py_None) {
-        r = call_hook(self, s_stream_handle, stream);
+    if (stream != Py_None) { /* hooks.stream_handle(stream, device): refuses another device's */
+        PyObject *a[3];
+        a[0] = self->hooks;
+        a[1] = stream;
+        a[2] = device_obj != NULL ? device_obj : Py_None;
+        r = call_method(s_stream_handle, a, 3);
     } else if (self->cupy) { /* cupy.cuda.get_current_stream().ptr */
         PyObject *current = PyObject_Vectorcall(self->raw_stream, NULL, 0, NULL);
         if (current == NULL)
@@ -858,31 +882,35 @@ static int stream_of(FastCall *self, PyObject *stream, PyObject *device_obj, lon
 }
 
 /* Every launch of the entry, in order, on the device state st (the current context checked
- * first on a default stream). -1 with an exception set on failure. */
+ * first on a default stream; pushed over another device's, it is popped after). -1 with an
+ * exception set on failure. */
 static int launch_all(FastCall *self, const Entry *e, PyObject *st, long device, uint64_t sh,
                       const Value *vals) {
     void *use[MAX_LAUNCHES];
-    int k;
+    int k, pushed = 0, rc = 0;
     if (sh < 3 && !(tls_epoch == context_epoch && tls_device == device)) {
         PyObject *r = call_hook(self, s_context_was_lost, st);
         if (r == NULL)
             return -1;
+        pushed = was_pushed(r);
         Py_DECREF(r);
-        if (self->trust_context) {
+        if (self->trust_context && !pushed) {
             tls_epoch = context_epoch;
             tls_device = device;
         }
     }
     /* copied: another thread may replace last_funcs while the GIL is released */
     if (functions_of(self, st, e, use) < 0)
-        return -1;
-    for (k = 0; k < e->nlaunch; k++) {
+        rc = -1;
+    for (k = 0; rc == 0 && k < e->nlaunch; k++) {
         const EntryLaunch *el = &e->launches[k];
         int err = launch_one(self, el, use[k], (void *)(uintptr_t)sh, vals);
         if (err && recover(self, err, st, device, sh, el, use[k], vals) < 0)
-            return -1;
+            rc = -1;
     }
-    return 0;
+    if (pushed)
+        pop_context(self, st);
+    return rc;
 }
 
 /* The entry of the key `words` (exchange-API path; a new reference, to Py_None when the
@@ -1134,6 +1162,7 @@ int kp_fastcall_init(PyObject *module) {
     if (kp_intern(&s_flat, "flat") < 0 ||
         kp_intern(&s_allocate, "allocate") < 0 || kp_intern(&s_entry, "entry") < 0 ||
         kp_intern(&s_context_was_lost, "context_was_lost") < 0 ||
+        kp_intern(&s_pop_context, "pop_context") < 0 ||
         kp_intern(&s_launch_failed, "launch_failed") < 0 ||
         kp_intern(&s_slow, "slow") < 0 || kp_intern(&s_stream_handle, "stream_handle") < 0 ||
         kp_intern(&s_ptr, "ptr") < 0 || kp_intern(&s_device_id, "device_id") < 0)

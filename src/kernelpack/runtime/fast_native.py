@@ -18,6 +18,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Callable
 
+from ..errors import LaunchError
+from .arrays import stream_device
 from .fastpath import Call, FastCore
 
 __all__ = ["Hooks", "native_torch_call", "native_cupy_call", "exchange_api", "dl_dtype"]
@@ -31,21 +33,34 @@ class Hooks:
     context check, the launch error, and the fallback.
 
     ``context_was_lost(st)`` is :meth:`FastCore.context_was_lost`: asked before a launch on a
-    default stream whose context the thread has not confirmed (the answer is ignored), and
-    after a failed launch on a remembered one (True: it was set again, launch once more)."""
+    default stream whose context the thread has not confirmed, and after a failed launch on a
+    remembered one (true: it was set again, launch once more); when it answers
+    :data:`~.fastpath.PUSHED`, ``pop_context(st)`` follows the launches."""
 
-    __slots__ = ("core", "slow", "allocate", "stream_handle", "context_was_lost", "_nvals",
-                 "_sizes")
+    __slots__ = ("core", "slow", "allocate", "_stream_handle", "context_was_lost",
+                 "pop_context", "_nvals", "_sizes")
 
     def __init__(self, core: FastCore, slow: Call, allocate: Callable[..., Any] | None,
                  stream_handle: Callable[[Any], int], nvals: int) -> None:
         self.core = core
         self.slow = slow
         self.allocate = allocate
-        self.stream_handle = stream_handle
+        self._stream_handle = stream_handle
         self.context_was_lost = core.context_was_lost
+        self.pop_context = core.pop_context
         self._nvals = nvals
         self._sizes = [size for size, _ in core.layouts]
+
+    def stream_handle(self, stream: Any, device: Any) -> int:
+        """``stream=``'s raw handle; a torch/cupy stream of another device than the tensors'
+        is the general path's LaunchError (the kernel would run there, on this device's
+        memory). A raw handle does not say its device: the caller's to get right."""
+        on = stream_device(stream)
+        if on is not None and isinstance(device, int) and device >= 0 and on != device:
+            raise LaunchError(f"{self.core.name}: stream= is a stream of device {on}, the "
+                              f"arguments are on device {device}; pass a stream of device "
+                              f"{device}")
+        return self._stream_handle(stream)
 
     def entry(self, key: tuple) -> tuple | None:
         """``(output shapes, likes, launches, views, view_out, overlap)`` for ``key``, each

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .arrays import stream_handle
+from .arrays import stream_device, stream_handle
 from .fast_native import native_torch_call
 from .fastpath import Call, FastCore, out_overlaps_input, split_scalars
 
@@ -46,6 +46,7 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
     cache, plan, local, fill_from = core.cache, core.plan, core.local, core.fill_from
     thread_state, ensure_context, relaunch, fire_all = core.thread_state, \
         core.ensure_context, core.relaunch, core.fire_all
+    pop_context = core.pop_context
     launch, streams, cu_stream = core.launch, core.streams, core.cu_stream
     devices: dict[int, Any] = {}
 
@@ -125,30 +126,40 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
             if out_overlaps_input(vals, o, overlap):  # the general path refuses it
                 return slow(args, out, stream)
             ret = out
-            sh = raw_stream(device) if stream is None else stream_handle(stream)
+            if stream is None:
+                sh = raw_stream(device)
+            elif stream_device(stream) not in (None, device):  # the general path refuses it
+                return slow(args, out, stream)
+            else:
+                sh = stream_handle(stream)
         else:
             return slow(args, out, stream)
         try:
             ts = local.ts
         except AttributeError:
             ts = thread_state()
-        if sh < 3 and ts.ctx != device:  # a default stream: the current context decides
-            ensure_context(st, ts, device)
-        cs = streams.get(sh)
-        if cs is None:
-            cs = cu_stream(sh)
-        if one is None:  # several launches (or none: empty grids)
-            if not fire_all(st, ts, device, sh, cs, todo, vals):
+        # a default stream: the current context decides (pushed over another device's: the
+        # thread gets its own back after the launches)
+        pushed = sh < 3 and ts.ctx != device and ensure_context(st, ts, device)
+        try:
+            cs = streams.get(sh)
+            if cs is None:
+                cs = cu_stream(sh)
+            if one is None:  # several launches (or none: empty grids)
+                if not fire_all(st, ts, device, sh, cs, todo, vals):
+                    return slow(args, out, stream)
+                return ret
+            getter, pack, j, gx, gy, gz, bx, by, bz, smem = one
+            try:  # struct range-checks every value before anything is launched
+                pack(ts.bufs[j], 0, *(vals if getter is None else getter(vals)))
+            except Exception:  # struct.error / OverflowError: the general path explains
                 return slow(args, out, stream)
+            err, = launch(st.flat[j], gx, gy, gz, bx, by, bz, smem, cs, ts.addrs[j], 0)
+            if err:
+                relaunch(err, st, ts, device, sh, one, cs)
             return ret
-        getter, pack, j, gx, gy, gz, bx, by, bz, smem = one
-        try:  # struct range-checks every value before anything is launched
-            pack(ts.bufs[j], 0, *(vals if getter is None else getter(vals)))
-        except Exception:  # struct.error / OverflowError: the general path explains
-            return slow(args, out, stream)
-        err, = launch(st.flat[j], gx, gy, gz, bx, by, bz, smem, cs, ts.addrs[j], 0)
-        if err:
-            relaunch(err, st, ts, device, sh, one, cs)
-        return ret
+        finally:
+            if pushed:
+                pop_context(st)
 
     return call

@@ -46,6 +46,10 @@ from .binding import fills_of
 from .execute import DEFAULT_SHARED_MEM, partially_overlaps
 from .native import launcher
 
+#: :meth:`FastCore.context_was_lost`'s answer when it pushed the device's context over
+#: another device's (the caller pops it after launching)
+PUSHED = 2
+
 __all__ = ["make_fast_path", "fits", "split_scalars", "keyed_symbols", "lazy_view_checks",
            "out_overlap", "out_overlaps_input", "FastCore", "ThreadState"]
 
@@ -160,6 +164,7 @@ class FastCore:
         self.trust_context = _trust_thread_context()
         drv = _drv.bindings()
         self.ctx_get, self.launch = drv.cuCtxGetCurrent, launcher().launch
+        self._drv, self._check = drv, _drv.check
         self.error_for = _drv.error_for
         self.streams, self.cu_stream = _streams, cu_stream
 
@@ -247,21 +252,38 @@ class FastCore:
         return True
 
     # ---- rare paths -------------------------------------------------------------------------
-    def ensure_context(self, st: Any, ts: ThreadState, device: int) -> None:
+    def ensure_context(self, st: Any, ts: ThreadState, device: int) -> bool:
         """Make ``device``'s primary context current on this thread if it is not (asking the
-        driver), and remember it when the thread may trust that (one visible device)."""
-        self.context_was_lost(st)
+        driver), and remember it when the thread may trust that (one visible device). True
+        when it was pushed over another device's context: the caller pops it
+        (:meth:`pop_context`) after its launches."""
+        if self.context_was_lost(st) == PUSHED:
+            return True
         if self.trust_context:
             ts.ctx = device
-
-    def context_was_lost(self, st: Any) -> bool:
-        """Whether the calling thread's current context was not ``st``'s device's primary
-        context (asking the driver); it is made current then."""
-        err, cur = self.ctx_get()
-        if err or int(cur) != st.device.ctx_id:
-            st.device.make_current()
-            return True
         return False
+
+    def context_was_lost(self, st: Any) -> int:
+        """Whether the calling thread's current context was not ``st``'s device's primary
+        context (asking the driver): 0 it was; 1 no context was current, and the device's is
+        set and kept (as the CUDA runtime's first call does); :data:`PUSHED` another device's
+        was (tensors on device 0 from a thread working on device 1): the device's is pushed
+        over it, and the caller pops it (:meth:`pop_context`) after launching, so the thread
+        stays on its device, as the general path leaves it (execute._enter)."""
+        err, cur = self.ctx_get()
+        cur = 0 if err or cur is None else int(cur)
+        if cur == st.device.ctx_id:
+            return 0
+        if cur == 0:
+            st.device.make_current()
+            return 1
+        self._check(self._drv.cuCtxPushCurrent(st.device.ctx),
+                   f"making device {st.device.ordinal}'s context current")
+        return PUSHED
+
+    def pop_context(self, st: Any) -> None:
+        """Undo :meth:`context_was_lost`'s push: the thread's own context current again."""
+        self._drv.cuCtxPopCurrent()
 
     def launch_error(self, err: Any, j: int, grid: tuple, block: tuple, smem: int) -> Exception:
         """The LaunchError (or DeviceError, ...) for launch ``j`` failing with ``err``."""
@@ -276,12 +298,15 @@ class FastCore:
         _, _, j, gx, gy, gz, bx, by, bz, smem = item
         if sh < 3 and ts.ctx == device:
             ts.ctx = -1
-            if self.context_was_lost(st):
+            lost = self.context_was_lost(st)
+            if lost:
                 err, = self.launch(st.flat[j], gx, gy, gz, bx, by, bz, smem, cs,
                                    ts.addrs[j], 0)
+                if lost == PUSHED:
+                    self.pop_context(st)
+                elif not err and self.trust_context:
+                    ts.ctx = device
                 if not err:
-                    if self.trust_context:
-                        ts.ctx = device
                     return
         exc = self.launch_error(err, j, (gx, gy, gz), (bx, by, bz), smem)
         try:  # the local would tie the error's traceback (and the call's outputs) in a cycle
