@@ -598,8 +598,8 @@ static int launch_one(FastCall *self, const EntryLaunch *el, void *func, void *s
     return err;
 }
 
-/* Whether hooks.context_was_lost's answer r is PUSHED (fastpath.PUSHED, 2): the device's
- * context went over another device's, and hooks.pop_context must follow the launches. */
+/* Whether hooks.context_was_lost's answer r is PUSHED (runtime/device.py: 2, Device.enter):
+ * the device's context went over another device's; hooks.pop_context follows the launches. */
 static int was_pushed(PyObject *r) {
     return PyLong_Check(r) && PyLong_AsLong(r) == 2;
 }

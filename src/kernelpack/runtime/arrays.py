@@ -23,8 +23,8 @@ from ..dtypes import DType, as_dtype
 from ..errors import LaunchError
 
 __all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "adapter_for",
-           "stream_handle", "stream_device", "GENERIC", "hold", "held_views", "release_held",
-           "readonly_why"]
+           "stream_handle", "stream_device", "check_stream_device", "GENERIC", "hold",
+           "held_views", "release_held", "readonly_why"]
 
 ArrayFacts = tuple  # (ptr, shape, dtype token, device ordinal (-1: host), contiguous)
 
@@ -359,6 +359,16 @@ def stream_device(stream: Any) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None
+
+
+def check_stream_device(name: str, stream: Any, device: int) -> None:
+    """LaunchError when ``stream`` is a torch/CuPy stream of another device than the
+    arguments' ``device``: the kernel would run there, on this device's memory. A raw handle
+    does not say its device: the caller's to get right."""
+    on = stream_device(stream)
+    if on is not None and device >= 0 and on != device:
+        raise LaunchError(f"{name}: stream= is a stream of device {on}, the arguments are on "
+                          f"device {device}; pass a stream of device {device}")
 
 
 def stream_handle(stream: Any) -> int:

@@ -17,7 +17,11 @@ from ..errors import DeviceError
 from ..targets import Arch
 from . import driver as _drv
 
-__all__ = ["Device", "get_device", "device_count", "current_device_ordinal", "check_ordinal"]
+__all__ = ["Device", "get_device", "device_count", "current_device_ordinal", "check_ordinal",
+           "WAS_CURRENT", "SET", "PUSHED"]
+
+#: :meth:`Device.enter`'s answers (PUSHED is 2 in runtime/_fastcall.c too)
+WAS_CURRENT, SET, PUSHED = 0, 1, 2
 
 
 class Device:
@@ -60,6 +64,31 @@ class Device:
         if current is None or int(current) != self.ctx_id:
             _drv.check(drv.cuCtxSetCurrent(self.ctx),
                        f"making device {self.ordinal}'s context current")
+
+    def enter(self) -> int:
+        """Make this device's primary context current for a launch (or an allocation) on
+        the calling thread. :data:`WAS_CURRENT`: it was. :data:`SET`: no context was current;
+        it is set and kept, as the CUDA runtime's first call does (the thread's next call then
+        needs no driver call to confirm it). :data:`PUSHED`: another device's was (tensors on
+        device 0 from a thread working on device 1): it is pushed over it, and the caller
+        calls :meth:`leave` after launching, so that the thread does not end up on a device
+        it did not choose (its next tensors would go there)."""
+        drv = _drv.bindings()
+        current = _drv.check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        current = 0 if current is None else int(current)
+        if current == self.ctx_id:
+            return WAS_CURRENT
+        if current == 0:
+            _drv.check(drv.cuCtxSetCurrent(self.ctx),
+                       f"making device {self.ordinal}'s context current")
+            return SET
+        _drv.check(drv.cuCtxPushCurrent(self.ctx),
+                   f"making device {self.ordinal}'s context current")
+        return PUSHED
+
+    def leave(self) -> None:
+        """After :meth:`enter` answered PUSHED: the thread's previous context current again."""
+        _drv.bindings().cuCtxPopCurrent()
 
     @contextmanager
     def pushed(self) -> Iterator[None]:

@@ -21,6 +21,7 @@ from ..errors import KernelPackError, LaunchError
 from . import driver as _drv
 from .arrays import GENERIC, adapter_for, readonly_why
 from .binding import ARG_BUFFER, ARG_SCALAR, fills_of
+from .device import PUSHED
 from .native import launcher
 
 __all__ = ["run", "cu_stream", "allow_shared", "DEFAULT_SHARED_MEM"]
@@ -61,35 +62,16 @@ def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: 
     checked for partial overlap (:func:`_check_aliasing`).
 
     The device's context is current while the call allocates and launches; a thread that had
-    another device's context current gets it back afterwards (:func:`_enter`)."""
+    another device's context current gets it back afterwards (:meth:`.Device.enter`)."""
     # A launch on a default stream runs in the current context, and a DeviceBuffer is
     # allocated in it: those need the device's context; an explicit stream carries its own.
-    pushed = _enter(st.device) if sh < 3 or adapter is GENERIC else False
+    dev = st.device
+    pushed = (sh < 3 or adapter is GENERIC) and dev.enter() == PUSHED
     try:
         return _run(bp, st, device, sh, adapter, vals, plan, out, inputs)
     finally:
         if pushed:
-            (_drv_mod or _driver()).cuCtxPopCurrent()
-
-
-def _enter(dev: Any) -> bool:
-    """Make ``dev``'s primary context current on the calling thread; True when it was pushed
-    over another device's context, which the caller must pop after the call.
-
-    Tensors on device 0 from a thread working on device 1 (``torch.cuda.set_device(1)``)
-    must not leave the thread on device 0: its next tensors would go there. A thread with no
-    context current gets the device's set and kept, as the CUDA runtime's first call does
-    (and the next call then needs no driver call to confirm it)."""
-    drv = _drv_mod or _driver()
-    err, cur = drv.cuCtxGetCurrent()
-    cur = 0 if err or cur is None else int(cur)
-    if cur == dev.ctx_id:
-        return False
-    if cur == 0:
-        dev.make_current()
-        return False
-    _drv.check(drv.cuCtxPushCurrent(dev.ctx), f"making device {dev.ordinal}'s context current")
-    return True
+            dev.leave()
 
 
 def _run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: Any,

@@ -18,8 +18,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Callable
 
-from ..errors import LaunchError
-from .arrays import stream_device
+from .arrays import check_stream_device
 from .fastpath import Call, FastCore
 
 __all__ = ["Hooks", "native_torch_call", "native_cupy_call", "exchange_api", "dl_dtype"]
@@ -35,7 +34,7 @@ class Hooks:
     ``context_was_lost(st)`` is :meth:`FastCore.context_was_lost`: asked before a launch on a
     default stream whose context the thread has not confirmed, and after a failed launch on a
     remembered one (true: it was set again, launch once more); when it answers
-    :data:`~.fastpath.PUSHED`, ``pop_context(st)`` follows the launches."""
+    :data:`~.device.PUSHED`, ``pop_context(st)`` follows the launches."""
 
     __slots__ = ("core", "slow", "allocate", "_stream_handle", "context_was_lost",
                  "pop_context", "_nvals", "_sizes")
@@ -53,13 +52,9 @@ class Hooks:
 
     def stream_handle(self, stream: Any, device: Any) -> int:
         """``stream=``'s raw handle; a torch/cupy stream of another device than the tensors'
-        is the general path's LaunchError (the kernel would run there, on this device's
-        memory). A raw handle does not say its device: the caller's to get right."""
-        on = stream_device(stream)
-        if on is not None and isinstance(device, int) and device >= 0 and on != device:
-            raise LaunchError(f"{self.core.name}: stream= is a stream of device {on}, the "
-                              f"arguments are on device {device}; pass a stream of device "
-                              f"{device}")
+        is the general path's LaunchError (:func:`~.arrays.check_stream_device`)."""
+        if isinstance(device, int):
+            check_stream_device(self.core.name, stream, device)
         return self._stream_handle(stream)
 
     def entry(self, key: tuple) -> tuple | None:

@@ -43,11 +43,8 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
     single_out = len(outputs) == 1
     out_slot, _, out_dt = outputs[0] if outputs else (0, None, None)
     n_in, nvals, states = len(bs.inputs), bp._nvals, bp._states
-    cache, plan, local, fill_from = core.cache, core.plan, core.local, core.fill_from
-    thread_state, ensure_context, relaunch, fire_all = core.thread_state, \
-        core.ensure_context, core.relaunch, core.fire_all
-    pop_context = core.pop_context
-    launch, streams, cu_stream = core.launch, core.streams, core.cu_stream
+    cache, plan, fill_from = core.cache, core.plan, core.fill_from
+    fire = core.fire
     devices: dict[int, Any] = {}
 
     def allocate(shape: tuple, dt: Any, device: int) -> Any:
@@ -134,32 +131,6 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
                 sh = stream_handle(stream)
         else:
             return slow(args, out, stream)
-        try:
-            ts = local.ts
-        except AttributeError:
-            ts = thread_state()
-        # a default stream: the current context decides (pushed over another device's: the
-        # thread gets its own back after the launches)
-        pushed = sh < 3 and ts.ctx != device and ensure_context(st, ts, device)
-        try:
-            cs = streams.get(sh)
-            if cs is None:
-                cs = cu_stream(sh)
-            if one is None:  # several launches (or none: empty grids)
-                if not fire_all(st, ts, device, sh, cs, todo, vals):
-                    return slow(args, out, stream)
-                return ret
-            getter, pack, j, gx, gy, gz, bx, by, bz, smem = one
-            try:  # struct range-checks every value before anything is launched
-                pack(ts.bufs[j], 0, *(vals if getter is None else getter(vals)))
-            except Exception:  # struct.error / OverflowError: the general path explains
-                return slow(args, out, stream)
-            err, = launch(st.flat[j], gx, gy, gz, bx, by, bz, smem, cs, ts.addrs[j], 0)
-            if err:
-                relaunch(err, st, ts, device, sh, one, cs)
-            return ret
-        finally:
-            if pushed:
-                pop_context(st)
+        return ret if fire(st, device, sh, one, todo, vals) else slow(args, out, stream)
 
     return call

@@ -43,12 +43,9 @@ from typing import Any, Callable
 
 from ..errors import KernelPackError
 from .binding import fills_of
+from .device import PUSHED
 from .execute import DEFAULT_SHARED_MEM, partially_overlaps
 from .native import launcher
-
-#: :meth:`FastCore.context_was_lost`'s answer when it pushed the device's context over
-#: another device's (the caller pops it after launching)
-PUSHED = 2
 
 __all__ = ["make_fast_path", "fits", "split_scalars", "keyed_symbols", "lazy_view_checks",
            "out_overlap", "out_overlaps_input", "FastCore", "ThreadState"]
@@ -162,9 +159,7 @@ class FastCore:
         self.cache: dict[tuple, Any] = {}
         self.local = threading.local()
         self.trust_context = _trust_thread_context()
-        drv = _drv.bindings()
-        self.ctx_get, self.launch = drv.cuCtxGetCurrent, launcher().launch
-        self._drv, self._check = drv, _drv.check
+        self.launch = launcher().launch
         self.error_for = _drv.error_for
         self.streams, self.cu_stream = _streams, cu_stream
 
@@ -232,6 +227,38 @@ class FastCore:
         return ts
 
     # ---- launching ----------------------------------------------------------------------------
+    def fire(self, st: Any, device: int, sh: int, one: tuple | None, todo: tuple,
+             vals: list) -> bool:
+        """Launch a call's work on stream handle ``sh``: ``one``, its single launch, or (None)
+        the several or none of ``todo``. False, with nothing launched, when a value does not
+        fit its parameter (the general path then explains). On a default stream the current
+        context decides: the device's is made current first, and when it had to be pushed
+        over another device's the thread gets its own back after the launches. The torch and
+        CuPy closures' common tail."""
+        try:
+            ts = self.local.ts
+        except AttributeError:
+            ts = self.thread_state()
+        pushed = sh < 3 and ts.ctx != device and self.ensure_context(st, ts, device)
+        try:
+            cs = self.streams.get(sh)
+            if cs is None:
+                cs = self.cu_stream(sh)
+            if one is None:  # several launches (or none: empty grids)
+                return self.fire_all(st, ts, device, sh, cs, todo, vals)
+            getter, pack, j, gx, gy, gz, bx, by, bz, smem = one
+            try:  # struct range-checks every value before anything is launched
+                pack(ts.bufs[j], 0, *(vals if getter is None else getter(vals)))
+            except Exception:  # struct.error / OverflowError: the general path explains
+                return False
+            err, = self.launch(st.flat[j], gx, gy, gz, bx, by, bz, smem, cs, ts.addrs[j], 0)
+            if err:
+                self.relaunch(err, st, ts, device, sh, one, cs)
+            return True
+        finally:
+            if pushed:
+                self.pop_context(st)
+
     def fire_all(self, st: Any, ts: ThreadState, device: int, sh: int, cs: Any, todo: tuple,
                  vals: list) -> bool:
         """Write every block, then launch them in order (a program of several launches, or
@@ -264,26 +291,15 @@ class FastCore:
         return False
 
     def context_was_lost(self, st: Any) -> int:
-        """Whether the calling thread's current context was not ``st``'s device's primary
-        context (asking the driver): 0 it was; 1 no context was current, and the device's is
-        set and kept (as the CUDA runtime's first call does); :data:`PUSHED` another device's
-        was (tensors on device 0 from a thread working on device 1): the device's is pushed
-        over it, and the caller pops it (:meth:`pop_context`) after launching, so the thread
-        stays on its device, as the general path leaves it (execute._enter)."""
-        err, cur = self.ctx_get()
-        cur = 0 if err or cur is None else int(cur)
-        if cur == st.device.ctx_id:
-            return 0
-        if cur == 0:
-            st.device.make_current()
-            return 1
-        self._check(self._drv.cuCtxPushCurrent(st.device.ctx),
-                   f"making device {st.device.ordinal}'s context current")
-        return PUSHED
+        """:meth:`.Device.enter` of ``st``'s device: whether the calling thread's current
+        context was not that device's (0 it was; 1 none was, now set; :data:`PUSHED` another
+        device's was, the device's pushed over it: the caller pops it (:meth:`pop_context`)
+        after launching)."""
+        return st.device.enter()
 
     def pop_context(self, st: Any) -> None:
         """Undo :meth:`context_was_lost`'s push: the thread's own context current again."""
-        self._drv.cuCtxPopCurrent()
+        st.device.leave()
 
     def launch_error(self, err: Any, j: int, grid: tuple, block: tuple, smem: int) -> Exception:
         """The LaunchError (or DeviceError, ...) for launch ``j`` failing with ``err``."""

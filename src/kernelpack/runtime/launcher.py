@@ -24,8 +24,8 @@ from typing import Any, Callable, Sequence
 
 from ..errors import LaunchError
 from . import driver as _drv
-from .arrays import (GENERIC, Adapter, adapter_for, readonly_why, release_held, stream_device,
-                     stream_handle)
+from .arrays import (GENERIC, Adapter, adapter_for, check_stream_device, readonly_why,
+                     release_held, stream_handle)
 from .binding import BoundSummary, scalar_range
 from .device import Device, check_ordinal, current_device_ordinal, get_device
 from .library import load_module, preload
@@ -225,13 +225,8 @@ class BoundProgram:
             # same way and so reuses the view (one DLPack export per call; arrays.held_views)
             device = (_out_device(out, self.bound.outputs, sh) if out is not None
                       else current_device_ordinal())
-        if explicit is not None and device >= 0:
-            on = stream_device(stream)
-            if on is not None and on != device:
-                # the launch would run on the stream's device, reading device-`device` memory
-                raise LaunchError(f"{self.name}: stream= is a stream of device {on}, the "
-                                  f"arguments are on device {device}; pass a stream of "
-                                  f"device {device}")
+        if explicit is not None:
+            check_stream_device(self.name, stream, device)
         if adapter is None:
             adapter = _out_adapter(out) or GENERIC
         if explicit is None:
