@@ -327,6 +327,19 @@ class FakeDriver:
         return (CUresult(0),)
 
 
+
+def install_framework(monkeypatch: Any, name: str, module: Any) -> Any:
+    """Put a stand-in ``torch``/``cupy`` module in ``sys.modules`` for the test, and forget
+    the runtime's adapters of earlier stand-ins (they are cached per array type)."""
+    import sys
+
+    from kernelpack.runtime import arrays, launcher
+
+    monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(arrays, "_adapters", {})
+    monkeypatch.setattr(launcher, "_adapters_by_type", {})
+    return module
+
 def install(monkeypatch: Any, fake: FakeDriver) -> FakeDriver:
     """Make kernelpack.runtime use ``fake`` (and forget devices/libraries of earlier tests)."""
     from kernelpack.runtime import device, driver, execute, library, native

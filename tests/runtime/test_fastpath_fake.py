@@ -17,7 +17,7 @@ from kernelpack.errors import ConstraintError, LaunchError
 from kernelpack.runtime import call_program
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_driver import FakeDriver, install  # noqa: E402
+from fake_driver import FakeDriver, install, install_framework  # noqa: E402
 from test_launch_fake import _axpby_impl, axpby  # noqa: E402
 
 
@@ -121,11 +121,7 @@ def torch(monkeypatch):
     mod.device = lambda kind, index: (kind, index)
     mod._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: 0)
     mod.cuda = types.SimpleNamespace(ExternalStream=lambda handle, device=None: ("ext", handle))
-    monkeypatch.setitem(sys.modules, "torch", mod)
-    from kernelpack.runtime import arrays, launcher
-    monkeypatch.setattr(arrays, "_adapters", {})
-    monkeypatch.setattr(launcher, "_adapters_by_type", {})
-    return mod
+    return install_framework(monkeypatch, "torch", mod)
 
 
 def _prod(shape) -> int:
@@ -239,11 +235,7 @@ def _install_cupy(monkeypatch):
                                      runtime=types.SimpleNamespace(
                                          getDevice=lambda: mod.current.device),
                                      Device=device)
-    monkeypatch.setitem(sys.modules, "cupy", mod)
-    from kernelpack.runtime import arrays, launcher
-    monkeypatch.setattr(arrays, "_adapters", {})
-    monkeypatch.setattr(launcher, "_adapters_by_type", {})
-    return mod
+    return install_framework(monkeypatch, "cupy", mod)
 
 
 def test_cupy_fast_path(fake, cupy, launch_path) -> None:

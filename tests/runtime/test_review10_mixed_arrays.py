@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 import kernelpack as kp
-from kernelpack.runtime import arrays, call_program, launcher
+from kernelpack.runtime import call_program
 from kernelpack.summary import Arg, Compiled, Image, KernelSummary, Launch, Module, Tensor, \
     Variant
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_driver import FakeDriver, HostArray, install  # noqa: E402
+from fake_driver import FakeDriver, HostArray, install, install_framework  # noqa: E402
 from test_fastpath_fake import FakeDtype  # noqa: E402
 from test_fastpath_fake import Tensor as TorchTensor  # noqa: E402
 from test_launch_fake import _axpby_impl, _f32, axpby  # noqa: E402
@@ -55,11 +55,7 @@ def _torch_module(current_stream: int) -> types.ModuleType:
 
 @pytest.fixture
 def torch(monkeypatch, request):
-    mod = _torch_module(getattr(request, "param", 0))
-    monkeypatch.setitem(sys.modules, "torch", mod)
-    monkeypatch.setattr(arrays, "_adapters", {})
-    monkeypatch.setattr(launcher, "_adapters_by_type", {})
-    return mod
+    return install_framework(monkeypatch, "torch", _torch_module(getattr(request, "param", 0)))
 
 
 def _sum3(grid, block, shmem, values) -> None:

@@ -23,7 +23,7 @@ from kernelpack.summary import Arg, Compiled, Image, KernelSummary, Launch, Modu
     Variant
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_driver import CUresult, FakeDriver, install  # noqa: E402
+from fake_driver import CUresult, FakeDriver, install, install_framework  # noqa: E402
 
 MAX_DYNAMIC = 8      # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 OPTIN = 97           # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
@@ -131,12 +131,9 @@ def test_torch_fast_path_leaves_such_launches_to_the_general_path(fake, monkeypa
     is not made, so every such call goes where the limit is raised (per device)."""
     from test_review10_mixed_arrays import TorchTensor, _torch_module
 
-    from kernelpack.runtime import arrays, launcher
+    from kernelpack.runtime import launcher
 
-    torch = _torch_module(0)
-    monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.setattr(arrays, "_adapters", {})
-    monkeypatch.setattr(launcher, "_adapters_by_type", {})
+    torch = install_framework(monkeypatch, "torch", _torch_module(0))
     prog = staged()
     for n in (16384, 16384, 1024, 16384, 1024):
         call_program(prog, TorchTensor([0.0] * n, torch.float32))

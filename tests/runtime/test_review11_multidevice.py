@@ -19,7 +19,7 @@ from kernelpack.errors import CompatibilityError, DeviceError, LaunchError
 from kernelpack.summary import Compiled, Image, Module
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_driver import FakeDriver, HostArray, install  # noqa: E402
+from fake_driver import FakeDriver, HostArray, install, install_framework  # noqa: E402
 from test_fastpath_fake import FakeDtype, Tensor, _has_c_fast_path, _prod  # noqa: E402
 from test_launch_fake import _axpby_impl, axpby  # noqa: E402
 from test_libcuda import _make  # noqa: E402
@@ -87,11 +87,7 @@ def torch(monkeypatch):
     mod.empty_like = lambda t: Tensor([0] * _prod(t.shape), t.dtype, t.shape, device=t._device)
     mod._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: 0)
     mod.cuda = types.SimpleNamespace(ExternalStream=lambda handle, device=None: ("ext", handle))
-    monkeypatch.setitem(sys.modules, "torch", mod)
-    from kernelpack.runtime import arrays, launcher
-    monkeypatch.setattr(arrays, "_adapters", {})
-    monkeypatch.setattr(launcher, "_adapters_by_type", {})
-    return mod
+    return install_framework(monkeypatch, "torch", mod)
 
 
 def _device_of(fake: FakeDriver, result) -> int:
@@ -183,16 +179,19 @@ def test_fast_path_leaves_the_callers_device_alone(monkeypatch, door, torch, pat
 
 
 # ---- errors -----------------------------------------------------------------------------------
+def _placed(request, fake, kind: str, *placed: tuple[int, list]) -> list:
+    """Arrays of ``(device, values)``: stand-in torch tensors, or the fake's host-kind ones."""
+    if kind == "torch":
+        t = request.getfixturevalue("torch")
+        return [Tensor(values, t.float32, device=d) for d, values in placed]
+    return [on(fake, d, values) for d, values in placed]
+
+
 @pytest.mark.parametrize("kind", ["host", "torch"])
 def test_mixed_devices_name_both_arguments_and_devices(monkeypatch, door, kind, request) -> None:
     fake = make_fake(monkeypatch, door)
     prog = kp.load(kp.save([axpby()]))["axpby"]
-    if kind == "torch":
-        t = request.getfixturevalue("torch")
-        x0, y0 = Tensor([1.0], t.float32, device=0), Tensor([1.0], t.float32, device=0)
-        x1 = Tensor([1.0], t.float32, device=1)
-    else:
-        x0, y0, x1 = on(fake, 0, [1.0]), on(fake, 0, [1.0]), on(fake, 1, [1.0])
+    x0, y0, x1 = _placed(request, fake, kind, (0, [1.0]), (0, [1.0]), (1, [1.0]))
     prog(x0, y0, 1.0)
     prog(x0, y0, 1.0)  # the fast path is built (torch)
     n = len(fake.launch_contexts)
@@ -225,12 +224,7 @@ def test_a_device_that_does_not_exist_is_a_device_error(monkeypatch, door, kind,
 def test_out_on_another_device_is_refused_naming_out(monkeypatch, door, kind, request) -> None:
     fake = make_fake(monkeypatch, door)
     prog = kp.load(kp.save([axpby()]))["axpby"]
-    if kind == "torch":
-        t = request.getfixturevalue("torch")
-        x, y = Tensor([1.0], t.float32, device=0), Tensor([1.0], t.float32, device=0)
-        z1 = Tensor([0.0], t.float32, device=1)
-    else:
-        x, y, z1 = on(fake, 0, [1.0]), on(fake, 0, [1.0]), on(fake, 1, [0.0])
+    x, y, z1 = _placed(request, fake, kind, (0, [1.0]), (0, [1.0]), (1, [0.0]))
     prog(x, y, 1.0)
     prog(x, y, 1.0)
     n = len(fake.launch_contexts)
