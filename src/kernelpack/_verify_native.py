@@ -66,7 +66,7 @@ def root(buf: Any, root_type: str, identifier: bytes | None, plans: Mapping[str,
     fast = walker if walker is not None else load()
     if not fast:
         return -2
-    _, index, described = _desc if _desc[0] is plans else tables(plans)
+    _, index, described = tables(plans)
     table = index.get(root_type)
     if table is None:
         return -2
