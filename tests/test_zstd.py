@@ -1,5 +1,6 @@
-"""The load path's zstd reader (kernelpack._zstd): libzstd through ctypes and the zstandard
-package must accept and refuse the same frames, byte for byte."""
+"""The load path's zstd reader (kernelpack._zstd): libzstd from C (the runtime extension's
+``_zstd.c``), libzstd through ctypes and the zstandard package must accept and refuse the same
+frames, byte for byte."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ import zstandard
 from kernelpack import _zstd
 
 LIBZSTD = _zstd._open_libzstd()
+NATIVE = _zstd._open_native()
 needs_libzstd = pytest.mark.skipif(LIBZSTD is None, reason="no libzstd.so.1 >= 1.4.0 here")
+needs_native = pytest.mark.skipif(NATIVE is None, reason="runtime extension without _zstd.c, "
+                                  "or no libzstd.so.1 >= 1.4.0 here")
+# both libzstd doors, each held to the zstandard package
+DOORS = [pytest.param(lambda: LIBZSTD, marks=needs_libzstd, id="ctypes"),
+         pytest.param(lambda: NATIVE, marks=needs_native, id="native")]
 
 
 def _outcome(backend: object, method: str, *args: object) -> tuple[str, object]:
@@ -42,12 +49,13 @@ def _frames(count: int) -> list[tuple[bytes, bytes]]:
     return out
 
 
-@needs_libzstd
-def test_backends_agree_on_valid_and_damaged_frames() -> None:
+@pytest.mark.parametrize("door", DOORS)
+def test_backends_agree_on_valid_and_damaged_frames(door) -> None:
+    backend = door()
     reference = _zstd._Zstandard()
     checked = 0
     for data, frame in _frames(600):
-        declared = _outcome(LIBZSTD, "frame_content_size", frame)
+        declared = _outcome(backend, "frame_content_size", frame)
         assert (declared[0] == "ok") == (_outcome(reference, "frame_content_size", frame)[0]
                                          == "ok")
         if declared[0] == "ok":
@@ -55,7 +63,7 @@ def test_backends_agree_on_valid_and_damaged_frames() -> None:
         if declared != ("ok", len(data)):
             continue  # the loader refuses such a frame before decompressing it
         checked += 1
-        got = _outcome(LIBZSTD, "decompress", frame, len(data))
+        got = _outcome(backend, "decompress", frame, len(data))
         want = _outcome(reference, "decompress", frame, len(data))
         # accepted (the exact original) by both, or by neither: damaged content that still
         # decodes to the declared size is caught by the image's raw digest either way
@@ -63,20 +71,66 @@ def test_backends_agree_on_valid_and_damaged_frames() -> None:
     assert checked > 100
 
 
-@needs_libzstd
-def test_only_the_first_frame_is_read() -> None:
+@pytest.mark.parametrize("door", DOORS)
+def test_only_the_first_frame_is_read(door) -> None:
     compressor = zstandard.ZstdCompressor(write_content_size=True)
     first, second = b"kernel" * 100, b"other" * 50
     frames = compressor.compress(first) + compressor.compress(second)
-    assert LIBZSTD.decompress(frames, len(first)) == first
+    assert door().decompress(frames, len(first)) == first
     assert _zstd._Zstandard().decompress(frames, len(first)) == first
 
 
-@needs_libzstd
-def test_output_is_bounded_by_raw_size() -> None:
+@pytest.mark.parametrize("door", DOORS)
+def test_output_is_bounded_by_raw_size(door) -> None:
     frame = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(10000))
     with pytest.raises(_zstd.ZstdFormatError, match="decompression error"):
-        LIBZSTD.decompress(frame, 100)
+        door().decompress(frame, 100)
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_bytes_bytearray_memoryview_and_empty(door) -> None:
+    compressor = zstandard.ZstdCompressor(write_content_size=True)
+    data = bytes(range(256)) * 40
+    frame = compressor.compress(data)
+    backend = door()
+    for form in (frame, bytearray(frame), memoryview(frame), memoryview(b"xx" + frame)[2:]):
+        assert backend.frame_content_size(form) == len(data)
+        assert backend.decompress(form, len(data)) == data
+    assert backend.decompress(compressor.compress(b""), 0) == b""
+    # fewer bytes than the caller allows: what came out (the loader compares the length)
+    assert backend.decompress(frame, len(data) + 10) == data
+
+
+@needs_native
+def test_native_large_outputs_from_many_threads() -> None:
+    """Outputs of 256 KiB and more are decompressed without the GIL, each thread with a
+    context of its own when the idle one is taken: every result is exact."""
+    import threading
+
+    compressor = zstandard.ZstdCompressor(write_content_size=True)
+    blobs = [bytes([i]) * (300_000 + 977 * i) + bytes(range(256)) * i for i in range(8)]
+    frames = [compressor.compress(b) for b in blobs]
+    failures: list[object] = []
+
+    def work(i: int) -> None:
+        for _ in range(20):
+            got = NATIVE.decompress(frames[i], len(blobs[i]))
+            if got != blobs[i]:
+                failures.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+@needs_native
+def test_native_refuses_a_negative_size() -> None:
+    frame = zstandard.ZstdCompressor(write_content_size=True).compress(b"abc")
+    with pytest.raises(_zstd.ZstdFormatError, match="raw_size must be >= 0"):
+        NATIVE.decompress(frame, -1)
 
 
 @needs_libzstd
@@ -96,6 +150,7 @@ def test_falls_back_to_zstandard_without_libzstd(monkeypatch: pytest.MonkeyPatch
         raise OSError(f"{name}: cannot open shared object file")
 
     monkeypatch.setattr(ctypes, "CDLL", missing)
+    monkeypatch.setattr(_zstd, "_open_native", lambda: None)  # no extension (or no libzstd)
     monkeypatch.setattr(_zstd, "_backend", None)
     assert _zstd.backend() == "zstandard"
     frame = zstandard.ZstdCompressor(write_content_size=True).compress(b"abc" * 10)
@@ -103,6 +158,19 @@ def test_falls_back_to_zstandard_without_libzstd(monkeypatch: pytest.MonkeyPatch
     assert _zstd.decompress(frame, 30) == b"abc" * 10
     with pytest.raises(_zstd.ZstdFormatError):
         _zstd.frame_content_size(b"not a frame")
+
+
+@needs_libzstd
+def test_ctypes_door_without_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An install without the C extension reads frames through ctypes."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "kernelpack.runtime._launch", None)  # import fails
+    assert _zstd._open_native() is None
+    monkeypatch.setattr(_zstd, "_backend", None)
+    assert _zstd.backend() == "libzstd-ctypes"
+    frame = zstandard.ZstdCompressor(write_content_size=True).compress(b"abc" * 10)
+    assert _zstd.decompress(frame, 30) == b"abc" * 10
 
 
 def test_old_libzstd_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,7 +191,7 @@ def test_old_libzstd_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _zstd._open_libzstd() is None
 
 
-@needs_libzstd
+@needs_native
 def test_loading_an_image_does_not_import_zstandard(tmp_path) -> None:
     """With libzstd present, a process that loads an artifact and reads a compressed image
     never imports the zstandard package (~0.6-1 ms of a first launch)."""
@@ -149,5 +217,5 @@ def test_loading_an_image_does_not_import_zstandard(tmp_path) -> None:
                          text=True, check=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": src}).stdout
     imported, backend, sizes = json.loads(out.splitlines()[-1])
-    assert backend == "libzstd" and not imported
+    assert backend == "libzstd" and not imported  # from C, ctypes not needed for it
     assert sizes and all(size > 0 for size in sizes)

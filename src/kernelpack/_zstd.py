@@ -3,10 +3,12 @@
 Why not always the ``zstandard`` package: importing it and making a decompression context
 costs ~0.6-1 ms in a fresh process (its Python wrapper, then its C backend), more than loading
 and decompressing a whole small artifact; a process that only loads kernels pays it before its
-first launch. ``libzstd.so.1`` opened through ctypes (which the runtime's driver door imports
-anyway) costs ~0.1 ms. Where no usable libzstd is found (another OS, a version older than
-1.4.0, a missing symbol), everything goes through ``zstandard`` as before, so results and
-errors do not depend on the backend: both decode only the first frame of ``data`` (as
+first launch. The backends, first usable wins: ``libzstd.so.1`` called from kernelpack's own
+C extension (``_zstd.c``: a dlopen, ~50 µs, nothing per call), the same library through ctypes
+(an extension-less install; ~160-260 µs to open: ctypes builds a call interface per function),
+then ``zstandard``. Where no usable libzstd is found (another OS, a version older than 1.4.0, a
+missing symbol), everything goes through ``zstandard`` as before, so results and errors do not
+depend on the backend: both decode only the first frame of ``data`` (as
 ``zstandard``'s one-shot ``decompress`` does) and both fail on anything that does not
 decompress to exactly the expected size. Compression (the serializer) always uses
 ``zstandard``.
@@ -97,6 +99,27 @@ class _LibZstd:
             return dctx
 
 
+class _NativeZstd:
+    """libzstd through the runtime extension's ``zstd_*`` functions (``_zstd.c``), which raise
+    ValueError with libzstd's own words."""
+
+    def __init__(self, content_size: Any, decompress: Any) -> None:
+        self._content_size = content_size
+        self._decompress = decompress
+
+    def frame_content_size(self, data: bytes | memoryview) -> int:
+        try:
+            return int(self._content_size(data))
+        except ValueError as exc:
+            raise ZstdFormatError(str(exc)) from None
+
+    def decompress(self, data: bytes | memoryview, raw_size: int) -> bytes:
+        try:
+            return self._decompress(data, raw_size)  # type: ignore[no-any-return]
+        except ValueError as exc:
+            raise ZstdFormatError(str(exc)) from None
+
+
 class _Zstandard:
     """The ``zstandard`` package (the fallback, and the reference the tests compare with)."""
 
@@ -122,8 +145,17 @@ class _Zstandard:
             raise ZstdFormatError(str(exc)) from None
 
 
-_backend: _LibZstd | _Zstandard | None = None
+_backend: _NativeZstd | _LibZstd | _Zstandard | None = None
 _lock = threading.Lock()
+
+
+def _open_native() -> _NativeZstd | None:
+    """libzstd through the C extension, or None (no extension, or no usable libzstd)."""
+    try:
+        from .runtime._launch import zstd_content_size, zstd_decompress, zstd_open
+    except ImportError:
+        return None
+    return _NativeZstd(zstd_content_size, zstd_decompress) if zstd_open() else None
 
 
 def _open_libzstd() -> _LibZstd | None:
@@ -141,20 +173,23 @@ def _open_libzstd() -> _LibZstd | None:
         return None
 
 
-def _get() -> _LibZstd | _Zstandard:
+def _get() -> _NativeZstd | _LibZstd | _Zstandard:
     """The process's decoder, chosen on first use (not at import: importing this module must
     stay free)."""
     global _backend
     if _backend is None:
         with _lock:
             if _backend is None:
-                _backend = _open_libzstd() or _Zstandard()
+                _backend = _open_native() or _open_libzstd() or _Zstandard()
     return _backend
 
 
 def backend() -> str:
-    """Which decoder this process uses: ``"libzstd"`` or ``"zstandard"``."""
-    return "libzstd" if isinstance(_get(), _LibZstd) else "zstandard"
+    """Which decoder this process uses: ``"libzstd"`` (from C), ``"libzstd-ctypes"`` or
+    ``"zstandard"``."""
+    chosen = _get()
+    return ("libzstd" if isinstance(chosen, _NativeZstd) else
+            "libzstd-ctypes" if isinstance(chosen, _LibZstd) else "zstandard")
 
 
 def frame_content_size(data: bytes | memoryview) -> int:

@@ -81,6 +81,9 @@ _PLANS: dict[str, _Plan] = {name: _compile(fields) for name, fields in TABLES.it
 # vtable entries of a table, read in one call (one reader per field count)
 _VOFFS = [struct.Struct(f"<{k}H").unpack_from
           for k in range(max(len(p) for p in _PLANS.values()) + 1)]
+# The C walker's copy of the plans, made with them: static schema data, which the first
+# kp.load of a process would otherwise build inside its own time (~40 µs cold).
+_native.tables(_PLANS)
 
 
 _LAYOUTS: dict[tuple[str, bytes], Any] = {}

@@ -24,4 +24,7 @@ int kp_fastcall_init(PyObject *module);
 /* ../_verify.c: adds verify_fast (the artifact verifier's C walker) to the module; -1 on error. */
 int kp_verify_init(PyObject *module);
 
+/* ../_zstd.c: adds zstd_open/zstd_content_size/zstd_decompress (libzstd through dlopen). */
+int kp_zstd_init(PyObject *module);
+
 #endif
