@@ -5,16 +5,19 @@ Each is a thin, documented entry point over the builders and typing rules of
 (``kp.pow`` and ``kp.astype`` live in :mod:`kernelpack.tracing`, because traced values' own
 operators use them, and are re-exported here). Several names shadow builtins (``abs``, ``pow``,
 ``min``, ``max``, ``complex``) on purpose, mirroring NumPy; on plain ints and
-:class:`~kernelpack.expr.Expr` dims the min/max/abs/where ops fall back to their symbolic forms.
+:class:`~kernelpack.expr.Expr` dims the min/max/abs/where ops fall back to their symbolic forms,
+and the math functions on plain Python numbers give the host's float, as ``np.sqrt(2)`` does.
 Pure Python with no heavy imports: ``import kernelpack`` stays light.
 """
 
 from __future__ import annotations
 
+import builtins
 import operator
 from typing import Any, Callable, Sequence
 
 from .dtypes import DType, bool_, int64
+from ._host_math import host_extremum, on_host, plain_floats
 from .errors import TraceError
 from .expr import Expr, as_expr, cdiv, const, emax, emin, select
 from .promotion import dsl_dtype
@@ -32,21 +35,32 @@ __all__ = [
 ]
 
 
-def _math(op: str) -> Callable[[object], Value]:
-    def fn(x: object) -> Value:
+def _math(op: str) -> Callable[[object], object]:
+    def fn(x: object) -> object:
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            return on_host(op, x)
+        if isinstance(x, builtins.complex):
+            raise TraceError(f"kp.{op}: a Python complex number ({x!r}) is not computed on the "
+                             f"host; make a traced tensor with kp.complex(re, im) inside a "
+                             f"@kp.fusion")
         graph = current_graph()
         if isinstance(x, Expr) and graph is not None:
             # kp.sqrt(x.shape[-1]): the dim as a traced int64 (a float64 result, weak beside
             # narrower float tensors, as math.sqrt's Python float is in NumPy)
             x = trace_value(graph, x)
-        if isinstance(x, (int, float, Expr)) and not isinstance(x, bool):
+        if isinstance(x, Expr):
             raise TraceError(f"kp.{op}: expects a traced tensor (got {x!r}); use "
                              f"kp.arange / x.astype to make one from a dim")
-        return _unary(op, x)  # type: ignore[return-value]
+        return _unary(op, x)
     fn.__name__ = op
     fn.__qualname__ = f"kp.{op}"  # kp.exp(x, y): "kp.exp() takes 1 positional argument",
     # not "_math.<locals>.fn() takes ..."
-    fn.__doc__ = f"Elementwise ``{op}`` of a traced tensor (libdevice or an LLVM intrinsic)."
+    plain = ("an int stays the int; a float gives" if op in ("floor", "ceil")
+             else "an int or a float gives")
+    fn.__doc__ = (f"Elementwise ``{op}`` of a traced tensor (libdevice or an LLVM intrinsic). "
+                  f"On a plain Python number, {plain} the float64 result computed on the host "
+                  f"with NumPy's semantics (nan/inf, never an exception), so ``kp.{op}(2.0)`` "
+                  f"is a weak scalar in a fusion, as the literal would be.")
     return fn
 
 
@@ -58,19 +72,27 @@ floor, ceil = _math("floor"), _math("ceil")
 
 def abs(x: object) -> object:  # noqa: A001 - mirrors numpy/builtins
     """``|x|`` of a traced tensor (complex gives the magnitude); of an int or Expr, the
-    symbolic absolute value."""
+    symbolic absolute value; of a Python float, the float (``np.abs(-2.5)``)."""
+    if isinstance(x, float):
+        return float(builtins.abs(x))
     return _unary("abs", x)
 
 
 def maximum(a: object, b: object) -> object:
-    """Elementwise maximum (NaN-propagating, like NumPy); on ints/Exprs, ``kp.emax``."""
+    """Elementwise maximum (NaN-propagating, like NumPy); on ints/Exprs, ``kp.emax``; on two
+    plain numbers with a float among them, the host's float (``emax`` takes no float)."""
+    if plain_floats(a, b):
+        return host_extremum("maximum", a, b)
     if not isinstance(a, Value) and not isinstance(b, Value):
         return emax(a, b)  # type: ignore[arg-type]
     return _binary("max", a, b)
 
 
 def minimum(a: object, b: object) -> object:
-    """Elementwise minimum (NaN-propagating); on ints/Exprs, ``kp.emin``."""
+    """Elementwise minimum (NaN-propagating); on ints/Exprs, ``kp.emin``; on two plain numbers
+    with a float among them, the host's float."""
+    if plain_floats(a, b):
+        return host_extremum("minimum", a, b)
     if not isinstance(a, Value) and not isinstance(b, Value):
         return emin(a, b)  # type: ignore[arg-type]
     return _binary("min", a, b)
