@@ -12,12 +12,16 @@ carries its own kernelpack signature, checked again by ``kp.load(trusted_keys=..
 ``redis://`` URLs are served by :mod:`kernelpack.cache.resp` (six commands, no heavy import);
 ``rediss://`` and ``unix://`` by the ``redis`` package, imported on first use. Every call has a
 socket timeout; the cache above turns any failure into a warning and a local compile (see
-:class:`kernelpack.cache.remote_tier.RemoteTier`).
+:class:`kernelpack.cache.remote_tier.RemoteTier`). The name lookup is bounded by
+``timeout_s`` too, for both clients: the ``redis`` package resolves with a plain, unbounded
+``getaddrinfo``, so its TCP connect is replaced by :func:`~kernelpack.cache.resp.connect_tcp`
+(see :func:`_bounded_connection_class`; TLS still verifies the URL's host name).
 Keys: ``kernelpack:1:entry:<digest>``, ``...:lock:<digest>``, ``...:parts:<digest>``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 import struct
@@ -158,6 +162,53 @@ def _check_url(url: str) -> None:
         raise ValueError(f"remote {url!r}: the database must be a number (got {db!r})")
 
 
+@functools.lru_cache(maxsize=None)
+def _bounded_connection_class(tls: bool) -> type:
+    """The ``redis`` package's connection class (TCP, or TLS for ``rediss://``) with its TCP
+    connect replaced by :func:`~kernelpack.cache.resp.connect_tcp`, so a hung DNS resolver
+    costs ``timeout_s``, not resolver timeouts x retries.
+
+    Why it holds across versions: ``Connection._connect`` has made the plain TCP socket in
+    every redis-py since 3.0, and ``SSLConnection._connect`` wraps ``super()._connect()``;
+    the TLS class puts the bounded one after ``SSLConnection`` in its MRO, so the handshake
+    (SNI and certificate checks against the URL's host) is the package's own. Were a version
+    to stop calling ``_connect``, the override would merely be unused (an unbounded lookup
+    again), never a broken connection.
+    """
+    import socket
+
+    from redis.connection import Connection, SSLConnection
+
+    from .resp import connect_tcp
+
+    class BoundedConnection(Connection):  # type: ignore[misc]
+        def _connect(self) -> socket.socket:
+            timeout = getattr(self, "socket_connect_timeout", None)
+            if timeout is None:  # not how RedisStore builds it: keep the package's behaviour
+                return super()._connect()
+            sock = connect_tcp(self.host, self.port, timeout, getattr(self, "socket_type", 0))
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if getattr(self, "socket_keepalive", False):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                    for opt, value in (getattr(self, "socket_keepalive_options", None)
+                                       or {}).items():
+                        sock.setsockopt(socket.IPPROTO_TCP, opt, value)
+                sock.settimeout(self.socket_timeout)
+            except BaseException:
+                sock.close()
+                raise
+            return sock
+
+    if not tls:
+        return BoundedConnection
+
+    class BoundedSSLConnection(SSLConnection, BoundedConnection):  # type: ignore[misc]
+        pass
+
+    return BoundedSSLConnection
+
+
 class RedisStore:
     """``get(key) -> bytes | None`` / ``put(key, data)`` over Redis, plus a fleet-wide lock.
 
@@ -214,9 +265,13 @@ class RedisStore:
                 raise CacheError(f"remote {redact_url(self.url)!r} needs the 'redis' package: "
                                  f"install "
                                  f"kernelpack[redis]") from exc
+            kwargs: dict[str, Any] = {}
+            if not self.url.startswith("unix://"):  # a socket path has no name to look up
+                kwargs["connection_class"] = _bounded_connection_class(
+                    self.url.startswith("rediss://"))
             self._client = redis.Redis.from_url(
                 self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s,
-                retry_on_timeout=False, health_check_interval=0)
+                retry_on_timeout=False, health_check_interval=0, **kwargs)
         return self._client
 
     def _name(self, what: str, key: str | CacheKey) -> str:

@@ -10,10 +10,18 @@ Every failure is an ``OSError`` (connection refused, timeout, reset) or :class:`
 (a protocol violation or an error reply); the cache above turns either into a warning. After
 any failure the connection is dropped and the next call reconnects. One connection per
 process (re-opened after ``fork``), used under a lock by all threads.
+
+``timeout_s`` bounds the whole connect, name lookup included (:func:`connect_tcp`): a socket
+timeout does not bound ``getaddrinfo``, which blocks for resolver timeouts x retries (often
+tens of seconds) when DNS is slow or unreachable, and would stall every compile of a process
+whose remote is ``redis://cache.internal``. A host name is resolved in a daemon thread that the
+caller waits for only ``timeout_s`` (one thread per host at a time, shared by every caller);
+an IP literal or ``localhost`` never reaches the resolver, and costs no thread.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import threading
@@ -22,7 +30,8 @@ from urllib.parse import unquote, urlparse
 
 from ._args import redact_url
 
-__all__ = ["RespClient", "RespError", "ReplyTooLarge", "MAX_REPLY_BYTES", "MIN_TRANSFER_RATE"]
+__all__ = ["RespClient", "RespError", "ReplyTooLarge", "HostLookupError", "HostLookupTimeout",
+           "connect_tcp", "resolve_host", "MAX_REPLY_BYTES", "MIN_TRANSFER_RATE"]
 
 MAX_REPLY_BYTES = 1 << 30  # default bound on one bulk reply (the cache passes a tighter one)
 _MAX_LINE = 64 * 1024
@@ -41,6 +50,151 @@ class ReplyTooLarge(RespError):
     """A bulk reply announced as larger than ``max_reply_bytes``, refused before reading it.
     The server answered: what it holds under that name is too large, which is a property of
     the value, not of the connection (the cache refuses that one entry and keeps the remote)."""
+
+
+class HostLookupError(OSError):
+    """The host of the remote URL did not resolve (the resolver failed or found no address).
+    An OSError like a refused connection, so the cache treats it as an outage: a warning, a
+    local compile, and the remote skipped for its back-off."""
+
+
+class HostLookupTimeout(HostLookupError, TimeoutError):
+    """The resolver did not answer within ``timeout_s``. Its lookup cannot be cancelled: the
+    thread finishes on its own, and later lookups of the host wait on it instead of starting
+    another."""
+
+
+_Address = tuple  # one getaddrinfo row: (family, type, proto, canonname, sockaddr)
+
+
+class _Lookup:
+    """One ``getaddrinfo`` in a daemon thread, shared by every caller asking for the same host
+    while it runs: a resolver that hangs for a minute costs one thread, not one per call."""
+
+    def __init__(self, key: tuple[str, int, int]) -> None:
+        self.key = key
+        self.done = threading.Event()
+        self.result: list[_Address] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        host, port, family = self.key
+        try:
+            self.result = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+        except Exception as exc:  # gaierror, UnicodeError (a label too long for IDNA), ...
+            self.error = exc
+        finally:
+            with _LOOKUPS_LOCK:
+                if _LOOKUPS.get(self.key) is self:
+                    del _LOOKUPS[self.key]
+            self.done.set()
+
+
+_LOOKUPS: dict[tuple[str, int, int], _Lookup] = {}
+_LOOKUPS_LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's lookup threads: waiting on their entries would
+    time out every lookup of those hosts; and the lock may have been held mid-fork."""
+    global _LOOKUPS_LOCK
+    _LOOKUPS_LOCK = threading.Lock()
+    _LOOKUPS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _literal(host: str, port: int) -> list[_Address] | None:
+    """The addresses of an IP literal or of ``localhost`` (RFC 6761: always loopback), built
+    without the resolver; None for any other name."""
+    if host.lower().rstrip(".") == "localhost":
+        rows: list[_Address] = [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
+                                 ("127.0.0.1", port))]
+        if socket.has_ipv6:
+            rows.append((socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
+                         ("::1", port, 0, 0)))
+        return rows
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if ip.version == 4:
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port))]
+    # connect() parses a numeric address (with a %scope) itself, never asking the resolver
+    return [(socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port, 0, 0))]
+
+
+def resolve_host(host: str, port: int, timeout_s: float, family: int = 0) -> list[_Address]:
+    """``getaddrinfo(host, port, family, SOCK_STREAM)`` answered within ``timeout_s``.
+
+    Raises
+    ------
+    HostLookupTimeout
+        The resolver did not answer in time (the message names the host and ``timeout_s``).
+    HostLookupError
+        The name does not resolve, or resolves to no address.
+    """
+    literal = _literal(host, port)
+    if literal is not None:
+        return [row for row in literal if family in (0, row[0])]
+    key = (host, port, family)
+    with _LOOKUPS_LOCK:
+        lookup = _LOOKUPS.get(key)
+        start = lookup is None
+        if lookup is None:
+            lookup = _LOOKUPS[key] = _Lookup(key)  # registered before it runs: see _Lookup.run
+    if start:
+        try:
+            threading.Thread(target=lookup.run, name=f"kernelpack-resolve-{host}",
+                             daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had: fail this call, not the next ones
+            with _LOOKUPS_LOCK:
+                _LOOKUPS.pop(key, None)
+            raise HostLookupError(f"cannot resolve redis host {host!r}: {exc}") from exc
+    if not lookup.done.wait(timeout_s):
+        raise HostLookupTimeout(f"redis host {host!r} did not resolve within {timeout_s:g} s "
+                                f"(timeout_s): DNS slow or unreachable?")
+    if lookup.error is not None:
+        raise HostLookupError(f"redis host {host!r} does not resolve "
+                              f"({type(lookup.error).__name__}: {lookup.error})") from lookup.error
+    if not lookup.result:
+        raise HostLookupError(f"redis host {host!r} resolved to no address")
+    return list(lookup.result)
+
+
+def connect_tcp(host: str, port: int, timeout_s: float, family: int = 0) -> socket.socket:
+    """A TCP socket connected to ``host:port`` within ``timeout_s`` in all: the name lookup
+    (:func:`resolve_host`), then each address in turn with the time left (as
+    ``socket.create_connection`` does, which bounds only each connect). The socket is returned
+    with the timeout of its last connect; nothing is left open on failure.
+
+    Raises an OSError: :class:`HostLookupError`, ``TimeoutError`` naming the host when time runs
+    out, or the last address's error (e.g. ``ConnectionRefusedError``).
+    """
+    deadline = time.monotonic() + timeout_s
+    error: OSError | None = None
+    for af, socktype, proto, _, sockaddr in resolve_host(host, port, timeout_s, family):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        sock = None
+        try:
+            sock = socket.socket(af, socktype, proto)
+            sock.settimeout(left)
+            sock.connect(sockaddr)
+            return sock
+        except BaseException as exc:
+            if sock is not None:
+                sock.close()
+            if not isinstance(exc, OSError):
+                raise
+            error = exc
+    if error is None or isinstance(error, TimeoutError):
+        raise TimeoutError(f"redis at {host}:{port} did not accept a connection within "
+                           f"{timeout_s:g} s (timeout_s)") from error
+    raise error
 
 
 class RespClient:
@@ -71,9 +225,13 @@ class RespClient:
 
     # ---- connection ----------------------------------------------------------------------------
     def _connect(self) -> socket.socket:
-        sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
-        sock.settimeout(self.timeout_s)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = connect_tcp(self.host, self.port, self.timeout_s)  # name lookup included
+        try:
+            sock.settimeout(self.timeout_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except BaseException:
+            sock.close()
+            raise
         self._sock, self._buf, self._pid = sock, b"", os.getpid()
         try:
             if self.password is not None:
