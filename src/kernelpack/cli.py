@@ -2,8 +2,10 @@
 
 ``inspect``, ``verify``, ``extract``, ``eval``, ``diff``, ``keygen`` and ``sign``; ``cache`` when
 :mod:`kernelpack.cli_cache` is installed. Every subcommand has ``--help``. Exit status: 0 on
-success (``diff``: identical), 1 on a bad file, a failed check or a difference (one line
-``error: <message>`` on stderr), 2 on a usage error (argparse). Nothing here touches a GPU.
+success (``diff``: identical), 1 on a bad file, a failed check, an I/O error or a difference
+(one line ``error: <message>`` on stderr), 2 on a usage error (argparse), 130 when interrupted
+(Ctrl-C). Output cut short because its reader left (``| head -1``) is not an error. Nothing
+here touches a GPU.
 
 This module is the command line itself: the parser, the types of its options, and
 :func:`main`'s mapping of failures to exit statuses. What each subcommand does is
@@ -13,19 +15,27 @@ This module is the command line itself: the parser, the types of its options, an
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import io
 import os
 import re
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, TextIO
 
 from .cli_commands import EXTENSIONS  # noqa: F401 - kernelpack.cli.EXTENSIONS, as before
 from .cli_commands import (CLIError, UsageError, cmd_diff, cmd_eval, cmd_extract, cmd_inspect,
                            cmd_keygen, cmd_sign, cmd_verify, parse_assignment, safe_filename)
 from .errors import KernelPackError
 
-__all__ = ["main", "build_parser", "parse_assignment", "safe_filename"]
+__all__ = ["main", "build_parser", "parse_assignment", "safe_filename", "EXIT_INTERRUPTED"]
+
+# 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+EXIT_INTERRUPTED = 130
+
+_EXIT_STATUS = """exit status: 0 success (diff: identical); 1 a bad file, a failed check or an I/O
+error (diff: different); 2 a usage error (diff: also any error); 130 interrupted. Errors are one
+line 'error: <message>' on stderr, never mixed into the JSON of --json on stdout."""
 
 
 # ---- argument types -----------------------------------------------------------------------------
@@ -67,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="kernelpack", description="Inspect, verify and sign kernelpack artifacts "
-        "(no GPU needed).")
+        "(no GPU needed).", epilog=_EXIT_STATUS)
     parser.add_argument("--version", action="version", version=f"kernelpack {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -101,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("eval", cmd_eval, "evaluate a program's plan for given shapes and scalars")
     p.add_argument("file", help="a .kpack artifact")
     p.add_argument("program", help="program name (inspect lists them)")
-    p.add_argument("values", nargs="*", metavar="NAME=VALUE",
+    p.add_argument("values", nargs="*", default=[], metavar="NAME=VALUE",  # default: optional
                    help="tensor shapes (x=4096,1000) and scalars (s=3, a=0.5, flag=true)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
@@ -128,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _tolerant_output() -> None:
     """On a terminal that cannot encode every character (``PYTHONIOENCODING=ascii``), show a
     non-ASCII name from the artifact as ``\\xf1`` instead of failing half-way through the
-    output with UnicodeEncodeError. UTF-8 streams are left as they are."""
+    output with UnicodeEncodeError. UTF-8 streams are left as they are (:class:`_Stdout`
+    escapes what even UTF-8 cannot write)."""
     for stream in (sys.stdout, sys.stderr):
         encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
         if (isinstance(stream, io.TextIOWrapper) and encoding != "utf8"
@@ -136,25 +147,115 @@ def _tolerant_output() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+class _OutputError(OSError):
+    """A write to standard output failed (a full disk, a closed descriptor): reported as that,
+    since the OSError of a failed write names no file and would read as one of the files the
+    command works on."""
+
+
+class _Stdout:
+    """``sys.stdout`` while :func:`main` runs: a failed write raises :class:`_OutputError` (a
+    closed pipe stays BrokenPipeError). A closed descriptor (``>&-``, where Python's
+    ``sys.stdout`` is None and print() would drop the output without a word) fails the same
+    way. A path that is not UTF-8 (``bad\\xffname.kpack``, held by Python as lone surrogates)
+    is written escaped, as error messages show it: on a strict UTF-8 stdout (a UTF-8 locale
+    other than C.UTF-8) ``verify`` of a good file with such a name failed with a codec error.
+    Everything else is the stream's own."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._call("write", text))
+        except UnicodeEncodeError:  # nothing was written: the text is encoded first
+            encoding = getattr(self._stream, "encoding", None) or "utf-8"
+            return int(self._call("write", text.encode(encoding, "backslashreplace")
+                                  .decode(encoding)))
+
+    def flush(self) -> None:
+        if self._stream is not None:  # nothing was written to a closed descriptor: no failure
+            self._call("flush")
+
+    def isatty(self) -> bool:
+        return self._stream is not None and self._stream.isatty()
+
+    def _call(self, name: str, *args: Any) -> Any:
+        if self._stream is None:
+            raise _OutputError(errno.EBADF, "standard output is closed")
+        try:
+            return getattr(self._stream, name)(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _OutputError(exc.errno, exc.strerror or str(exc)) from None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._stream is None:
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+
+def _discard_stdout() -> None:
+    """Point descriptor 1 at /dev/null (the recipe of the :mod:`signal` docs): what is still
+    buffered for a reader that left, or for a full disk, is dropped at exit instead of failing
+    again there with Python's "Exception ignored" and status 120."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # closed, or not a file (tests' capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kernelpack`` console script; returns the exit status."""
     _tolerant_output()
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.command == "eval" and not any(e.startswith("-") for e in extra):
-        # `eval FILE PROG --json x=4096`: argparse ends a `*` positional at the first option
-        args.values += extra
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    stdout = sys.stdout
+    sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
     try:
-        return int(args.func(args))
+        return _main(argv)
+    finally:
+        sys.stdout = stdout
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    """:func:`main` with ``sys.stdout`` guarded: every failure becomes one line on stderr and
+    an exit status. Output is flushed here, not at interpreter exit, where a closed pipe or
+    a full disk became "Exception ignored ... BrokenPipeError" and status 120."""
+    parser = build_parser()
+    args: argparse.Namespace | None = None
+    try:
+        try:
+            args, extra = parser.parse_known_args(argv)
+        except SystemExit:  # --help and --version: flushed while a failure can be reported
+            sys.stdout.flush()
+            raise
+        if extra and args.command == "eval" and not any(e.startswith("-") for e in extra):
+            # `eval FILE PROG --json x=4096`: argparse ends a `*` positional at the first option
+            args.values += extra
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        status = int(args.func(args))
+        sys.stdout.flush()
+        return status
     except UsageError as exc:
-        print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{parser.prog} {getattr(args, 'command', '')}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `kernelpack inspect big.kpack | head`: the reader left, not an error
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
+        _discard_stdout()
+        # diff's answer is known before it prints: `diff a b | head -1` still says "different"
+        return int(getattr(args, "answer", 0))
+    except _OutputError as exc:  # `> /dev/full`, `>&-`: the output is lost, and that is an error
+        _discard_stdout()
+        print(f"error: cannot write to standard output: {exc.strerror}", file=sys.stderr)
+        return 2 if getattr(args, "command", None) == "diff" else 1
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; extract leaves no partial file
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (KernelPackError, CLIError, OSError, ValueError) as exc:
         message = str(exc)
         if isinstance(exc, OSError) and exc.filename is not None:
@@ -164,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"error: {printable(one_line) or type(exc).__name__}", file=sys.stderr)
         # diff answers 1 for "different", so trouble is 2 there (as for diff(1) and cmp(1))
-        return 2 if args.command == "diff" else 1
+        return 2 if getattr(args, "command", None) == "diff" else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -42,6 +42,9 @@ class UsageError(CLIError):
 def _load(path: str, trusted_keys: Sequence[str] | None = None) -> Any:
     from .loader import load
 
+    if path == "-" and not os.path.exists(path):  # `... | kernelpack inspect -`
+        raise CLIError("-: reading an artifact from standard input is not supported; give "
+                       "the path of a .kpack file")
     if not os.path.isfile(path):
         raise CLIError(f"{path}: no such file" if not os.path.exists(path)
                        else f"{path}: not a regular file")
@@ -210,11 +213,20 @@ def cmd_extract(args: argparse.Namespace) -> int:
                 image.read(keep=False)  # decompressed and digest-checked
                 checked.add(image.check_key)
     out.mkdir(parents=True, exist_ok=True)
+    from .serializer import _write_atomic
+
+    reader_gone = False
     for path, image in plan:
         with _about(args.file):
             raw = image.read(keep=False)
-        path.write_bytes(raw)
-        print(f"{path}  ({len(raw)} bytes)")
+        # a temporary file renamed into place: a full disk or Ctrl-C half-way through an image
+        # leaves no truncated cubin under its final name for cuobjdump to choke on
+        _write_atomic(path, raw)
+        if not reader_gone:
+            try:
+                print(f"{path}  ({len(raw)} bytes)")
+            except BrokenPipeError:  # `extract ... | head -1`: the files are what was asked
+                reader_gone = True   # for, so all of them are written (and the status is 0)
     if not plan:
         print(f"{args.file} holds no images; nothing written")
     return 0
@@ -282,6 +294,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         b.verify()
         fb = pack_facts(b)
     lines = diff_facts(fa, fb)
+    args.answer = 1 if lines else 0  # main's exit status if the reader leaves (`| head -1`)
     from .cli_render import signature_text
 
     for key, show in (("format_version", str), ("generator", str),

@@ -8,6 +8,7 @@ terminal, rich prints plain text (no colour codes) at a fixed width.
 
 from __future__ import annotations
 
+import errno
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -23,12 +24,22 @@ __all__ = ["console", "render_pack", "render_plan", "human_size", "signature_tex
 MAX_PLAN_ROWS = 1000
 
 
+class _Console(Console):
+    """A rich console that lets a closed pipe reach :func:`kernelpack.cli.main`: rich's own
+    handler exits with status 1 at once, so ``kernelpack inspect big.kpack | head -1`` failed
+    where ``--json | head -1`` (plain print) succeeded."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # drop what is still buffered: nobody reads it
+        raise BrokenPipeError(errno.EPIPE, "the reader of standard output has gone")
+
+
 def console(file: TextIO | None = None) -> Console:
     """A console for ``file`` (stdout): colours on a terminal, 160 columns of plain text when
     piped (rich's 80-column default would wrap every table)."""
-    con = Console(file=file, highlight=False, soft_wrap=False)
+    con = _Console(file=file, highlight=False, soft_wrap=False)
     if not con.is_terminal:
-        con = Console(file=file, highlight=False, soft_wrap=False, width=160, no_color=True)
+        con = _Console(file=file, highlight=False, soft_wrap=False, width=160, no_color=True)
     return con
 
 
