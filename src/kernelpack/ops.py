@@ -31,7 +31,7 @@ __all__ = [
     "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
     "sigmoid", "floor", "ceil", "abs", "pow", "where", "minimum", "maximum", "min", "max",
     "sum", "prod", "mean", "arange", "iota", "complex", "real", "imag", "conj", "pad", "astype",
-    "dim_expr", "array_ufunc",
+    "dim_expr", "array_ufunc", "numpy_hint",
 ]
 
 
@@ -374,8 +374,50 @@ def array_ufunc(ufunc: Any, method: str, inputs: tuple, kwargs: dict) -> object:
             return _power(inputs[0], 2)
     how = f"np.{name}" + ("" if method == "__call__" else f".{method}")
     extra = f" with {sorted(kwargs)}" if kwargs else ""
-    raise TraceError(f"{how}{extra} is not supported on traced tensors; use the kp op "
-                     f"(kp.exp, kp.where, x.sum(axis=...), ...) or an operator")
+    raise TraceError(f"{how}{extra} is not supported on traced tensors; "
+                     f"{numpy_hint(name, _USE_KP)}")
+
+
+# What to write for the NumPy functions (and methods) a port reaches for that fusions have no
+# op for: "use the kp op" named none of these (np.clip, np.round, x.var), and for rounding there
+# is no kp op to find. Keys are NumPy's names; the same text serves ``x.clip``/``round(x)``.
+_USE_KP = "use the kp op (kp.exp, kp.where, x.sum(axis=...), ...) or an operator"
+_ROUND = ("there is no rounding op: kp.floor(x + 0.5) rounds halves up; NumPy's halves to "
+          "even is r = kp.floor(x); f = x - r; kp.where(f == 0.5, r + r % 2, "
+          "kp.where(f > 0.5, r + 1, r))")
+_MOVE = ("fusions have no data movement (slicing, reshaping, joining): pass each piece as an "
+         "input of its own (a view on the host costs nothing), or pick along a short axis "
+         "with kp.where(kp.arange(2) == 0, x, 0).sum(axis=...)")
+_NUMPY_HINTS = {
+    "clip": "write kp.minimum(kp.maximum(x, lo), hi)",
+    "round": _ROUND, "around": _ROUND, "rint": _ROUND,
+    "trunc": "write kp.where(x < 0, kp.ceil(x), kp.floor(x))",
+    "fix": "write kp.where(x < 0, kp.ceil(x), kp.floor(x))",
+    "var": "write ((x - x.mean(axis, keepdims=True)) ** 2).mean(axis)",
+    "std": "write kp.sqrt(((x - x.mean(axis, keepdims=True)) ** 2).mean(axis))",
+    "isnan": "write x != x", "isinf": "write kp.abs(x) == math.inf",
+    "isfinite": "write kp.abs(x) < math.inf", "reciprocal": "write 1 / x",
+    "sign": "write (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)",
+    "log1p": "write kp.log(1 + x)", "expm1": "write kp.exp(x) - 1",
+    "logaddexp": "write m = kp.maximum(a, b); m + kp.log(kp.exp(a - m) + kp.exp(b - m))",
+    "logical_and": "write a & b on bool tensors (x > 0) & (y > 0)",
+    "logical_or": "write a | b on bool tensors", "logical_xor": "write a ^ b on bool tensors",
+    "logical_not": "write ~m on a bool tensor (~(x > 0))",
+    "argmax": "indices are not computed; x == x.max(axis, keepdims=True) is the one-hot mask",
+    "argmin": "indices are not computed; x == x.min(axis, keepdims=True) is the one-hot mask",
+    "matmul": "fusions hold elementwise math and reductions: (a[:, :, None] * b).sum(1)",
+    "dot": "fusions hold elementwise math and reductions: (a * b).sum(-1)",
+    "einsum": "fusions hold elementwise math and reductions: broadcast with [:, None] and sum",
+    **{k: _MOVE for k in ("concatenate", "stack", "split", "reshape", "transpose", "take",
+                          "squeeze", "expand_dims", "swapaxes", "moveaxis", "ravel", "flip",
+                          "T", "flatten", "view")},
+}
+
+
+def numpy_hint(name: str, default: str) -> str:
+    """What to write instead of NumPy's ``name`` in a fusion (``default`` where nothing
+    specific is known): error messages of ``np.clip(x)``, ``x.clip()``, ``round(x)``."""
+    return _NUMPY_HINTS.get(name, default)
 
 
 # NumPy functions that are not ufuncs reach a traced tensor through __array_function__:
@@ -410,5 +452,5 @@ def array_function(func: Any, args: tuple, kwargs: dict) -> object:
                               given.get("out"), keepdims)
         if unknown:
             raise TraceError(f"np.{name}: {unknown} not supported on traced tensors")
-    raise TraceError(f"np.{name} is not supported on traced tensors; use the kp op "
-                     f"(kp.where, kp.exp, x.sum(axis=...), ...) or an operator")
+    raise TraceError(f"np.{name} is not supported on traced tensors; "
+                     f"{numpy_hint(name, _USE_KP)}")

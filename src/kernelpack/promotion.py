@@ -90,9 +90,51 @@ def _promote(op: str, a: Value, b: Value) -> tuple[Value, Value, DType]:
                 f = f.graph.add("cast", complex64, f.shape, (f.id,))
                 return (a, f, hi) if ka > kb else (f, b, hi)
             raise TraceError(f"{op}: dtype mismatch {_desc(a)} and {_desc(b)}; cast one with "
-                             f".astype")
+                             f".astype{_mismatch_hint(a, b)}")
         return a, b, hi
-    raise TraceError(f"{op}: dtype mismatch {_desc(a)} and {_desc(b)}; cast one with .astype")
+    raise TraceError(f"{op}: dtype mismatch {_desc(a)} and {_desc(b)}; cast one with "
+                     f".astype{_mismatch_hint(a, b)}")
+
+
+def _mismatch_hint(a: Value, b: Value) -> str:
+    """Where a mismatched operand got a dtype the user never wrote, say where from: an
+    ``int64`` ``kp.arange(v)`` beside int32 labels (a one-hot), or a 0-d float64 made of an
+    integer scalar and Python floats (Adam's ``1 - 0.9 ** step``, float64 as in NumPy) beside
+    float32 tensors. The bare message named only "int64[1, v]" or "float64[]"."""
+    for v, other in ((a, b), (b, a)):
+        node = v.node
+        while node.op == "view":
+            node = v.graph.nodes[node.inputs[0]]
+        if node.op == "iota" and other.dtype.kind in "iu":
+            return (f" (kp.arange and kp.iota are {v.dtype} unless told: kp.arange(n, "
+                    f"dtype=kp.{other.dtype}) matches {other.dtype})")
+        names = _int_scalars(v) if v.dtype.kind == "f" and other.dtype.kind == "f" else []
+        if names:
+            return (f" ({v.dtype}[] is computed from the integer scalar(s) {names} and Python "
+                    f"numbers, which NumPy makes {v.dtype} too: cast the scalar first, "
+                    f"{names[0]}.astype(kp.{other.dtype}), or declare it kp.{other.dtype})")
+    return ""
+
+
+def _int_scalars(v: Value) -> list[str]:
+    """The integer scalar parameters a 0-d value is computed from, when it is computed from
+    those, dims and Python numbers alone (else [])."""
+    g, stack, seen, names = v.graph, [v.id], set(), []
+    while stack:
+        nid = stack.pop()
+        if nid in seen:
+            continue
+        seen.add(nid)
+        node = g.nodes[nid]
+        if node.shape:
+            return []
+        if node.op == "scalar" and node.dtype.kind in "iu":
+            names.append(str(node.attrs[0]))
+        elif node.op in _DIM_FLOAT_OPS:
+            stack.extend(node.inputs)
+        elif not (node.op == "dim" or (node.op == "const" and node.attrs[1])):
+            return []
+    return sorted(names)
 
 
 # integer ops that keep a size computed from dims a size (Expr arithmetic covers + - * // % <<
@@ -390,8 +432,10 @@ def index_axes(key: object, x: Value) -> tuple[int | None, ...]:
     explicit = sum(1 for k in items if k is not None and k is not Ellipsis)
     for k in items:
         if not (k is None or k is Ellipsis or (isinstance(k, slice) and k == slice(None))):
+            from .ops import numpy_hint  # ops builds on this module: imported on use
+
             raise TraceError(f"index {key!r} on {x!r}: only ':', '...' and None "
-                             f"(new axis) are supported")
+                             f"(new axis) are supported; {numpy_hint('take', '')}")
     if explicit > x.ndim:
         raise TraceError(f"index {key!r} has {explicit} axes, tensor has {x.ndim}")
     if Ellipsis not in items:

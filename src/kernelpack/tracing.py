@@ -109,10 +109,14 @@ class Value:
         raise TraceError("the truth of a traced tensor is unknown while tracing; use kp.where")
 
     def __getattr__(self, name: str) -> object:
-        # only reached for names Value lacks: NumPy methods such as x.reshape or x.T
+        # only reached for names Value lacks: NumPy methods such as x.reshape or x.T; for
+        # the ones a port reaches for (x.clip, x.round, x.var), what to write instead
+        from .ops import numpy_hint
+
+        hint = numpy_hint(name, "")
         raise _NoAttribute(f"traced tensors have no attribute {name!r} (supported: astype, "
                            f"real, imag, conj, sum, prod, max, min, mean, shape, size, dtype, "
-                           f"ndim, indexing with None)")
+                           f"ndim, indexing with None)" + (f"; {hint}" if hint else ""))
 
     def __len__(self) -> int:
         raise _no_value("len()")
@@ -221,7 +225,10 @@ class Value:
     def __rdivmod__(self, o): return _binary("floordiv", o, self), _binary("mod", o, self)
 
     def __round__(self, ndigits=None):
-        raise _unsupported("round()", self)
+        from .ops import numpy_hint
+
+        raise TraceError(f"round() is not supported on traced tensors (got {_desc(self)}); "
+                         f"{numpy_hint('round', '')}")
 
     def __iter__(self):
         raise _unsupported("iteration", self)
