@@ -164,3 +164,39 @@ def test_full_reductions_broadcast_inside_a_general_stage():
     v5 = np.where(x1.astype(np.int64).sum() != 1, x2[0].astype(np.float64), 0.0)
     ref = (np.log(np.exp(v5 - v5.max()).sum()) + v5.max()) / 2.0
     assert_close(got, np.array([ref]), 1e-6, "log-sum-exp")
+
+
+@kp.fusion
+def cross_entropy(x: T[kp.f64, "b", "v"], t: T[kp.i64, "b"]):
+    m = x.max(axis=1, keepdims=True)
+    lse = kp.log(kp.exp(x - m).sum(axis=1, keepdims=True)) + m
+    picked = kp.where(kp.arange(x.shape[1])[None, :] == t[:, None], x, 0.0).sum(
+        axis=1, keepdims=True)
+    return (lse - picked).mean()
+
+
+def test_a_mean_of_row_reductions_runs_on_grids_not_one_thread():
+    """A loss averaged over the batch reduces per-row reductions again. On the general
+    schedule its one output had one thread, which ran every row's sums too: the whole (b, v)
+    work of a cross-entropy on a single GPU thread. The inner reductions are now workspaces
+    (row kernels) and the mean a full reduction over them (a partial grid, then one block)."""
+    for variant in _summary(cross_entropy).variants:
+        names = [launch.kernel for launch in variant.launches]
+        assert not [n for n in names if n.endswith("_pointwise")], names
+        assert names[-2].endswith("_partial0") and names[-1].endswith("_rowblock"), names
+        assert len([w for w in variant.scratch if "_m" in w.name]) == 3
+
+
+@pytest.mark.parametrize("shape", [(37, 53), (1, 1), (5, 300), (300, 3), (0, 4)])
+def test_a_mean_of_row_reductions_matches_numpy(shape):
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal(shape) * 4
+    t = rng.integers(0, shape[1], shape[0])
+    (got,) = Kernels(cross_entropy)(x, t)
+    if not shape[0]:
+        assert np.isnan(got).all()  # NumPy's mean of nothing
+        return
+    m = x.max(1, keepdims=True)
+    lse = np.log(np.exp(x - m).sum(1)) + m[:, 0]
+    ref = (lse - x[np.arange(shape[0]), t]).mean()
+    assert_close(got, np.array(ref), 1e-12, f"cross-entropy {shape}")

@@ -20,6 +20,11 @@ materialized too, broadcast or not: a stage whose outputs are column reductions 
 them across many threads (:mod:`.columns`), where the general schedule loops over a whole
 column in one thread.
 
+A reduction that is reduced again (per-row losses averaged over the batch) is materialized too:
+the general schedule gives the outer reduction's output one thread, which ran every inner
+reduction as well; as workspaces the inner ones take row (or column) kernels and the outer one
+reads a short workspace, on a grid of its own (:mod:`.fullred` for a full mean).
+
 Only reductions below a stage that the scheduler put on the general schedule are considered:
 the row kernels keep trailing-axis reductions per row and :mod:`.fullred` spreads full ones
 (``x / x.sum()``), and any other reduction read only at its own shape is computed once per
@@ -33,7 +38,11 @@ from typing import Iterable, Sequence
 from ..expr import Expr
 from ..graph import Graph, Node
 
-__all__ = ["materialize", "workspace_stages"]
+__all__ = ["materialize", "workspace_stages", "NESTED"]
+
+#: materialize reductions that are reduced again (see the module docstring); False gives the
+#: schedules from before, for benchmarks/losses.py's comparison
+NESTED = True
 
 
 def _squeezed(shape: tuple[Expr, ...]) -> tuple[Expr, ...]:
@@ -62,6 +71,25 @@ def _broadcast(graph: Graph, users: dict[int, list[int]], nid: int) -> bool:
     return False
 
 
+def _nested(graph: Graph, users: dict[int, list[int]], nid: int) -> bool:
+    """Whether the value of reduction ``nid`` is reduced again: read by another reduction,
+    directly or through elementwise nodes (``(log(exp(x - m).sum(1)) - picked).mean()``, a
+    cross-entropy's batch mean of per-row losses). On the general schedule the outer
+    reduction's one thread then ran every inner one too: the whole (b, v) work of a loss
+    mean on a single GPU thread."""
+    stack, seen = [nid], set()
+    while stack:
+        cur = stack.pop()
+        for user in users.get(cur, ()):
+            if user in seen:
+                continue
+            seen.add(user)
+            if graph.nodes[user].op == "reduce":
+                return True
+            stack.append(user)
+    return False
+
+
 def materialize(graph: Graph, general: Iterable[Sequence[int]]
                 ) -> tuple[Graph, tuple[str, ...]]:
     """``graph`` with reductions below the stages on the general schedule (``general``: each
@@ -85,7 +113,7 @@ def materialize(graph: Graph, general: Iterable[Sequence[int]]
     kept = {n for g in groups for n in (column_group(graph, g) or ())}
     chosen = [n.id for n in graph.nodes
               if n.id in below and n.op == "reduce" and (
-                  _broadcast(graph, users, n.id)
+                  _broadcast(graph, users, n.id) or (NESTED and _nested(graph, users, n.id))
                   or (column_axes(graph, n.id) is not None and n.id not in kept))]
     if not chosen:
         return graph, ()
