@@ -185,6 +185,10 @@ def test_a_mean_of_row_reductions_runs_on_grids_not_one_thread():
         assert not [n for n in names if n.endswith("_pointwise")], names
         assert names[-2].endswith("_partial0") and names[-1].endswith("_rowblock"), names
         assert len([w for w in variant.scratch if "_m" in w.name]) == 3
+        # the row max and the picked logit read the logits in one stage (one row kernel, or
+        # one split), the log-sum-exp (which reads the max) in a second, then the mean
+        stages = {n[len("cross_entropy_"):].split("_")[0] for n in names}
+        assert len(stages) == 3, names
 
 
 @pytest.mark.parametrize("shape", [(37, 53), (1, 1), (5, 300), (300, 3), (0, 4)])

@@ -142,12 +142,29 @@ def materialize(graph: Graph, general: Iterable[Sequence[int]]
     return out, tuple(names[nid] for nid in chosen)
 
 
+def _row_axes(graph: Graph, nid: int) -> int | None:
+    """The first reduced axis when node ``nid`` reduces its source's trailing axes and keeps
+    at least one leading (outer) axis: a row reduction. None otherwise."""
+    node = graph.nodes[nid]
+    if node.op != "reduce":
+        return None
+    _, axes = node.attrs
+    rank = len(graph.nodes[node.inputs[0]].shape)
+    axes = tuple(sorted(axes))
+    if not axes or axes[0] == 0 or axes != tuple(range(axes[0], rank)):
+        return None
+    return axes[0]
+
+
 def workspace_stages(graph: Graph, workspaces: Iterable[str]) -> list[tuple[tuple, str, int]]:
     """``(group key, name, node)`` of each materialized reduction (an output named in
     ``workspaces``), by depth (0: reads no other workspace; else one more than the deepest
     it reads), stable. Reductions with one key share a stage: column reductions of one
     source shape and axis block at one depth (one split kernel reads the source once for a
-    mean, a max and a sum of the same columns); any other workspace is a stage of its own.
+    mean, a max and a sum of the same columns), and likewise row reductions of one source
+    shape over the same trailing axes at one depth, with one result shape (a cross-entropy's
+    row max and picked logit: one row kernel, one pass over the logits); any other workspace
+    is a stage of its own.
     A stage never reads a workspace that a later stage writes."""
     from .columns import column_axes
 
@@ -163,5 +180,9 @@ def workspace_stages(graph: Graph, workspaces: Iterable[str]) -> list[tuple[tupl
         block = column_axes(graph, nid)
         key = ("workspace", name) if block is None else (
             "columns", level[name], block, graph.nodes[graph.nodes[nid].inputs[0]].shape)
+        rows = _row_axes(graph, nid) if block is None else None
+        if rows is not None:
+            key = ("rows", level[name], rows, graph.nodes[graph.nodes[nid].inputs[0]].shape,
+                   graph.nodes[nid].shape)
         out.append((key, name, nid))
     return sorted(out, key=lambda o: level[o[1]])
