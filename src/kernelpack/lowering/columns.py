@@ -53,7 +53,7 @@ from .mathops import combine, identity
 from .schedule import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS, Choice, KernelSpec, fresh_name, \
     vector_width
 
-__all__ = ["column_axes", "base_reduction", "column_group", "column_choices", "split",
+__all__ = ["column_axes", "row_axes", "base_reduction", "column_group", "column_choices", "split",
            "emit_split", "TARGET_THREADS", "ROWS_MIN", "SPLIT_MIN", "SPLIT_MAX", "WARP_SPLITS",
            "UNROLL", "VECTOR", "VECTOR_UNROLL"]
 
@@ -67,18 +67,35 @@ VECTOR = True             # 16-byte loads of neighbouring outputs where alignmen
 VECTOR_UNROLL = 2         # the same per lane when each thread takes a 16-byte group
 
 
-def column_axes(graph: Graph, nid: int) -> tuple[int, int] | None:
-    """``(a, b)`` when node ``nid`` is a reduction over the axes ``a..b-1`` with ``b`` short
-    of its source's last axis (a column reduction), else None."""
+def _reduced(graph: Graph, nid: int) -> tuple[tuple[int, ...], int] | None:
+    """The sorted reduced axes of node ``nid`` and its source's rank, when it is a reduction
+    over a contiguous block of axes; else None."""
     node = graph.nodes[nid]
     if node.op != "reduce":
         return None
     _, axes = node.attrs
-    rank = len(graph.nodes[node.inputs[0]].shape)
     axes = tuple(sorted(axes))
-    if not axes or axes != tuple(range(axes[0], axes[-1] + 1)) or axes[-1] >= rank - 1:
+    if not axes or axes != tuple(range(axes[0], axes[-1] + 1)):
         return None
-    return axes[0], axes[-1] + 1
+    return axes, len(graph.nodes[node.inputs[0]].shape)
+
+
+def column_axes(graph: Graph, nid: int) -> tuple[int, int] | None:
+    """``(a, b)`` when node ``nid`` is a reduction over the axes ``a..b-1`` with ``b`` short
+    of its source's last axis (a column reduction), else None."""
+    got = _reduced(graph, nid)
+    if got is None or got[0][-1] >= got[1] - 1:
+        return None
+    return got[0][0], got[0][-1] + 1
+
+
+def row_axes(graph: Graph, nid: int) -> int | None:
+    """The first reduced axis when node ``nid`` reduces its source's trailing axes and keeps
+    at least one leading (outer) axis (a row reduction), else None."""
+    got = _reduced(graph, nid)
+    if got is None or got[0][0] == 0 or got[0][-1] != got[1] - 1:
+        return None
+    return got[0][0]
 
 
 def base_reduction(graph: Graph, nid: int) -> int:

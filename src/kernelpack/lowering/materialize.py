@@ -33,7 +33,7 @@ element that needs it anyway.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from ..expr import Expr
 from ..graph import Graph, Node
@@ -49,26 +49,33 @@ def _squeezed(shape: tuple[Expr, ...]) -> tuple[Expr, ...]:
     return tuple(d for d in shape if not (d.is_const and d.value == 1))
 
 
+def _reaches(graph: Graph, users: dict[int, list[int]], nid: int,
+             found: Callable[[Node], bool], through: Callable[[Node], bool]) -> bool:
+    """Whether a node that reads ``nid`` (directly, or through readers for which ``through``
+    holds) satisfies ``found``."""
+    stack, seen = [nid], set()
+    while stack:
+        for user in users.get(stack.pop(), ()):
+            if user in seen:
+                continue
+            seen.add(user)
+            node = graph.nodes[user]
+            if found(node):
+                return True
+            if through(node):
+                stack.append(user)
+    return False
+
+
 def _broadcast(graph: Graph, users: dict[int, list[int]], nid: int) -> bool:
     """Whether the value of node ``nid`` is read at more positions than it has: by a node of
     another (squeezed) shape, directly or through nodes of its own shape (views that add or
     drop size-1 axes, elementwise ops: ``log(x.sum(0)) + m`` read by ``x - ...``). A
     reduction reading it reads each element once."""
     own = _squeezed(graph.nodes[nid].shape)
-    stack, seen = [nid], set()
-    while stack:
-        cur = stack.pop()
-        for user in users.get(cur, ()):
-            if user in seen:
-                continue
-            seen.add(user)
-            node = graph.nodes[user]
-            if node.op == "reduce":
-                continue
-            if _squeezed(node.shape) != own:
-                return True
-            stack.append(user)
-    return False
+    return _reaches(graph, users, nid,
+                    lambda n: n.op != "reduce" and _squeezed(n.shape) != own,
+                    lambda n: n.op != "reduce")
 
 
 def _nested(graph: Graph, users: dict[int, list[int]], nid: int) -> bool:
@@ -77,17 +84,7 @@ def _nested(graph: Graph, users: dict[int, list[int]], nid: int) -> bool:
     cross-entropy's batch mean of per-row losses). On the general schedule the outer
     reduction's one thread then ran every inner one too: the whole (b, v) work of a loss
     mean on a single GPU thread."""
-    stack, seen = [nid], set()
-    while stack:
-        cur = stack.pop()
-        for user in users.get(cur, ()):
-            if user in seen:
-                continue
-            seen.add(user)
-            if graph.nodes[user].op == "reduce":
-                return True
-            stack.append(user)
-    return False
+    return _reaches(graph, users, nid, lambda n: n.op == "reduce", lambda n: True)
 
 
 def materialize(graph: Graph, general: Iterable[Sequence[int]]
@@ -142,20 +139,6 @@ def materialize(graph: Graph, general: Iterable[Sequence[int]]
     return out, tuple(names[nid] for nid in chosen)
 
 
-def _row_axes(graph: Graph, nid: int) -> int | None:
-    """The first reduced axis when node ``nid`` reduces its source's trailing axes and keeps
-    at least one leading (outer) axis: a row reduction. None otherwise."""
-    node = graph.nodes[nid]
-    if node.op != "reduce":
-        return None
-    _, axes = node.attrs
-    rank = len(graph.nodes[node.inputs[0]].shape)
-    axes = tuple(sorted(axes))
-    if not axes or axes[0] == 0 or axes != tuple(range(axes[0], rank)):
-        return None
-    return axes[0]
-
-
 def workspace_stages(graph: Graph, workspaces: Iterable[str]) -> list[tuple[tuple, str, int]]:
     """``(group key, name, node)`` of each materialized reduction (an output named in
     ``workspaces``), by depth (0: reads no other workspace; else one more than the deepest
@@ -166,7 +149,7 @@ def workspace_stages(graph: Graph, workspaces: Iterable[str]) -> list[tuple[tupl
     row max and picked logit: one row kernel, one pass over the logits); any other workspace
     is a stage of its own.
     A stage never reads a workspace that a later stage writes."""
-    from .columns import column_axes
+    from .columns import column_axes, row_axes
 
     names = set(workspaces)
     level: dict[str, int] = {}
@@ -180,7 +163,7 @@ def workspace_stages(graph: Graph, workspaces: Iterable[str]) -> list[tuple[tupl
         block = column_axes(graph, nid)
         key = ("workspace", name) if block is None else (
             "columns", level[name], block, graph.nodes[graph.nodes[nid].inputs[0]].shape)
-        rows = _row_axes(graph, nid) if block is None else None
+        rows = row_axes(graph, nid) if block is None else None
         if rows is not None:
             key = ("rows", level[name], rows, graph.nodes[graph.nodes[nid].inputs[0]].shape,
                    graph.nodes[nid].shape)
