@@ -119,22 +119,11 @@ def _mismatch_hint(a: Value, b: Value) -> str:
 def _int_scalars(v: Value) -> list[str]:
     """The integer scalar parameters a 0-d value is computed from, when it is computed from
     those, dims and Python numbers alone (else [])."""
-    g, stack, seen, names = v.graph, [v.id], set(), []
-    while stack:
-        nid = stack.pop()
-        if nid in seen:
-            continue
-        seen.add(nid)
-        node = g.nodes[nid]
-        if node.shape:
-            return []
-        if node.op == "scalar" and node.dtype.kind in "iu":
-            names.append(str(node.attrs[0]))
-        elif node.op in _DIM_FLOAT_OPS:
-            stack.extend(node.inputs)
-        elif not (node.op == "dim" or (node.op == "const" and node.attrs[1])):
-            return []
-    return sorted(names)
+    leaves = _leaves(v, _DIM_FLOAT_OPS)
+    if leaves is None or not all(_dim_or_literal(n) or (n.op == "scalar" and n.dtype.kind in "iu")
+                                 for n in leaves):
+        return []
+    return sorted(str(n.attrs[0]) for n in leaves if n.op == "scalar")
 
 
 # integer ops that keep a size computed from dims a size (Expr arithmetic covers + - * // % <<
@@ -173,25 +162,33 @@ def from_sizes(v: Value) -> bool:
 def _built_from_dims(v: Value, ops: frozenset, dtypes: frozenset) -> bool:
     """Whether every node ``v`` reads is 0-d, of one of ``dtypes``, and a dim, a Python-number
     literal or one of ``ops`` — with at least one dim among them."""
-    g, stack, seen, dims = v.graph, [v.id], set(), False
+    leaves = _leaves(v, ops, dtypes)
+    return (leaves is not None and all(_dim_or_literal(n) for n in leaves)
+            and any(n.op == "dim" for n in leaves))
+
+
+def _leaves(v: Value, ops: frozenset, dtypes: frozenset | None = None) -> list[Any] | None:
+    """The nodes ``v`` is computed from through 0-d nodes of ``ops``, each once; None when a
+    node on the way (or a leaf) has a shape, or a dtype outside ``dtypes`` (when given)."""
+    g, stack, seen, leaves = v.graph, [v.id], set(), []
     while stack:
         nid = stack.pop()
         if nid in seen:
             continue
         seen.add(nid)
         node = g.nodes[nid]
-        if node.shape or node.dtype not in dtypes:
-            return False
-        if node.op == "dim":
-            dims = True
-        elif node.op == "const":
-            if not node.attrs[1]:
-                return False
-        elif node.op in ops:
+        if node.shape or (dtypes is not None and node.dtype not in dtypes):
+            return None
+        if node.op in ops:
             stack.extend(node.inputs)
         else:
-            return False
-    return dims
+            leaves.append(node)
+    return leaves
+
+
+def _dim_or_literal(node: Any) -> bool:
+    """A dim, or a Python-number literal (a weak ``const``)."""
+    return node.op == "dim" or (node.op == "const" and bool(node.attrs[1]))
 
 
 def _weak_dim_float(w: Value, t: Value) -> Value:
