@@ -27,11 +27,13 @@ extensions = [
         "kernelpack.runtime._launch",
         # _verify.c: the verifier's C walker, a second module of this library (see its top)
         sources=[RUNTIME + f for f in ("_launch.c", "_fastcall.c", "_fastcall_spec.c",
-                                         "_callbase.c", "../_verify.c", "../_zstd.c")],
+                                         "_callbase.c", "_drvcall.c", "../_verify.c",
+                                         "../_zstd.c")],
         depends=[RUNTIME + "_launch.h", RUNTIME + "_fastcall.h"],
         define_macros=[("Py_LIMITED_API", f"0x03{LIMITED[1]:02X}0000")],
-        # dlopen (libzstd, ../_zstd.c): in libc from glibc 2.34, in libdl before
-        libraries=["dl"] if sys.platform.startswith("linux") else [],
+        # dlopen and pthreads (libzstd, ../_zstd.c): in libc from glibc 2.34, in libdl and
+        # libpthread before
+        libraries=["dl", "pthread"] if sys.platform.startswith("linux") else [],
         py_limited_api=True,
         optional=True,
     )

@@ -10,8 +10,8 @@ Each child process sets up before the clock what the GPU benchmark's children ha
 theirs: ``import kernelpack``, a driver (by default a ``cuda.bindings.driver``: the fake, as a
 module, every ``cu*`` call timed; with ``--driver libcuda`` kernelpack's own ctypes door,
 ``runtime/libcuda.py``, which is what a Linux GPU host takes, over the C-level fake of
-``tests/runtime/c_fake_driver.py``: ``ctypes.CDLL("libcuda.so.1")`` hands out the fake's
-``cuGetProcAddress_v2``, the fake's ctypes function classes are dropped from ctypes' cache as
+``tests/runtime/c_fake_driver.py``: ``ctypes.CDLL("libcuda.so.1")`` (the ctypes door) and
+the C door's dlopen hand out the fake's ``cuGetProcAddress_v2``, the fake's ctypes function classes are dropped from ctypes' cache as
 a GPU host's process has never made them, and every entry point's Python side is timed as
 the driver's; ctypes' callback trampolines into the fake are not, so this door's "Python"
 column includes up to a few µs per driver call that a real driver does not cost: about 30
@@ -154,6 +154,10 @@ else:  # the GPU's door: kernelpack's ctypes driver (runtime/libcuda.py) over a 
             return types.SimpleNamespace(cuGetProcAddress_v2=cfake.get_proc_address)
         return real_cdll(name, *args, **kwargs)
     ctypes.CDLL = CDLL
+    # the C door (runtime/_drvcall.c) opens libcuda with dlopen: the fake's address instead
+    import kernelpack.runtime.libcuda as _libcuda
+    _libcuda._symbol = lambda library, name: ctypes.cast(cfake.get_proc_address,
+                                                         ctypes.c_void_p).value
 
 
 if ARRAYS == "torch":

@@ -104,7 +104,7 @@ def test_libcuda_entry_points_share_one_function_type() -> None:
     from kernelpack.runtime import libcuda
 
     fake = FakeDriver()
-    drv = libcuda.LibCuda(CFakeLibcuda(fake).get_proc_address, per_thread=False)
+    drv = libcuda.LibCuda(CFakeLibcuda(fake).get_proc_address, per_thread=False, native=False)
     types_before = dict(ctypes._c_functype_cache)
     fns = {name: drv._fn(name) for name in libcuda._SPECS}
     assert ctypes._c_functype_cache == types_before  # no CFUNCTYPE made per signature
@@ -133,6 +133,7 @@ def test_open_driver_types_the_library_function_in_place(monkeypatch) -> None:
         return types.SimpleNamespace(cuGetProcAddress_v2=entry)
 
     monkeypatch.setattr(libcuda.ctypes, "CDLL", cdll)
+    monkeypatch.setattr(libcuda, "_native_caller", lambda: None)  # the ctypes door
     types_before = dict(ctypes._c_functype_cache)
     drv = libcuda.open_driver(per_thread=False)
     assert opened == ["libcuda.so.1"] and drv._get is entry
@@ -143,12 +144,13 @@ def test_open_driver_types_the_library_function_in_place(monkeypatch) -> None:
     assert [name for name, _, _ in c.lookups] == ["cuInit", "cuDriverGetVersion"]
 
 
+@pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("length", [256, 5, 0])
-def test_device_name_is_read_without_a_new_array_type(monkeypatch, length) -> None:
+def test_device_name_is_read_without_a_new_array_type(monkeypatch, length, native) -> None:
     from kernelpack.runtime import libcuda
 
     fake = FakeDriver()
-    drv = libcuda.LibCuda(CFakeLibcuda(fake).get_proc_address, per_thread=False)
+    drv = libcuda.LibCuda(CFakeLibcuda(fake).get_proc_address, per_thread=False, native=native)
 
     def no_new_array_type(*args: object) -> None:
         raise AssertionError("create_string_buffer makes a c_char * n class per length")

@@ -219,3 +219,91 @@ def test_loading_an_image_does_not_import_zstandard(tmp_path) -> None:
     imported, backend, sizes = json.loads(out.splitlines()[-1])
     assert backend == "libzstd" and not imported  # from C, ctypes not needed for it
     assert sizes and all(size > 0 for size in sizes)
+
+
+def _fresh(code: str, *args: str) -> list:
+    """Run ``code`` in a fresh interpreter on this tree; its last line of output as JSON."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import kernelpack as kp
+
+    src = os.path.dirname(os.path.dirname(kp.__file__))
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                         check=True, timeout=120, env={**os.environ, "PYTHONPATH": src}).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+@needs_native
+def test_open_soon_opens_on_its_own_thread_once() -> None:
+    """zstd_open_soon starts the open and returns; asking again (while it runs, or after)
+    starts nothing more; the first read finds the library open (or waits for it)."""
+    code = ("import json, threading, zlib\n"
+            "from kernelpack.runtime import _launch\n"
+            "import zstandard\n"
+            "frame = zstandard.ZstdCompressor().compress(b'kernelpack' * 100)\n"
+            "first = _launch.zstd_open_soon()\n"
+            "again = [_launch.zstd_open_soon() for _ in range(5)]\n"
+            "from kernelpack import _zstd\n"
+            "data = _zstd.decompress(frame, 1000)\n"
+            "print(json.dumps([first, again, data == b'kernelpack' * 100, _zstd.backend(),\n"
+            "                  _launch.zstd_open_soon()]))\n")
+    first, again, right, backend, after = _fresh(code)
+    assert first is True and again == [True] * 5 and right and backend == "libzstd"
+    assert after is True
+
+
+@needs_native
+def test_load_starts_the_open_only_for_zstd_images(tmp_path) -> None:
+    """kp.load of a pack with zstd images starts opening libzstd; one whose images are all
+    stored uncompressed does not (nothing will need it)."""
+    import kernelpack as kp
+
+    from kp_samples import axpy
+
+    path = tmp_path / "a.kpack"
+    kp.save([axpy()], str(path))
+    code = ("import json, sys, kernelpack as kp\n"
+            "from kernelpack import _zstd\n"
+            "asked = []\n"
+            "_zstd.open_soon = lambda: asked.append(1)\n"
+            "pack = kp.load(sys.argv[1])\n"
+            "codecs = sorted({i.codec for m in pack.modules.values() for i in m.images})\n"
+            "print(json.dumps([len(asked), codecs]))\n")
+    asked, codecs = _fresh(code, str(path))
+    assert codecs == ["zstd"] and asked == 1
+    # random bytes do not compress: the serializer stores the image as it is
+    from kernelpack.compiled import Compiled, Image, Module
+    from kernelpack.summary import Arg, KernelSummary, Launch, Variant
+
+    image = Image("cubin", "sm_90", b"\x7fELF" + random.Random(3).randbytes(4000), "test", 13000)
+    summary = KernelSummary("p", (kp.Tensor("x", kp.f32, ("n",)),),
+                            (Variant((Launch("k", "m", (1,), (1,), (Arg.buffer("x"),)),)),))
+    raw = tmp_path / "raw.kpack"
+    kp.save([Compiled(summary, (Module("m", ("k",), (image,)),))], str(raw))
+    asked, codecs = _fresh(code, str(raw))
+    assert codecs == ["none"] and asked == 0
+
+
+@needs_native
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_fork_during_the_open_leaves_a_child_that_reads() -> None:
+    """A fork right after zstd_open_soon (the opener thread likely inside dlopen) waits for it
+    (pthread_atfork): the child does not inherit a dynamic loader lock held by a thread that
+    does not exist there, and reads zstd frames itself. Many rounds, to land inside the open."""
+    code = ("import json, os, sys\n"
+            "import zstandard\n"
+            "frame = zstandard.ZstdCompressor().compress(b'abc' * 50)\n"
+            "from kernelpack.runtime import _launch\n"
+            "_launch.zstd_open_soon()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    from kernelpack import _zstd\n"
+            "    ok = _zstd.decompress(frame, 150) == b'abc' * 50 and _zstd.backend() == 'libzstd'\n"
+            "    os._exit(0 if ok else 3)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "print(json.dumps([os.waitstatus_to_exitcode(status)]))\n")
+    for _ in range(20):
+        assert _fresh(code) == [0]

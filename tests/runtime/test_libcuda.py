@@ -41,6 +41,17 @@ class _Stream:
         return self.value
 
 
+@pytest.fixture(autouse=True, params=["C", "ctypes"])
+def door(request, monkeypatch) -> str:
+    """Every test runs through both ways of calling the driver: the C extension's
+    driver_call, and ctypes (what an install without the extension uses)."""
+    if request.param == "ctypes":
+        monkeypatch.setattr(libcuda, "_native_caller", lambda: None)
+    elif libcuda._native_caller() is None:
+        pytest.skip("the C extension's driver_call is not built here")
+    return request.param
+
+
 def _make(per_thread: bool = False, **kw) -> tuple[LibCuda, CFakeLibcuda]:
     fake = FakeDriver(kernels={"axpy": ("QQfI", _axpy_impl), "axpby": ("QQQfI", _axpby_impl)},
                       **kw)
@@ -65,8 +76,9 @@ needs_launch_extension = pytest.mark.skipif(
 
 
 # ---- marshalling ---------------------------------------------------------------------------------
-def test_each_function_answers_in_cuda_bindings_convention() -> None:
+def test_each_function_answers_in_cuda_bindings_convention(door) -> None:
     drv, c = _make(arch=(8, 6))
+    assert drv.door == door and door in repr(drv)
     attr = drv.CUdevice_attribute
     assert drv.cuInit(0) == (0,)
     assert drv.cuDriverGetVersion() == (0, 13000)
@@ -142,6 +154,9 @@ def test_a_missing_entry_point_is_a_named_driver_error(monkeypatch) -> None:
     c = CFakeLibcuda(fake, missing=("cuFuncLoad",))
     drv = LibCuda(c.get_proc_address, False)
     assert drv.cuFuncLoad(1) == (CUresult.CUDA_ERROR_NOT_FOUND,)
+    # a missing function with outputs answers their zero values, as a failed call does
+    c.missing.add("cuMemAlloc")
+    assert drv.cuMemAlloc(8) == (CUresult.CUDA_ERROR_NOT_FOUND, 0)
     install(monkeypatch, drv)
     with pytest.raises(LaunchError, match="cuFuncLoad failed: CUDA_ERROR_NOT_FOUND") as info:
         driver.check(drv.cuFuncLoad(1), "cuFuncLoad")
@@ -333,3 +348,4 @@ print(json.dumps([z.copy_to_host().hex(), sorted(m for m in sys.modules if m.sta
     assert bytes.fromhex(value) == struct.pack("<f", 5.0)
     if sys.platform.startswith("linux"):
         assert cuda_modules == []
+

@@ -27,4 +27,7 @@ int kp_verify_init(PyObject *module);
 /* ../_zstd.c: adds zstd_open/zstd_content_size/zstd_decompress (libzstd through dlopen). */
 int kp_zstd_init(PyObject *module);
 
+/* _drvcall.c: the driver's entry points called from C (runtime/libcuda.py). */
+int kp_drvcall_init(PyObject *module);
+
 #endif

@@ -14,6 +14,13 @@ default-stream flavour cuda.bindings would use (legacy, or per-thread when its s
 ``CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM`` is set), so both doors reach the same entry
 points. Functions are resolved on first use.
 
+Two ways to make the call, one table (``_SPECS``) for both: where kernelpack's C extension is
+built (x86-64 and AArch64 Linux), ``_drvcall.c``'s ``driver_call`` calls the entry point's
+address directly, told by a string what each argument is (``_KINDS``); a first launch's twenty
+driver calls then cost a few microseconds instead of ~135 µs of ctypes objects and call
+interfaces made on first use (an H200 host). Without the extension, ctypes calls them with
+each argument's exact C type. Results are the same either way.
+
 The calling convention is cuda.bindings': ``cuX(inputs...) -> (CUresult, *outputs)``, with
 handles as plain ints (NULL is 0). Handle arguments go through ``int()``, so cuda.bindings'
 handle objects (``CUstream``) are accepted too. That lets :mod:`.driver` hand either object to
@@ -77,6 +84,50 @@ _SPECS: dict[str, tuple[Any, ...]] = {
 }
 _NEWER = {"cuFuncLoad": 12040}
 
+# name -> what each C argument is, for _drvcall.c's driver_call: v an integer value, r a
+# readable buffer (bytes, or None for NULL), w a writable buffer, and outputs i (int),
+# p (pointer or 64-bit value), s (const char *). The outputs come back after the CUresult in
+# this order. Same arity as _SPECS (tests hold the two tables to each other).
+_KINDS: dict[str, str] = {
+    "cuInit": "v",
+    "cuDriverGetVersion": "i",
+    "cuDeviceGetCount": "i",
+    "cuDeviceGet": "iv",
+    "cuDeviceGetAttribute": "ivv",
+    "cuDeviceGetName": "wvv",
+    "cuDevicePrimaryCtxRetain": "pv",
+    "cuCtxGetCurrent": "p",
+    "cuCtxSetCurrent": "v",
+    "cuCtxPushCurrent": "v",
+    "cuCtxPopCurrent": "p",
+    "cuCtxGetDevice": "i",
+    "cuLibraryLoadData": "prvvvvvv",
+    "cuLibraryGetKernel": "pvr",
+    "cuLibraryUnload": "v",
+    "cuKernelGetFunction": "pv",
+    "cuFuncLoad": "v",
+    "cuFuncSetAttribute": "vvv",
+    "cuLaunchKernel": "vvvvvvvvvvv",
+    "cuMemAlloc": "pv",
+    "cuMemFree": "v",
+    "cuMemAllocAsync": "pvv",
+    "cuMemFreeAsync": "vv",
+    "cuMemcpyDtoH": "wvv",
+    "cuMemsetD8Async": "vvvv",
+    "cuPointerGetAttribute": "ivv",
+    "cuStreamSynchronize": "v",
+    "cuStreamWaitEvent": "vvv",
+    "cuEventCreate": "pv",
+    "cuEventRecord": "vv",
+    "cuEventDestroy": "v",
+    "cuGetErrorName": "vs",
+    "cuGetErrorString": "vs",
+}
+_GET_PROC_ADDRESS_KINDS = "rpvvi"
+_OUTPUTS = "ips"
+# an output the driver writes through a plain ``void*`` (cuPointerGetAttribute's): its type
+_OUTPUT_TYPES = {"i": c_int, "p": c_uint64, "s": c_char_p}
+
 # CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
 #                              cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
 _GET_PROC_ADDRESS_ARGS = (c_char_p, _PP, c_int, c_uint64, _PI)
@@ -114,13 +165,42 @@ class CUdriverProcAddress_flags:
     CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2
 
 
-# cuPointerGetAttribute writes a different type per attribute: the ones supported here
-_POINTER_ATTRIBUTE_TYPES = {CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int}
+# cuPointerGetAttribute writes a different type per attribute: the ones supported here (an
+# int each, which _KINDS says)
+_POINTER_ATTRIBUTES_READ = frozenset({CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL})
 
 
 def _handle(value: Any) -> int:
     """A handle argument as an int: ints, None (NULL) and cuda.bindings' handle objects."""
     return 0 if value is None else int(value)
+
+
+def _native_caller() -> Callable[..., tuple] | None:
+    """``_drvcall.c``'s ``driver_call``, or None: no C extension, or an ABI it is not built
+    for (then ctypes calls the driver)."""
+    try:
+        from ._launch import driver_call
+    except ImportError:
+        return None
+    return driver_call  # type: ignore[no-any-return]
+
+
+def _symbol(library: str, name: str) -> int:
+    """The address of ``name`` in ``library`` (0: none), opened with dlopen from C; OSError
+    when the library cannot be loaded."""
+    from ._launch import driver_symbol
+
+    return int(driver_symbol(library, name))
+
+
+def _address_of(function: Any) -> int:
+    """The C address of ``cuGetProcAddress_v2`` given as an int or a ctypes function (0 for
+    anything else, e.g. a Python callable: only ctypes can call that)."""
+    if isinstance(function, int):
+        return function
+    if isinstance(function, ctypes._CFuncPtr):  # type: ignore[attr-defined]
+        return ctypes.cast(function, c_void_p).value or 0
+    return 0
 
 
 class LibCuda:
@@ -137,18 +217,76 @@ class LibCuda:
     CUfunction_attribute = CUfunction_attribute
     CUdriverProcAddress_flags = CUdriverProcAddress_flags
 
-    def __init__(self, get_proc_address: Callable[..., int], per_thread: bool) -> None:
+    def __init__(self, get_proc_address: Any, per_thread: bool, *,
+                 native: bool = True) -> None:
+        """``get_proc_address``: the driver's ``cuGetProcAddress_v2``, as its address (an int)
+        or a ctypes function; ``native=False`` calls everything through ctypes even where the
+        C extension could (tests of that door)."""
         self._get = get_proc_address
         flags = CUdriverProcAddress_flags
         self._flags = (flags.CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM if per_thread
                        else flags.CU_GET_PROC_ADDRESS_LEGACY_STREAM)
-        self._fns: dict[str, Callable[..., int]] = {}
+        self._fns: dict[str, Callable[..., int]] = {}  # the ctypes door's functions
+        self._entries: dict[str, int] = {}  # the C door's addresses
+        call = _native_caller() if native else None
+        self._get_address = _address_of(get_proc_address) if call is not None else 0
+        self._native = call if self._get_address else None
+        if self._native is None and isinstance(get_proc_address, int):
+            # ctypes needs a function object for it
+            get = _ENTRY(get_proc_address)
+            get.argtypes = _GET_PROC_ADDRESS_ARGS
+            self._get = get
+
+    @property
+    def door(self) -> str:
+        """How the driver is called: ``"C"`` (the extension's driver_call) or ``"ctypes"``."""
+        return "C" if self._native is not None else "ctypes"
 
     def __repr__(self) -> str:
-        return f"<LibCuda: {len(self._fns)} driver functions resolved>"
+        count = len(self._entries) + len(self._fns)
+        return f"<LibCuda ({self.door}): {count} driver functions resolved>"
 
-    # ---- resolving ---------------------------------------------------------------------------
+    # ---- resolving and calling ---------------------------------------------------------------
+    def _call(self, name: str, *args: Any) -> tuple:
+        """``name(*args)`` in cuda.bindings' form: ``(CUresult, *outputs)``, the inputs being
+        ``_KINDS[name]``'s v/r/w arguments in order."""
+        native = self._native
+        if native is None:
+            return self._ctypes_call(name, args)
+        address = self._entries.get(name)
+        if address is None:
+            address, err = self._address(name, _NEWER.get(name, MIN_DRIVER_VERSION))
+            if not address:
+                return _failed(name, err or _NOT_FOUND)
+            self._entries[name] = address
+        return native(address, _KINDS[name], *args)  # type: ignore[no-any-return]
+
+    def _ctypes_call(self, name: str, args: tuple) -> tuple:
+        """:meth:`_call` through ctypes: output variables of each pointer's own type."""
+        fn = self._fn(name)
+        inputs = iter(args)
+        cargs: list[Any] = []
+        outs: list[Any] = []
+        for kind, ctype in zip(_KINDS[name], _SPECS[name]):
+            if kind in _OUTPUTS:
+                target = getattr(ctype, "_type_", None)
+                if isinstance(target, type):  # POINTER(T): T's variable, by reference
+                    out = target()
+                    cargs.append(byref(out))
+                else:  # a plain void*: the driver writes _OUTPUT_TYPES[kind] there
+                    out = _OUTPUT_TYPES[kind]()
+                    cargs.append(ctypes.addressof(out))
+                outs.append(out)
+            elif kind == "w":  # a writable buffer, by address (it cannot move: exported)
+                cargs.append(ctypes.addressof(ctypes.c_char.from_buffer(next(inputs))))
+            else:
+                cargs.append(next(inputs))
+        err = fn(*cargs)
+        return (err, *[_value(out) for out in outs])
+
     def _fn(self, name: str) -> Callable[..., int]:
+        """The ctypes door's function for ``name`` (a callable answering the lookup's
+        CUresult when the driver has none)."""
         fn = self._fns.get(name)
         if fn is None:
             argtypes = _SPECS[name]
@@ -169,6 +307,9 @@ class LibCuda:
 
     def cuGetProcAddress(self, symbol: bytes, version: int, flags: int) -> tuple[int, int, int]:
         """cuda.bindings' form: ``(CUresult, address, symbolStatus)``."""
+        if self._native is not None:
+            return self._native(self._get_address, _GET_PROC_ADDRESS_KINDS,  # type: ignore
+                                bytes(symbol), int(version), int(flags))
         pfn = c_void_p()
         status = c_int()
         err = self._get(bytes(symbol), byref(pfn), int(version), int(flags), byref(status))
@@ -177,68 +318,58 @@ class LibCuda:
     def describe(self, code: int) -> tuple[str, str]:
         """The driver's name and description of a CUresult (``CUresult <n>`` / "no
         description" when it has none)."""
-        name, text = c_char_p(), c_char_p()
-        err = self._fn("cuGetErrorName")(code, byref(name))
+        err, name = self._call("cuGetErrorName", int(code))
         label = f"CUresult {code}"
-        if not err and name.value:
-            label = name.value.decode(errors="replace")
-        err = self._fn("cuGetErrorString")(code, byref(text))
+        if not err and name:
+            label = name.decode(errors="replace")
+        err, text = self._call("cuGetErrorString", int(code))
         detail = "no description"
-        if not err and text.value:
-            detail = text.value.decode(errors="replace")
+        if not err and text:
+            detail = text.decode(errors="replace")
         return label, detail
 
     # ---- init, devices, contexts -------------------------------------------------------------
     def cuInit(self, flags: int) -> tuple[int]:
-        return (self._fn("cuInit")(flags),)
+        return self._call("cuInit", int(flags))  # type: ignore[return-value]
 
     def cuDriverGetVersion(self) -> tuple[int, int]:
-        out = c_int()
-        return (self._fn("cuDriverGetVersion")(byref(out)), out.value)
+        return self._call("cuDriverGetVersion")  # type: ignore[return-value]
 
     def cuDeviceGetCount(self) -> tuple[int, int]:
-        out = c_int()
-        return (self._fn("cuDeviceGetCount")(byref(out)), out.value)
+        return self._call("cuDeviceGetCount")  # type: ignore[return-value]
 
     def cuDeviceGet(self, ordinal: int) -> tuple[int, int]:
-        out = c_int()
-        return (self._fn("cuDeviceGet")(byref(out), int(ordinal)), out.value)
+        return self._call("cuDeviceGet", int(ordinal))  # type: ignore[return-value]
 
     def cuDeviceGetAttribute(self, attribute: int, device: int) -> tuple[int, int]:
-        out = c_int()
-        return (self._fn("cuDeviceGetAttribute")(byref(out), int(attribute), int(device)),
-                out.value)
+        return self._call("cuDeviceGetAttribute", int(attribute),  # type: ignore[return-value]
+                          int(device))
 
     def cuDeviceGetName(self, length: int, device: int) -> tuple[int, bytes]:
-        # a bytearray's address through c_char.from_buffer: create_string_buffer would make a
-        # ``c_char * length`` class (~30 µs the first time, inside a process's first launch)
+        # a bytearray written in place: create_string_buffer would make a ``c_char * length``
+        # class (~30 µs the first time, inside a process's first launch)
         length = int(length)
-        buf = bytearray(max(length, 1))  # (from_buffer refuses an empty one)
-        view = ctypes.c_char.from_buffer(buf)  # exports buf: it cannot move during the call
-        err = self._fn("cuDeviceGetName")(ctypes.addressof(view), length, int(device))
+        buf = bytearray(max(length, 1))  # (ctypes' from_buffer refuses an empty one)
+        err = self._call("cuDeviceGetName", buf, length, int(device))[0]
         return (err, bytes(buf[:length]))
 
     def cuDevicePrimaryCtxRetain(self, device: int) -> tuple[int, int]:
-        out = c_void_p()
-        return (self._fn("cuDevicePrimaryCtxRetain")(byref(out), int(device)), out.value or 0)
+        return self._call("cuDevicePrimaryCtxRetain", int(device))  # type: ignore[return-value]
 
     def cuCtxGetCurrent(self) -> tuple[int, int]:
-        out = c_void_p()
-        return (self._fn("cuCtxGetCurrent")(byref(out)), out.value or 0)
+        return self._call("cuCtxGetCurrent")  # type: ignore[return-value]
 
     def cuCtxSetCurrent(self, ctx: Any) -> tuple[int]:
-        return (self._fn("cuCtxSetCurrent")(_handle(ctx)),)
+        return self._call("cuCtxSetCurrent", _handle(ctx))  # type: ignore[return-value]
 
     def cuCtxPushCurrent(self, ctx: Any) -> tuple[int]:
-        return (self._fn("cuCtxPushCurrent")(_handle(ctx)),)
+        return self._call("cuCtxPushCurrent", _handle(ctx))  # type: ignore[return-value]
 
     def cuCtxPopCurrent(self) -> tuple[int, int]:
-        out = c_void_p()
-        return (self._fn("cuCtxPopCurrent")(byref(out)), out.value or 0)
+        return self._call("cuCtxPopCurrent")  # type: ignore[return-value]
 
     def cuCtxGetDevice(self) -> tuple[int, int]:
-        out = c_int()
-        return (self._fn("cuCtxGetDevice")(byref(out)), out.value)
+        return self._call("cuCtxGetDevice")  # type: ignore[return-value]
 
     # ---- libraries and kernels ---------------------------------------------------------------
     def cuLibraryLoadData(self, code: bytes, jit_options: Any, jit_values: Any, n_jit: int,
@@ -247,92 +378,99 @@ class LibCuda:
         """Load a cubin or NUL-terminated PTX; options are not supported (none are used)."""
         if jit_options or jit_values or n_jit or library_options or library_values or n_library:
             raise ValueError("LibCuda.cuLibraryLoadData takes no JIT or library options")
-        out = c_void_p()
-        err = self._fn("cuLibraryLoadData")(byref(out), bytes(code), None, None, 0, None, None,
-                                            0)
-        return (err, out.value or 0)
+        return self._call("cuLibraryLoadData", bytes(code),  # type: ignore[return-value]
+                          0, 0, 0, 0, 0, 0)
 
     def cuLibraryGetKernel(self, library: Any, name: bytes) -> tuple[int, int]:
-        out = c_void_p()
-        return (self._fn("cuLibraryGetKernel")(byref(out), _handle(library), bytes(name)),
-                out.value or 0)
+        return self._call("cuLibraryGetKernel", _handle(library),  # type: ignore[return-value]
+                          bytes(name))
 
     def cuLibraryUnload(self, library: Any) -> tuple[int]:
-        return (self._fn("cuLibraryUnload")(_handle(library)),)
+        return self._call("cuLibraryUnload", _handle(library))  # type: ignore[return-value]
 
     def cuKernelGetFunction(self, kernel: Any) -> tuple[int, int]:
-        out = c_void_p()
-        return (self._fn("cuKernelGetFunction")(byref(out), _handle(kernel)), out.value or 0)
+        return self._call("cuKernelGetFunction", _handle(kernel))  # type: ignore[return-value]
 
     def cuFuncSetAttribute(self, function: Any, attribute: int, value: int) -> tuple[int]:
-        return (self._fn("cuFuncSetAttribute")(_handle(function), int(attribute), int(value)),)
+        return self._call("cuFuncSetAttribute", _handle(function),  # type: ignore[return-value]
+                          int(attribute), int(value))
 
     def cuFuncLoad(self, function: Any) -> tuple[int]:
-        return (self._fn("cuFuncLoad")(_handle(function)),)
+        return self._call("cuFuncLoad", _handle(function))  # type: ignore[return-value]
 
     def cuLaunchKernel(self, function: Any, gx: int, gy: int, gz: int, bx: int, by: int,
                        bz: int, shared_mem: int, stream: Any, kernel_params: Any,
                        extra: Any) -> tuple[int]:
         """``kernel_params``: the address of a prepacked ``void*`` array (an int), as the
         runtime passes it; ``extra`` must be 0/None."""
-        return (self._fn("cuLaunchKernel")(_handle(function), gx, gy, gz, bx, by, bz,
-                                           shared_mem, _handle(stream), _handle(kernel_params),
-                                           _handle(extra)),)
+        return self._call("cuLaunchKernel", _handle(function),  # type: ignore[return-value]
+                          int(gx), int(gy), int(gz), int(bx), int(by), int(bz),
+                          int(shared_mem), _handle(stream), _handle(kernel_params),
+                          _handle(extra))
 
     # ---- memory ------------------------------------------------------------------------------
     def cuMemAlloc(self, nbytes: int) -> tuple[int, int]:
-        out = c_uint64()
-        return (self._fn("cuMemAlloc")(byref(out), int(nbytes)), out.value)
+        return self._call("cuMemAlloc", int(nbytes))  # type: ignore[return-value]
 
     def cuMemFree(self, ptr: Any) -> tuple[int]:
-        return (self._fn("cuMemFree")(_handle(ptr)),)
+        return self._call("cuMemFree", _handle(ptr))  # type: ignore[return-value]
 
     def cuMemAllocAsync(self, nbytes: int, stream: Any) -> tuple[int, int]:
-        out = c_uint64()
-        return (self._fn("cuMemAllocAsync")(byref(out), int(nbytes), _handle(stream)),
-                out.value)
+        return self._call("cuMemAllocAsync", int(nbytes),  # type: ignore[return-value]
+                          _handle(stream))
 
     def cuMemFreeAsync(self, ptr: Any, stream: Any) -> tuple[int]:
-        return (self._fn("cuMemFreeAsync")(_handle(ptr), _handle(stream)),)
+        return self._call("cuMemFreeAsync", _handle(ptr),  # type: ignore[return-value]
+                          _handle(stream))
 
     def cuMemcpyDtoH(self, dst: bytearray, src: Any, nbytes: int) -> tuple[int]:
         """Copy into a writable host buffer (a bytearray of at least ``nbytes``)."""
         view = memoryview(dst)
         if view.readonly or view.nbytes < nbytes:
             raise ValueError(f"cuMemcpyDtoH needs a writable buffer of {nbytes} bytes")
-        host = ctypes.c_char.from_buffer(dst)
-        return (self._fn("cuMemcpyDtoH")(ctypes.addressof(host), _handle(src), int(nbytes)),)
+        return self._call("cuMemcpyDtoH", dst, _handle(src),  # type: ignore[return-value]
+                          int(nbytes))
 
     def cuMemsetD8Async(self, ptr: Any, value: int, count: int, stream: Any) -> tuple[int]:
-        return (self._fn("cuMemsetD8Async")(_handle(ptr), int(value), int(count),
-                                            _handle(stream)),)
+        return self._call("cuMemsetD8Async", _handle(ptr),  # type: ignore[return-value]
+                          int(value), int(count), _handle(stream))
 
     def cuPointerGetAttribute(self, attribute: int, ptr: Any) -> tuple[int, int]:
-        kind = _POINTER_ATTRIBUTE_TYPES.get(int(attribute))
-        if kind is None:
+        if int(attribute) not in _POINTER_ATTRIBUTES_READ:
             raise ValueError(f"LibCuda.cuPointerGetAttribute does not read attribute "
                              f"{int(attribute)}")
-        out = kind()
-        err = self._fn("cuPointerGetAttribute")(ctypes.addressof(out), int(attribute),
-                                                _handle(ptr))
-        return (err, out.value)
+        return self._call("cuPointerGetAttribute", int(attribute),  # type: ignore
+                          _handle(ptr))
 
     # ---- streams and events ------------------------------------------------------------------
     def cuStreamSynchronize(self, stream: Any) -> tuple[int]:
-        return (self._fn("cuStreamSynchronize")(_handle(stream)),)
+        return self._call("cuStreamSynchronize", _handle(stream))  # type: ignore[return-value]
 
     def cuStreamWaitEvent(self, stream: Any, event: Any, flags: int) -> tuple[int]:
-        return (self._fn("cuStreamWaitEvent")(_handle(stream), _handle(event), int(flags)),)
+        return self._call("cuStreamWaitEvent", _handle(stream),  # type: ignore[return-value]
+                          _handle(event), int(flags))
 
     def cuEventCreate(self, flags: int) -> tuple[int, int]:
-        out = c_void_p()
-        return (self._fn("cuEventCreate")(byref(out), int(flags)), out.value or 0)
+        return self._call("cuEventCreate", int(flags))  # type: ignore[return-value]
 
     def cuEventRecord(self, event: Any, stream: Any) -> tuple[int]:
-        return (self._fn("cuEventRecord")(_handle(event), _handle(stream)),)
+        return self._call("cuEventRecord", _handle(event),  # type: ignore[return-value]
+                          _handle(stream))
 
     def cuEventDestroy(self, event: Any) -> tuple[int]:
-        return (self._fn("cuEventDestroy")(_handle(event)),)
+        return self._call("cuEventDestroy", _handle(event))  # type: ignore[return-value]
+
+
+def _value(out: Any) -> Any:
+    """An output variable's value as cuda.bindings gives it (a NULL pointer is 0)."""
+    value = out.value
+    return 0 if value is None and not isinstance(out, c_char_p) else value
+
+
+def _failed(name: str, code: int) -> tuple:
+    """What a call of an entry point the driver did not give answers: the lookup's CUresult,
+    and the outputs' zero values."""
+    return (code, *[None if kind == "s" else 0 for kind in _KINDS[name] if kind in _OUTPUTS])
 
 
 def _missing(name: str, code: int) -> Callable[..., int]:
@@ -357,13 +495,22 @@ def open_driver(per_thread: bool, library: str = "libcuda.so.1") -> LibCuda:
         The driver has no ``cuGetProcAddress_v2``: it predates CUDA 12.0, which kernelpack's
         context-independent loading needs.
     """
+    if _native_caller() is not None:
+        address = _symbol(library, "cuGetProcAddress_v2")
+        if not address:
+            raise _too_old(library)
+        return LibCuda(address, per_thread)
     lib = ctypes.CDLL(library)
     try:
         get = lib.cuGetProcAddress_v2
     except AttributeError:
-        raise LookupError(f"{library} has no cuGetProcAddress_v2: the NVIDIA driver predates "
-                          f"CUDA 12.0 (R525), which kernelpack needs") from None
+        raise _too_old(library) from None
     # the library's own function object, typed in place as _ENTRY's pointers are: no ctypes
     # class made for it, no cast to its address
     get.restype, get.argtypes = c_int, _GET_PROC_ADDRESS_ARGS
     return LibCuda(get, per_thread)
+
+
+def _too_old(library: str) -> LookupError:
+    return LookupError(f"{library} has no cuGetProcAddress_v2: the NVIDIA driver predates "
+                       f"CUDA 12.0 (R525), which kernelpack needs")
