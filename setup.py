@@ -31,9 +31,9 @@ extensions = [
                                          "../_zstd.c")],
         depends=[RUNTIME + "_launch.h", RUNTIME + "_fastcall.h"],
         define_macros=[("Py_LIMITED_API", f"0x03{LIMITED[1]:02X}0000")],
-        # dlopen and pthreads (libzstd, ../_zstd.c): in libc from glibc 2.34, in libdl and
-        # libpthread before
-        libraries=["dl", "pthread"] if sys.platform.startswith("linux") else [],
+        # dlopen (libzstd, ../_zstd.c; libcuda, _drvcall.c): in libc from glibc 2.34, in
+        # libdl before
+        libraries=["dl"] if sys.platform.startswith("linux") else [],
         py_limited_api=True,
         optional=True,
     )

@@ -15,14 +15,6 @@
  * ZstdFormatError). The prototypes are zstd.h's stable API, declared here so that building
  * needs no zstd headers and the extension links against nothing.
  *
- * Opening it early (zstd_open_soon): the dlopen is most of a first decompression's cost (~50 us
- * in a bare process, ~130-170 us on a GPU host with torch's libraries mapped), and it needs
- * nothing from Python. kp.load of a pack holding zstd images asks for it on a C thread of its
- * own, which runs while Python verifies, decodes and binds; the first read then finds it open
- * (or waits for the rest of it, without the GIL). The open happens exactly once either way
- * (pthread_once), and a fork waits for an open in progress (pthread_atfork), so a child never
- * inherits the dynamic loader's lock held by a thread that does not exist there.
- *
  * Compiled into kernelpack.runtime._launch (limited C API), whose init calls kp_zstd_init.
  */
 #define PY_SSIZE_T_CLEAN
@@ -30,7 +22,6 @@
 #include <stddef.h>
 #ifndef _WIN32
 #include <dlfcn.h>
-#include <pthread.h>
 #endif
 
 #define KP_ZSTD_MIN_VERSION 10400u                     /* 1.4.0 */
@@ -71,18 +62,21 @@ static void *symbol(void *lib, const char *name, int *missing) {
 }
 #endif
 
-/* Open libzstd (run once, by pthread_once: from the opener thread or from the first caller). */
-static void open_once(void) {
-#ifdef _WIN32
-    z.state = -1; /* no libzstd.so.1 there: the zstandard package reads the frames */
-#else
+/* Open libzstd once (under the GIL: every caller holds it). */
+static int open_libzstd(void) {
     void *lib;
     version_fn version;
     int missing = 0;
+    if (z.state != 0)
+        return z.state;
     z.state = -1;
+#ifdef _WIN32
+    (void)lib, (void)version, (void)missing;
+    return z.state; /* no libzstd.so.1 there: the zstandard package reads the frames */
+#else
     lib = dlopen("libzstd.so.1", RTLD_LAZY | RTLD_LOCAL);
     if (lib == NULL)
-        return;
+        return z.state;
     version = (version_fn)symbol(lib, "ZSTD_versionNumber", &missing);
     z.content_size = (content_size_fn)symbol(lib, "ZSTD_getFrameContentSize", &missing);
     z.frame_size = (frame_size_fn)symbol(lib, "ZSTD_findFrameCompressedSize", &missing);
@@ -93,78 +87,10 @@ static void open_once(void) {
     z.decompress = (decompress_fn)symbol(lib, "ZSTD_decompressDCtx", &missing);
     if (missing || version() < KP_ZSTD_MIN_VERSION) {
         dlclose(lib);
-        return;
+        return z.state;
     }
     z.state = 1; /* the library stays open for the process */
-#endif
-}
-
-#ifndef _WIN32
-static pthread_once_t once = PTHREAD_ONCE_INIT;
-static int opened;         /* 1 once open_once has finished (atomic: the opener thread sets it) */
-static int opener_started; /* under the GIL */
-
-static void run_once(void) {
-    open_once();
-    __atomic_store_n(&opened, 1, __ATOMIC_RELEASE);
-}
-
-static void *opener(void *unused) {
-    (void)unused;
-    pthread_once(&once, run_once);
-    return NULL;
-}
-
-/* Before a fork: let an open in progress finish (see the top). Never opens by itself. */
-static void finish_open_before_fork(void) {
-    if (__atomic_load_n(&opener_started, __ATOMIC_ACQUIRE))
-        pthread_once(&once, run_once);
-}
-#endif
-
-/* The library's state, opened now if nobody has (called with the GIL held; waits without it). */
-static int open_libzstd(void) {
-#ifdef _WIN32
-    if (z.state == 0)
-        open_once();
-#else
-    if (!__atomic_load_n(&opened, __ATOMIC_ACQUIRE)) {
-        Py_BEGIN_ALLOW_THREADS
-        pthread_once(&once, run_once);
-        Py_END_ALLOW_THREADS
-    }
-#endif
     return z.state;
-}
-
-/* zstd_open_soon() -> bool: start opening libzstd on a thread of its own unless it is open or
- * opening already; False when no thread could be started (the first read opens it then). */
-static PyObject *zstd_open_soon(PyObject *self, PyObject *unused) {
-    (void)self;
-    (void)unused;
-#ifdef _WIN32
-    Py_RETURN_FALSE;
-#else
-    static int atfork_registered;
-    pthread_t thread;
-    pthread_attr_t attr;
-    int started;
-    if (__atomic_load_n(&opener_started, __ATOMIC_ACQUIRE) || __atomic_load_n(&opened, __ATOMIC_ACQUIRE))
-        Py_RETURN_TRUE;
-    if (!atfork_registered) {
-        if (pthread_atfork(finish_open_before_fork, NULL, NULL) != 0)
-            Py_RETURN_FALSE;
-        atfork_registered = 1;
-    }
-    if (pthread_attr_init(&attr) != 0)
-        Py_RETURN_FALSE;
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    __atomic_store_n(&opener_started, 1, __ATOMIC_RELEASE);
-    started = pthread_create(&thread, &attr, opener, NULL) == 0;
-    pthread_attr_destroy(&attr);
-    if (!started)
-        __atomic_store_n(&opener_started, 0, __ATOMIC_RELEASE);
-    return PyBool_FromLong(started);
 #endif
 }
 
@@ -268,8 +194,6 @@ done:
 static PyMethodDef zstd_methods[] = {
     {"zstd_open", zstd_open, METH_NOARGS,
      "zstd_open() -> bool: whether the system's libzstd (>= 1.4.0) is usable (opened once)."},
-    {"zstd_open_soon", zstd_open_soon, METH_NOARGS,
-     "zstd_open_soon() -> bool: start opening libzstd on a thread of its own (see zstd_open)."},
     {"zstd_content_size", zstd_content_size, METH_VARARGS,
      "zstd_content_size(data) -> int: the first frame's declared content size, -1 for none."},
     {"zstd_decompress", zstd_decompress, METH_VARARGS,

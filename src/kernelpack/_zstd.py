@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-__all__ = ["ZstdFormatError", "frame_content_size", "decompress", "backend", "open_soon"]
+__all__ = ["ZstdFormatError", "frame_content_size", "decompress", "backend"]
 
 # ZSTD_getFrameContentSize's two sentinels (zstd.h), as unsigned long long
 _CONTENTSIZE_UNKNOWN = (1 << 64) - 1
@@ -182,21 +182,6 @@ def _get() -> _NativeZstd | _LibZstd | _Zstandard:
             if _backend is None:
                 _backend = _open_native() or _open_libzstd() or _Zstandard()
     return _backend
-
-
-def open_soon() -> None:
-    """Start opening libzstd on a C thread of the extension's own, for a pack whose images
-    will need it: the dlopen (~50-170 µs) then runs while Python verifies, decodes and binds,
-    instead of inside the first read. Does nothing once a decoder is chosen, or without the
-    extension; the first read waits for an open in progress (``_zstd.c`` says how forks are
-    kept safe)."""
-    if _backend is not None:
-        return
-    try:
-        from .runtime._launch import zstd_open_soon
-    except ImportError:
-        return
-    zstd_open_soon()
 
 
 def backend() -> str:

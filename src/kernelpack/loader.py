@@ -16,7 +16,6 @@ import stat
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from . import _zstd
 from ._decode import decode_program
 from ._fbread import ByteViews, Table
 from ._images import FileBlobs, ImageInfo, PackFile, _decompress  # noqa: F401 - _decompress: kept importable here
@@ -233,8 +232,6 @@ class Pack:
         self._file = file
         modules = [ModuleInfo(fm, blobs) for fm in fbody.get("modules")]
         _sorted_unique([m.name for m in modules], "module")
-        if any(i.codec == "zstd" for m in modules for i in m.images):
-            _zstd.open_soon()  # the first image read needs it: open it while we go on
         self._modules: dict[str, ModuleInfo] = {m.name: m for m in modules}
         self._programs: list[Table] = fbody.get("programs")
         names = [fp.get("name") for fp in self._programs]

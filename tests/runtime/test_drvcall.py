@@ -1,5 +1,6 @@
 """The driver called from C (runtime/_drvcall.c: driver_call, driver_symbol) for
-runtime/libcuda.py's C door: its argument kinds against the ctypes door's exact types, what it
+runtime/libcuda.py's C door: its argument kinds against the ctypes door's exact types
+(runtime/cuda_abi.py's two tables), what it
 refuses, and how open_driver reaches it. Both doors' marshalling of every function is
 test_libcuda.py's (each test there runs through both)."""
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelpack.runtime import libcuda
+from kernelpack.runtime import cuda_abi, libcuda
 
 sys.path.insert(0, str(Path(__file__).parent))
 from c_fake_driver import CFakeLibcuda  # noqa: E402
@@ -27,9 +28,9 @@ def test_kinds_describe_the_same_arguments_as_the_ctypes_types() -> None:
     """driver_call's kinds and ctypes' argument types are two descriptions of one signature:
     same functions, same arity, outputs where ctypes has an output pointer (or the plain
     void* of cuPointerGetAttribute), buffers where it takes a char pointer."""
-    assert libcuda._KINDS.keys() == libcuda._SPECS.keys()
-    for name, kinds in libcuda._KINDS.items():
-        types = libcuda._SPECS[name]
+    assert cuda_abi.KINDS.keys() == cuda_abi.SPECS.keys()
+    for name, kinds in cuda_abi.KINDS.items():
+        types = cuda_abi.SPECS[name]
         assert len(kinds) == len(types), name
         for kind, ctype in zip(kinds, types):
             pointee = getattr(ctype, "_type_", None)
@@ -44,7 +45,7 @@ def test_kinds_describe_the_same_arguments_as_the_ctypes_types() -> None:
                 assert ctype is ctypes.c_void_p, name
             else:
                 assert kind == "v" and not isinstance(pointee, type) or ctype is ctypes.c_void_p
-    assert len(libcuda._GET_PROC_ADDRESS_KINDS) == len(libcuda._GET_PROC_ADDRESS_ARGS)
+    assert len(cuda_abi.GET_PROC_ADDRESS_KINDS) == len(cuda_abi.GET_PROC_ADDRESS_ARGS)
 
 
 @needs_driver_call

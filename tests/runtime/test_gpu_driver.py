@@ -1,5 +1,6 @@
-"""The two doors to the driver on a real GPU: kernelpack's ctypes one (runtime/libcuda.py, the
-default on Linux) and cuda.bindings (``KERNELPACK_DRIVER=cuda-bindings``), each in a fresh
+"""The doors to the driver on a real GPU: kernelpack's own (runtime/libcuda.py, the default on
+Linux: called from C through the extension's driver_call, or through ctypes without it) and
+cuda.bindings (``KERNELPACK_DRIVER=cuda-bindings``), each in a fresh
 process, with and without the C launch extension and with the per-thread default stream."""
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ _COUNT = kernels.gpu_count_or_skip()
 # A fresh process: torch tensors in, one program of two launches and one of one, results and
 # what the process imported, which driver object and launcher it used.
 CHILD = """
-import json, sys
+import json, os, sys
 import torch
+if os.environ.get("KP_TEST_DOOR") == "ctypes":  # this test's own switch: libcuda without C
+    from kernelpack.runtime import libcuda
+    libcuda._native_caller = lambda: None
 torch.cuda.init()
 x = torch.arange(4097, dtype=torch.float32, device="cuda")
 y = torch.ones(4097, dtype=torch.float32, device="cuda")
@@ -42,6 +46,7 @@ print(json.dumps({
     "ok": [bool(torch.equal(z, 2 * x + y)), bool(torch.equal(w, x)),
            bool(torch.equal(v, 0.5 * x + y))],
     "driver": type(driver.bindings()).__name__, "native": native.launcher().native,
+    "door": getattr(driver.bindings(), "door", None),
     "bindings_before": before,
     "bindings_after": "cuda.bindings.driver" in sys.modules}))
 """
@@ -82,6 +87,9 @@ def test_ctypes_door_launches_without_importing_cuda_bindings(artifact: str) -> 
     assert got["driver"] == "LibCuda"
     if _built():  # launches through the C extension: cuda.bindings is never needed
         assert got["native"] and got["bindings_after"] is False
+        # and the driver is called from C (_drvcall.c) where it is built for the machine
+        assert got["door"] == ("C" if sys.platform.startswith("linux") and os.uname().machine
+                               in ("x86_64", "aarch64") else "ctypes")
 
 
 @pytest.mark.parametrize("env", [
@@ -89,13 +97,17 @@ def test_ctypes_door_launches_without_importing_cuda_bindings(artifact: str) -> 
     {"KERNELPACK_NATIVE_LAUNCH": "0"},
     {"KERNELPACK_DRIVER": "cuda-bindings", "KERNELPACK_NATIVE_LAUNCH": "0"},
     {"CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM": "1"},
-], ids=["bindings", "ctypes-no-extension", "bindings-no-extension", "per-thread-stream"])
+    {"KP_TEST_DOOR": "ctypes"},
+], ids=["bindings", "ctypes-no-extension", "bindings-no-extension", "per-thread-stream",
+        "libcuda-through-ctypes"])
 def test_every_door_gives_the_same_results(artifact: str, env: dict) -> None:
     got = _child(artifact, **env)
     assert got["ok"] == [True, True, True]
     assert got["driver"] == ("module" if env.get("KERNELPACK_DRIVER") else "LibCuda")
     if env.get("KERNELPACK_NATIVE_LAUNCH") == "0":
         assert not got["native"] and got["bindings_after"]  # cuda.bindings' cuLaunchKernel
+    if env.get("KP_TEST_DOOR"):
+        assert got["door"] == "ctypes"
 
 
 def test_real_driver_error_names() -> None:
