@@ -25,13 +25,14 @@ WAS_CURRENT, SET, PUSHED = 0, 1, 2
 
 
 class Device:
-    """One GPU: ``ordinal``, ``arch`` (compute capability), ``name``, and its primary context.
+    """One GPU: ``ordinal``, ``arch`` (compute capability), ``name`` (asked on first use), and
+    its primary context.
 
     ``ctx`` is the ``CUcontext``; ``ctx_id`` its integer handle, compared on the hot path to
     skip ``cuCtxSetCurrent`` when the context is already current.
     """
 
-    __slots__ = ("ordinal", "handle", "arch", "name", "ctx", "ctx_id", "driver_version")
+    __slots__ = ("ordinal", "handle", "arch", "_name", "ctx", "ctx_id", "driver_version")
 
     def __init__(self, ordinal: int) -> None:
         drv = _drv.init()
@@ -50,12 +51,22 @@ class Device:
             attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.handle),
             "reading the compute capability")
         self.arch = Arch(int(major), int(minor))
-        raw = check(drv.cuDeviceGetName(256, self.handle), "cuDeviceGetName")
-        self.name = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+        self._name: str | None = None
         self.driver_version = _drv.driver_version()
         self.ctx = check(drv.cuDevicePrimaryCtxRetain(self.handle),
                          f"retaining the primary context of device {ordinal}")
         self.ctx_id = int(self.ctx)
+
+    @property
+    def name(self) -> str:
+        """The device's name (``cuDeviceGetName``), asked on first use: only ``repr`` and
+        messages show it, and the driver takes ~30 µs to answer (an H200 host), a tenth of
+        everything else a process's first launch asks it about the device."""
+        if self._name is None:
+            raw = _drv.check(_drv.bindings().cuDeviceGetName(256, self.handle),
+                             "cuDeviceGetName")
+            self._name = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+        return self._name
 
     def make_current(self) -> None:
         """Make this device's primary context current on the calling thread (if it is not)."""
