@@ -4,7 +4,7 @@
 :mod:`kernelpack.cli_cache` is installed. Every subcommand has ``--help``. Exit status: 0 on
 success (``diff``: identical), 1 on a bad file, a failed check, an I/O error or a difference
 (one line ``error: <message>`` on stderr), 2 on a usage error (argparse), 130 when interrupted
-(Ctrl-C). Output cut short because its reader left (``| head -1``) is not an error. Nothing
+(Ctrl-C), 143 when terminated (SIGTERM). Output cut short because its reader left (``| head -1``) is not an error. Nothing
 here touches a GPU.
 
 This module is the command line itself: the parser, the types of its options, and
@@ -20,7 +20,9 @@ import importlib.util
 import io
 import os
 import re
+import signal
 import sys
+import threading
 from typing import Any, Callable, Sequence, TextIO
 
 from .cli_commands import EXTENSIONS  # noqa: F401 - kernelpack.cli.EXTENSIONS, as before
@@ -28,13 +30,17 @@ from .cli_commands import (CLIError, UsageError, cmd_diff, cmd_eval, cmd_extract
                            cmd_keygen, cmd_sign, cmd_verify, parse_assignment, safe_filename)
 from .errors import KernelPackError
 
-__all__ = ["main", "build_parser", "parse_assignment", "safe_filename", "EXIT_INTERRUPTED"]
+__all__ = ["main", "build_parser", "parse_assignment", "safe_filename", "EXIT_INTERRUPTED",
+           "EXIT_TERMINATED"]
 
 # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 EXIT_INTERRUPTED = 130
+# 128 + SIGTERM: `kill`, a timeout(1), a container stopping
+EXIT_TERMINATED = 143
 
 _EXIT_STATUS = """exit status: 0 success (diff: identical); 1 a bad file, a failed check or an I/O
-error (diff: different); 2 a usage error (diff: also any error); 130 interrupted. Errors are one
+error (diff: different); 2 a usage error (diff: also any error); 130 interrupted; 143
+terminated (SIGTERM). Errors are one
 line 'error: <message>' on stderr, never mixed into the JSON of --json on stdout."""
 
 
@@ -211,14 +217,41 @@ def _discard_stdout() -> None:
         os.close(devnull)
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where the command is (as Ctrl-C raises KeyboardInterrupt), so that what
+    it was writing is cleaned up: the default action ends the process on the spot, leaving
+    ``extract``'s or ``sign``'s temporary file beside its target."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
+def _catch_sigterm() -> Any:
+    """Turn SIGTERM into :class:`_Terminated` while a command runs; the previous handler (to
+    restore), or None where nothing was changed: a thread other than the main one cannot set
+    handlers, and a handler the embedding program installed is its own."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return None
+        return signal.signal(signal.SIGTERM, _terminate)
+    except (ValueError, OSError, AttributeError):  # no SIGTERM to catch on this platform
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kernelpack`` console script; returns the exit status."""
     _tolerant_output()
     stdout = sys.stdout
     sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
+    previous = _catch_sigterm()
     try:
         return _main(argv)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         sys.stdout = stdout
 
 
@@ -256,6 +289,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; extract leaves no partial file
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except _Terminated:  # SIGTERM: the same, with the status a shell gives a killed command
+        print("error: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except (KernelPackError, CLIError, OSError, ValueError) as exc:
         message = str(exc)
         if isinstance(exc, OSError) and exc.filename is not None:
