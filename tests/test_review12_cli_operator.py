@@ -20,7 +20,7 @@ import pytest
 
 import kernelpack as kp
 from kernelpack import serializer
-from kernelpack.cli import EXIT_INTERRUPTED, main
+from kernelpack.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, main
 from kernelpack.summary import Arg, Compiled, Image, KernelSummary, Launch, Module, Tensor, Variant
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -163,18 +163,22 @@ def test_dev_full(files, argv) -> None:
 
 # ---- Ctrl-C -------------------------------------------------------------------------------------
 @POSIX
-def test_sigint_exits_130_with_one_line(files) -> None:
+@pytest.mark.parametrize("sig, status, line", [
+    (signal.SIGINT, EXIT_INTERRUPTED, b"error: interrupted\n"),
+    (signal.SIGTERM, EXIT_TERMINATED, b"error: terminated\n"),  # session 15: kill, timeout(1)
+], ids=["SIGINT", "SIGTERM"])
+def test_sigint_exits_130_with_one_line(files, sig, status, line) -> None:
     """A real SIGINT while the command writes (blocked on a full pipe): was a traceback and
-    death by signal; now ``error: interrupted`` and 130."""
+    death by signal; now ``error: interrupted`` and 130. SIGTERM the same way, with 143."""
     proc = subprocess.Popen([sys.executable, "-m", "kernelpack", "inspect", str(files["many"])],
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None and proc.stdout.read(1)  # started, past its imports
-        proc.send_signal(signal.SIGINT)  # it is blocked writing: the pipe's buffer is full
+        proc.send_signal(sig)  # it is blocked writing: the pipe's buffer is full
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert (proc.returncode, err) == (EXIT_INTERRUPTED, b"error: interrupted\n")
+    assert (proc.returncode, err) == (status, line)
 
 
 def test_ctrl_c_in_extract_leaves_only_whole_files(files, capsys, tmp_path, monkeypatch) -> None:
