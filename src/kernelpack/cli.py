@@ -4,8 +4,8 @@
 :mod:`kernelpack.cli_cache` is installed. Every subcommand has ``--help``. Exit status: 0 on
 success (``diff``: identical), 1 on a bad file, a failed check, an I/O error or a difference
 (one line ``error: <message>`` on stderr), 2 on a usage error (argparse), 130 when interrupted
-(Ctrl-C), 143 when terminated (SIGTERM). Output cut short because its reader left (``| head -1``) is not an error. Nothing
-here touches a GPU.
+(Ctrl-C), 143 when terminated (SIGTERM). Output cut short because its reader left
+(``| head -1``) is not an error. Nothing here touches a GPU.
 
 This module is the command line itself: the parser, the types of its options, and
 :func:`main`'s mapping of failures to exit statuses. What each subcommand does is

@@ -14,12 +14,13 @@ default-stream flavour cuda.bindings would use (legacy, or per-thread when its s
 ``CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM`` is set), so both doors reach the same entry
 points. Functions are resolved on first use.
 
-Two ways to make the call, one table of signatures for both (:mod:`.cuda_abi`): where kernelpack's C extension is
-built (x86-64 and AArch64 Linux), ``_drvcall.c``'s ``driver_call`` calls the entry point's
-address directly, told by a string what each argument is (``_KINDS``); a first launch's twenty
-driver calls then cost a few microseconds instead of ~135 µs of ctypes objects and call
-interfaces made on first use (an H200 host). Without the extension, ctypes calls them with
-each argument's exact C type. Results are the same either way.
+Two ways to make the call, over one description of the signatures (:mod:`.cuda_abi`): where
+kernelpack's C extension is built (x86-64 and AArch64 Linux), ``_drvcall.c``'s ``driver_call``
+calls the entry point's address directly, told by a string what each argument is; opening the
+driver, cuInit and the device's questions then cost ~55 µs less of an H200 host's first launch
+than through ctypes, whose function objects and call interfaces are made on first use.
+Without the extension, ctypes calls them with each argument's exact C type. Results are the
+same either way.
 
 The calling convention is cuda.bindings': ``cuX(inputs...) -> (CUresult, *outputs)``, with
 handles as plain ints (NULL is 0). Handle arguments go through ``int()``, so cuda.bindings'
