@@ -12,7 +12,10 @@
  * driver_call(address, kinds, *args) -> (CUresult, *outputs). One character of kinds per C
  * argument, in order:
  *   v  an integer value (a handle, a size, a flag, an int): the next Python int, as 64 bits
- *   r  a readable buffer (bytes: a NUL-terminated name, an image), or None for NULL
+ *   r  bytes (a NUL-terminated name, an image), or None for NULL. Only bytes: CPython keeps a
+ *      NUL after a bytes object's last byte, so a name is terminated where the object ends; any
+ *      other buffer (a memoryview slice, a bytearray) may not be, and the driver would read on
+ *      past it (ctypes' c_char_p, the other door's type, refuses them too)
  *   w  a writable buffer (a bytearray the driver writes into)
  *   i  an output int: the address of a zeroed slot; its int value is returned
  *   p  an output pointer or 64-bit handle: returned as an int (0 for NULL)
@@ -132,11 +135,20 @@ static PyObject *driver_call(PyObject *self, PyObject *const *argv, Py_ssize_t n
             a[i] = PyLong_AsUnsignedLongLongMask(argv[next]);
             if (a[i] == (u64)-1 && PyErr_Occurred())
                 goto done;
-        } else if (k == 'r' && argv[next] == Py_None) {
-            a[i] = 0;
+        } else if (k == 'r') {
+            if (argv[next] == Py_None) {
+                a[i] = 0;
+            } else if (PyBytes_Check(argv[next])) {
+                /* immutable and kept alive by argv for the call: no export needed */
+                a[i] = (u64)(uintptr_t)PyBytes_AsString(argv[next]);
+            } else {
+                PyErr_Format(PyExc_TypeError, "driver_call: argument %zd ('r') must be bytes "
+                             "or None (got %R)", next - 2, (PyObject *)Py_TYPE(argv[next]));
+                goto done;
+            }
         } else {
-            if (PyObject_GetBuffer(argv[next], &bufs[nbufs],
-                                   k == 'w' ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
+            /* held until the call returns: the object cannot be resized under the driver */
+            if (PyObject_GetBuffer(argv[next], &bufs[nbufs], PyBUF_WRITABLE) < 0)
                 goto done;
             a[i] = (u64)(uintptr_t)bufs[nbufs++].buf;
         }
@@ -173,14 +185,22 @@ done:
 }
 
 /* driver_symbol(library, name) -> the address of name in library (0: not there); OSError with
- * the dynamic loader's words when the library cannot be opened. The library stays open. */
+ * the dynamic loader's words when the library cannot be opened. The library stays open.
+ * library is what ctypes.CDLL takes, the other door's opener: a str, bytes or os.PathLike,
+ * encoded as the file system's names are (PyUnicode_FSConverter). */
 static PyObject *driver_symbol(PyObject *self, PyObject *args) {
     const char *library, *name;
+    PyObject *path = NULL;
     void *handle, *address = NULL;
     char message[512];
     (void)self;
-    if (!PyArg_ParseTuple(args, "ss:driver_symbol", &library, &name))
+    if (!PyArg_ParseTuple(args, "O&s:driver_symbol", PyUnicode_FSConverter, &path, &name))
         return NULL;
+    library = PyBytes_AsString(path);
+    if (library == NULL) {
+        Py_DECREF(path);
+        return NULL;
+    }
     message[0] = '\0';
     Py_BEGIN_ALLOW_THREADS
     handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
@@ -191,6 +211,7 @@ static PyObject *driver_symbol(PyObject *self, PyObject *args) {
         address = dlsym(handle, name);
     }
     Py_END_ALLOW_THREADS
+    Py_DECREF(path);
     if (handle == NULL) {
         PyErr_SetString(PyExc_OSError, message);
         return NULL;

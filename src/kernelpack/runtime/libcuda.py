@@ -49,6 +49,7 @@ __all__ = ["LibCuda", "open_driver", "MIN_DRIVER_VERSION"]
 _ENTRY = ctypes.CFUNCTYPE(c_int)
 
 _NOT_FOUND = 500  # CUDA_ERROR_NOT_FOUND
+_INT_MAX = 2**31 - 1  # a C int parameter's largest value (cuDeviceGetName's length)
 
 
 def _handle(value: Any) -> int:
@@ -148,6 +149,7 @@ class LibCuda:
         inputs = iter(args)
         cargs: list[Any] = []
         outs: list[Any] = []
+        held: list[Any] = []  # the writable buffers' exports, kept until the call returns
         for kind, ctype in zip(_KINDS[name], _SPECS[name]):
             if kind in _OUTPUTS:
                 target = getattr(ctype, "_type_", None)
@@ -158,8 +160,10 @@ class LibCuda:
                     out = _OUTPUT_TYPES[kind]()
                     cargs.append(ctypes.addressof(out))
                 outs.append(out)
-            elif kind == "w":  # a writable buffer, by address (it cannot move: exported)
-                cargs.append(ctypes.addressof(ctypes.c_char.from_buffer(next(inputs))))
+            elif kind == "w":  # a writable buffer, by address: exported (so it cannot move)
+                view = _writable(next(inputs))  # until the call returns, as driver_call does
+                held.append(view)
+                cargs.append(ctypes.addressof(view))
             else:
                 cargs.append(next(inputs))
         err = fn(*cargs)
@@ -227,10 +231,15 @@ class LibCuda:
                           int(device))
 
     def cuDeviceGetName(self, length: int, device: int) -> tuple[int, bytes]:
+        """``(CUresult, name)``: ``length`` bytes, NUL-padded. ValueError for a length that
+        is no C int (``len``) or no buffer size: below 0 or above 2**31-1."""
         # a bytearray written in place: create_string_buffer would make a ``c_char * length``
         # class (~30 µs the first time, inside a process's first launch)
         length = int(length)
-        buf = bytearray(max(length, 1))  # (ctypes' from_buffer refuses an empty one)
+        if not 0 <= length <= _INT_MAX:
+            raise ValueError(f"LibCuda.cuDeviceGetName: length must be in 0..{_INT_MAX} "
+                             f"(got {length})")
+        buf = bytearray(max(length, 1))  # a byte to point at even when length is 0
         err = self._call("cuDeviceGetName", buf, length, int(device))[0]
         return (err, bytes(buf[:length]))
 
@@ -305,16 +314,31 @@ class LibCuda:
                           _handle(stream))
 
     def cuMemcpyDtoH(self, dst: bytearray, src: Any, nbytes: int) -> tuple[int]:
-        """Copy into a writable host buffer (a bytearray of at least ``nbytes``)."""
-        view = memoryview(dst)
-        if view.readonly or view.nbytes < nbytes:
-            raise ValueError(f"cuMemcpyDtoH needs a writable buffer of {nbytes} bytes")
-        return self._call("cuMemcpyDtoH", dst, _handle(src),  # type: ignore[return-value]
-                          int(nbytes))
+        """Copy ``nbytes`` into a writable, contiguous host buffer of at least that many bytes
+        (a bytearray), checked here (ValueError): the driver writes where it is told. A
+        negative ``nbytes`` would reach it as SIZE_MAX."""
+        nbytes = int(nbytes)
+        if nbytes < 0:
+            raise ValueError(f"LibCuda.cuMemcpyDtoH: nbytes must be 0 or more (got {nbytes})")
+        with memoryview(dst) as view:  # exported until the copy returns or raises
+            if view.readonly or not view.contiguous or view.nbytes < nbytes:
+                got = ("a read-only buffer" if view.readonly else
+                       "a non-contiguous buffer" if not view.contiguous else
+                       f"{view.nbytes} bytes")
+                raise ValueError(f"cuMemcpyDtoH needs a writable buffer of {nbytes} bytes, "
+                                 f"contiguous (got {got})")
+            return self._call("cuMemcpyDtoH", dst,  # type: ignore[return-value]
+                              _handle(src), nbytes)
 
     def cuMemsetD8Async(self, ptr: Any, value: int, count: int, stream: Any) -> tuple[int]:
+        """ValueError for a ``value`` not in 0..255 (an ``unsigned char``: driver_call passes
+        64 bits, so 0x1AB's high bits would reach the driver; cuda.bindings refuses it too)."""
+        value = int(value)
+        if not 0 <= value <= 0xFF:
+            raise ValueError(f"LibCuda.cuMemsetD8Async: value must be a byte, 0..255 "
+                             f"(got {value})")
         return self._call("cuMemsetD8Async", _handle(ptr),  # type: ignore[return-value]
-                          int(value), int(count), _handle(stream))
+                          value, int(count), _handle(stream))
 
     def cuPointerGetAttribute(self, attribute: int, ptr: Any) -> tuple[int, int]:
         if int(attribute) not in _POINTER_ATTRIBUTES_READ:
@@ -346,6 +370,16 @@ def _value(out: Any) -> Any:
     """An output variable's value as cuda.bindings gives it (a NULL pointer is 0)."""
     value = out.value
     return 0 if value is None and not isinstance(out, c_char_p) else value
+
+
+def _writable(buffer: Any) -> Any:
+    """A ctypes object at ``buffer``'s address, holding its export while it lives. c_char
+    refuses an empty buffer (driver_call passes one: a copy of 0 bytes); ``c_char * 0`` takes
+    it (an array type ctypes makes once and caches)."""
+    try:
+        return ctypes.c_char.from_buffer(buffer)
+    except ValueError:
+        return (ctypes.c_char * 0).from_buffer(buffer)
 
 
 def _failed(name: str, code: int) -> tuple:
