@@ -17,9 +17,9 @@ import operator
 from typing import Any, Callable, Sequence
 
 from .dtypes import DType, bool_, int64
-from ._host_math import host_extremum, on_host, plain_floats
+from ._host_math import host_extremum, host_where, on_host, plain_floats
 from .errors import TraceError
-from .expr import Expr, as_expr, cdiv, const, emax, emin, select
+from .expr import Expr, as_expr, cdiv, const, emax, emin
 from .promotion import dsl_dtype
 # The underscore builders are package-internal: this module and tracing are one layer, split
 # so the rules and the public entry points each stay readable.
@@ -141,9 +141,11 @@ sum, prod, mean = _reduction("sum"), _reduction("prod"), _reduction("mean")  # n
 
 
 def where(cond: object, a: object, b: object) -> object:
-    """``a`` where ``cond`` holds, else ``b`` (broadcasting); on Exprs, ``kp.select``."""
+    """``a`` where ``cond`` holds, else ``b`` (broadcasting). With no traced tensor: on plain
+    numbers with a float branch, NumPy's float (computed on the host); on ints and Exprs,
+    ``kp.select`` (see :func:`~kernelpack._host_math.host_where`)."""
     if not any(isinstance(v, Value) for v in (cond, a, b)):
-        return select(cond, a, b)  # type: ignore[arg-type]
+        return host_where(cond, a, b)
     g = _graph_of(cond, a, b)
     vc = trace_value(g, cond)
     if isinstance(cond, Expr):  # kp.where(x.shape[0] > 3, ...): a symbolic comparison is 0/1

@@ -17,6 +17,7 @@ import builtins
 
 from .dtypes import (DType, bfloat16, bool_, complex64, complex128, float16, float32, float64,
                      int8, int64, uint64)
+from ._host_math import host_pow, plain_numbers
 from .errors import TraceError
 from .expr import Expr, const, select
 from .graph import BITWISE, COMPARE, Graph, Node, active_graph, current_graph
@@ -416,10 +417,12 @@ def astype(x: Value, dtype: object) -> Value:
     return x.graph.add("cast", dt, x.shape, (x.id,))
 
 
-def pow(x: object, y: object) -> Value:  # noqa: A001
+def pow(x: object, y: object) -> Value | int | float:  # noqa: A001
     """``kp.pow(x, y)``, NumPy's ``np.power``: as ``x ** y``, except that a bool base with an
     int exponent is int64 (``np.power(b, 2)``), where the operator's ``b ** 2`` is NumPy's int8
-    ``square``."""
+    ``square``. Two plain Python numbers give the host's result (``host_pow``)."""
+    if plain_numbers(x, y):
+        return host_pow(x, y)  # type: ignore[arg-type]
     if isinstance(x, Value) and x.dtype == bool_ and isinstance(y, int) \
             and not isinstance(y, bool):
         x = astype(x, int64)
