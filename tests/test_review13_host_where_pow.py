@@ -247,3 +247,24 @@ def test_bools_are_not_plain_numbers() -> None:
     for a, b in [(True, 2), (2.0, True), (True, False)]:
         with pytest.raises(kp.TraceError):
             kp.pow(a, b)
+
+
+def test_pow_of_a_dim_in_a_fusion_is_the_operator() -> None:
+    """``kp.pow(x.shape[0], 2)`` said "kp operations need at least one traced tensor" where
+    ``x.shape[0] ** 2`` traces (a dim in a fusion is a traced int64 value): both are one graph."""
+    @kp.fusion
+    def with_pow(x: T[kp.f32, "n"]):
+        return x * kp.pow(x.shape[0], 2), x * kp.pow(2, x.shape[0] % 3)
+
+    @kp.fusion
+    def with_operator(x: T[kp.f32, "n"]):
+        return x * x.shape[0] ** 2, x * 2 ** (x.shape[0] % 3)
+
+    def nodes(f: kp.fusion) -> list[tuple]:
+        g = f.trace()
+        return [(n.op, n.dtype.name, n.shape, n.inputs, n.attrs) for n in g.nodes]
+
+    assert nodes(with_pow) == nodes(with_operator)
+    assert _out_dtypes(with_pow) == ["float32", "float32"]
+    with pytest.raises(kp.TraceError, match="at least one traced tensor"):
+        kp.pow(kp.sym("n"), 2)  # outside a fusion a dim is no value to raise

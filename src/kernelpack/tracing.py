@@ -420,9 +420,13 @@ def astype(x: Value, dtype: object) -> Value:
 def pow(x: object, y: object) -> Value | int | float:  # noqa: A001
     """``kp.pow(x, y)``, NumPy's ``np.power``: as ``x ** y``, except that a bool base with an
     int exponent is int64 (``np.power(b, 2)``), where the operator's ``b ** 2`` is NumPy's int8
-    ``square``. Two plain Python numbers give the host's result (``host_pow``)."""
+    ``square``. Two plain Python numbers give the host's result (``host_pow``); a dim
+    (``x.shape[0]``) with no tensor is what ``x.shape[0] ** 2`` is in a trace."""
     if plain_numbers(x, y):
         return host_pow(x, y)  # type: ignore[arg-type]
+    if (isinstance(x, Expr) or isinstance(y, Expr)) and current_graph() is not None \
+            and not isinstance(x, Value) and not isinstance(y, Value):
+        return x ** y  # type: ignore[operator,no-any-return]
     if isinstance(x, Value) and x.dtype == bool_ and isinstance(y, int) \
             and not isinstance(y, bool):
         x = astype(x, int64)
