@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,21 +33,14 @@ import pytest
 import kernelpack as kp
 from kernelpack.expr import Expr, sym
 
+sys.path.insert(0, str(Path(__file__).parent))
+# exact for nan, infinities and signed zeros, within 4 ulp elsewhere (NumPy's power loops round
+# some results differently from C's correctly rounded pow: np.power(0.1, -3.0) is
+# 999.9999999999998)
+from test_review12_scalar_math import _same  # noqa: E402
+
 T = kp.Tensor
 INF, NAN = math.inf, math.nan
-
-
-def _same(got: object, want: float, what: str) -> None:
-    """A Python float equal to NumPy's: exact for nan, infinities and zeros (with their sign),
-    within 4 ulp elsewhere (NumPy's power loops round some results differently from the C
-    library's correctly rounded ``pow``: ``np.power(0.1, -3.0)`` is 999.9999999999998)."""
-    assert type(got) is float, f"{what}: {type(got).__name__} is not a Python float"
-    if math.isnan(want) or math.isinf(want) or want == 0:
-        assert (math.isnan(got) and math.isnan(want)) or (
-            got == want and math.copysign(1, got) == math.copysign(1, want)), \
-            f"{what}: got {got!r}, NumPy {want!r}"
-    else:
-        assert abs(got - want) <= 4 * math.ulp(want), f"{what}: got {got!r}, NumPy {want!r}"
 
 
 def _out_dtypes(f: kp.fusion) -> list[str]:
