@@ -17,7 +17,7 @@ import operator
 from typing import Any, Callable, Sequence
 
 from .dtypes import DType, bool_, int64
-from ._host_math import host_extremum, host_where, on_host, plain_floats
+from ._host_math import host_extremum, host_where, on_host, plain_floats, plain_numbers
 from .errors import TraceError
 from .expr import Expr, as_expr, cdiv, const, emax, emin
 from .promotion import dsl_dtype
@@ -37,8 +37,8 @@ __all__ = [
 
 def _math(op: str) -> Callable[[object], object]:
     def fn(x: object) -> object:
-        if isinstance(x, (int, float)) and not isinstance(x, bool):
-            return on_host(op, x)
+        if plain_numbers(x):
+            return on_host(op, x)  # type: ignore[arg-type]
         if isinstance(x, builtins.complex):
             raise TraceError(f"kp.{op}: a Python complex number ({x!r}) is not computed on the "
                              f"host; make a traced tensor with kp.complex(re, im) inside a "
