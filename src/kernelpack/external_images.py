@@ -121,11 +121,11 @@ def images_from_ptx(ptx: bytes, entry: str, targets: Sequence[str],
                            f"{names} are below: nothing can be built or JIT-compiled for them")
     toolchain, cuda = nvjitlink.toolchain_id(), nvjitlink.cuda_version()
     named = {t.strip().lower() for t in targets}
+    # "compute_80" without "sm_80" asks for PTX only
+    cubin_archs = [a for a in archs if not (a.compute in named and a.sm not in named)]
     images: list[Image] = []
-    for arch in archs:
-        if arch.compute in named and arch.sm not in named:
-            continue  # "compute_80" without "sm_80" asks for PTX only
-        data = nvjitlink.ptx_to_cubin(ptx, arch, name=f"{entry}.ptx")
+    for arch, data in zip(cubin_archs,
+                          nvjitlink.ptx_to_cubins(ptx, cubin_archs, name=f"{entry}.ptx")):
         _check_cubin(data, arch, entry)  # the text scan above cannot see every PTX construct
         images.append(Image("cubin", arch, data, toolchain=toolchain, cuda_version=cuda))
     if want_ptx:

@@ -208,8 +208,9 @@ def images(b: Build) -> Build:
 
     tool = toolchain_string(b.libdevice)
     cuda = nvjitlink.cuda_version()
-    out = [Image("cubin", arch, nvjitlink.ptx_to_cubin(b.ptx, arch, name=f"{b.fusion.name}.ptx"),
-                 toolchain=tool, cuda_version=cuda) for arch in b.archs]
+    cubins = nvjitlink.ptx_to_cubins(b.ptx, b.archs, name=f"{b.fusion.name}.ptx")
+    out = [Image("cubin", arch, cubin, toolchain=tool, cuda_version=cuda)
+           for arch, cubin in zip(b.archs, cubins)]
     if b.want_ptx:
         img = nvjitlink.ptx_image(b.ptx, toolchain=tool)
         out.append(dataclasses.replace(img, cuda_version=cuda))

@@ -1,0 +1,102 @@
+"""toolchain/nvjitlink.py: assembling one PTX for several architectures side by side."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import kernelpack as kp
+from kernelpack.targets import parse_arch
+from kernelpack.toolchain import nvjitlink
+
+AXPY_PTX = (Path(__file__).resolve().parents[1] / "examples" / "axpy.ptx").read_bytes()
+ARCHS = [parse_arch(a) for a in ("sm_80", "sm_86", "sm_90")]
+
+
+@pytest.fixture
+def real_linker() -> None:
+    try:
+        nvjitlink.version()
+    except kp.CompileError as exc:
+        pytest.skip(f"nvJitLink is not available: {exc}")
+
+
+def test_cubins_are_the_bytes_of_one_at_a_time(real_linker: None) -> None:
+    one_by_one = [nvjitlink.ptx_to_cubin(AXPY_PTX, a, name="axpy.ptx") for a in ARCHS]
+    assert nvjitlink.ptx_to_cubins(AXPY_PTX, ARCHS, name="axpy.ptx") == one_by_one
+    assert len(set(one_by_one)) == len(ARCHS)  # each architecture its own cubin
+    assert nvjitlink.ptx_to_cubins(AXPY_PTX, []) == []
+
+
+def test_a_compile_runs_its_architectures_on_threads(real_linker: None,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """kp.compile goes through ptx_to_cubins: with two CPUs, two architectures overlap."""
+    monkeypatch.setattr(nvjitlink, "_cpus", lambda: 2)
+    real = nvjitlink.ptx_to_cubin
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def counted(*args, **kwargs):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        try:
+            time.sleep(0.05)  # long enough for the other thread to be inside too
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(nvjitlink, "ptx_to_cubin", counted)
+
+    @kp.fusion
+    def scale(x: kp.Tensor[kp.f32, "n"], a: kp.f32):
+        return x * a
+
+    c = kp.compile(scale, targets=["sm_80", "sm_90"])
+    assert peak[0] == 2
+    cubins = [i for m in c.modules for i in m.images if i.kind == "cubin"]
+    assert [i.arch.sm for i in cubins] == ["sm_80", "sm_90"]
+    monkeypatch.setattr(nvjitlink, "ptx_to_cubin", real)
+    again = kp.compile(scale, targets=["sm_80", "sm_90"])
+    assert again == c  # same bytes as without the threads' interleaving
+
+
+def test_the_first_failing_architecture_in_order_is_raised_after_all_finish(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvjitlink, "_cpus", lambda: 4)
+    finished: list[str] = []
+
+    def fake(ptx, arch, *, name="kernel.ptx"):
+        # the later architecture fails first in time; the earlier one fails after it
+        time.sleep(0.1 if arch.sm == "sm_80" else 0.0)
+        finished.append(arch.sm)
+        if arch.sm in ("sm_80", "sm_90"):
+            raise kp.CompileError(f"ptxas said no for {arch.sm}")
+        return arch.sm.encode()
+
+    monkeypatch.setattr(nvjitlink, "ptx_to_cubin", fake)
+    with pytest.raises(kp.CompileError, match="for sm_80"):
+        nvjitlink.ptx_to_cubins(b"ptx", ARCHS)
+    assert sorted(finished) == ["sm_80", "sm_86", "sm_90"]  # nothing left running
+    assert not [t for t in threading.enumerate() if t.name.startswith("kernelpack-ptxas")]
+
+
+def test_one_cpu_assembles_in_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvjitlink, "_cpus", lambda: 1)
+    callers: list[str] = []
+
+    def fake(ptx, arch, *, name="kernel.ptx"):
+        callers.append(threading.current_thread().name)
+        return arch.sm.encode() + name.encode()
+
+    monkeypatch.setattr(nvjitlink, "ptx_to_cubin", fake)
+    assert nvjitlink.ptx_to_cubins(b"ptx", ARCHS, name="k.ptx") == [
+        b"sm_80k.ptx", b"sm_86k.ptx", b"sm_90k.ptx"]
+    assert set(callers) == {threading.current_thread().name}
+
+
+def test_cpus_is_at_least_one() -> None:
+    assert nvjitlink._cpus() >= 1
