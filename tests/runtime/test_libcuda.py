@@ -149,6 +149,21 @@ def test_asks_for_the_abi_it_was_written_against(per_thread: bool, flags: int) -
     assert c.lookups[-1] == ("cuLaunchKernel", 13000, 2)
 
 
+def test_each_door_resolves_a_name_once_and_a_missing_one_every_time(door) -> None:
+    fake = FakeDriver()
+    c = CFakeLibcuda(fake, missing=("cuFuncLoad",))
+    drv = LibCuda(c.get_proc_address, False)
+    assert "0 driver functions resolved" in repr(drv)
+    drv.cuInit(0), drv.cuInit(0), drv.cuDriverGetVersion()
+    assert [name for name, *_ in c.lookups] == ["cuInit", "cuDriverGetVersion"]
+    assert f"<LibCuda ({door}): 2 driver functions resolved>" == repr(drv)
+    for _ in range(2):  # a failed lookup is not remembered: asked again, failing the same way
+        assert drv.cuFuncLoad(1) == (CUresult.CUDA_ERROR_NOT_FOUND,)
+    assert [name for name, *_ in c.lookups].count("cuFuncLoad") == 2
+    c.missing.discard("cuFuncLoad")  # a driver that has it after all (not a real one's habit)
+    assert drv.cuFuncLoad(1) == (0,) and "3 driver functions resolved" in repr(drv)
+
+
 def test_a_missing_entry_point_is_a_named_driver_error(monkeypatch) -> None:
     fake = FakeDriver()
     c = CFakeLibcuda(fake, missing=("cuFuncLoad",))

@@ -108,8 +108,8 @@ class LibCuda:
         flags = CUdriverProcAddress_flags
         self._flags = (flags.CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM if per_thread
                        else flags.CU_GET_PROC_ADDRESS_LEGACY_STREAM)
-        self._fns: dict[str, Callable[..., int]] = {}  # the ctypes door's functions
-        self._entries: dict[str, int] = {}  # the C door's addresses
+        self._entries: dict[str, int] = {}  # resolved addresses (both doors)
+        self._fns: dict[str, Callable[..., int]] = {}  # the ctypes door's functions of them
         call = _native_caller() if native else None
         self._get_address = _address_of(get_proc_address) if call is not None else 0
         self._native = call if self._get_address else None
@@ -125,8 +125,7 @@ class LibCuda:
         return "C" if self._native is not None else "ctypes"
 
     def __repr__(self) -> str:
-        count = len(self._entries) + len(self._fns)
-        return f"<LibCuda ({self.door}): {count} driver functions resolved>"
+        return f"<LibCuda ({self.door}): {len(self._entries)} driver functions resolved>"
 
     # ---- resolving and calling ---------------------------------------------------------------
     def _call(self, name: str, *args: Any) -> tuple:
@@ -137,10 +136,9 @@ class LibCuda:
             return self._ctypes_call(name, args)
         address = self._entries.get(name)
         if address is None:
-            address, err = self._address(name, _NEWER.get(name, MIN_DRIVER_VERSION))
+            address, err = self._resolve(name)
             if not address:
-                return _failed(name, err or _NOT_FOUND)
-            self._entries[name] = address
+                return _failed(name, err)
         return native(address, _KINDS[name], *args)  # type: ignore[no-any-return]
 
     def _ctypes_call(self, name: str, args: tuple) -> tuple:
@@ -174,14 +172,25 @@ class LibCuda:
         CUresult when the driver has none)."""
         fn = self._fns.get(name)
         if fn is None:
-            argtypes = _SPECS[name]
-            address, err = self._address(name, _NEWER.get(name, MIN_DRIVER_VERSION))
+            address, err = self._resolve(name)
             if not address:
-                return _missing(name, err or _NOT_FOUND)
+                return _missing(name, err)
             fn = _ENTRY(address)
-            fn.argtypes = argtypes  # on the pointer, not a CFUNCTYPE per signature (see _ENTRY)
+            fn.argtypes = _SPECS[name]  # on the pointer, not a CFUNCTYPE per signature (_ENTRY)
             self._fns[name] = fn
         return fn
+
+    def _resolve(self, name: str) -> tuple[int, int]:
+        """Both doors' lookup of ``name`` at the CUDA version it is called at: ``(address,
+        0)``, remembered in ``_entries``, or ``(0, CUresult)`` when the driver has none (not
+        remembered: the next call asks again and fails the same way)."""
+        address = self._entries.get(name)
+        if address is None:
+            address, err = self._address(name, _NEWER.get(name, MIN_DRIVER_VERSION))
+            if not address:
+                return 0, err or _NOT_FOUND
+            self._entries[name] = address
+        return address, 0
 
     def _address(self, symbol: str, version: int) -> tuple[int, int]:
         """The entry point's address (0: none) and the lookup's own CUresult: a stub
