@@ -197,6 +197,9 @@ def _env() -> dict[str, str]:
     env["PYTHONPATH"] = str(SRC) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     for name in ("KERNELPACK_CACHE_DIR", "KERNELPACK_REMOTE_CACHE"):
         env.pop(name, None)
+    # "cold" is empty caches: nvJitLink 13.0 would otherwise answer a PTX it assembled in an
+    # earlier run from the CUDA compute cache (~/.nv/ComputeCache). No other scenario uses it.
+    env["CUDA_CACHE_DISABLE"] = "1"
     return env
 
 
