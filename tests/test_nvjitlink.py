@@ -100,3 +100,57 @@ def test_one_cpu_assembles_in_the_calling_thread(monkeypatch: pytest.MonkeyPatch
 
 def test_cpus_is_at_least_one() -> None:
     assert nvjitlink._cpus() >= 1
+
+
+def test_no_thread_to_be_had_assembles_in_the_calling_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvjitlink, "_cpus", lambda: 4)
+    monkeypatch.setattr(nvjitlink, "ptx_to_cubin", lambda ptx, arch, *, name: arch.sm.encode())
+
+    class NoThreads:
+        def __init__(self, *a, **k) -> None:
+            self.message = "can't start new thread"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            return None
+
+        def submit(self, *a, **k):
+            raise RuntimeError(self.message)
+
+    monkeypatch.setattr(nvjitlink, "ThreadPoolExecutor", NoThreads)
+    assert nvjitlink.ptx_to_cubins(b"ptx", ARCHS) == [b"sm_80", b"sm_86", b"sm_90"]
+
+    class Broken(NoThreads):
+        def __init__(self, *a, **k) -> None:
+            self.message = "something else went wrong"
+
+    monkeypatch.setattr(nvjitlink, "ThreadPoolExecutor", Broken)
+    with pytest.raises(RuntimeError, match="something else"):
+        nvjitlink.ptx_to_cubins(b"ptx", ARCHS)
+
+
+def test_a_compile_at_interpreter_exit_still_assembles(real_linker: None, tmp_path: Path) -> None:
+    """atexit handlers run after the thread pools refuse new work ("cannot schedule new
+    futures after interpreter shutdown"): the cubins are then assembled one at a time."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "at_exit.py"
+    script.write_text(
+        "import atexit\n"
+        "from pathlib import Path\n"
+        "from kernelpack.targets import parse_arch\n"
+        "from kernelpack.toolchain import nvjitlink\n"
+        f"ptx = Path({str(Path(__file__).resolve().parents[1] / 'examples' / 'axpy.ptx')!r})"
+        ".read_bytes()\n"
+        "nvjitlink._cpus = lambda: 2\n"
+        "def late():\n"
+        "    cubins = nvjitlink.ptx_to_cubins(ptx, [parse_arch('sm_80'), parse_arch('sm_90')])\n"
+        "    print('assembled', [len(c) > 0 for c in cubins])\n"
+        "atexit.register(late)\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "assembled [True, True]" in r.stdout

@@ -115,12 +115,26 @@ def ptx_to_cubins(ptx: bytes | str, archs: Sequence[Arch], *, name: str = "kerne
     after every thread has finished (none is left running behind the exception)."""
     archs = list(archs)
     workers = min(len(archs), _cpus())
-    if workers <= 1:
-        return [ptx_to_cubin(ptx, arch, name=name) for arch in archs]
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kernelpack-ptxas") as pool:
-        futures = [pool.submit(ptx_to_cubin, ptx, arch, name=name) for arch in archs]
-        # leaving the block waits for every thread, so no assembly outlives a failure
-    return [f.result() for f in futures]
+    if workers > 1:
+        try:
+            with ThreadPoolExecutor(max_workers=workers,
+                                    thread_name_prefix="kernelpack-ptxas") as pool:
+                futures = [pool.submit(ptx_to_cubin, ptx, arch, name=name) for arch in archs]
+                # leaving the block waits for every thread: no assembly outlives a failure
+        except RuntimeError as exc:  # no thread to be had: at interpreter exit, or a limit
+            if not _no_thread(exc):
+                raise
+        else:
+            return [f.result() for f in futures]
+    return [ptx_to_cubin(ptx, arch, name=name) for arch in archs]
+
+
+def _no_thread(exc: RuntimeError) -> bool:
+    """Whether ``exc`` is the thread pool's "no new thread" (``submit`` during interpreter
+    shutdown, or ``can't start new thread`` under a process or memory limit), which the
+    caller answers by assembling in its own thread."""
+    text = str(exc)
+    return "interpreter shutdown" in text or "new thread" in text
 
 
 def _cpus() -> int:
