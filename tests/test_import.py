@@ -31,6 +31,19 @@ def test_import_kernelpack_is_light() -> None:
     assert _heavy(modules, HEAVY) == []
 
 
+def test_kp_external_reads_its_sources_module_on_first_use() -> None:
+    """The PTX/cubin scanners (external_images, code_scan) are for kp.external only: not
+    imported by ``import kernelpack``; the names kernelpack.external re-exports still are."""
+    scanners = ("kernelpack.external_images", "kernelpack.code_scan")
+    assert [m for m in _modules_after("import kernelpack") if m in scanners] == []
+    modules = _modules_after("from kernelpack.external import read_source, ptx_entries, "
+                             "cubin_entries, cubin_arch\n"
+                             "assert ptx_entries(b'.entry k()') == ['k']")
+    assert all(m in modules for m in scanners)
+    with pytest.raises(ImportError):
+        exec("from kernelpack.external import no_such_name", {})
+
+
 def test_public_names_resolve_without_heavy_imports() -> None:
     modules = _modules_after("import kernelpack as kp\n"
                              "[getattr(kp, n) for n in kp.__all__ if n not in ('compile', 'fusion')]")

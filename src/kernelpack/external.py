@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import warnings
-from typing import Iterable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence, Union
 
 from .dtypes import as_dtype
 from .limits import MAX_LAUNCH_REPEAT
@@ -28,12 +28,26 @@ from ._plan_types import MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, block_fits
 from .summary import (Arg, Constraint, KernelSummary, Launch, Param, Scalar, Scratch, Tensor,
                       Variant)
 from .summary import _name as check_name
-from .external_images import (PtxSource, cubin_arch, cubin_entries, cubin_entry_params,
-                              images_from_cubins,
-                              images_from_cuda, images_from_ptx, ptx_entries, ptx_entry_params,
-                              ptx_from_llvm_ir, read_source)
+
+if TYPE_CHECKING:
+    from .external_images import PtxSource
 
 __all__ = ["external", "read_source", "ptx_entries", "cubin_entries", "cubin_arch"]
+
+# Read from the sources' module on first use (PEP 562): a PTX/cubin scanner and its regular
+# expressions are ~1.5 ms of ``import kernelpack``, which imports this module for kp.external
+# but needs none of it to load and launch.
+_FROM_IMAGES = frozenset(("read_source", "ptx_entries", "cubin_entries", "cubin_arch"))
+
+
+def __getattr__(name: str) -> object:
+    if name in _FROM_IMAGES:
+        from . import external_images
+
+        value = getattr(external_images, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 Dim3Like = Union[ExprLike, Sequence[ExprLike]]
 ArgLike = Union[Arg, str, tuple]
@@ -174,6 +188,10 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
                              constraints=checked)
 
     summary = summary_of(launch)  # the summary is checked before any compiler runs
+    from .external_images import (cubin_entry_params, images_from_cubins, images_from_cuda,
+                                  images_from_ptx, ptx_entry_params, ptx_from_llvm_ir,
+                                  read_source)
+
     kernel = entry
     ptx_toolchain = "external PTX"
     if llvm_ir is not None:
