@@ -25,12 +25,14 @@ __all__ = ["unary", "binary", "combine", "identity", "finalize", "libm", "sincos
 _FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
-# libdevice routines called through one function per module instead of inlined at each use.
-# libdevice marks its functions always-inline; fmod's exact reduction loop is large, and a
-# kernel holds many uses (a pointwise kernel with a division or transcendental does eight
-# elements per thread, a row fusion has a dozen kernels): inlined, a row fusion with a float
-# `%` compiled in 2.3 s instead of 0.95 s, a pointwise x % y in 145 instead of 72 ms.
-OUTLINED = frozenset({"fmod"})
+# libdevice routines called through one function per module instead of inlined at each use
+# (libdevice's own names, less the __nv_ prefix). libdevice marks its functions always-inline;
+# fmodf's exact reduction loop is large, and a kernel holds many uses (a pointwise kernel with
+# a division or transcendental does eight elements per thread, a row fusion has a dozen
+# kernels): inlined, a row fusion with a float32 `%` compiled in 2.3 s instead of 0.95 s, a
+# pointwise x % y in 145 instead of 72 ms, and ran no faster (H200: 0.96-1.02x). float64's
+# fmod stays inlined: called, a pointwise float64 x % y ran 9% slower (notes/compile-time.md).
+OUTLINED = frozenset({"fmodf"})
 
 
 def libm(em: "Emitter", name: str, dt: DType, *args: ir.Value) -> ir.Value:
@@ -38,7 +40,7 @@ def libm(em: "Emitter", name: str, dt: DType, *args: ir.Value) -> ir.Value:
     the routines in :data:`OUTLINED`)."""
     t = component(dt)
     suffix = "f" if isinstance(t, ir.FloatType) else ""
-    if name in OUTLINED:
+    if name + suffix in OUTLINED:
         em.uses_libdevice = True
         return em.b.call(outlined(em.b.module, f"__nv_{name}{suffix}", t, len(args)), list(args))
     return em.libcall(f"__nv_{name}{suffix}", t, args)
