@@ -74,3 +74,72 @@ def test_a_grid_smaller_than_the_rounds_loops_over_them(monkeypatch, n):
     q, e = k(x, y)
     np.testing.assert_allclose(q, x / (y * y + 1.0), rtol=1e-15)
     np.testing.assert_allclose(e, np.exp(-x * x), rtol=1e-15)
+
+
+@kp.fusion
+def trig32(x: T[kp.f32, "n"], y: T[kp.f32, "n"]):
+    return kp.sin(x) * y + kp.cos(y)
+
+
+@kp.fusion
+def trig16(x: T[kp.f16, "n"]):
+    return kp.tan(x * 0.5)
+
+
+@kp.fusion
+def cexp64(z: T[kp.c64, "n"]):
+    return kp.exp(z)
+
+
+@kp.fusion
+def trig_pow32(x: T[kp.f32, "n"], y: T[kp.f32, "n"]):
+    return kp.sin(x) + y ** x
+
+
+@kp.fusion
+def trig64(x: T[kp.f64, "n"]):
+    return kp.sin(x)
+
+
+def _launch(f):
+    return kp.compile(f, targets=["sm_90"]).summary.variants[0].launches[0]
+
+
+@pytest.mark.parametrize("f, vec, expected", [
+    (trig32, 4, "trig"), (trig16, 8, "trig"), (cexp64, 2, "trig"),
+    (trig_pow32, 4, "heavy"), (trig64, 2, "heavy"), (gelu32, 4, "heavy")])
+def test_single_precision_trig_takes_one_group_per_thread(f, vec, expected):
+    """float32-or-narrower sin/cos/tan (complex64 exp) without a pow: TRIG_POINTWISE; float64
+    trig, a pow beside the trig, or other transcendentals: HEAVY_POINTWISE."""
+    block, groups = (schedule.TRIG_POINTWISE if expected == "trig"
+                     else schedule.HEAVY_POINTWISE)
+    launch = _launch(f)
+    assert int(launch.block[0]) == block
+    assert launch.grid[0] == kp.emin(kp.cdiv("n", block * groups * vec), schedule.GRID_X_MAX)
+
+
+def test_trig_and_heavy_schedules_differ():
+    """The test above tells the two apart only while they differ."""
+    assert schedule.TRIG_POINTWISE != schedule.HEAVY_POINTWISE
+
+
+@pytest.mark.parametrize("n", [1, 3, 127, 512, 513, 1000, 2051])
+def test_one_group_trig_sizes(n):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 4).astype(np.float32)
+    y = (rng.standard_normal(n) * 4).astype(np.float32)
+    (got,) = Kernels(trig32)(x, y)
+    xd, yd = x.astype(np.float64), y.astype(np.float64)
+    np.testing.assert_allclose(got, np.sin(xd) * yd + np.cos(yd), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("n", [5, 1024, 1031])
+def test_one_group_half_and_complex_sizes(n):
+    rng = np.random.default_rng(n)
+    x = rng.uniform(-2, 2, n).astype(np.float16)
+    (got,) = Kernels(trig16)(x)
+    np.testing.assert_allclose(got.astype(np.float64), np.tan(x.astype(np.float64) * 0.5),
+                               rtol=2e-3, atol=2e-3)
+    z = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(np.complex64)
+    (got,) = Kernels(cexp64)(z)
+    np.testing.assert_allclose(got, np.exp(z.astype(np.complex128)), rtol=2e-6, atol=2e-6)

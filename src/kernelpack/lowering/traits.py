@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 from ..graph import Graph
 
-__all__ = ["per_row", "heavy", "elementwise_heavy", "row_transcendental"]
+__all__ = ["per_row", "heavy", "elementwise_heavy", "elementwise_trig", "row_transcendental"]
 
 _HEAVY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh",
                     "erf", "sigmoid", "div", "pow", "floordiv", "mod"})
@@ -61,6 +61,26 @@ def elementwise_heavy(graph: Graph, roots: list[int]) -> bool:
     a workspace) and work on them alone do not count."""
     reduces = {n for n in graph.reachable(roots) if graph.nodes[n].op == "reduce"}
     return _heavy_from(graph, list(roots), reduces)
+
+
+def elementwise_trig(graph: Graph, roots: list[int]) -> bool:
+    """Whether a pointwise kernel's per-element work (as for :func:`elementwise_heavy`) takes a
+    sine, cosine or tangent of a float of at most 32 bits (a complex64 ``exp`` takes both) and
+    no ``pow``. libdevice's sinf/cosf/tanf are always inlined with their long argument
+    reduction for huge inputs, so every element a thread holds carries a copy: such kernels
+    compile in half the time with half the elements per thread, and run as fast or faster
+    (their registers no longer spill); a powf per element wants the elements in flight."""
+    reduces = {n for n in graph.reachable(roots) if graph.nodes[n].op == "reduce"}
+    uniform = per_row(graph, reduces)
+    nodes = [graph.nodes[n] for n in graph.reachable(list(roots), through=lambda n: not uniform(n))]
+    if any(node.op == "pow" and node.dtype.kind in "fc" for node in nodes):
+        return False
+    return any((node.op in _TRIG and node.dtype.kind == "f" and node.dtype.itemsize <= 4)
+               or (node.op == "exp" and node.dtype.kind == "c" and node.dtype.itemsize <= 8)
+               for node in nodes)
+
+
+_TRIG = frozenset({"sin", "cos", "tan"})
 
 
 def _heavy_from(graph: Graph, starts: list[int], reduces: Iterable[int]) -> bool:
