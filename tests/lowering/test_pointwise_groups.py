@@ -101,26 +101,54 @@ def trig64(x: T[kp.f64, "n"]):
     return kp.sin(x)
 
 
+@kp.fusion
+def gelu64(x: T[kp.f64, "n"], y: T[kp.f64, "n"]):
+    return 0.5 * x * (1.0 + kp.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) / y
+
+
+@kp.fusion
+def silu64(x: T[kp.f64, "n"]):
+    return x * kp.sigmoid(x)
+
+
+@kp.fusion
+def tanh_exp64(x: T[kp.f64, "n"], y: T[kp.f64, "n"]):
+    return kp.tanh(x) + kp.exp(y)
+
+
+@kp.fusion
+def tanh_sin64(x: T[kp.f64, "n"], y: T[kp.f64, "n"]):
+    return kp.tanh(x) + kp.sin(y)
+
+
+@kp.fusion
+def tanh32(x: T[kp.f32, "n"]):
+    return kp.tanh(x)
+
+
 def _launch(f):
     return kp.compile(f, targets=["sm_90"]).summary.variants[0].launches[0]
 
 
 @pytest.mark.parametrize("f, vec, expected", [
-    (trig32, 4, "trig"), (trig16, 8, "trig"), (cexp64, 2, "trig"),
-    (trig_pow32, 4, "heavy"), (trig64, 2, "heavy"), (gelu32, 4, "heavy")])
-def test_single_precision_trig_takes_one_group_per_thread(f, vec, expected):
-    """float32-or-narrower sin/cos/tan (complex64 exp) without a pow: TRIG_POINTWISE; float64
-    trig, a pow beside the trig, or other transcendentals: HEAVY_POINTWISE."""
-    block, groups = (schedule.TRIG_POINTWISE if expected == "trig"
+    (trig32, 4, "long"), (trig16, 8, "long"), (cexp64, 2, "long"), (gelu64, 2, "long"),
+    (silu64, 2, "long"), (trig_pow32, 4, "heavy"), (trig64, 2, "heavy"), (gelu32, 4, "heavy"),
+    (tanh32, 4, "heavy"), (tanh_exp64, 2, "heavy"), (tanh_sin64, 2, "heavy"),
+    (ratio64, 2, "heavy")])
+def test_long_libdevice_routines_take_one_group_per_thread(f, vec, expected):
+    """float32-or-narrower sin/cos/tan (complex64 exp) without a pow, float64 tanh/sigmoid
+    with divisions only beside them: LONG_MATH_POINTWISE; float64 trig, a pow beside the trig,
+    tanh beside another transcendental, float32 tanh, exp and divisions: HEAVY_POINTWISE."""
+    block, groups = (schedule.LONG_MATH_POINTWISE if expected == "long"
                      else schedule.HEAVY_POINTWISE)
     launch = _launch(f)
     assert int(launch.block[0]) == block
     assert launch.grid[0] == kp.emin(kp.cdiv("n", block * groups * vec), schedule.GRID_X_MAX)
 
 
-def test_trig_and_heavy_schedules_differ():
+def test_long_math_and_heavy_schedules_differ():
     """The test above tells the two apart only while they differ."""
-    assert schedule.TRIG_POINTWISE != schedule.HEAVY_POINTWISE
+    assert schedule.LONG_MATH_POINTWISE != schedule.HEAVY_POINTWISE
 
 
 @pytest.mark.parametrize("n", [1, 3, 127, 512, 513, 1000, 2051])
@@ -143,3 +171,12 @@ def test_one_group_half_and_complex_sizes(n):
     z = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(np.complex64)
     (got,) = Kernels(cexp64)(z)
     np.testing.assert_allclose(got, np.exp(z.astype(np.complex128)), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("n", [1, 2, 255, 256, 257, 1001])
+def test_one_group_float64_tanh_sizes(n):
+    rng = np.random.default_rng(n)
+    x, y = rng.standard_normal(n) * 3, rng.uniform(0.5, 2.0, n)
+    (got,) = Kernels(gelu64)(x, y)
+    ref = 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3))) / y
+    np.testing.assert_allclose(got, ref, rtol=1e-13, atol=1e-15)

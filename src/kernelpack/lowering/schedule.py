@@ -37,7 +37,7 @@ from ..expr import Expr, cdiv, const, emax, emin, ge, land, le, product
 from ..graph import Graph
 from ..summary import Scratch
 from .materialize import workspace_stages
-from .traits import elementwise_heavy, elementwise_trig, heavy as _heavy, per_row, \
+from .traits import elementwise_heavy, heavy as _heavy, long_inlined_math, per_row, \
     row_transcendental as _row_transcendental
 
 __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "lockstep", "reduces_of",
@@ -46,7 +46,7 @@ __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "lockstep", "red
            "REG_GROUPS_WIDE",
            "REG_GROUPS_LIGHT", "REG_GROUPS_LIGHT_WIDE", "MIN_THREADS_PER_SM", "TILE_CHUNKS", "TILE_WARP_MAX",
            "TILE_BLOCK", "ONE_ROW_MIN_THREADS", "acc_width", "per_row", "ROW_SPLIT",
-           "HEAVY_POINTWISE", "TRIG_POINTWISE", "GRID_X_MAX", "pointwise_spec", "fresh_name",
+           "HEAVY_POINTWISE", "LONG_MATH_POINTWISE", "GRID_X_MAX", "pointwise_spec", "fresh_name",
            "SPLIT_MIN_LENGTH", "SPLIT_MAX_ROWS", "SPLIT_REDUCE_MIN_LENGTH",
            "SPLIT_REDUCE_MAX_ROWS", "SPLIT_CHUNK", "SPLIT_BLOCK",
            "SPLIT_COMBINE_BLOCK"]
@@ -138,16 +138,17 @@ REG_GROUPS_LIGHT_WIDE = REG_GROUPS_LIGHT[:4] + (("block", 2, 256), ("block", 4, 
 # 1.24 (too few resident threads), 64 x 4 1.015-1.017. Light kernels (axpy) keep one group
 # per thread: there every variant was within 0.5% of eager (.gpu/exptree/pw_probe*.py, 05:45).
 HEAVY_POINTWISE = (64, 2)
-# ... and those whose per-element work is a float32 (or narrower) sine, cosine or tangent and no
-# pow (:func:`.traits.elementwise_trig`): one group per thread, in blocks of 128. libdevice
-# inlines each sinf/cosf/tanf with its long slow path, once per element a thread holds. H200,
-# against HEAVY_POINTWISE (16:37-16:40 UTC, .gpu/probe17/heavy_ab*.py, outputs bit-identical;
-# notes/compile-time.md): float32 sin(x)*y 0.996-1.001, tan 0.993-0.997, sin(x)+cos(y) 0.91,
-# x % y + sin(x) 0.93; float16 sin 0.89, sin(x)+cos(y) 0.54; bfloat16 sin 1.02, tan 0.97,
-# sin(x)+cos(y) 0.63; complex64 exp 0.99; compile halved (float32 sin 161 -> 82 ms on a
-# 2-CPU box). Not for float64 (trig 1.02-1.06 slower) or with a pow (float32 1.04, sin + pow
-# 1.02 slower).
-TRIG_POINTWISE = (128, 1)
+# ... and those led by a long libdevice routine (:func:`.traits.long_inlined_math`): float32 or
+# narrower sin/cos/tan without a pow, float64 tanh/sigmoid without another transcendental. One
+# group per thread in blocks of 128: libdevice inlines the routine once per element a thread
+# holds. H200, against HEAVY_POINTWISE (16:37-16:54 UTC, .gpu/probe17/heavy_ab*.py, outputs
+# bit-identical; notes/compile-time.md): float32 sin(x)*y 0.996-1.001, tan 0.993-0.997,
+# sin(x)+cos(y) 0.91, x % y + sin(x) 0.93; float16 sin 0.89, sin(x)+cos(y) 0.54; bfloat16 sin
+# 1.02, tan 0.97, sin(x)+cos(y) 0.63; complex64 exp 0.99; float64 tanh 0.995, gelu 0.98-0.99,
+# sigmoid 0.95-0.96, silu 0.98, tanh(x)/y 0.94; compile about halved (float32 sin 161 -> 82 ms
+# on a 2-CPU box). Not with a pow (float32 1.04, sin + pow 1.02), float64 trig (1.02-1.08),
+# float64 exp/erf beside tanh (1.00-1.01) or other transcendentals alone (0.99-1.07).
+LONG_MATH_POINTWISE = (128, 1)
 GRID_X_MAX = 2**31 - 1  # the grid's x limit on every CUDA device kernelpack targets
 ROW_SPLIT = True
 SPLIT_MIN_LENGTH = 65536
@@ -241,12 +242,14 @@ def pointwise_spec(graph: Graph, name: str, shape: tuple[Expr, ...],
     elements, loading the per-row values ``stored`` (reduction, workspace) where it reads them:
     one group per thread of a ``BLOCK`` on a capped grid-stride grid, or, where the work per
     element has a transcendental or a division (:data:`HEAVY_POINTWISE`), several groups per
-    thread in smaller blocks on a full grid (for single-precision trig, :data:`TRIG_POINTWISE`)."""
+    thread in smaller blocks on a full grid (:data:`LONG_MATH_POINTWISE` for the long libdevice
+    routines of :func:`.traits.long_inlined_math`)."""
     n = product(shape)
     scratch = tuple(ws for _, ws in stored)
     roots = [nid for _, nid in outs]
     if vec > 1 and elementwise_heavy(graph, roots):
-        block, groups = TRIG_POINTWISE if elementwise_trig(graph, roots) else HEAVY_POINTWISE
+        block, groups = (LONG_MATH_POINTWISE if long_inlined_math(graph, roots)
+                         else HEAVY_POINTWISE)
         return KernelSpec(name, "pointwise", tuple(outs), shape, block,
                           emin(cdiv(n, block * groups * vec), GRID_X_MAX), vec=vec,
                           groups=groups, scratch=scratch, values=stored)

@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 from ..graph import Graph
 
-__all__ = ["per_row", "heavy", "elementwise_heavy", "elementwise_trig", "row_transcendental"]
+__all__ = ["per_row", "heavy", "elementwise_heavy", "long_inlined_math", "row_transcendental"]
 
 _HEAVY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh",
                     "erf", "sigmoid", "div", "pow", "floordiv", "mod"})
@@ -63,24 +63,32 @@ def elementwise_heavy(graph: Graph, roots: list[int]) -> bool:
     return _heavy_from(graph, list(roots), reduces)
 
 
-def elementwise_trig(graph: Graph, roots: list[int]) -> bool:
-    """Whether a pointwise kernel's per-element work (as for :func:`elementwise_heavy`) takes a
-    sine, cosine or tangent of a float of at most 32 bits (a complex64 ``exp`` takes both) and
-    no ``pow``. libdevice's sinf/cosf/tanf are always inlined with their long argument
-    reduction for huge inputs, so every element a thread holds carries a copy: such kernels
-    compile in half the time with half the elements per thread, and run as fast or faster
-    (their registers no longer spill); a powf per element wants the elements in flight."""
+def long_inlined_math(graph: Graph, roots: list[int]) -> bool:
+    """Whether a pointwise kernel's per-element work (as for :func:`elementwise_heavy`) is led
+    by a libdevice routine long enough that fewer elements per thread pay: a sine, cosine or
+    tangent of a float of at most 32 bits (a complex64 ``exp`` takes both) with no ``pow``, or
+    a float64 ``tanh`` / ``sigmoid`` with no other transcendental (divisions allowed).
+    libdevice's routines are always inlined, once per element a thread holds: such kernels
+    compile in about half the time with half the elements per thread and run as fast or
+    faster (fewer registers spill); a pow, a float64 sine or exp wants the elements in flight
+    (H200 figures at :data:`.schedule.LONG_MATH_POINTWISE`)."""
     reduces = {n for n in graph.reachable(roots) if graph.nodes[n].op == "reduce"}
     uniform = per_row(graph, reduces)
     nodes = [graph.nodes[n] for n in graph.reachable(list(roots), through=lambda n: not uniform(n))]
-    if any(node.op == "pow" and node.dtype.kind in "fc" for node in nodes):
+    floats = [node for node in nodes if node.dtype.kind in "fc"]
+    if any(node.op == "pow" for node in floats):
         return False
-    return any((node.op in _TRIG and node.dtype.kind == "f" and node.dtype.itemsize <= 4)
-               or (node.op == "exp" and node.dtype.kind == "c" and node.dtype.itemsize <= 8)
-               for node in nodes)
+    if any((node.op in _TRIG and node.dtype.kind == "f" and node.dtype.itemsize <= 4)
+           or (node.op == "exp" and node.dtype.kind == "c" and node.dtype.itemsize <= 8)
+           for node in floats):
+        return True
+    long_ops = [node for node in floats if node.op in _HEAVY and node.op != "div"]
+    return (any(node.op in _TANH_LIKE and node.dtype.itemsize == 8 for node in long_ops)
+            and all(node.op in _TANH_LIKE for node in long_ops))
 
 
 _TRIG = frozenset({"sin", "cos", "tan"})
+_TANH_LIKE = frozenset({"tanh", "sigmoid"})
 
 
 def _heavy_from(graph: Graph, starts: list[int], reduces: Iterable[int]) -> bool:
