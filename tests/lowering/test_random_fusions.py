@@ -99,3 +99,19 @@ def _as_outputs(case, refs):
     from .fusion_gen.dtypes import NP_STORAGE
 
     return [np.asarray(r).astype(NP_STORAGE[dt.name]) for r, dt in zip(refs, case.out_dtypes)]
+
+
+def test_complex_means_are_modelled_part_by_part():
+    """GPU fuzz seed 24998 (notes/gpu-fuzz.md): a complex64 mean over rows whose imaginary parts
+    hold a NaN. The kernel divides each part of the sum by the count (exact: a finite real part
+    stays finite); NumPy's ``mean`` divides by the count as a complex number and so reports a
+    NaN real part too. The reference models the kernel's rule, here at the size that failed."""
+    case = generate(24998, "gpu")
+    kernels = Kernels(case.fusion)
+    sizes = {"b": 5}
+    inputs = case.inputs(sizes)
+    got = kernels(*inputs)
+    mean = np.asarray(got[1])
+    assert np.isfinite(mean.real[:2]).all() and np.isnan(mean.imag[:2]).all(), mean
+    failures, _ = case.check(inputs, got)
+    assert not failures, _failure(case, sizes, failures)

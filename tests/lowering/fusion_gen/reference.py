@@ -70,9 +70,23 @@ def ref_namespace(mode: str) -> dict:
             else:
                 acc_t = acc.get(v.dtype, v.dtype)
             w = v.astype(acc_t)
-            fn = {"sum": np.sum, "prod": np.prod, "mean": np.mean}[kind]
-            r = fn(w, axis=axis, keepdims=keepdims)
+            if kind == "mean" and w.dtype.kind == "c":
+                r = _complex_mean(w, axis, keepdims)
+            else:
+                fn = {"sum": np.sum, "prod": np.prod, "mean": np.mean}[kind]
+                r = fn(w, axis=axis, keepdims=keepdims)
         return _model(r, name)
+
+    def _complex_mean(w: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
+        """The kernel's complex mean: the sum with each part divided by the count (C99 Annex G's
+        complex / real). NumPy's ``mean`` divides by the count as a complex number, whose
+        ``part * 0`` terms turn a NaN or infinite imaginary part into a NaN real part too
+        (fuzz seeds 5908, 13955, 24998: notes/gpu-fuzz.md); the kernel's value is the exact
+        one, so the reference models it."""
+        total = np.sum(w, axis=axis, keepdims=keepdims)
+        count = w.size // total.size if total.size else 0  # elements per reduced value
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return _complex(total.real / count, total.imag / count).astype(w.dtype)
 
     def _erf(x: Any) -> np.ndarray:
         x = np.asarray(x)
