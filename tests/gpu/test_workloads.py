@@ -213,6 +213,43 @@ def test_half_and_bfloat16_round_trip():
     assert torch.equal(h, x.bfloat16())
 
 
+def _bf16_bits(t):
+    return t.view(torch.int16).cpu().numpy().view(np.uint16)
+
+
+def test_bfloat16_rounding_on_the_device_is_round_to_nearest_even():
+    """bfloat16 results round through the device's ``cvt.rn.bf16.f32`` (sm_80 and later):
+    ties to even, float32 subnormals, overflow to infinity, signed zeros, and every NaN
+    stored as 0x7FC0, bit for bit as torch's float32 -> bfloat16 conversion on the host; the
+    rounding after each operation too (``x * 1`` of a float32 is its bfloat16 value)."""
+    @kp.fusion
+    def to_bf16(x: kp.Tensor[kp.f32, "n"], d: kp.Tensor[kp.f64, "n"]):
+        return x.astype(kp.bf16), (x.astype(kp.bf16) * 3.0), d.astype(kp.bf16)
+
+    prog = kp.load(kp.save([kp.compile(to_bf16, targets=["sm_80", "sm_90"])]))["to_bf16"]
+    special = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 1 + 2**-8 + 2**-20,
+                        3.3895314e38, 3.4028235e38, -3.4028235e38, 1e-40, -1e-40, 2**-133,
+                        2**-134, 0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, -2.5],
+                       dtype=np.float32)
+    rng = np.random.default_rng(11)
+    bits = rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32)
+    x = np.concatenate([special, bits.view(np.float32)])
+    xt = torch.from_numpy(x).cuda()
+    with np.errstate(invalid="ignore"):  # signalling NaNs among the random bits
+        d = torch.from_numpy(x.astype(np.float64)).cuda()
+    got, tripled, from64 = prog(xt, d)
+    torch.cuda.synchronize()
+    ref = torch.from_numpy(x).bfloat16()
+    ref3 = (ref.float() * 3.0).bfloat16()
+    nan = np.isnan(x)
+    for out, expected, what in ((got, ref, "astype"), (tripled, ref3, "x * 3"),
+                                (from64, ref, "float64 astype")):
+        g, e = _bf16_bits(out), _bf16_bits(expected)
+        assert (g[nan] == 0x7FC0).all(), what
+        bad = np.flatnonzero(g[~nan] != e[~nan])
+        assert bad.size == 0, f"{what}: {bad.size} differ, first {x[~nan][bad[0]]!r}"
+
+
 def test_complex_parts_products_and_magnitude():
     @kp.fusion
     def cplx(x: kp.Tensor[kp.f64, "n"], y: kp.Tensor[kp.f64, "n"]):

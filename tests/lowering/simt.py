@@ -98,7 +98,28 @@ def _to_host(ir_text: str) -> str:
     text = text.replace('"llvm.nvvm.shfl.sync.bfly.i32"', '"kp_shfl"')
     text = text.replace('"llvm.nvvm.barrier0"', '"kp_barrier"')
     text = text.replace("ptx_kernel ", "").replace(" addrspace(3)", "")
-    return text.replace("addrspacecast", "bitcast")
+    text = text.replace("addrspacecast", "bitcast")
+    if "bfloat" in text:  # x86 lowers fptrunc to bfloat as a call to compiler-rt's
+        text += _TRUNCSFBF2   # __truncsfbf2, which this process has no library for
+    return text
+
+
+# float32 -> bfloat16, rounding to nearest even (NaN: the quiet 0x7FC0)
+_TRUNCSFBF2 = """
+define bfloat @__truncsfbf2(float %x) {
+  %bits = bitcast float %x to i32
+  %hi = lshr i32 %bits, 16
+  %lsb = and i32 %hi, 1
+  %bias = add i32 %lsb, 32767
+  %sum = add i32 %bits, %bias
+  %top = lshr i32 %sum, 16
+  %nan = fcmp uno float %x, %x
+  %r = select i1 %nan, i32 32704, i32 %top
+  %h = trunc i32 %r to i16
+  %b = bitcast i16 %h to bfloat
+  ret bfloat %b
+}
+"""
 
 
 class _Warp:

@@ -381,3 +381,23 @@ def test_newer_architectures_get_the_ptx_isa_that_knows_them(targets, isa):
     assert out.returncode == 0, out.stderr[-2000:]
     arch = targets[0]
     assert out.stdout.strip() == repr([("cubin", arch, None), ("ptx", arch, isa)])
+
+
+def test_bfloat16_rounds_with_the_devices_conversion_from_sm_80():
+    """A bfloat16 result is rounded by one ``cvt.rn.bf16.f32`` where the PTX's architecture
+    has it (sm_80 on), by integer arithmetic below it (sm_75); the values are the same
+    (tests/gpu/test_workloads.py checks them on a device, the emulator through the integer
+    rounding)."""
+    @kp.fusion
+    def bgelu(x: kp.Tensor[kp.bf16, "n"]):
+        return 0.5 * x * (1.0 + kp.tanh(0.79788456 * (x + 0.044715 * x * x * x)))
+
+    def ptx(targets):
+        c = kp.compile(bgelu, targets=targets)
+        return next(bytes(i.data).decode() for m in c.modules for i in m.images
+                    if i.kind == "ptx")
+
+    new = ptx(["sm_80", "ptx"])
+    assert "cvt.rn.bf16.f32" in new and "bfe.u32" not in new
+    old = ptx(["sm_75", "ptx"])
+    assert "cvt.rn.bf16.f32" not in old and "bfe.u32" in old
