@@ -37,8 +37,8 @@ from ..expr import Expr, cdiv, const, emax, emin, ge, land, le, product
 from ..graph import Graph
 from ..summary import Scratch
 from .materialize import workspace_stages
-from .traits import elementwise_heavy, heavy as _heavy, long_inlined_math, per_row, \
-    row_transcendental as _row_transcendental
+from .traits import elementwise_heavy, heavy as _heavy, long_inlined_math, \
+    per_row, row_transcendental as _row_transcendental
 
 __all__ = ["KernelSpec", "Choice", "Stage", "plan", "variants", "lockstep", "reduces_of",
            "row_outer", "vector_width", "BLOCK", "UNROLL", "ROW_BLOCK", "WARP_ROWS", "CHUNK", "GRID_CAP",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
+from ..dtypes import float64
 from ..graph import Graph
 
 __all__ = ["per_row", "heavy", "elementwise_heavy", "long_inlined_math", "row_transcendental"]
@@ -74,8 +75,8 @@ def long_inlined_math(graph: Graph, roots: list[int]) -> bool:
     (H200 figures at :data:`.schedule.LONG_MATH_POINTWISE`)."""
     reduces = {n for n in graph.reachable(roots) if graph.nodes[n].op == "reduce"}
     uniform = per_row(graph, reduces)
-    nodes = [graph.nodes[n] for n in graph.reachable(list(roots), through=lambda n: not uniform(n))]
-    floats = [node for node in nodes if node.dtype.kind in "fc"]
+    reached = graph.reachable(list(roots), through=lambda n: not uniform(n))
+    floats = [graph.nodes[n] for n in reached if graph.nodes[n].dtype.kind in "fc"]
     if any(node.op == "pow" for node in floats):
         return False
     if any((node.op in _TRIG and node.dtype.kind == "f" and node.dtype.itemsize <= 4)
@@ -83,7 +84,7 @@ def long_inlined_math(graph: Graph, roots: list[int]) -> bool:
            for node in floats):
         return True
     long_ops = [node for node in floats if node.op in _HEAVY and node.op != "div"]
-    return (any(node.op in _TANH_LIKE and node.dtype.itemsize == 8 for node in long_ops)
+    return (any(node.op in _TANH_LIKE and node.dtype == float64 for node in long_ops)
             and all(node.op in _TANH_LIKE for node in long_ops))
 
 
