@@ -217,16 +217,22 @@ def _bf16_bits(t):
     return t.view(torch.int16).cpu().numpy().view(np.uint16)
 
 
-def test_bfloat16_rounding_on_the_device_is_round_to_nearest_even():
-    """bfloat16 results round through the device's ``cvt.rn.bf16.f32`` (sm_80 and later):
-    ties to even, float32 subnormals, overflow to infinity, signed zeros, and every NaN
-    stored as 0x7FC0, bit for bit as torch's float32 -> bfloat16 conversion on the host; the
-    rounding after each operation too (``x * 1`` of a float32 is its bfloat16 value)."""
+@pytest.mark.parametrize("targets", [["sm_80", "sm_90"], ["sm_75", "ptx"]],
+                         ids=["cvt", "sm_75 PTX, integer rounding"])
+def test_bfloat16_rounding_on_the_device_is_round_to_nearest_even(targets, tmp_path,
+                                                                  monkeypatch):
+    """bfloat16 results round through the device's ``cvt.rn.bf16.f32`` (sm_80 and later), or
+    through integer arithmetic in PTX for sm_75 (JIT-compiled here from the PTX image): ties
+    to even, float32 subnormals, overflow to infinity, signed zeros, and every NaN stored as
+    0x7FC0, bit for bit as torch's float32 -> bfloat16 conversion on the host; the rounding
+    after an operation too (``x.astype(bf16) * 3.0``)."""
+    monkeypatch.setenv("KERNELPACK_CACHE_DIR", str(tmp_path))  # where the PTX's cubin goes
+
     @kp.fusion
     def to_bf16(x: kp.Tensor[kp.f32, "n"], d: kp.Tensor[kp.f64, "n"]):
         return x.astype(kp.bf16), (x.astype(kp.bf16) * 3.0), d.astype(kp.bf16)
 
-    prog = kp.load(kp.save([kp.compile(to_bf16, targets=["sm_80", "sm_90"])]))["to_bf16"]
+    prog = kp.load(kp.save([kp.compile(to_bf16, targets=targets)]))["to_bf16"]
     special = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 1 + 2**-8 + 2**-20,
                         3.3895314e38, 3.4028235e38, -3.4028235e38, 1e-40, -1e-40, 2**-133,
                         2**-134, 0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, -2.5],
