@@ -138,16 +138,11 @@ REG_GROUPS_LIGHT_WIDE = REG_GROUPS_LIGHT[:4] + (("block", 2, 256), ("block", 4, 
 # 1.24 (too few resident threads), 64 x 4 1.015-1.017. Light kernels (axpy) keep one group
 # per thread: there every variant was within 0.5% of eager (.gpu/exptree/pw_probe*.py, 05:45).
 HEAVY_POINTWISE = (64, 2)
-# ... and those led by a long libdevice routine (:func:`.traits.long_inlined_math`): float32 or
-# narrower sin/cos/tan without a pow, float64 tanh/sigmoid without another transcendental. One
-# group per thread in blocks of 128: libdevice inlines the routine once per element a thread
-# holds. H200, against HEAVY_POINTWISE (16:37-16:54 UTC, .gpu/probe17/heavy_ab*.py, outputs
-# bit-identical; notes/compile-time.md): float32 sin(x)*y 0.996-1.001, tan 0.993-0.997,
-# sin(x)+cos(y) 0.91, x % y + sin(x) 0.93; float16 sin 0.89, sin(x)+cos(y) 0.54; bfloat16 sin
-# 1.02, tan 0.97, sin(x)+cos(y) 0.63; complex64 exp 0.99; float64 tanh 0.995, gelu 0.98-0.99,
-# sigmoid 0.95-0.96, silu 0.98, tanh(x)/y 0.94; compile about halved (float32 sin 161 -> 82 ms
-# on a 2-CPU box). Not with a pow (float32 1.04, sin + pow 1.02), float64 trig (1.02-1.08),
-# float64 exp/erf beside tanh (1.00-1.01) or other transcendentals alone (0.99-1.07).
+# ... and those led by a long libdevice routine (:func:`.traits.long_inlined_math`): one group
+# per thread in blocks of 128, since libdevice inlines the routine once per element a thread
+# holds. H200 against HEAVY_POINTWISE (notes/compile-time.md, session 17; outputs identical):
+# float32 sin/tan 0.99-1.00, sin+cos 0.91, float16 sin+cos 0.54, float64 gelu 0.98; compile
+# about halved. Not with a pow, float64 trig or other transcendentals (1.00-1.08 slower).
 LONG_MATH_POINTWISE = (128, 1)
 GRID_X_MAX = 2**31 - 1  # the grid's x limit on every CUDA device kernelpack targets
 ROW_SPLIT = True
