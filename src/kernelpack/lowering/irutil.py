@@ -81,8 +81,8 @@ def to_compute(b: ir.IRBuilder, v: ir.Value, dt: DType) -> ir.Value:
         return b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
     if dt.name == "float16":
         return b.fpext(v, F32)
-    if dt.name == "bfloat16":
-        return b.bitcast(b.shl(b.zext(v, I32), ir.Constant(I32, 16)), F32)
+    if dt.name == "bfloat16":  # an fpext (not a shift) lets LLVM fold ops into bf16 ones
+        return b.fpext(b.bitcast(v, BF16), F32)
     return v
 
 
