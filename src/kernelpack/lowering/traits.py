@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from ..dtypes import float64
-from ..graph import Graph
+from ..graph import Graph, Node
 
 __all__ = ["per_row", "heavy", "elementwise_heavy", "long_inlined_math", "row_transcendental"]
 
@@ -60,8 +60,7 @@ def elementwise_heavy(graph: Graph, roots: list[int]) -> bool:
     """Whether a pointwise kernel computing ``roots`` does a transcendental or a division per
     element (gelu's tanh, not axpy): values of reductions it loads (a softmax's row sums, from
     a workspace) and work on them alone do not count."""
-    reduces = {n for n in graph.reachable(roots) if graph.nodes[n].op == "reduce"}
-    return _heavy_from(graph, list(roots), reduces)
+    return any(node.op in _HEAVY for node in _elementwise_floats(graph, roots))
 
 
 def long_inlined_math(graph: Graph, roots: list[int]) -> bool:
@@ -73,10 +72,7 @@ def long_inlined_math(graph: Graph, roots: list[int]) -> bool:
     compile in about half the time with half the elements per thread and run as fast or
     faster (fewer registers spill); a pow, a float64 sine or exp wants the elements in flight
     (H200 figures at :data:`.schedule.LONG_MATH_POINTWISE`)."""
-    reduces = {n for n in graph.reachable(roots) if graph.nodes[n].op == "reduce"}
-    uniform = per_row(graph, reduces)
-    reached = graph.reachable(list(roots), through=lambda n: not uniform(n))
-    floats = [graph.nodes[n] for n in reached if graph.nodes[n].dtype.kind in "fc"]
+    floats = _elementwise_floats(graph, roots)
     if any(node.op == "pow" for node in floats):
         return False
     if any((node.op in _TRIG and node.dtype.kind == "f" and node.dtype.itemsize <= 4)
@@ -93,9 +89,22 @@ _TANH_LIKE = frozenset({"tanh", "sigmoid"})
 
 
 def _heavy_from(graph: Graph, starts: list[int], reduces: Iterable[int]) -> bool:
+    return any(node.op in _HEAVY for node in _float_work(graph, starts, reduces))
+
+
+def _elementwise_floats(graph: Graph, roots: list[int]) -> list[Node]:
+    """The float and complex operations of a pointwise kernel's per-element work: the
+    reductions whose values it loads, and work on those alone, left out."""
+    reduces = {n for n in graph.reachable(roots) if graph.nodes[n].op == "reduce"}
+    return _float_work(graph, list(roots), reduces)
+
+
+def _float_work(graph: Graph, starts: list[int], reduces: Iterable[int]) -> list[Node]:
+    """The float and complex nodes reached from ``starts`` through nodes that are not one
+    value per row of ``reduces`` (:func:`per_row`)."""
     uniform = per_row(graph, reduces)
-    return any(graph.nodes[n].op in _HEAVY and graph.nodes[n].dtype.kind in "fc"
-               for n in graph.reachable(starts, through=lambda n: not uniform(n)))
+    return [graph.nodes[n] for n in graph.reachable(starts, through=lambda n: not uniform(n))
+            if graph.nodes[n].dtype.kind in "fc"]
 
 
 _TRANSCENDENTAL = frozenset({"exp", "exp2", "log", "log2", "sin", "cos", "tan", "tanh", "erf",
