@@ -110,9 +110,10 @@ def ptx_to_cubins(ptx: bytes | str, archs: Sequence[Arch], *, name: str = "kerne
 
     Assembling is most of a row fusion's compile (ptxas takes ~0.45 s per architecture for a
     softmax's thirteen kernels), nvJitLink releases the GIL, and its handles are independent
-    (its API is thread-safe for distinct handles), so the architectures run side by side. The cubins are the same bytes as one at a
-    time; a failure raises the error of the first failing architecture in ``archs``' order,
-    after every thread has finished (none is left running behind the exception)."""
+    (its API is thread-safe for distinct handles), so the architectures run side by side.
+    The cubins are the same bytes as one at a time; a failure raises the error of the first
+    failing architecture in ``archs``' order, after every thread has finished (none is left
+    running behind the exception)."""
     archs = list(archs)
     workers = min(len(archs), _cpus())
     if workers > 1:
