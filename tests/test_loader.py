@@ -185,9 +185,9 @@ def test_errors_about_a_path_name_it(data: bytes, tmp_path: Path) -> None:
 
 def test_both_call_bases_dispatch_alike() -> None:
     """Program's base: the extension's CallBase when built, else _PythonCall; same rules."""
-    from kernelpack import loader
+    from kernelpack import program
 
-    bases = [loader._PythonCall]
+    bases = [program._PythonCall]
     try:
         from kernelpack.runtime._launch import CallBase
     except ImportError:
@@ -196,9 +196,9 @@ def test_both_call_bases_dispatch_alike() -> None:
         from kernelpack.runtime import _launch
 
         bases.append(CallBase)
-        assert loader.Program.__mro__[1] is CallBase
+        assert program.Program.__mro__[1] is CallBase
         if _launch.CALL_VECTORCALL:  # built with 3.12's limited API: Program inherits it
-            assert loader.Program.__flags__ & (1 << 11)  # Py_TPFLAGS_HAVE_VECTORCALL
+            assert program.Program.__flags__ & (1 << 11)  # Py_TPFLAGS_HAVE_VECTORCALL
     for base in bases:
         class Prog(base):  # type: ignore[misc, valid-type]
             _kp_bound = None

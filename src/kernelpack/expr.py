@@ -212,7 +212,7 @@ class Expr:
         graph = current_graph()
         if graph is None:
             return NotImplemented
-        from .ops import array_ufunc
+        from .numpy_interop import array_ufunc
         from .promotion import trace_value
 
         traced = tuple(trace_value(graph, v) if isinstance(v, Expr) else v for v in inputs)

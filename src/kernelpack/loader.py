@@ -16,14 +16,13 @@ import stat
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ._decode import decode_program
 from ._fbread import ByteViews, Table
 from ._images import FileBlobs, ImageInfo, PackFile, _decompress  # noqa: F401 - _decompress: kept importable here
 from .errors import FormatError, IntegrityError, KernelPackError, SignatureError
 from .limits import DIGEST_SIZE, FILE_IDENTIFIER, MAX_FILE_SIZE
 from ._records import FrozenRecord
 from .compiled import Compiled, Module
-from .summary import KernelSummary
+from .program import Program
 from .verify import read_format_version, verify_buffer
 
 __all__ = ["load", "Pack", "Program", "ModuleInfo", "ImageInfo", "SignatureInfo"]
@@ -76,124 +75,6 @@ class ModuleInfo:
         raise TypeError(f"a loaded ModuleInfo ({self.name!r}) cannot be pickled or copied: it "
                         f"reads from its pack's buffer; send .module() (a kp.Module) or "
                         f"pack.compiled(name) instead")
-
-
-class _PythonCall:
-    """How a :class:`Program` is called without the C extension; with it, the extension's
-    ``CallBase`` does the same in C (about 0.4 µs less per call: no ``*args``/``**kwargs``
-    frame before the runtime's fast path)."""
-
-    _kp_bound: Any = None
-
-    def __call__(self, *args: Any, out: Any = None, stream: Any = None, **kwargs: Any) -> Any:
-        """Launch on the GPU (see :func:`kernelpack.runtime.call_program`)."""
-        bound = self._kp_bound
-        if bound is not None and not kwargs:
-            return bound.call(args, out, stream)
-        return self._kp_general_call(*args, out=out, stream=stream, **kwargs)
-
-
-def _call_base() -> type:
-    try:  # a C module that imports nothing (no CUDA): fine on the load path
-        from .runtime._launch import CallBase
-    except ImportError:
-        return _PythonCall
-    return CallBase  # type: ignore[no-any-return]
-
-
-class Program(_call_base()):  # type: ignore[misc]
-    """A program of a loaded pack: ``.summary`` (decoded on first use), ``.plan(...)``, and
-    calling it launches on the GPU through :mod:`kernelpack.runtime`. Made by :class:`Pack`.
-
-    ``program(*args, out=None, stream=None, **named)``: once bound (first call), a call with
-    only ``out=``/``stream=`` keywords goes straight to ``self._kp_bound.call(args, out,
-    stream)``; anything else to :meth:`_kp_general_call`."""
-
-    def __init__(self, pack: "Pack", name: str, index: int) -> None:
-        self.pack = pack
-        self.name = name
-        self._index = index
-        self._summary: KernelSummary | None = None
-        self._used: dict[str, ModuleInfo] = {}  # the modules the launches use (with _summary)
-        self._planner: Any = None
-
-    @property
-    def summary(self) -> KernelSummary:
-        """The decoded summary. Decoding checks that every launch's module and kernel exist
-        (docs/FORMAT.md §3, 8): a summary naming code the file lacks would otherwise plan,
-        inspect and evaluate as if it could run. FormatError when one is missing."""
-        if self._summary is None:
-            summary = decode_program(self.pack._programs[self._index])
-            if summary.name != self.name:  # pragma: no cover - same bytes, same name
-                raise FormatError(f"program {self.name!r} decodes as {summary.name!r}")
-            self._used = self._launch_modules(summary)
-            self._summary = summary
-        return self._summary
-
-    def _launch_modules(self, summary: KernelSummary) -> dict[str, ModuleInfo]:
-        """The modules ``summary``'s launches use; FormatError if a module or kernel is
-        missing."""
-        out: dict[str, ModuleInfo] = {}
-        for vi, variant in enumerate(summary.variants):
-            for launch in variant.launches:
-                info = self.pack._modules.get(launch.module)
-                if info is None:
-                    raise FormatError(f"program {self.name!r} variant {vi}: launch of "
-                                      f"{launch.kernel!r} uses module {launch.module!r}, which "
-                                      f"the file does not contain")
-                if launch.kernel not in info.kernels:
-                    raise FormatError(f"program {self.name!r}: module {launch.module!r} has no "
-                                      f"kernel {launch.kernel!r} (has {list(info.kernels)})")
-                out[info.name] = info
-        return out
-
-    @property
-    def planner(self) -> Any:
-        """The compiled :class:`~kernelpack.planner.Planner` (built once)."""
-        if self._planner is None:
-            from .planner import Planner
-            planner = Planner(self.summary)
-            self.plan = planner.plan  # type: ignore[method-assign]  # later calls skip this layer
-            self._planner = planner
-        return self._planner
-
-    @property
-    def modules(self) -> dict[str, ModuleInfo]:
-        """The modules this program's launches use; FormatError if one is missing (checked
-        and collected once, when the summary is decoded)."""
-        if self._summary is None:
-            self.summary  # noqa: B018 - decodes, checks and collects them
-        return dict(self._used)
-
-    def plan(self, *args: Any, **kwargs: Any) -> Any:
-        """Evaluate the summary for these shapes and scalars → :class:`~kernelpack.planner.Plan`.
-        Tensors are shapes (tuples) or objects with ``.shape``. Raises ConstraintError."""
-        return self.planner.plan(*args, **kwargs)
-
-    # Set by kernelpack.runtime on first call: the bound launcher (parameter block, compiled
-    # plan, loaded kernels). Checked here first so a warm call skips the runtime's entry layer.
-    _kp_bound: Any = None
-
-    def _kp_general_call(self, *args: Any, out: Any = None, stream: Any = None,
-                         **kwargs: Any) -> Any:
-        """Launch on the GPU (see :func:`kernelpack.runtime.call_program`)."""
-        from .runtime import call_program
-
-        return call_program(self, *args, out=out, stream=stream, **kwargs)
-
-    def warmup(self, devices: Iterable[int] | None = None) -> None:
-        """Load this program's modules on ``devices`` (default: the current device) now."""
-        from .runtime import warmup
-
-        warmup(self, devices)
-
-    def __repr__(self) -> str:
-        return f"<kernelpack Program {self.name!r}>"
-
-    def __reduce__(self) -> Any:
-        raise TypeError(f"a loaded Program ({self.name!r}) cannot be pickled: it is bound to "
-                        f"its pack's buffer and this process's GPU state; send the artifact "
-                        f"(its path or bytes) or pack.compiled({self.name!r}) instead")
 
 
 class Pack:

@@ -59,7 +59,7 @@ def _collect(items: object) -> list[Compiled]:
         return [items]
     if hasattr(items, "compiled") and hasattr(items, "programs"):  # a loaded Pack
         return [items.compiled(name) for name in items.programs]  # type: ignore[attr-defined]
-    from .loader import Program
+    from .program import Program
     if isinstance(items, Program):
         return [items.pack.compiled(items.name)]
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):

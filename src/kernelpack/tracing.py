@@ -7,8 +7,9 @@ unary/binary/reduction/view builders — apart from the public op functions
 (:mod:`kernelpack.ops`) and the decorator (:mod:`kernelpack.fusion`), so the rules live in one
 place. Pure Python with no heavy imports: ``import kernelpack`` stays light. The typing rules
 themselves (promotion, weak constants and sizes, numbers into values, dtypes as NumPy names
-them, broadcasting, reduction axes, indexing) are in :mod:`kernelpack.promotion`; NumPy ufuncs
-on traced values map to kp ops in :mod:`kernelpack.ops`.
+them) are in :mod:`kernelpack.promotion`, broadcasting, reduction axes and indexing in
+:mod:`kernelpack.shape_rules`; NumPy ufuncs on traced values map to kp ops in
+:mod:`kernelpack.numpy_interop`.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from ._host_math import host_pow, plain_numbers
 from .errors import TraceError
 from .expr import Expr, const, select
 from .graph import BITWISE, COMPARE, Graph, Node, active_graph, current_graph
-from .promotion import (_axes, _desc, _fmt, _from_dims, _promote, broadcast_shapes, dsl_dtype,
-                        from_sizes, index_axes, known_comparison, math_dtype, trace_value,
-                        widen_for_comparison)
+from .promotion import (_from_dims, _promote, dsl_dtype, from_sizes, known_comparison,
+                        math_dtype, trace_value, widen_for_comparison)
+from .shape_rules import _axes, _desc, _fmt, broadcast_shapes, index_axes
 
 __all__ = ["Value", "trace_value", "broadcast_shapes", "astype", "pow", "conj", "active_graph",
            "current_graph"]
@@ -112,7 +113,7 @@ class Value:
     def __getattr__(self, name: str) -> object:
         # only reached for names Value lacks: NumPy methods such as x.reshape or x.T; for
         # the ones a port reaches for (x.clip, x.round, x.var), what to write instead
-        from .ops import numpy_hint
+        from .numpy_interop import numpy_hint
 
         hint = numpy_hint(name, "")
         raise _NoAttribute(f"traced tensors have no attribute {name!r} (supported: astype, "
@@ -209,14 +210,14 @@ class Value:
     def min(self, axis=None, out=None, keepdims=False):
         return reduce_api("min", self, axis, None, out, keepdims)
 
-    # NumPy functions (np.exp(x), np.maximum(x, 0)) on traced tensors: kernelpack.ops
+    # NumPy functions (np.exp(x), np.maximum(x, 0)) on traced tensors: kernelpack.numpy_interop
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        from .ops import array_ufunc
+        from .numpy_interop import array_ufunc
 
         return array_ufunc(ufunc, method, inputs, kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
-        from .ops import array_function
+        from .numpy_interop import array_function
 
         return array_function(func, args, kwargs)
 
@@ -226,7 +227,7 @@ class Value:
     def __rdivmod__(self, o): return _binary("floordiv", o, self), _binary("mod", o, self)
 
     def __round__(self, ndigits=None):
-        from .ops import numpy_hint
+        from .numpy_interop import numpy_hint
 
         raise TraceError(f"round() is not supported on traced tensors (got {_desc(self)}); "
                          f"{numpy_hint('round', '')}")

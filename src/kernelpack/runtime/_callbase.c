@@ -3,7 +3,7 @@
  *
  * Program(*args, out=..., stream=...) in Python costs about half a microsecond before it
  * reaches the fast path (building *args, **kwargs and the keyword-only defaults), a tenth of a
- * small launch. loader.Program derives from this type when the extension is built: calling an
+ * small launch. program.Program derives from this type when the extension is built: calling an
  * instance forwards (args, out, stream) to self._kp_bound.call when the program is bound and
  * the only keywords are out= and stream=; anything else goes to self._kp_general_call(*args,
  * **kwargs), the Python path (kernelpack.runtime.call_program).
@@ -140,7 +140,7 @@ static PyType_Slot callbase_slots[] = {
     {Py_tp_new, callbase_new},
     {Py_tp_members, callbase_members},
 #endif
-    {Py_tp_doc, "Base of loader.Program: calling an instance launches through its bound fast "
+    {Py_tp_doc, "Base of program.Program (a loaded pack's programs): calling an instance launches through its bound fast "
                 "path (see runtime/_fastcall.c)."},
     {0, NULL},
 };
