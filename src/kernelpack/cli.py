@@ -1,11 +1,12 @@
-"""The ``kernelpack`` command: look inside artifacts without a GPU.
+"""The ``kernelpack`` command: build artifacts and look inside them without a GPU.
 
-``inspect``, ``verify``, ``extract``, ``eval``, ``diff``, ``keygen`` and ``sign``; ``cache`` when
-:mod:`kernelpack.cli_cache` is installed. Every subcommand has ``--help``. Exit status: 0 on
-success (``diff``: identical), 1 on a bad file, a failed check, an I/O error or a difference
-(one line ``error: <message>`` on stderr), 2 on a usage error (argparse), 130 when interrupted
-(Ctrl-C), 143 when terminated (SIGTERM). Output cut short because its reader left
-(``| head -1``) is not an error. Nothing here touches a GPU.
+``build`` (:mod:`kernelpack.cli_build`), ``inspect``, ``verify``, ``extract``, ``eval``,
+``diff``, ``keygen`` and ``sign``; ``cache`` when :mod:`kernelpack.cli_cache` is installed.
+Every subcommand has ``--help``. Exit status: 0 on success (``diff``: identical), 1 on a bad
+file, a failed check or compile, an I/O error or a difference (one line ``error: <message>``
+on stderr), 2 on a usage error (argparse), 130 when interrupted (Ctrl-C), 143 when terminated
+(SIGTERM). Output cut short because its reader left (``| head -1``) is not an error. Nothing
+here touches a GPU.
 
 This module is the command line itself: the parser, the types of its options, and
 :func:`main`'s mapping of failures to exit statuses. What each subcommand does is
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     parser = argparse.ArgumentParser(
-        prog="kernelpack", description="Inspect, verify and sign kernelpack artifacts "
+        prog="kernelpack", description="Build, inspect, verify and sign kernelpack artifacts "
         "(no GPU needed).", epilog=_EXIT_STATUS)
     parser.add_argument("--version", action="version", version=f"kernelpack {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -134,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", required=True, help="private key file written by keygen")
     p.add_argument("-o", "--output", metavar="OUT", help="output path (default: in place)")
 
+    from . import cli_build
+
+    cli_build.register(sub)
     if importlib.util.find_spec("kernelpack.cli_cache") is not None:
         from . import cli_cache  # type: ignore[attr-defined]
 

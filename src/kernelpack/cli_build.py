@@ -1,0 +1,234 @@
+"""``kernelpack build``: compile the fusions a Python file or module defines into one artifact.
+
+The "compile once" step of a fleet's deployment, without a script of one's own: a build job
+runs ``kernelpack build model/kernels.py -o model.kpack`` and ships the artifact; every
+process of the fleet then ``kp.load``\\ s it and compiles nothing. What is built are the
+module-level objects of the source: each ``@kp.fusion`` function is compiled for
+``--targets``, and each :class:`~kernelpack.compiled.Compiled` (a ``kp.compile(...,
+static=...)`` specialization, a ``kp.external`` kernel) is taken as it is. Names starting
+with ``_`` are left out unless asked for by name.
+
+Compiling takes seconds per row fusion, so every program is reported on stderr as it is done
+(``[2/5] softmax: compiled in 1.21 s``; ``--quiet`` turns that off). A program that fails is
+reported with its error and the others are still compiled, so that one run shows every
+failure; then nothing is written. Only a build where every program compiled writes: the artifact is written crash-safely by :func:`kernelpack.save`
+(temporary file, fsync, rename), so a failed or interrupted build leaves any earlier artifact
+of that name as it was. Registered into the ``kernelpack`` command by :func:`register`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .cli_commands import CLIError, UsageError
+
+__all__ = ["register", "import_source", "collect_programs"]
+
+DEFAULT_TARGETS = "sm_80,sm_90,ptx"
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``build`` command to ``kernelpack``'s parser."""
+    summary = "compile the fusions of a Python file or module into one artifact"
+    p = subparsers.add_parser(
+        "build", help=summary,
+        description=f"{summary}. Every module-level @kp.fusion function is compiled for "
+                    f"--targets (the lowering's extra: pip install 'kernelpack[compile]'), "
+                    f"and every module-level kp.Compiled (kp.compile(..., static=...), "
+                    f"kp.external) is taken as it is; names starting with '_' only when "
+                    f"named. Progress goes to stderr. Needs no GPU.",
+        epilog="example: kernelpack build examples/fusions.py -o model.kpack "
+               "--targets sm_80,sm_90,ptx --cache")
+    p.add_argument("source", help="a Python file (path/to/kernels.py) or an importable module "
+                                  "(mypackage.kernels, looked up from the current directory "
+                                  "first, as python -m does)")
+    p.add_argument("names", nargs="*", default=[], metavar="NAME",
+                   help="build only these module attributes (default: every public fusion and "
+                        "Compiled)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="the artifact to write (replaced if it exists)")
+    p.add_argument("--targets", default=DEFAULT_TARGETS, metavar="LIST",
+                   help=f"comma-separated architectures for the fusions (default "
+                        f"{DEFAULT_TARGETS}): sm_XY cubins, 'ptx' for a forward-compatible "
+                        f"PTX image")
+    p.add_argument("--cache", action="store_true",
+                   help="compile through the disk cache ($KERNELPACK_CACHE_DIR, else "
+                        "$XDG_CACHE_HOME/kernelpack): unchanged fusions are not recompiled")
+    p.add_argument("--cache-dir", type=Path, default=None, metavar="DIR",
+                   help="compile through the disk cache at DIR (implies --cache)")
+    p.add_argument("--sign-with", default=None, metavar="KEY",
+                   help="sign the artifact with this ed25519 private key (from keygen)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_build)
+    return p
+
+
+def import_source(source: str) -> ModuleType:
+    """Import ``source``, a ``.py`` file or a dotted module name, as ``python FILE`` or
+    ``python -m MODULE`` would find it (the file's directory, or the current directory,
+    first on ``sys.path``). Any failure while importing it is a CLIError naming the source."""
+    path = Path(source)
+    as_file = source.endswith(".py") or os.sep in source or path.exists()
+    if as_file and path.is_dir():
+        raise CLIError(f"{source}: a directory; give a .py file or a module name "
+                       f"(package.module)")
+    if as_file and not path.is_file():
+        raise CLIError(f"{source}: no such file")
+    if not as_file and not all(part.isidentifier() for part in source.split(".")):
+        raise UsageError(f"{source!r} is neither a .py file nor a module name")
+    try:
+        if as_file:
+            return _import_file(path)
+        sys.path.insert(0, os.getcwd())
+        return importlib.import_module(source)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (source == exc.name or source.startswith(exc.name + ".")):
+            raise CLIError(f"{source}: no such module (looked in the current directory "
+                           f"and sys.path)") from None
+        raise CLIError(f"{source}: importing it failed: {type(exc).__name__}: {exc}") from None
+    except SystemExit as exc:  # a script's sys.exit() at import
+        raise CLIError(f"{source}: called sys.exit({exc.code!r}) while being imported "
+                       f"(guard its script part with if __name__ == '__main__')") from None
+    except Exception as exc:  # noqa: BLE001 - the user's code: any failure is reported
+        raise CLIError(f"{source}: importing it failed: {type(exc).__name__}: {exc}") from None
+
+
+def _import_file(path: Path) -> ModuleType:
+    """A ``.py`` file as a module under its own stem (or a private name when that is taken,
+    as for a file called ``json.py``), registered in ``sys.modules`` so that what it defines
+    can be pickled and its dataclasses work, as for any imported module."""
+    name, n = path.stem, 0
+    while not name.isidentifier() or name in sys.modules:
+        n += 1
+        name = f"_kernelpack_build_source_{n}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise CLIError(f"{path}: cannot be imported as Python source")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.resolve().parent))
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def collect_programs(module: ModuleType, names: list[str]) -> list[tuple[str, Any]]:
+    """``(attribute, Fusion or Compiled)`` pairs to build, in program-name order: the named
+    ones, or every public one. One object bound to several names is built once (under the
+    name it was defined with, when that is one of them).
+    Two different programs with one program name are a CLIError naming both attributes (the
+    artifact holds one program per name)."""
+    from .compiled import Compiled
+    from .fusion import Fusion
+
+    found = {attr: value for attr, value in vars(module).items()
+             if isinstance(value, (Fusion, Compiled))}
+    if names:
+        missing = [n for n in names if n not in found]
+        if missing:
+            have = ", ".join(sorted(found)) or "none"
+            raise UsageError(f"{module.__name__} has no fusion or kp.Compiled named "
+                             f"{', '.join(missing)} (has: {have})")
+        chosen = [(n, found[n]) for n in dict.fromkeys(names)]
+    else:
+        chosen = sorted((a, v) for a, v in found.items() if not a.startswith("_"))
+        if not chosen:
+            raise CLIError(f"{module.__name__} defines no @kp.fusion function or kp.Compiled "
+                           f"at module level (names starting with '_' count only when named)")
+    attrs_of: dict[int, list[str]] = {}  # one object under several names: built once
+    for attr, value in chosen:
+        attrs_of.setdefault(id(value), []).append(attr)
+    by_program: dict[str, str] = {}
+    out = []
+    for attr, value in chosen:
+        attrs = attrs_of[id(value)]
+        if attr != attrs[0]:
+            continue
+        attr = value.name if value.name in attrs else attr  # the name it is defined under
+        if value.name in by_program:
+            raise CLIError(f"attributes {by_program[value.name]!r} and {attr!r} both make a "
+                           f"program named {value.name!r}; an artifact holds one program per "
+                           f"name (give one a name: @kp.fusion(name=...))")
+        by_program[value.name] = attr
+        out.append((attr, value))
+    return sorted(out, key=lambda item: item[1].name)  # the artifact's order
+
+
+def _kind(exc: BaseException) -> str:
+    """The public name of an error's class: a TraceError raised as a private subclass (which
+    is also an AttributeError, for ``hasattr``) is a TraceError to the user."""
+    return next(c.__name__ for c in type(exc).__mro__ if not c.__name__.startswith("_"))
+
+
+def _cache(args: argparse.Namespace) -> Any:
+    if args.cache_dir is None and not args.cache:
+        return None
+    from .cache import Cache
+
+    return Cache(path=args.cache_dir)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Import, compile every program (reporting each), save once at the end."""
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    from .targets import parse_target_list
+
+    try:
+        parse_target_list(targets)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--targets {args.targets!r}: {exc}") from None
+    sign_key = None
+    if args.sign_with is not None:  # a bad key fails now, before minutes of compiling
+        from .signing import load_private_key
+
+        sign_key = load_private_key(args.sign_with)
+    cache = _cache(args)
+    programs = collect_programs(import_source(args.source), list(args.names))
+
+    from .compile_entry import compile as compile_fusion
+    from .compiled import Compiled
+
+    built: list[Compiled] = []
+    failed: list[str] = []
+    for i, (attr, value) in enumerate(programs, 1):
+        start = time.perf_counter()
+        label = value.name if value.name == attr else f"{value.name} ({attr})"
+        if isinstance(value, Compiled):
+            how = "taken as it is (kp.Compiled)"
+            built.append(value)
+        else:
+            try:
+                compiled = compile_fusion(value, targets, cache=cache)
+            except Exception as exc:  # noqa: BLE001 - reported; the other programs go on
+                # always shown, --quiet or not: it is why the build fails
+                print(f"[{i}/{len(programs)}] {label}: FAILED: {_kind(exc)}: {exc}",
+                      file=sys.stderr, flush=True)
+                failed.append(label)
+                continue
+            origin = {"compiled": "compiled", "disk": "from the disk cache",
+                      "remote": "from the remote cache"}.get(compiled.origin, compiled.origin)
+            how = f"{origin} in {time.perf_counter() - start:.2f} s"
+            built.append(compiled)
+        if not args.quiet:
+            print(f"[{i}/{len(programs)}] {label}: {how}", file=sys.stderr, flush=True)
+    if failed:
+        raise CLIError(f"{args.source}: {len(failed)} of {len(programs)} programs failed "
+                       f"({', '.join(failed)}); {args.output} was not written")
+
+    from .serializer import save
+
+    data = save(built, args.output, sign_with=sign_key)
+    print(f"wrote {args.output}: {len(built)} program{'s' if len(built) != 1 else ''}, "
+          f"{len(data)} bytes")
+    return 0
