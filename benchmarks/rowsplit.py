@@ -4,7 +4,7 @@ A row stage (softmax, layernorm, ``x.sum(-1)``, logsumexp) ran one block per row
 a softmax of (1, 2^20) used one SM of 132. ``lowering/rowsplit.py`` now splits rows across
 blocks where ``rows <= SPLIT_MAX_ROWS`` and ``length >= SPLIT_MIN_LENGTH``
 (``lowering/schedule.py``). This script compiles each workload twice in one process: as
-``kp.compile`` does now ('split'), and with ``schedule.ROW_SPLIT = False`` ('rows': the
+``kp.compile`` does now ('split'), and with ``tuning.ROW_SPLIT = False`` ('rows': the
 schedules that ran before), and times both against PyTorch eager on the same inputs (CUDA
 events, L2 flushed, medians; ``_gpu_timing``). Every result is checked against float64 torch
 before timing.
@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
 import kernelpack as kp  # noqa: E402
-from kernelpack.lowering import schedule  # noqa: E402
+from kernelpack.lowering import tuning  # noqa: E402
 
 T = kp.Tensor
 EPS = 1e-5
@@ -81,7 +81,7 @@ SHAPES = [(1, 1 << 20), (1, 1 << 24), (4, 10 ** 7), (8, 10 ** 6), (16, 1 << 20),
 QUICK = [(1, 1 << 20), (8, 10 ** 6), (256, 65536), (1024, 16384)]
 # --sweep: (SPLIT_CHUNK, SPLIT_BLOCK, SPLIT_COMBINE_BLOCK); chunks multiples of block * UNROLL
 CONFIGS = [(c, b, 256) for c, b in itertools.product((2048, 4096, 8192, 16384), (128, 256, 512))
-           if c % (b * schedule.UNROLL) == 0] + [(4096, 256, 128), (4096, 256, 512)]
+           if c % (b * tuning.UNROLL) == 0] + [(4096, 256, 128), (4096, 256, 512)]
 CROSS_ROWS = (32, 64, 128, 256, 512, 1024)
 CROSS_LENGTHS = (8192, 16384, 32768, 65536, 262144)
 
@@ -127,38 +127,38 @@ def _shape_args(name: str, shape: tuple[int, int]) -> dict[str, tuple[int, ...]]
 
 def _takes_split(name: str, shape: tuple[int, int]) -> bool:
     if name in ("rowsum", "logsumexp"):  # per-row outputs
-        return shape[1] >= schedule.SPLIT_REDUCE_MIN_LENGTH \
-            and shape[0] <= schedule.SPLIT_REDUCE_MAX_ROWS
-    return shape[1] >= schedule.SPLIT_MIN_LENGTH and shape[0] <= schedule.SPLIT_MAX_ROWS
+        return shape[1] >= tuning.SPLIT_REDUCE_MIN_LENGTH \
+            and shape[0] <= tuning.SPLIT_REDUCE_MAX_ROWS
+    return shape[1] >= tuning.SPLIT_MIN_LENGTH and shape[0] <= tuning.SPLIT_MAX_ROWS
 
 
 def build(split: bool, targets: list[str], workdir: Path, tag: str,
           names: tuple[str, ...] = tuple(FUSIONS)) -> Any:
     """The fusions compiled for ``targets``, with or without the split alternative."""
-    saved = schedule.ROW_SPLIT
-    schedule.ROW_SPLIT = split
+    saved = tuning.ROW_SPLIT
+    tuning.ROW_SPLIT = split
     try:
         compiled = [kp.compile(FUSIONS[n], targets=targets) for n in names]
     finally:
-        schedule.ROW_SPLIT = saved
+        tuning.ROW_SPLIT = saved
     path = workdir / f"rowsplit_{tag}.kpack"
     kp.save(compiled, str(path))
     return kp.load(str(path))
 
 
 class _Patched:
-    """Context manager: ``schedule``'s split constants set for a compile, then restored."""
+    """Context manager: ``tuning``'s split constants set for a compile, then restored."""
 
     def __init__(self, **values: int) -> None:
-        self.values, self.saved = values, {k: getattr(schedule, k) for k in values}
+        self.values, self.saved = values, {k: getattr(tuning, k) for k in values}
 
     def __enter__(self) -> None:
         for k, v in self.values.items():
-            setattr(schedule, k, v)
+            setattr(tuning, k, v)
 
     def __exit__(self, *exc: object) -> None:
         for k, v in self.saved.items():
-            setattr(schedule, k, v)
+            setattr(tuning, k, v)
 
 
 def check_plans(packs: dict[str, Any], shapes: list[tuple[int, int]]) -> list[str]:
@@ -333,10 +333,10 @@ def main() -> int:
     body = [
         "`python benchmarks/rowsplit.py`; float32 (softmax_f64: float64). 'split' is the code "
         "as compiled now (lowering/rowsplit.py, taken where 'split?' says yes: rows <= "
-        f"{schedule.SPLIT_MAX_ROWS}, length >= {schedule.SPLIT_MIN_LENGTH}; rowsum and "
-        f"logsumexp: rows <= {schedule.SPLIT_REDUCE_MAX_ROWS}, length >= "
-        f"{schedule.SPLIT_REDUCE_MIN_LENGTH}); 'rows' the same "
-        "fusions compiled with schedule.ROW_SPLIT = False (a thread, warp or block per row: "
+        f"{tuning.SPLIT_MAX_ROWS}, length >= {tuning.SPLIT_MIN_LENGTH}; rowsum and "
+        f"logsumexp: rows <= {tuning.SPLIT_REDUCE_MAX_ROWS}, length >= "
+        f"{tuning.SPLIT_REDUCE_MIN_LENGTH}); 'rows' the same "
+        "fusions compiled with tuning.ROW_SPLIT = False (a thread, warp or block per row: "
         "what ran before), timed after every split and torch kernel. Cells: median time (CUDA "
         "events, L2 flushed) and bytes read + written once / time as a fraction of the copy "
         f"bandwidth of this run ({copy_bw / 1e9:.0f} GB/s). Every result checked against "

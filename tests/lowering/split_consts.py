@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelpack.lowering import schedule
+from kernelpack.lowering import tuning
 
 SMALL_SPLIT = {"SPLIT_MIN_LENGTH": 200, "SPLIT_MAX_ROWS": 3, "SPLIT_REDUCE_MIN_LENGTH": 200,
                "SPLIT_REDUCE_MAX_ROWS": 3, "SPLIT_CHUNK": 128, "SPLIT_BLOCK": 32,
@@ -14,9 +14,9 @@ SMALL_SPLIT = {"SPLIT_MIN_LENGTH": 200, "SPLIT_MAX_ROWS": 3, "SPLIT_REDUCE_MIN_L
 
 
 def use_small_split(monkeypatch: Any) -> None:
-    """Patch :data:`SMALL_SPLIT` into ``lowering.schedule`` for one test."""
+    """Patch :data:`SMALL_SPLIT` into ``lowering.tuning`` for one test."""
     for name, value in SMALL_SPLIT.items():
-        monkeypatch.setattr(schedule, name, value)
+        monkeypatch.setattr(tuning, name, value)
 
 
 def kernel_names(k: Any, *shapes: tuple[int, ...]) -> list[str]:

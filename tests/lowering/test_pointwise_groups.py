@@ -1,5 +1,5 @@
 """Pointwise kernels with a transcendental or a division per element take several 16-byte
-groups per thread, a block apart, all loads first (schedule.HEAVY_POINTWISE); light ones
+groups per thread, a block apart, all loads first (tuning.HEAVY_POINTWISE); light ones
 (axpy) keep one group per thread. Run on the SIMT emulator against NumPy float64 at sizes
 that end in a whole round, a partial round, a scalar tail, misaligned, and with a grid too
 small for one round per block (the grid-stride loop over rounds)."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kernelpack as kp
-from kernelpack.lowering import schedule
+from kernelpack.lowering import tuning
 
 from .simt import Kernels
 
@@ -38,13 +38,13 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 
 
 def test_heavy_kernels_take_groups_light_ones_do_not():
-    block, groups = schedule.HEAVY_POINTWISE
+    block, groups = tuning.HEAVY_POINTWISE
     g = kp.compile(gelu32, targets=["sm_90"]).summary.variants[0].launches[0]
     assert int(g.block[0]) == block and g.grid[0] == kp.emin(kp.cdiv("n", block * groups * 4),
-                                                              schedule.GRID_X_MAX)
+                                                              tuning.GRID_X_MAX)
     a = kp.compile(axpy32, targets=["sm_90"]).summary.variants[0].launches[0]
-    assert int(a.block[0]) == schedule.BLOCK
-    assert a.grid[0] == kp.emin(kp.cdiv("n", schedule.BLOCK * 4), schedule.GRID_CAP)
+    assert int(a.block[0]) == tuning.BLOCK
+    assert a.grid[0] == kp.emin(kp.cdiv("n", tuning.BLOCK * 4), tuning.GRID_CAP)
 
 
 @pytest.mark.parametrize("n", [1, 3, 511, 512, 1000, 2051, 4 * 512 * 3])
@@ -66,7 +66,7 @@ def test_misaligned_views_take_the_scalar_loop(offset):
 
 @pytest.mark.parametrize("n", [255, 256, 257, 1001])
 def test_a_grid_smaller_than_the_rounds_loops_over_them(monkeypatch, n):
-    monkeypatch.setattr(schedule, "GRID_X_MAX", 2)  # 2 blocks: many rounds each
+    monkeypatch.setattr(tuning, "GRID_X_MAX", 2)  # 2 blocks: many rounds each
     k = Kernels(ratio64)
     assert k.planner.plan((n,), (n,)).launches[0].grid[0] == min(2, -(-n // 256))
     rng = np.random.default_rng(n)
@@ -139,16 +139,16 @@ def test_long_libdevice_routines_take_one_group_per_thread(f, vec, expected):
     """float32-or-narrower sin/cos/tan (complex64 exp) without a pow, float64 tanh/sigmoid
     with divisions only beside them: LONG_MATH_POINTWISE; float64 trig, a pow beside the trig,
     tanh beside another transcendental, float32 tanh, exp and divisions: HEAVY_POINTWISE."""
-    block, groups = (schedule.LONG_MATH_POINTWISE if expected == "long"
-                     else schedule.HEAVY_POINTWISE)
+    block, groups = (tuning.LONG_MATH_POINTWISE if expected == "long"
+                     else tuning.HEAVY_POINTWISE)
     launch = _launch(f)
     assert int(launch.block[0]) == block
-    assert launch.grid[0] == kp.emin(kp.cdiv("n", block * groups * vec), schedule.GRID_X_MAX)
+    assert launch.grid[0] == kp.emin(kp.cdiv("n", block * groups * vec), tuning.GRID_X_MAX)
 
 
 def test_long_math_and_heavy_schedules_differ():
     """The test above tells the two apart only while they differ."""
-    assert schedule.LONG_MATH_POINTWISE != schedule.HEAVY_POINTWISE
+    assert tuning.LONG_MATH_POINTWISE != tuning.HEAVY_POINTWISE
 
 
 @pytest.mark.parametrize("n", [1, 3, 127, 512, 513, 1000, 2051])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kernelpack as kp
-from kernelpack.lowering import fullred, longrows, rowsplit, schedule
+from kernelpack.lowering import fullred, longrows, rowsplit, tuning
 
 from .split_consts import kernel_names, softmax_ref, use_small_split
 from .simt import Kernels, assert_close
@@ -297,10 +297,10 @@ def test_nan_and_inf_rows() -> None:
 @pytest.mark.parametrize("n", [200, 257, 1000])
 def test_split_pointwise_on_a_tiny_grid(monkeypatch, gridmax: int, n: int) -> None:
     """The split's grouped pointwise kernel with fewer blocks than rounds (grid-stride)."""
-    monkeypatch.setattr(schedule, "GRID_X_MAX", gridmax)
+    monkeypatch.setattr(tuning, "GRID_X_MAX", gridmax)
     x = _rand(3, n)
     k = Kernels(softmax)
-    block, groups = schedule.HEAVY_POINTWISE
+    block, groups = tuning.HEAVY_POINTWISE
     assert k.planner.plan(x.shape).launches[-1].grid[0] == min(gridmax,
                                                                -(-3 * n // (block * groups * 4)))
     (got,) = k(x)
@@ -308,7 +308,7 @@ def test_split_pointwise_on_a_tiny_grid(monkeypatch, gridmax: int, n: int) -> No
 
 
 def test_rows_past_the_combine_grid(monkeypatch) -> None:
-    monkeypatch.setattr(schedule, "SPLIT_MAX_ROWS", 10)
+    monkeypatch.setattr(tuning, "SPLIT_MAX_ROWS", 10)
     monkeypatch.setattr(rowsplit, "GRID_CAP", 2)
     monkeypatch.setattr(fullred, "GRID_CAP", 2)
     x = _rand(5, 300)
@@ -369,12 +369,12 @@ def heavy_mix(x: T[kp.f16, "b", "n"], w: T[kp.f32, "n"], s: T[kp.f64, "b", 1],
 @pytest.mark.parametrize("shape", [(3, 129), (2, 512), (1, 7)])
 def test_grouped_pointwise_mixed_dtypes(monkeypatch, gridmax: int, shape) -> None:
     """Several output dtypes (vec from the widest, float64: 2 per group), broadcast inputs."""
-    monkeypatch.setattr(schedule, "GRID_X_MAX", gridmax)
+    monkeypatch.setattr(tuning, "GRID_X_MAX", gridmax)
     x, w, s = _rand(*shape, dtype=np.float16), _rand(shape[1]), _rand(shape[0], 1, dtype=float)
     i = RNG(shape[1]).integers(0, 10, shape, dtype=np.int32)
     k = Kernels(heavy_mix)
     (launch,) = k.planner.plan(x.shape, w.shape, s.shape, i.shape).launches
-    assert int(launch.block[0]) == schedule.HEAVY_POINTWISE[0]
+    assert int(launch.block[0]) == tuning.HEAVY_POINTWISE[0]
     y, t, m, ys = k(x, w, s, i)
     ref = np.exp(x.astype(np.float64) * w) / (i + 1.5)
     assert_close(y, ref, 1e-6, "y")

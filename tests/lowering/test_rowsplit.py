@@ -14,7 +14,7 @@ import pytest
 
 import kernelpack as kp
 from kernelpack.errors import CompileError
-from kernelpack.lowering import pipeline, schedule
+from kernelpack.lowering import pipeline, schedule, tuning
 
 from .split_consts import kernel_names, use_small_split
 from .simt import Kernels, assert_close
@@ -238,7 +238,7 @@ def test_empty_rows_and_no_rows():
 
 
 def test_disabled_split_gives_the_previous_schedules(monkeypatch):
-    monkeypatch.setattr(schedule, "ROW_SPLIT", False)
+    monkeypatch.setattr(tuning, "ROW_SPLIT", False)
     k = Kernels(softmax)
     assert _names(k, (1, 10 ** 6)) == ["softmax_0_rowblock"]
     assert len(k.summary.variants) == 8
@@ -269,7 +269,7 @@ def test_deterministic_bytes():
 
 
 def test_chunk_that_is_not_a_whole_number_of_strides_is_refused(monkeypatch):
-    monkeypatch.setattr(schedule, "SPLIT_CHUNK", 100)
+    monkeypatch.setattr(tuning, "SPLIT_CHUNK", 100)
     with pytest.raises(CompileError, match="SPLIT_CHUNK must be a positive multiple"):
         pipeline.run(pipeline.new_build(softmax, ["sm_90"], None, {}), stop="schedule")
 
@@ -290,6 +290,6 @@ def test_variant_limit_drops_the_splits_before_other_schedules(monkeypatch):
                 for _, chosen in schedule.variants(list(build.stages))]
 
     with_split = kernels()
-    monkeypatch.setattr(schedule, "ROW_SPLIT", False)
+    monkeypatch.setattr(tuning, "ROW_SPLIT", False)
     assert with_split == kernels() and len(with_split) == 64
     assert any("rowblock256x32" in " ".join(v) for v in with_split)

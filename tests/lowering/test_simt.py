@@ -283,7 +283,7 @@ def test_thread_rows_at_every_group_and_rest_length(dt):
 def test_one_row_thread_variant_matches_the_row_loop_kernel():
     """float64 phase (light terms, a sincos per row) has a second thread-row kernel, bounded for
     2048 resident threads, for launches that give each thread one row
-    (schedule.ONE_ROW_MIN_THREADS): small shapes take it, and the unbounded row-loop kernel run
+    (tuning.ONE_ROW_MIN_THREADS): small shapes take it, and the unbounded row-loop kernel run
     on the same launch gives the same bits."""
     k = Kernels(F64["phase"])
     one, plain = "phase_float64_0_rowthread1", "phase_float64_0_rowthread"

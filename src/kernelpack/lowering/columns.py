@@ -50,8 +50,8 @@ from ..summary import Scratch
 from .codegen import Ctx, Emitter, acc_dtype
 from .irutil import I1, I64, convert, sreg
 from .mathops import combine, identity
-from .schedule import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS, Choice, KernelSpec, fresh_name, \
-    vector_width
+from .schedule import Choice, KernelSpec, fresh_name, vector_width
+from .tuning import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS
 
 __all__ = ["column_axes", "row_axes", "base_reduction", "column_group", "column_choices", "split",
            "emit_split", "TARGET_THREADS", "ROWS_MIN", "SPLIT_MIN", "SPLIT_MAX", "WARP_SPLITS",

@@ -9,7 +9,7 @@ finalized value (the mean, in the reduction's dtype) in a one-entry workspace, w
 of the later partial kernels loads once. The last kernel combines the partials of the
 reductions it reads that nothing else reads, loads the values of the others, and writes the
 outputs: one block, or a grid of blocks each combining the partials itself when the outputs
-are as long as the input (``x / x.sum()``; :data:`~.schedule.SPREAD`).
+are as long as the input (``x / x.sum()``; :data:`~.tuning.SPREAD`).
 
 Why a combine kernel rather than every block of the next partial pass combining the first
 partials itself: at n = 1e8 that pass has 6104 blocks, and each would re-read all 6104
@@ -27,8 +27,8 @@ from __future__ import annotations
 from ..expr import Expr, cdiv, const, emin, product
 from ..graph import Graph
 from ..summary import Scratch
-from .schedule import BLOCK, CHUNK, GRID_CAP, ROW_BLOCK, SPREAD, Choice, KernelSpec, Stage, \
-    fresh_name
+from .schedule import Choice, KernelSpec, Stage, fresh_name
+from .tuning import BLOCK, CHUNK, GRID_CAP, ROW_BLOCK, SPREAD
 
 __all__ = ["full_stage", "passes", "direct_reduces"]
 

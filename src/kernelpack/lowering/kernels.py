@@ -22,7 +22,8 @@ from .groups import block_reduce
 from .irutil import I64, convert, sreg
 from .mathops import combine, identity
 from .rows import row
-from .schedule import CHUNK, UNROLL, KernelSpec
+from .schedule import KernelSpec
+from .tuning import CHUNK, UNROLL
 
 __all__ = ["signature", "emit"]
 
@@ -64,7 +65,7 @@ def _pointwise(em: Emitter, spec: KernelSpec) -> None:
     """Grid-stride loop; with ``spec.vec > 1`` a first loop handles groups of ``vec``
     elements (16 bytes of the widest tensor) when every buffer it touches is 16-byte aligned
     (checked in the kernel), and the scalar loop takes the rest. With ``spec.groups > 1`` each
-    thread takes that many groups a block apart (:data:`~.schedule.HEAVY_POINTWISE`): all of
+    thread takes that many groups a block apart (:data:`~.tuning.HEAVY_POINTWISE`): all of
     their loads first, then the math, then the stores."""
     b, m = em.b, em.module
     tid, bid, nb = sreg(b, m, "tid"), sreg(b, m, "ctaid"), sreg(b, m, "nctaid")

@@ -26,8 +26,8 @@ from __future__ import annotations
 from ..expr import Expr, cdiv, const, emax, emin, land, le, product
 from ..graph import Graph
 from ..summary import Scratch
-from .schedule import BLOCK, GRID_CAP, ROW_BLOCK, WARP_KEEP_MAX, Choice, KernelSpec, Stage, \
-    fresh_name, pointwise_spec, vector_width
+from .schedule import Choice, KernelSpec, Stage, fresh_name, pointwise_spec, vector_width
+from .tuning import BLOCK, GRID_CAP, ROW_BLOCK, WARP_KEEP_MAX
 
 __all__ = ["OUT_PER_THREAD", "out_length", "long_row_stage", "values_pointwise"]
 

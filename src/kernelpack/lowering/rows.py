@@ -28,7 +28,8 @@ from . import threadrows
 from .irutil import I1, I32, I64, Val, convert, sreg
 from .mathops import combine, finalize, identity
 from .regrows import RegisterRows
-from .schedule import BLOCK, MIN_THREADS_PER_SM, WARP_ROWS, KernelSpec
+from .schedule import KernelSpec
+from .tuning import BLOCK, MIN_THREADS_PER_SM, WARP_ROWS
 from .threadrows import thread_terms
 from .tiles import tiles
 
@@ -110,7 +111,7 @@ def _launch_bounds(em: Emitter, spec: KernelSpec) -> None:
     emits ``.maxntid``/``.minnctapersm``): ptxas keeps a register-held row within the register
     budget of that many resident threads per SM instead of taking ~250 registers. Thread rows
     are bounded only where the schedule asks (the one-row-per-thread variant,
-    ``schedule.ONE_ROW_MIN_THREADS``) or ``threadrows.MIN_THREADS`` does."""
+    ``tuning.ONE_ROW_MIN_THREADS``) or ``threadrows.MIN_THREADS`` does."""
     ann = [("maxntidx", spec.block)]
     most = 0
     if spec.slots:

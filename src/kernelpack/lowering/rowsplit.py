@@ -34,9 +34,10 @@ from __future__ import annotations
 from ..errors import CompileError
 from ..expr import Expr, emin, ge, land, le, product
 from ..graph import Graph
-from . import schedule as _schedule
+from . import tuning
 from .bounds import expr_max, shift_count_syms
-from .schedule import GRID_CAP, UNROLL, Choice, KernelSpec
+from .schedule import Choice, KernelSpec
+from .tuning import GRID_CAP, UNROLL
 
 __all__ = ["split_choice", "split_predicate"]
 
@@ -54,8 +55,8 @@ def split_predicate(rows: Expr, length: Expr, keeps_row: bool = True) -> Expr:
 def _bounds(keeps_row: bool) -> tuple[int, int]:
     """(least row length, most rows) of the split, for rows written back or per-row outputs."""
     if keeps_row:
-        return _schedule.SPLIT_MIN_LENGTH, _schedule.SPLIT_MAX_ROWS
-    return _schedule.SPLIT_REDUCE_MIN_LENGTH, _schedule.SPLIT_REDUCE_MAX_ROWS
+        return tuning.SPLIT_MIN_LENGTH, tuning.SPLIT_MAX_ROWS
+    return tuning.SPLIT_REDUCE_MIN_LENGTH, tuning.SPLIT_REDUCE_MAX_ROWS
 
 
 def split_choice(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tuple[str, int]],
@@ -78,10 +79,10 @@ def split_choice(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tu
     from .fullred import direct_reduces, passes
     from .longrows import values_pointwise
 
-    chunk, block = _schedule.SPLIT_CHUNK, _schedule.SPLIT_BLOCK
-    combine_block = _schedule.SPLIT_COMBINE_BLOCK
+    chunk, block = tuning.SPLIT_CHUNK, tuning.SPLIT_BLOCK
+    combine_block = tuning.SPLIT_COMBINE_BLOCK
     if chunk <= 0 or block <= 0 or chunk % (block * UNROLL):
-        raise CompileError(f"schedule.SPLIT_CHUNK must be a positive multiple of SPLIT_BLOCK"
+        raise CompileError(f"tuning.SPLIT_CHUNK must be a positive multiple of SPLIT_BLOCK"
                            f" * UNROLL = {block * UNROLL} (got {chunk})")
     for name, threads in (("SPLIT_BLOCK", block), ("SPLIT_COMBINE_BLOCK", combine_block)):
         if threads % 32 or not 32 <= threads <= 1024:

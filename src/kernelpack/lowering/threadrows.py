@@ -30,7 +30,7 @@ UNROLL = 8  # terms per group (a power of two); 0: one plain loop over the terms
 # 16, 18, 20: phase float64 1.09 1.09 0.85 0.83 unbounded (58 registers), 1.02 0.98 0.90 0.91
 # at 2048 (32 registers, 24-byte spill); float32 best unbounded (notes/encoding-perf.md).
 # The bound applies to every thread-row kernel; launches with one row per thread get their own
-# bounded kernel instead (schedule.ONE_ROW_MIN_THREADS, a variant of the summary).
+# bounded kernel instead (tuning.ONE_ROW_MIN_THREADS, a variant of the summary).
 MIN_THREADS = {4: 0, 8: 0}
 
 

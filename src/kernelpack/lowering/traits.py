@@ -71,7 +71,7 @@ def long_inlined_math(graph: Graph, roots: list[int]) -> bool:
     libdevice's routines are always inlined, once per element a thread holds: such kernels
     compile in about half the time with half the elements per thread and run as fast or
     faster (fewer registers spill); a pow, a float64 sine or exp wants the elements in flight
-    (H200 figures at :data:`.schedule.LONG_MATH_POINTWISE`)."""
+    (H200 figures at :data:`.tuning.LONG_MATH_POINTWISE`)."""
     floats = _elementwise_floats(graph, roots)
     if any(node.op == "pow" for node in floats):
         return False
