@@ -208,3 +208,25 @@ def test_the_readme_example_builds(capsys, tmp_path) -> None:
     assert pack["rms_norm_4096"].plan(x=(8, 4096), w=(4096,)).allocations["out"].shape == (8, 4096)
     with pytest.raises(kp.ConstraintError):
         pack["rms_norm_4096"].plan(x=(8, 1000), w=(1000,))
+
+
+def test_an_unwritable_output_fails_before_anything_compiles(capsys, tmp_path) -> None:
+    src = write(tmp_path, SOURCE + "\nprint('imported')\n", "kp_build_output")
+    for out, message in ((tmp_path / "missing" / "o.kpack", "does not exist"),
+                         (tmp_path, "is a directory")):
+        code, stdout, stderr = run(capsys, "build", src, "-o", out)
+        assert code == 1 and message in stderr and stdout == ""  # the source was not imported
+
+
+def test_fusions_without_the_lowering_installed(capsys, tmp_path, monkeypatch) -> None:
+    """One line saying what to install, not a failure per fusion."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llvmlite" else real(name, *a))
+    src = write(tmp_path, SOURCE, "kp_build_nollvm")
+    code, _, stderr = run(capsys, "build", src, "-o", tmp_path / "o.kpack")
+    assert code == 1
+    assert stderr == ("error: compiling fusions needs the lowering (llvmlite, nvJitLink, "
+                      "libdevice): pip install 'kernelpack[compile]'\n")

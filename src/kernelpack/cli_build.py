@@ -165,6 +165,19 @@ def collect_programs(module: ModuleType, names: list[str]) -> list[tuple[str, An
     return sorted(out, key=lambda item: item[1].name)  # the artifact's order
 
 
+def _check_output(output: str) -> None:
+    """The artifact's directory must exist and ``output`` must not be a directory: found out
+    now, not by :func:`kernelpack.save` after every program has compiled."""
+    path = Path(output)
+    if path.is_dir():
+        raise CLIError(f"{output}: is a directory (give the artifact's file name)")
+    parent = path.parent
+    if not parent.is_dir():
+        raise CLIError(f"{output}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise CLIError(f"{output}: directory {str(parent)!r} is not writable")
+
+
 def _kind(exc: BaseException) -> str:
     """The public name of an error's class: a TraceError raised as a private subclass (which
     is also an AttributeError, for ``hasattr``) is a TraceError to the user."""
@@ -193,11 +206,17 @@ def cmd_build(args: argparse.Namespace) -> int:
         from .signing import load_private_key
 
         sign_key = load_private_key(args.sign_with)
+    _check_output(args.output)  # before minutes of compiling, not after them
     cache = _cache(args)
     programs = collect_programs(import_source(args.source), list(args.names))
 
     from .compile_entry import compile as compile_fusion
     from .compiled import Compiled
+
+    if (any(not isinstance(v, Compiled) for _, v in programs)
+            and importlib.util.find_spec("llvmlite") is None):
+        raise CLIError("compiling fusions needs the lowering (llvmlite, nvJitLink, libdevice): "
+                       "pip install 'kernelpack[compile]'")
 
     built: list[Compiled] = []
     failed: list[str] = []
