@@ -101,7 +101,9 @@ def _to_host(ir_text: str) -> str:
     text = text.replace("addrspacecast", "bitcast")
     if "bfloat" in text:  # x86 lowers fptrunc to bfloat as a call to compiler-rt's
         text += _TRUNCSFBF2   # __truncsfbf2, which this process has no library for
-    return text
+    if "half" in text:  # and double -> half (F16C converts only from float) to libgcc's
+        text += _TRUNCDFHF2   # __truncdfhf2, which is resolved only where libgcc_s happens
+    return text               # to be loaded with global symbols (the JIT gets 0 otherwise)
 
 
 # float32 -> bfloat16, rounding to nearest even (NaN: the quiet 0x7FC0)
@@ -118,6 +120,30 @@ define bfloat @__truncsfbf2(float %x) {
   %h = trunc i32 %r to i16
   %b = bitcast i16 %h to bfloat
   ret bfloat %b
+}
+"""
+
+# float64 -> float16, rounding to nearest even once: to float32 rounding *to odd* (an inexact
+# result is the float32 value towards zero with its last bit set), after which F16C's one
+# rounding to 11 bits is exact; NaN and infinities pass through, finite values beyond
+# float32's range become its largest (odd) value, which float16 rounds to infinity.
+_TRUNCDFHF2 = """
+define half @__truncdfhf2(double %x) {
+  %f = fptrunc double %x to float
+  %back = fpext float %f to double
+  %inexact = fcmp one double %back, %x
+  %neg = fcmp olt double %x, 0.0
+  %below = fcmp olt double %back, %x
+  %above = fcmp ogt double %back, %x
+  %away = select i1 %neg, i1 %below, i1 %above
+  %bits = bitcast float %f to i32
+  %dec = sub i32 %bits, 1
+  %toward = select i1 %away, i32 %dec, i32 %bits
+  %odd = or i32 %toward, 1
+  %r = select i1 %inexact, i32 %odd, i32 %bits
+  %rf = bitcast i32 %r to float
+  %h = fptrunc float %rf to half
+  ret half %h
 }
 """
 

@@ -220,6 +220,29 @@ def test_half_and_bfloat16_storage():
     assert np.array_equal(h, rne)
 
 
+
+
+def test_float64_to_float16_rounds_once():
+    # x86 turns a double -> half fptrunc into a call of __truncdfhf2 (F16C converts only from
+    # float); the emulator supplies it, and it must round once, as NumPy's direct conversion
+    # does: ties, values a double rounding to float32 first would get wrong, the largest
+    # finite value, overflow, subnormals, signed zeros, NaN and infinities.
+    @kp.fusion
+    def narrow(x: T[kp.f64, "n"]):
+        return x.astype(kp.f16)
+
+    ulp = 2.0 ** -10
+    edges = np.array([1 + ulp / 2, 1 + 3 * ulp / 2, 1 + ulp / 2 + 2.0 ** -40,
+                      1 + ulp / 2 - 2.0 ** -40, -(1 + ulp / 2 + 2.0 ** -40), 65504.0, 65519.99,
+                      65520.0, 1e300, -1e300, 2.0 ** -24, 2.0 ** -25, 2.0 ** -25 + 2.0 ** -60,
+                      3 * 2.0 ** -26, 1e-300, -1e-300, 0.0, -0.0, np.inf, -np.inf, np.nan])
+    rng = np.random.default_rng(16)
+    x = np.concatenate([edges, rng.standard_normal(200) * 10.0 ** rng.integers(-8, 5, 200)])
+    got = Kernels(narrow)(x)[0]
+    want = x.astype(np.float16)
+    assert np.array_equal(got.view(np.uint16)[~np.isnan(want)],
+                          want.view(np.uint16)[~np.isnan(want)])
+    assert np.isnan(got[np.isnan(want)]).all()
 @pytest.mark.parametrize("n", [1, 4, 5, 127, 128, 129, 509, 1024])
 def test_register_rows_at_variant_edges(n):
     # each register variant holds rows up to its capacity (128, 256, 512, 1024 ... floats):
