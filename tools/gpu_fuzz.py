@@ -7,6 +7,7 @@ reference, a tolerance per dtype). Run on the GPU machine from a tree holding sr
 
     bash tools/gpu-run.sh .gpu/tree "tools/gpu_fuzz.py LO HI"    # seeds LO .. HI-1
     SKIP=2078,2163 bash tools/gpu-run.sh ...                     # seeds to leave out
+    HALVES=1 bash tools/gpu-run.sh ...                           # the half mode's cases
 
 A seed whose kernels do not finish within 25 s dumps the Python stack and ends the run (a GPU
 kernel cannot be interrupted): the last "seed N start" line names it. Every wrong result is
@@ -24,23 +25,26 @@ import sys
 import time
 from typing import Any, Callable
 
-import numpy as np
 
 ROOT = pathlib.Path.cwd()
 sys.path.insert(0, str(ROOT / "src"))
 SEED_TIMEOUT_S = 25
+HALVES = os.environ.get("HALVES", "") not in ("", "0")  # fusion_gen's half mode
 RUN_BUDGET_S = 480  # stop starting seeds after this (the device tool allows 600 s a call)
 
 
 def load_generator() -> Callable[..., Any]:
-    """tests/lowering/fusion_gen's ``generate``, imported by path."""
+    """tests/lowering/fusion_gen's ``generate``, imported by path (its ``torch_io`` module is
+    ``generate.torch_io``)."""
     path = ROOT / "tests" / "lowering" / "fusion_gen"
     spec = importlib.util.spec_from_file_location("kp_fusion_gen", path / "__init__.py",
                                                   submodule_search_locations=[str(path)])
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return module.generate
+    generate = module.generate
+    generate.torch_io = module.torch_io
+    return generate
 
 
 def compile_seed(seed: int) -> tuple[int, bytes | None, str | None]:
@@ -48,7 +52,7 @@ def compile_seed(seed: int) -> tuple[int, bytes | None, str | None]:
     import kernelpack as kp
 
     try:
-        case = load_generator()(seed, "gpu")
+        case = load_generator()(seed, "gpu", halves=HALVES)
         compiled = kp.compile(case.fusion, targets=["sm_90"])
         return seed, bytes(kp.save([compiled])), None
     except Exception as exc:  # noqa: BLE001 - reported per seed
@@ -68,18 +72,7 @@ def main() -> None:
     import kernelpack as kp
 
     generate = load_generator()
-    torch_dtype = {"bool": torch.bool, "int32": torch.int32, "int64": torch.int64,
-                   "float16": torch.float16, "float32": torch.float32,
-                   "float64": torch.float64, "complex64": torch.complex64,
-                   "complex128": torch.complex128}
-
-    def poisoned(shape: tuple, dt: Any) -> Any:
-        out = torch.empty(shape, dtype=torch_dtype[dt.name], device="cuda")
-        out.fill_(float("nan") if dt.kind in "fc" else (-123456789 if dt.kind == "i" else True))
-        return out
-
-    def host(results: Any) -> list:
-        return [r.cpu().numpy() for r in (results if isinstance(results, tuple) else (results,))]
+    io = generate.torch_io
 
     ok = bad = uncompiled = 0
     for seed, data, err in built:
@@ -89,22 +82,22 @@ def main() -> None:
             uncompiled += 1
             print(f"seed {seed}: COMPILE ERROR {err}", flush=True)
             continue
-        case = generate(seed, "gpu")
+        case = generate(seed, "gpu", halves=HALVES)
         print(f"seed {seed} start", flush=True)
         faulthandler.dump_traceback_later(SEED_TIMEOUT_S, exit=True)
         program = kp.load(data)[case.name]
         try:
             for sizes in case.sizes:
                 inputs = case.inputs(sizes)
-                args = [torch.from_numpy(np.array(v, order="C")).cuda()
-                        if isinstance(v, np.ndarray) else v for v in inputs]
+                args = io.to_device(torch, inputs, case.params)
                 plan = program.plan(*args)
-                outs = [poisoned(plan.allocations[t.name].shape, t.dtype)
+                outs = [io.poisoned(torch, plan.allocations[t.name].shape, t.dtype)
                         for t in program.summary.outputs]
                 program(*args, out=outs[0] if len(outs) == 1 else tuple(outs))
                 allocated = program(*args)
                 torch.cuda.synchronize()
-                for what, got in (("out=", host(tuple(outs))), ("allocated", host(allocated))):
+                for what, got in (("out=", io.to_host(torch, tuple(outs))),
+                                  ("allocated", io.to_host(torch, allocated))):
                     failures, _ = case.check(inputs, got)
                     if failures:
                         raise AssertionError(f"{what} variant {plan.variant}\n"
@@ -117,7 +110,8 @@ def main() -> None:
         if time.time() - t0 > RUN_BUDGET_S:
             print(f"time budget reached at seed {seed}", flush=True)
             break
-    print(f"seeds {lo}..{hi}: ok {ok}, failed {bad}, compile errors {uncompiled}, "
+    mode = " (half mode)" if HALVES else ""
+    print(f"seeds {lo}..{hi}{mode}: ok {ok}, failed {bad}, compile errors {uncompiled}, "
           f"{time.time() - t0:.0f} s", flush=True)
 
 

@@ -6,14 +6,15 @@ up to 300000 long) through the real runtime, torch tensors in and out. Outputs a
 preallocated and poisoned (NaN, or an integer pattern) so an element the kernel forgets to
 write fails, and the allocating call (no ``out=``) is checked as well. Tolerances: 1e-5
 normwise where float32 rounding is involved, 1e-12 otherwise, integers and bools exactly
-(``Case.check``). A failure prints the seed, the generated source and the shapes;
+(``Case.check``); the half mode's seeds (float16/bfloat16 arithmetic) at a few units of
+half roundoff where the kernel may round differently from the reference, exactly elsewhere.
+A failure prints the seed, the generated source and the shapes;
 ``python -m tests.lowering.fusion_gen SEED`` prints the case again (its sizes are the emulator's:
 use ``generate(SEED, "gpu")``).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import kernelpack as kp
@@ -43,60 +44,60 @@ def _load_generator():
     return module
 
 
-generate = _load_generator().generate
+_gen = _load_generator()
+generate = _gen.generate
+to_device, poisoned, to_host = (_gen.torch_io.to_device, _gen.torch_io.poisoned,
+                                _gen.torch_io.to_host)
 
 SEEDS = list(range(1000, 1160))
-_TORCH = {"bool": torch.bool, "int32": torch.int32, "int64": torch.int64,
-          "float16": torch.float16, "float32": torch.float32, "float64": torch.float64,
-          "complex64": torch.complex64, "complex128": torch.complex128}
+# the half mode (float16/bfloat16 arithmetic, rounded after every operation: fusion_gen's
+# docstring), a seed space of its own
+HALF_SEEDS = list(range(5000, 5080))
 
 
-@pytest.fixture(scope="module")
-def cases():
-    """Every seed's case, compiled for sm_80/sm_90/PTX into one artifact and loaded back."""
-    made = {seed: generate(seed, "gpu") for seed in SEEDS}
+def _pack(made: dict) -> dict:
     compiled = [kp.compile(c.fusion, targets=["sm_80", "sm_90", "ptx"]) for c in made.values()]
     pack = kp.load(kp.save(compiled))
     return {seed: (case, pack[case.name]) for seed, case in made.items()}
 
 
-def _args(inputs: list) -> list:
-    # np.array(order="C"), not np.ascontiguousarray: that one turns a 0-d array into shape (1,)
-    return [torch.from_numpy(np.array(v, order="C")).cuda() if isinstance(v, np.ndarray) else v
-            for v in inputs]
+@pytest.fixture(scope="module")
+def cases():
+    """Every seed's case, compiled for sm_80/sm_90/PTX into one artifact and loaded back."""
+    return _pack({seed: generate(seed, "gpu") for seed in SEEDS})
 
 
-def _poisoned(shape: tuple, dtype: kp.DType):
-    out = torch.empty(shape, dtype=_TORCH[dtype.name], device="cuda")
-    if dtype.kind in "fc":
-        out.fill_(float("nan"))
-    elif dtype.kind == "i":
-        out.fill_(-123456789)
-    else:
-        out.fill_(True)
-    return out
+@pytest.fixture(scope="module")
+def half_cases():
+    """The half mode's seeds, compiled and loaded back as :func:`cases`."""
+    return _pack({seed: generate(seed, "gpu", halves=True) for seed in HALF_SEEDS})
 
 
-def _numpy(results) -> list[np.ndarray]:
-    if not isinstance(results, tuple):
-        results = (results,)
-    return [r.cpu().numpy() for r in results]
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-def test_random_fusion_on_gpu_matches_numpy(cases, seed):
-    case, program = cases[seed]
+def _run_and_check(case, program) -> None:
+    """Every size of ``case`` into poisoned ``out=`` buffers and allocating, each checked."""
     summary = program.summary
     assert [t.dtype for t in summary.outputs] == case.out_dtypes, case.describe()
     for sizes in case.sizes:
         inputs = case.inputs(sizes)
-        args = _args(inputs)
+        args = to_device(torch, inputs, case.params)
         plan = program.plan(*args)
-        outs = [_poisoned(plan.allocations[t.name].shape, t.dtype) for t in summary.outputs]
+        outs = [poisoned(torch, plan.allocations[t.name].shape, t.dtype)
+                for t in summary.outputs]
         program(*args, out=outs[0] if len(outs) == 1 else tuple(outs))
         allocated = program(*args)
         torch.cuda.synchronize()
-        for what, got in (("out=", _numpy(tuple(outs))), ("allocated", _numpy(allocated))):
+        for what, got in (("out=", to_host(torch, tuple(outs))),
+                          ("allocated", to_host(torch, allocated))):
             failures, _ = case.check(inputs, got)
             assert not failures, (f"{what} (variant {plan.variant})\n{case.describe(sizes)}\n"
                                   + "\n".join(failures))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_fusion_on_gpu_matches_numpy(cases, seed):
+    _run_and_check(*cases[seed])
+
+
+@pytest.mark.parametrize("seed", HALF_SEEDS)
+def test_random_half_fusion_on_gpu_matches_numpy(half_cases, seed):
+    _run_and_check(*half_cases[seed])

@@ -28,6 +28,10 @@ SEEDS = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 17, 22, 25, 26, 27, 28, 29,
          70, 71, 72, 73, 74, 76, 79, 80, 82, 83, 84, 86, 87, 88, 90, 92, 93, 94, 95, 96, 97, 98,
          100, 101, 103, 104, 105, 106, 107, 108, 114, 115, 118, 120, 128, 130, 133, 134, 137,
          138, 139]
+# the half mode (float16/bfloat16 arithmetic rounded after every operation, as kernelpack
+# defines it: fusion_gen/halves.py), a seed space of its own; the GPU suite runs more
+HALF_SEEDS = [0, 1, 2, 3, 5, 8, 10, 11, 12, 14, 15, 17, 18, 20, 23, 24, 25, 27, 28, 29, 30,
+              31, 34, 35, 40, 42, 43, 46, 47, 48, 49, 50, 51, 52, 53, 54, 57]
 # compile for every target, save, load, plan: a few seeds (nvJitLink takes ~50 ms-1 s each)
 PLAN_SEEDS = [0, 3, 8, 14, 22, 25]
 
@@ -38,7 +42,25 @@ def _failure(case, sizes, lines) -> str:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_fusion_matches_numpy(seed):
-    case = generate(seed)
+    _run_and_check(generate(seed))
+
+
+@pytest.mark.parametrize("seed", HALF_SEEDS)
+def test_random_half_fusion_matches_numpy(seed):
+    _run_and_check(generate(seed, halves=True))
+
+
+def test_half_mode_computes_in_both_half_types():
+    # the half mode is worth its seeds only if most programs hold half arithmetic: of seeds
+    # 0..59, 45 hold some, 28 bfloat16 and 33 float16 (the default mode: 7 float16, as storage
+    # only, and no bfloat16)
+    sources = [generate(seed, halves=True).source for seed in range(60)]
+    assert sum("float16" in s for s in sources) >= 40
+    assert sum("kp.bfloat16" in s for s in sources) >= 20
+    assert sum("kp.float16" in s for s in sources) >= 20
+
+
+def _run_and_check(case) -> None:
     kernels = Kernels(case.fusion)
     for sizes in case.sizes:
         inputs = case.inputs(sizes)
@@ -70,8 +92,8 @@ def test_random_fusion_compiles_saves_loads_and_plans(seed):
 
 
 def test_generation_is_deterministic():
-    for seed in (0, 7, 123):
-        a, b = generate(seed), generate(seed)
+    for seed, halves in ((0, False), (7, False), (123, False), (5, True), (57, True)):
+        a, b = generate(seed, halves=halves), generate(seed, halves=halves)
         assert a.source == b.source and a.ref_source == b.ref_source and a.sizes == b.sizes
         for sizes in a.sizes:
             for x, y in zip(a.inputs(sizes), b.inputs(sizes)):

@@ -33,6 +33,16 @@ on the other side of a step. Outputs with float32 rounding in them are compared 
 typing rules (int32 arithmetic wraps at 32 bits, as in NumPy; ``sum`` of int32 is int64 ...),
 with floats in float64 and complex in complex128.
 
+The half mode (``generate(seed, halves=True)``, a seed space of its own) also computes in
+float16 and bfloat16, which kernelpack evaluates in float32 and rounds to the half type after
+every operation (:mod:`.halves`). Its reference rounds (``_model``) wherever the kernel rounds,
+so most half outputs compare exactly; where the kernel and NumPy may round an intermediate
+differently (libdevice against NumPy's float32 functions, a row's reciprocal, float32 partial
+sums), the value carries a ``fuzz`` of one unit roundoff of the coarsest half type involved,
+which later steps keep away from and which widens that output's tolerance
+(``Case.tolerance``). bfloat16 arrays are held as their uint16 bit patterns (NumPy has no
+bfloat16); :mod:`.torch_io` moves them to and from torch on a GPU.
+
 Empty ``max``/``min`` reductions (an axis of size 0) give the reduction's identity (-inf, the
 smallest integer, ...): NumPy raises there, the DSL defines a value; the reference follows the
 DSL.
@@ -40,10 +50,11 @@ DSL.
 
 from __future__ import annotations
 
+from . import torch_io
 from .case import Case
 from .comparison import compare
 from .dtypes import INF
 from .generator import generate
 from .reference import model_inputs
 
-__all__ = ["Case", "generate", "compare", "model_inputs", "INF"]
+__all__ = ["Case", "generate", "compare", "model_inputs", "INF", "torch_io"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 
-from .dtypes import C64, DECIMAL, DYADIC, F32, F64, I64, IMAX, ISAFE
+from .dtypes import C64, DECIMAL, DYADIC, F32, F64, HALVES, I64, IMAX, ISAFE
+from .halves import UNIT
 from .shapes import ShapeOps
 from .values import Val, iv, mul_iv
 
@@ -40,10 +41,13 @@ class ArithOps(ShapeOps):
             lo, hi = -IMAX[dt.name] - 1, IMAX[dt.name]  # wraps: identical in NumPy
         if dt.kind == "f" and not (abs(lo) < 1e6 and abs(hi) < 1e6):
             return None
+        if not self.half_ok(dt, lo, hi):
+            return None
         amin = a.amin * b.amin if op == "*" else 0.0
         pos, ones = self.bshape(a, b)
         r32 = a.r32 or b.r32 or dt in (F32, C64)
-        return self.emit(f"{a.name} {op} {b.name}", f"{a.name} {op} {b.name}", dt, pos, ones,
+        return self.emit(f"{a.name} {op} {b.name}",
+                         f"{self.np_in(a, dt)} {op} {self.np_in(b, dt)}", dt, pos, ones,
                          lo=lo, hi=hi, r32=r32, amin=amin, nan=a.nan or b.nan)
 
     def arith_const(self, a: Val, op: str) -> Val | None:
@@ -55,22 +59,28 @@ class ArithOps(ShapeOps):
                 return None
             m = self.extent[p]
             c_src, c_lo, c_hi = src, 0, m
+            c_np = c_src
         elif a.dt.kind == "f" and self.chance(0.2) and a.rank:
             p = a.pos[int(self.rng.integers(a.rank))]
             src = self.dim_src(p)
             if not src:
                 return None
             c_src, c_lo, c_hi = src, 0, self.extent[p]
+            # a dim in a half expression is converted to the half type (rounded) first
+            c_np = f"_model({src}, {a.dt.name!r})" if a.dt in HALVES else src
         elif a.dt.kind == "i":
             c = int(self.pick([1, 2, 3, 5, -4, 7, 100]))
             c_src, c_lo, c_hi = repr(c), c, c
+            c_np = c_src
         else:
             c = float(self.pick(DYADIC + (DECIMAL if a.dt not in (F32, C64) else ())))
             if self.chance(0.3):
                 c = -c
             c_src, c_lo, c_hi = repr(c), c, c
+            c_np = self.np_const(c, a.dt)
         left = self.chance(0.4)  # a dim on the left: ``x.shape[0] * x`` (Expr declines)
         x, y = (c_src, a.name) if left else (a.name, c_src)
+        nx, ny = (c_np, a.name) if left else (a.name, c_np)
         iva, ivc = (a.lo, a.hi), (c_lo, c_hi)
         if op == "+":
             lo, hi = iv(a.lo + c_lo, a.hi + c_hi)
@@ -86,9 +96,11 @@ class ArithOps(ShapeOps):
             lo, hi = -IMAX[dt.name] - 1, IMAX[dt.name]
         if dt.kind == "f" and not (abs(lo) < 1e6 and abs(hi) < 1e6):
             return None
+        if not self.half_ok(dt, lo, hi):
+            return None
         amin = a.amin * min(abs(c_lo), abs(c_hi)) if op == "*" else 0.0
         r32 = a.r32 or dt in (F32, C64) and not (op == "*" and c_src in ("1.0", "-1.0"))
-        return self.emit(f"{x} {op} {y}", f"{x} {op} {y}", dt, a.pos, a.ones, lo=lo, hi=hi,
+        return self.emit(f"{x} {op} {y}", f"{nx} {op} {ny}", dt, a.pos, a.ones, lo=lo, hi=hi,
                          r32=r32, amin=amin, nan=a.nan)
 
     def op_div(self) -> Val | None:
@@ -117,21 +129,28 @@ class ArithOps(ShapeOps):
             else:
                 c = float(self.pick(DYADIC + DECIMAL + (-0.7,)))
             left = self.chance(0.3) and a.amin >= 0.25 and (a.dt.kind == "f" or op == "/")
+            dt = a.dt if a.dt.kind == "f" else F64
+            c_np = self.np_const(c, dt)
             if left:
                 x_src, y_src = repr(c), a.name
+                nx, ny = c_np, a.name
                 mag = abs(c) / a.amin
             else:
                 x_src, y_src = a.name, repr(c)
+                nx, ny = a.name, c_np
                 mag = max(abs(a.lo), abs(a.hi)) / abs(c)
-            dt = a.dt if a.dt.kind == "f" else F64
             if op == "%":
                 mag = abs(c) if not left else max(abs(a.lo), abs(a.hi))
             npop = {"/": "/", "//": "//", "%": "%"}[op]
             r32 = a.r32 or (dt == F32 and op in ("/", "%"))  # x % y + y rounds
-            if not math.isfinite(mag) or mag > 1e7:
+            if not math.isfinite(mag) or mag > 1e7 or not self.half_ok(dt, -mag - 1, mag + 1):
                 return None
-            return self.emit(f"{x_src} {op} {y_src}", f"{x_src} {npop} {y_src}", dt, a.pos,
-                             a.ones, lo=-mag - 1, hi=mag + 1, r32=r32, nan=a.nan)
+            # a kernel with reductions divides by a per-row or constant divisor through its
+            # reciprocal (lowering/regrows.py): exact only for powers of two
+            fuzz = UNIT[dt.name] if dt in HALVES and op == "/" and (
+                left or math.frexp(abs(c))[0] != 0.5) else 0.0
+            return self.emit(f"{x_src} {op} {y_src}", f"{nx} {npop} {ny}", dt, a.pos,
+                             a.ones, lo=-mag - 1, hi=mag + 1, r32=r32, nan=a.nan, fuzz=fuzz)
         a2, b2 = self.harmonize(self.realign(a), self.realign(b))
         if op != "/" and (a2.r32 or b2.r32):
             return None  # a step of // or % on a value with float32 rounding in it
@@ -144,11 +163,13 @@ class ArithOps(ShapeOps):
         else:
             ma = max(abs(a2.lo), abs(a2.hi))
             mag = ma / b2.amin * (1.5 if dt.kind == "c" else 1.0)
-        if not math.isfinite(mag) or mag > 1e7:
+        if not math.isfinite(mag) or mag > 1e7 or not self.half_ok(dt, -mag - 1, mag + 1):
             return None
         r32 = a2.r32 or b2.r32 or (dt in (F32, C64) and op in ("/", "%"))
-        return self.emit(f"{a2.name} {op} {b2.name}", f"{a2.name} {op} {b2.name}", dt, pos, ones,
-                         lo=-mag - 1, hi=mag + 1, r32=r32, nan=a2.nan or b2.nan)
+        fuzz = UNIT[dt.name] if dt in HALVES and op == "/" else 0.0  # see above: reciprocals
+        return self.emit(f"{a2.name} {op} {b2.name}",
+                         f"{self.np_in(a2, dt)} {op} {self.np_in(b2, dt)}", dt, pos, ones,
+                         lo=-mag - 1, hi=mag + 1, r32=r32, nan=a2.nan or b2.nan, fuzz=fuzz)
 
     def op_minmax(self) -> Val | None:
         a = self.choose(lambda v: v.dt.kind in "if")
@@ -168,7 +189,10 @@ class ArithOps(ShapeOps):
         # rounded above 2^24, while the reference keeps it exact (GPU fuzz seed 9562)
         r32 = a.r32 or b.r32 or dt in (F32, C64) and any(
             v.dt.kind in "iu" and max(abs(v.lo), abs(v.hi)) > 2**24 for v in (a, b))
-        return self.emit(f"kp.{fn}({a.name}, {b.name})", f"{np_fn}({a.name}, {b.name})", dt, pos,
+        if not self.half_ok(dt, min(a.lo, b.lo), max(a.hi, b.hi)):
+            return None
+        return self.emit(f"kp.{fn}({a.name}, {b.name})",
+                         f"{np_fn}({self.np_in(a, dt)}, {self.np_in(b, dt)})", dt, pos,
                          ones, lo=lo, hi=hi, r32=r32, nan=a.nan or b.nan,
                          amin=0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi)))
 
@@ -187,8 +211,13 @@ class ArithOps(ShapeOps):
             src = f"{a.name} ** {k}"
             np_src = f"np.power({a.name}, {k})" if a.dt.kind == "f" else f"{a.name} ** {k}"
             r32 = a.r32 or (a.dt == F32 and k >= 2)
+            if not self.half_ok(a.dt, lo, m):
+                return None
+            # a half cube and up: powf or a product chain, rounded once (not modelled)
+            fuzz = UNIT[a.dt.name] if a.dt in HALVES and k >= 3 else 0.0
             return self.emit(src, np_src, a.dt, a.pos, a.ones, lo=lo, hi=m, r32=r32,
-                             nan=a.nan and k != 0, amin=1.0 if k == 0 else a.amin ** k)
+                             nan=a.nan and k != 0, amin=1.0 if k == 0 else a.amin ** k,
+                             fuzz=fuzz)
         if a.dt.kind == "f" and a.lo >= 0.25 and a.hi <= 10:
             e = self.choose(lambda v: v.dt.kind == "f" and v.bounded(3) and v is not a)
             if e is not None:
@@ -200,14 +229,16 @@ class ArithOps(ShapeOps):
                 src = self.pick([f"{a2.name} ** {e2.name}", f"kp.pow({a2.name}, {e2.name})"])
                 return self.emit(src, f"np.power({a2.name}, {e2.name})", a2.dt, pos, ones,
                                  lo=lo, hi=hi, r32=a2.r32 or e2.r32 or a2.dt == F32,
-                                 nan=a2.nan or e2.nan, amin=lo)
+                                 nan=a2.nan or e2.nan, amin=lo, fuzz=self.fuzz_of(a2.dt))
             c = float(self.pick([0.5, 1.5, -0.5, 2.5]))
             lo, hi = iv(a.lo ** c, a.hi ** c)
             return self.emit(f"{a.name} ** {c!r}", f"np.power({a.name}, {c!r})", a.dt, a.pos,
-                             a.ones, lo=lo, hi=hi, r32=a.r32 or a.dt == F32, nan=a.nan, amin=lo)
+                             a.ones, lo=lo, hi=hi, r32=a.r32 or a.dt == F32, nan=a.nan, amin=lo,
+                             fuzz=self.fuzz_of(a.dt))
         if a.dt.kind == "f" and a.bounded(3):
             c = float(self.pick([2.0, 0.5, 1.5]))
             lo, hi = iv(c ** a.lo, c ** a.hi)
             return self.emit(f"{c!r} ** {a.name}", f"np.power({c!r}, {a.name})", a.dt, a.pos,
-                             a.ones, lo=lo, hi=hi, r32=a.r32 or a.dt == F32, nan=a.nan, amin=lo)
+                             a.ones, lo=lo, hi=hi, r32=a.r32 or a.dt == F32, nan=a.nan, amin=lo,
+                             fuzz=self.fuzz_of(a.dt))
         return None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -11,10 +11,18 @@ import numpy as np
 import kernelpack as kp
 
 from .comparison import compare
-from .dtypes import C64, F32, NP_STORAGE
+from .dtypes import C64, F32, HALVES, NP_STORAGE
+from .halves import to_storage
 from .inputs import draw
 from .reference import model_inputs
 from .values import Param
+
+# A fuzzy output's tolerance in units of the coarsest half type's unit roundoff u (2^-11
+# float16, 2^-8 bfloat16) among the roundings the kernel may take differently: one such
+# rounding moves a value by one ulp (at most 2u relative), and each later operation may round
+# that difference once more (another ulp); 16u covers one such step followed by about six
+# operations at condition ~1. Worse conditioned outputs are skipped (Case.check).
+HALF_TOL_UNITS = 16
 
 
 @dataclass
@@ -32,6 +40,8 @@ class Case:
     out_dtypes: list[kp.DType]
     out_r32: list[bool]
     nan: bool = False
+    out_fuzz: list[float] = field(default_factory=list)  # Val.fuzz of each output
+    halves: bool = False  # generated in the half mode (the reference's modes: HALF_MODES)
 
     def shapes(self, sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
         return {p.name: tuple(sizes[d] if isinstance(d, str) else d for d in p.dims)
@@ -54,14 +64,29 @@ class Case:
         """The reference outputs (``mode``: see :data:`.reference.MODES`)."""
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            args = model_inputs(self.params, inputs, mode)
+            args = model_inputs(self.params, inputs, mode, self.halves)
             return [np.asarray(r) for r in self.reference[mode](*args)]
 
     def tolerance(self, i: int) -> float:
+        """Output ``i``'s normwise tolerance: 0 (exact) for integers and bools, and for half
+        outputs the reference models exactly (every rounding the kernel's own); 1e-5 with
+        float32 rounding in it, 1e-12 without; ``HALF_TOL_UNITS`` units of roundoff of the
+        half roundings the kernel may take differently (``Val.fuzz``)."""
         dt = self.out_dtypes[i]
         if dt.kind in "bi":
             return 0.0
-        return 1e-5 if self.out_r32[i] or dt in (F32, C64) else 1e-12
+        fuzz = self.out_fuzz[i] if self.out_fuzz else 0.0
+        if dt in HALVES and not fuzz:
+            return 0.0
+        base = 1e-5 if self.out_r32[i] or dt in (F32, C64) else 1e-12
+        return max(base, HALF_TOL_UNITS * fuzz)
+
+    def conditioning_mode(self, i: int) -> str:
+        """The precision mode (.reference) whose distance from the reference says whether
+        output ``i`` is well-conditioned enough to compare at its tolerance."""
+        if self.out_fuzz and self.out_fuzz[i]:
+            return "x"  # the half roundings left out
+        return "32" if self.tolerance(i) > 1e-9 else "ld"
 
     def check(self, inputs: list, got: list) -> tuple[list[str], list[int]]:
         """Compare the kernel's outputs ``got`` with the reference: (failures, indices of
@@ -74,11 +99,11 @@ class Case:
         for i, (g, r) in enumerate(zip(got, refs)):
             tol = self.tolerance(i)
             if tol and r.size:
-                mode = "32" if tol > 1e-9 else "ld"
+                mode = self.conditioning_mode(i)
                 if mode not in other:
                     other[mode] = self.expected(inputs, mode)
                 alt = other[mode][i].astype(np.complex128 if r.dtype.kind == "c" else np.float64)
-                if compare(alt.astype(NP_STORAGE[self.out_dtypes[i].name]), r,
+                if compare(to_storage(alt, self.out_dtypes[i].name), r,
                            self.out_dtypes[i], tol / 4) is not None:
                     skipped.append(i)
                     continue

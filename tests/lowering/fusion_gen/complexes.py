@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from .dtypes import B, C64, C128, F32, F64
+from .dtypes import B, C64, C128, F32, F64, HALVES
 from .shapes import ShapeOps
 from .values import Val
 
@@ -22,6 +22,8 @@ class ComplexOps(ShapeOps):
                 return None
             im = self.choose(lambda v: v.dt.kind in "f" and v.bounded(100) and v is not re) or re
             re, im = self.harmonize(self.realign(re), self.realign(im))
+            if re.dt in HALVES:
+                return None  # no complex type has half parts
             pos, ones = self.bshape(re, im)
             m = max(abs(re.lo), abs(re.hi), abs(im.lo), abs(im.hi))
             dt = C64 if re.dt == F32 else C128

@@ -14,7 +14,7 @@ from .complexes import ComplexOps
 from .dtypes import F32, I64, kp_name
 from .integers import IntOps
 from .params import ParamOps
-from .reference import MODES, ref_namespace
+from .reference import modes_of, ref_namespace
 from .rows import RowOps
 from .unary import UnaryOps
 from .values import Param, Val
@@ -109,17 +109,19 @@ class Generator(ArithOps, IntOps, UnaryOps, WhereOps, ComplexOps, RowOps, ParamO
         ns: dict = {"kp": kp, "T": kp.Tensor}
         exec(compile(source, f"<fusion_gen seed {self.seed}>", "exec", dont_inherit=True), ns)
         refs = {}
-        for mode in MODES:
-            rns = ref_namespace(mode)
+        for mode in modes_of(self.halves):
+            rns = ref_namespace(mode, self.halves)
             exec(compile(ref_source, f"<fusion_gen reference {self.seed}>", "exec",
                          dont_inherit=True), rns)
             refs[mode] = rns["reference"]
         return Case(self.seed, name, source, ref_source, ns[name], refs,
                     list(self.params), self.sizes, [v.dt for v in outs],
-                    [v.r32 for v in outs], self.nan)
+                    [v.r32 for v in outs], self.nan, [v.fuzz for v in outs], self.halves)
 
 
-def generate(seed: int, scale: str = "emulator") -> Case:
+def generate(seed: int, scale: str = "emulator", halves: bool = False) -> Case:
     """The random case of ``seed``. ``scale``: "emulator" (small sizes: every emulated GPU thread
-    is an OS thread) or "gpu" (sizes up to a few million elements)."""
-    return Generator(seed, scale).program()
+    is an OS thread) or "gpu" (sizes up to a few million elements). ``halves``: the half mode
+    (float16/bfloat16 arithmetic; see the package docstring), a seed space of its own: a seed
+    without it is the case it always was."""
+    return Generator(seed, scale, halves).program()

@@ -10,12 +10,15 @@ from __future__ import annotations
 import numpy as np
 
 from .dtypes import F32, F64, I32, NP_STORAGE
+from .halves import to_storage
 from .values import Param
 
 
 def draw(rng: np.random.Generator, p: Param, shape: tuple[int, ...], nan: bool) -> np.ndarray:
     dt, dist = p.dt, p.dist
     st = NP_STORAGE[dt.name]
+    if dist.startswith("h"):
+        return _draw_half(rng, p, shape, nan)
     if dt.kind == "b":
         return rng.random(shape) < 0.5
     if dt.kind == "i":
@@ -48,3 +51,23 @@ def draw(rng: np.random.Generator, p: Param, shape: tuple[int, ...], nan: bool) 
     if nan and dt in (F32, F64) and v.size:
         v[rng.random(shape) < 0.1] = np.nan
     return v
+
+
+def _draw_half(rng: np.random.Generator, p: Param, shape: tuple[int, ...],
+               nan: bool) -> np.ndarray:
+    """A half-mode float16/bfloat16 input (dists "h..."): float64 draws rounded once to the
+    half type, in its storage (bfloat16: bits); NaN in one element of ten where the case
+    has NaNs."""
+    dist = p.dist
+    if dist == "hpos":
+        v = rng.uniform(0.5, 2.5, size=shape)
+    elif dist == "hgrid":
+        v = rng.integers(-16, 17, size=shape) / 4.0
+    elif dist == "hwide":
+        v = rng.uniform(-200.0, 200.0, size=shape)
+    else:
+        v = rng.uniform(-2.0, 2.0, size=shape)
+    v = np.array(v, dtype=np.float64)
+    if nan and v.size:
+        v[rng.random(shape) < 0.1] = np.nan
+    return to_storage(v, p.dt.name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import kernelpack as kp
 
-from .dtypes import B, C64, C128, F16, F32, F64, FLOAT_SCALARS, I32, I64, INF
+from .dtypes import B, BF16, C64, C128, F16, F32, F64, FLOAT_SCALARS, HALVES, I32, I64, INF
 from .shapes import ShapeOps
 from .values import Param, Val
 
@@ -16,7 +16,10 @@ class ParamOps(ShapeOps):
 
     def add_input(self, dt: kp.DType | None = None, aligned: bool | None = None) -> Val:
         r = self.rng
-        if dt is None:
+        if dt is None and self.halves:
+            dt = self.pick([F16] * 4 + [BF16] * 4 + [F32] * 3 + [F64] * 2 + [I32] * 2
+                           + [I64, B])
+        elif dt is None:
             dt = self.pick([F32] * 7 + [F64] * 5 + [I32] * 3 + [I64] * 2 + [B] * 2
                            + [C64, C128, F16])
         rank = int(r.integers(0 if self.chance(0.05) else 1, self.R + 1))
@@ -32,7 +35,14 @@ class ParamOps(ShapeOps):
         name = f"x{len(self.params)}"
         dist = ""
         lo, hi, amin, neg1 = -INF, INF, 0.0, True
-        if dt.kind == "f":
+        if dt in HALVES and self.halves:
+            # half mode: values of the half type itself (rounded from float64 draws), a
+            # wider range too (float16's ulp is 1/16 from 128 on, bfloat16's 1)
+            dist = self.pick(["hnormal", "hnormal", "hpos", "hgrid", "hwide"])
+            lo, hi = {"hnormal": (-2, 2), "hpos": (0.5, 2.5), "hgrid": (-4, 4),
+                      "hwide": (-200, 200)}[dist]
+            amin = 0.5 if dist == "hpos" else 0.0
+        elif dt.kind == "f":
             dist = self.pick(["normal", "normal", "pos", "grid"]
                              + (["decimal"] if dt == F64 else []))
             if dt == F16:
@@ -53,11 +63,11 @@ class ParamOps(ShapeOps):
             lo, hi = 0, 1
         prm = Param(name, "tensor", dt, dims, dist)
         self.params.append(prm)
-        v = Val(name, dt, pos, ones, lo, hi, False, amin, neg1, self.nan and dt in (F32, F64),
-                leaf=True)
+        nan = self.nan and (dt in (F32, F64) or self.halves and dt in HALVES)
+        v = Val(name, dt, pos, ones, lo, hi, False, amin, neg1, nan, leaf=True, exact=True)
         self.inputs.append((prm, v))
-        if dt == F16:  # float16 only as storage: widen first (exact), arithmetic in f32/f64
-            return self.emit_cast(v, self.pick([F32, F64]))
+        if dt == F16 and not self.halves:  # float16 only as storage: widen first (exact),
+            return self.emit_cast(v, self.pick([F32, F64]))  # arithmetic in f32/f64
         self.pool.append(v)
         return v
 
@@ -74,4 +84,5 @@ class ParamOps(ShapeOps):
         self.params.append(prm)
         lo = hi = float(value)
         amin = abs(float(value))
-        return Val(name, dt, (), (), lo, hi, False, amin, value != -1, False, leaf=True)
+        return Val(name, dt, (), (), lo, hi, False, amin, value != -1, False, leaf=True,
+                   exact=True)

@@ -3,6 +3,11 @@
 The reference is generated as source alongside the fusion, line for line; the helpers here
 (``_model``, ``_red``, ``_erf``, ``_sigmoid``) follow the DSL's typing rules and reduction
 semantics (empty ``max``/``min`` give the identity, float32 sums accumulate in float64).
+
+In the half mode, float16/bfloat16 values are float32 arrays of exactly representable values:
+NumPy computes each operation on them in float32, as the kernel does, and ``_model(v,
+"float16")`` rounds the result to the half type (:func:`.halves.round_half`), as the kernel does
+after every operation.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import NP_MODEL
+from .halves import HALF_NAMES, from_storage, round_half
 from .values import Param
 
 
@@ -29,14 +35,37 @@ MODES = {
     "ld": dict(NP_MODEL, float16=np.longdouble, float32=np.longdouble, float64=np.longdouble,
                complex64=np.clongdouble, complex128=np.clongdouble),
 }
+# The half mode's precisions: "64", "32" and "ld" as above for the other dtypes, with float16/
+# bfloat16 modelled exactly (float32 arrays, rounded after every operation); "x" computes the
+# half values unrounded, in float64. How far "x" is from "64" says how much an output hangs on
+# the half roundings: where the kernel may round differently (libdevice's exp an ulp from
+# NumPy's; Case.tolerance), an output that moves by more than a quarter of its tolerance
+# without them is skipped as ill-conditioned, as above.
+_HALF32 = {"float16": np.float32, "bfloat16": np.float32}
+HALF_MODES = {
+    "64": dict(MODES["64"], **_HALF32),
+    "32": dict(MODES["32"], **_HALF32),
+    "ld": dict(MODES["ld"], **_HALF32),
+    "x": dict(MODES["64"], float16=np.float64, bfloat16=np.float64),
+}
+_UNROUNDED = {"x"}
 
 
-def ref_namespace(mode: str) -> dict:
-    """The globals the reference source is exec'd in, for the precision ``mode``."""
-    types = MODES[mode]
+def modes_of(halves: bool) -> dict[str, dict]:
+    """The precision modes (name: the model type of each DSL dtype) of a case."""
+    return HALF_MODES if halves else MODES
+
+
+def ref_namespace(mode: str, halves: bool = False) -> dict:
+    """The globals the reference source is exec'd in, for the precision ``mode`` (of the half
+    mode's set with ``halves``)."""
+    types = modes_of(halves)[mode]
+    rounds = halves and mode not in _UNROUNDED
 
     def _model(v: Any, name: str) -> np.ndarray:
         """``v`` as the reference's array of the DSL dtype ``name``."""
+        if rounds and name in HALF_NAMES:
+            return round_half(v, name)
         v = np.asarray(v)
         target = types[name]
         if v.dtype == target:
@@ -109,13 +138,15 @@ def ref_namespace(mode: str) -> dict:
             "_complex": _complex, "_types": types}
 
 
-def model_inputs(params: list[Param], inputs: list, mode: str = "64") -> list:
-    """The inputs as the reference takes them: arrays (and scalars) in the reference's types."""
-    types = MODES[mode]
+def model_inputs(params: list[Param], inputs: list, mode: str = "64",
+                 halves: bool = False) -> list:
+    """The inputs as the reference takes them: arrays (and scalars) in the reference's types
+    (bfloat16 bits as their values)."""
+    types = modes_of(halves)[mode]
     out = []
     for p, v in zip(params, inputs):
         if p.kind == "scalar":
             out.append(np.asarray(v, types[p.dt.name])[()])
         else:
-            out.append(np.asarray(v).astype(types[p.dt.name]))
+            out.append(from_storage(v, p.dt.name).astype(types[p.dt.name]))
     return out

@@ -5,8 +5,9 @@ patterns that consume them (softmax, log-sum-exp, layernorm, share of a sum, cen
 from __future__ import annotations
 
 import math
+from typing import Callable
 
-from .dtypes import C64, F32, F64, I32, I64, IMAX, INF, ISAFE
+from .dtypes import C64, F32, F64, HALVES, I32, I64, IMAX, INF, ISAFE
 from .shapes import ShapeOps
 from .values import Val, powb
 
@@ -78,6 +79,11 @@ class RowOps(ShapeOps):
             lo, hi = -IMAX[dt.name] - 1, IMAX[dt.name]
         if dt.kind == "f" and n and not (abs(lo) < 1e8 and abs(hi) < 1e8):
             return None
+        if n and not self.half_ok(dt, lo, hi):
+            return None
+        # half sums, means and products: accumulated wider (float32 partials in some
+        # schedules, float64 in others) and rounded once: the order is not modelled
+        fuzz = self.fuzz_of(dt) if kind in ("sum", "mean", "prod") else 0.0
         keep = self.chance(0.5)
         style = self.chance(0.5)
         if axes is None:
@@ -102,11 +108,12 @@ class RowOps(ShapeOps):
             pos = tuple(p for i, p in enumerate(a.pos) if i not in red)
             ones = tuple(o for i, o in enumerate(a.ones) if i not in red)
         return self.emit(call_kp, call_np, dt, pos, ones, lo=lo, hi=hi, r32=r32, amin=amin,
-                         nan=a.nan or (kind == "mean" and empty) and dt.kind in "fc")
+                         nan=a.nan or (kind == "mean" and empty) and dt.kind in "fc", fuzz=fuzz)
 
     def op_pattern(self) -> Val | None:
         """Row patterns over any axis: softmax, log-sum-exp, layernorm, share of a sum."""
-        a = self.choose(lambda v: v.dt in (F32, F64) and v.rank >= 1 and v.bounded(50))
+        a = self.choose(lambda v: v.dt in (F32, F64) + HALVES and v.rank >= 1
+                        and v.bounded(50))
         if a is None:
             return None
         a = self.realign(a)
@@ -119,25 +126,12 @@ class RowOps(ShapeOps):
             kind = "softmax"
         r32 = a.r32 or a.dt == F32
         nm = self.fresh
-        if kind == "softmax":
-            m, e, s = nm(), nm(), nm()
-            lines = [f"{m} = {x}.max(axis={ax_src}, keepdims=True)",
-                     f"{e} = kp.exp({x} - {m})",
-                     f"{s} = {e}.sum(axis={ax_src}, keepdims=True)"]
-            out, lo, hi = f"{e} / {s}", 0.0, 1.0
-            np_lines = [f"{m} = _red('max', {x}, {ax}, True, {a.dt.name!r})",
-                        f"{e} = np.exp({x} - {m})",
-                        f"{s} = _red('sum', {e}, {ax}, True, {a.dt.name!r})"]
-            np_out = f"{e} / {s}"
-        elif kind == "lse":
-            m, s = nm(), nm()
-            lines = [f"{m} = kp.max({x}, axis={ax_src}, keepdims=True)",
-                     f"{s} = kp.exp({x} - {m}).sum(axis={ax_src}, keepdims=True)"]
-            np_lines = [f"{m} = _red('max', {x}, {ax}, True, {a.dt.name!r})",
-                        f"{s} = _red('sum', np.exp({x} - {m}), {ax}, True, {a.dt.name!r})"]
-            out, np_out = f"kp.log({s}) + {m}", f"np.log({s}) + {m}"
-            lo, hi = a.lo, a.hi + math.log(max(self.extent[a.pos[ax]], 1))
-        elif kind == "layernorm":
+        if a.dt in HALVES:
+            n = max(self.extent[a.pos[ax]], 1)
+            if not self.half_ok(a.dt, 0.0, n * max(1.0, a.hi)):
+                return None  # a float16 sum of the row would overflow
+            return self.half_pattern(kind, a, ax, ax_src)
+        if kind == "layernorm":
             mu, d, var = nm(), nm(), nm()
             eps = 1e-5 if a.dt == F32 else 1e-9
             lines = [f"{mu} = {x}.mean(axis={ax_src}, keepdims=True)", f"{d} = {x} - {mu}",
@@ -149,17 +143,73 @@ class RowOps(ShapeOps):
             lo, hi = -math.sqrt(n), math.sqrt(n)
             if a.dt == F32:
                 r32 = True
-        elif kind == "share":
-            s = nm()
-            lines = [f"{s} = {x}.sum(axis={ax_src}, keepdims=True)"]
-            np_lines = [f"{s} = _red('sum', {x}, {ax}, True, {a.dt.name!r})"]
-            out, np_out, lo, hi = f"{x} / {s}", f"{x} / {s}", 0.0, 1.0
         else:
-            s = nm()
-            lines = [f"{s} = {x}.mean(axis={ax_src}, keepdims=True)"]
-            np_lines = [f"{s} = _red('mean', {x}, {ax}, True, {a.dt.name!r})"]
-            out, np_out = f"{x} - {s}", f"{x} - {s}"
-            lo, hi = a.lo - a.hi, a.hi - a.lo
+            lines, np_lines, out, np_out, lo, hi = self._row_lines(kind, a, ax, ax_src, str)
         self.kp.extend(lines)
         self.np.extend(np_lines)
         return self.emit(out, np_out, a.dt, a.pos, a.ones, lo=lo, hi=hi, r32=r32, nan=a.nan)
+
+    def _row_lines(self, kind: str, a: Val, ax: int, ax_src: str,
+                   h: Callable[[str], str]) -> tuple:
+        """The softmax, log-sum-exp, share (``x / x.sum``) and center (``x - x.mean``)
+        patterns: (kp lines, reference lines, kp result, reference result, lo, hi). ``h``
+        wraps a reference expression whose result the kernel rounds (the half mode's
+        ``_model``; ``str`` otherwise: ``emit`` models the result itself)."""
+        x, nm = a.name, self.fresh
+
+        def red(fn: str, src: str) -> str:
+            return f"_red({fn!r}, {src}, {ax}, True, {a.dt.name!r})"
+
+        if kind == "softmax":
+            m, e, s = nm(), nm(), nm()
+            lines = [f"{m} = {x}.max(axis={ax_src}, keepdims=True)",
+                     f"{e} = kp.exp({x} - {m})",
+                     f"{s} = {e}.sum(axis={ax_src}, keepdims=True)"]
+            np_lines = [f"{m} = {red('max', x)}", f"{e} = {h('np.exp(' + h(f'{x} - {m}') + ')')}",
+                        f"{s} = {red('sum', e)}"]
+            return lines, np_lines, f"{e} / {s}", f"{e} / {s}", 0.0, 1.0
+        if kind == "lse":
+            m, s = nm(), nm()
+            lines = [f"{m} = kp.max({x}, axis={ax_src}, keepdims=True)",
+                     f"{s} = kp.exp({x} - {m}).sum(axis={ax_src}, keepdims=True)"]
+            np_lines = [f"{m} = {red('max', x)}",
+                        f"{s} = {red('sum', h('np.exp(' + h(f'{x} - {m}') + ')'))}"]
+            hi = a.hi + math.log(max(self.extent[a.pos[ax]], 1))
+            return lines, np_lines, f"kp.log({s}) + {m}", f"{h(f'np.log({s})')} + {m}", a.lo, hi
+        s = nm()
+        fn = "sum" if kind == "share" else "mean"
+        lines = [f"{s} = {x}.{fn}(axis={ax_src}, keepdims=True)"]
+        np_lines = [f"{s} = {red(fn, x)}"]
+        if kind == "share":
+            return lines, np_lines, f"{x} / {s}", f"{x} / {s}", 0.0, 1.0
+        return lines, np_lines, f"{x} - {s}", f"{x} - {s}", a.lo - a.hi, a.hi - a.lo
+
+    def half_pattern(self, kind: str, a: Val, ax: int, ax_src: str) -> Val:
+        """:meth:`op_pattern` over a float16/bfloat16 row: the same DSL source; the
+        reference rounds (``_model``) after every operation the kernel rounds after. Every
+        pattern is fuzzy (exp, reductions, a row's reciprocal)."""
+        x, d, nm = a.name, a.dt.name, self.fresh
+
+        def h(src: str) -> str:
+            return f"_model({src}, {d!r})"
+
+        def red(kind: str, src: str) -> str:
+            return f"_red({kind!r}, {src}, {ax}, True, {d!r})"
+
+        if kind == "layernorm":
+            mu, dd, var = nm(), nm(), nm()
+            lines = [f"{mu} = {x}.mean(axis={ax_src}, keepdims=True)", f"{dd} = {x} - {mu}",
+                     f"{var} = ({dd} * {dd}).mean(axis={ax_src}, keepdims=True)"]
+            np_lines = [f"{mu} = {red('mean', x)}", f"{dd} = {h(f'{x} - {mu}')}",
+                        f"{var} = {red('mean', h(f'{dd} * {dd}'))}"]
+            out = f"{dd} * kp.rsqrt({var} + 1e-05)"
+            shifted = h(f"{var} + {self.np_const(1e-5, a.dt)}")
+            np_out = f"{dd} * {h(f'1 / np.sqrt({shifted})')}"
+            n = max(self.extent[a.pos[ax]], 1)
+            lo, hi = -math.sqrt(n), math.sqrt(n)
+        else:
+            lines, np_lines, out, np_out, lo, hi = self._row_lines(kind, a, ax, ax_src, h)
+        self.kp.extend(lines)
+        self.np.extend(np_lines)
+        return self.emit(out, np_out, a.dt, a.pos, a.ones, lo=lo, hi=hi, r32=True, nan=a.nan,
+                         fuzz=self.fuzz_of(a.dt))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from .builder import Builder
-from .dtypes import F32, F64, I32, I64, kp_name
+from .dtypes import BF16, F16, F32, F64, HALVES, I32, I64, kp_name
 from .values import Val
 
 
@@ -136,22 +136,26 @@ class ShapeOps(Builder):
             v = self.emit(f"kp.arange({src})", f"np.arange({src})", I64, (p,), (False,),
                           lo=0, hi=max(n - 1, 0))
             if self.chance(0.5):
-                dt = self.pick([F32, F64, I32])
+                dt = self.pick([F32, F64, I32] + ([F16, BF16] if self.halves else []))
+                if not self.half_ok(dt, 0, n):
+                    return v
                 v = self.emit_cast(v, dt)
             return v
         dims = [self.dim_src(q) for q in range(self.R)]
         if not all(dims):
             return None
-        dt = self.pick([I64, I32, F32, F64])
-        npdt = {"int64": "np.int64", "int32": "np.int32", "float32": "np.float64",
-                "float64": "np.float64"}[dt.name]
+        dt = self.pick([I64, I32, F32, F64] + ([F16, BF16] if self.halves else []))
+        if not self.half_ok(dt, 0, n):
+            return None
+        # the index converted (rounded) to dt: _model rounds the float64 arange for halves
+        npdt = {"int64": "np.int64", "int32": "np.int32"}.get(dt.name, "np.float64")
         shape_src = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
         np_src = (f"np.broadcast_to(np.arange({dims[p]}, dtype={npdt}).reshape("
                   f"{tuple(-1 if q == p else 1 for q in range(self.R))}), {shape_src})")
         ones = tuple(isinstance(self.axes[q], int) and self.axes[q] == 1 for q in range(self.R))
         return self.emit(f"kp.iota({shape_src}, {p}, kp.{kp_name(dt)})", np_src, dt,
                          tuple(range(self.R)), ones, lo=0, hi=max(n - 1, 0),
-                         r32=dt == F32 and n > 1 << 24)
+                         r32=dt == F32 and n > 1 << 24, exact=dt not in HALVES)
 
     def op_view(self) -> Val | None:
         a = self.choose(lambda v: self.aligned(v) and v.rank < self.R)

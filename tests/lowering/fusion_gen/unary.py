@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 
 from .builder import Builder
-from .dtypes import B, C64, C128, F32, F64, I32, I64
+from .dtypes import B, BF16, C64, C128, F16, F32, F64, HALVES, I32, I64
 from .values import Val, iv
 
 
@@ -23,7 +23,8 @@ class UnaryOps(Builder):
         r32 = a.r32 or fdt == F32
         lo, hi = a.lo, a.hi
         cands = ["neg", "abs", "sin", "cos", "tanh", "erf", "sigmoid"]
-        if hi <= (15 if fdt == F32 else 30) and lo > -60:
+        # e^10 = 22026 (float16's largest value is 65504)
+        if hi <= (10 if fdt == F16 else 15 if fdt == F32 else 30) and lo > -60:
             cands += ["exp", "exp2"]
         if lo >= 0.1:
             cands += ["log", "log2", "sqrt", "rsqrt"]
@@ -65,10 +66,15 @@ class UnaryOps(Builder):
                 if not a.bounded(1e3):
                     return None
                 m = max(abs(lo), abs(hi)) ** 2 + 0.5
-                return self.emit(f"{name} * {name} + 0.5", f"{name} * {name} + 0.5", fdt
+                if not self.half_ok(fdt, 0.0, m):
+                    return None
+                # two operations: a half type rounds the square before adding
+                sq = f"_model({name} * {name}, {fdt.name!r})" if fdt in HALVES \
+                    else f"{name} * {name}"
+                return self.emit(f"{name} * {name} + 0.5", f"{sq} + 0.5", fdt
                                  if a.dt.kind == "f" else a.dt, a.pos, a.ones,
                                  **self.same(a, lo=0.5, hi=m, r32=r32 if a.dt.kind == "f" else False,
-                                             amin=0.5)) if a.dt.kind == "f" else None
+                                             amin=0.5, exact=False)) if a.dt.kind == "f" else None
             fn = {"exp": (np.exp, "np.exp"), "exp2": (np.exp2, "np.exp2"),
                   "log": (np.log, "np.log"), "log2": (np.log2, "np.log2"),
                   "sqrt": (np.sqrt, "np.sqrt"), "rsqrt": (lambda x: 1 / np.sqrt(x), "1 / np.sqrt"),
@@ -89,8 +95,11 @@ class UnaryOps(Builder):
                 r = r32
             src = f"kp.{op}({name})" if op != "rsqrt" else f"kp.rsqrt({name})"
             arg = name if a.dt.kind == "f" else f"{name}.astype(np.float64)"
+            # floor/ceil/sqrt are exact (IEEE) in float32 on both sides; libdevice's (libm's)
+            # exp, sin ... an ulp from NumPy's may round to the other half value
+            fuzz = self.fuzz_of(fdt) if op not in ("floor", "ceil", "sqrt") else 0.0
             return self.emit(src, f"{np_fn}({arg})", fdt, a.pos, a.ones, lo=lo2, hi=hi2, r32=r,
-                             amin=amin, nan=a.nan)
+                             amin=amin, nan=a.nan, fuzz=fuzz)
 
     def op_cast(self) -> Val | None:
         a = self.choose(lambda v: True)
@@ -107,6 +116,8 @@ class UnaryOps(Builder):
             targets += [C64, C128]
         if a.dt.kind == "f" and a.r32 and B in targets:
             targets.remove(B)
+        if self.halves and a.dt.kind in "bif":  # half mode: into the half types often
+            targets += [t for t in (F16, BF16) * 2 if self.half_ok(t, a.lo, a.hi)]
         targets = [t for t in targets if t != a.dt]
         if a.dt.kind == "c":  # complex -> float: the part's width must match ours
             targets = [t for t in targets if t.kind == "c" or t == a.dt.real or not a.r32]

@@ -33,6 +33,11 @@ class Val:
     neg1: bool = True             # integers: may be -1 (a divisor -1 needs a safe dividend)
     nan: bool = False             # may hold NaN
     leaf: bool = False
+    # half mode (see .halves): the unit roundoff of the coarsest half-type rounding that the
+    # kernel may take differently from the reference somewhere in this value's history (a
+    # libdevice exp one float32 ulp off NumPy's, straddling a float16 tie), 0 for none
+    fuzz: float = 0.0
+    exact: bool = False           # float64: the kernel's value is the reference's, bit for bit
 
     @property
     def rank(self) -> int:

@@ -36,7 +36,10 @@ class WhereOps(ShapeOps):
                 if a2.r32 or b2.r32:
                     return None
                 pos, ones = self.bshape(a2, b2)
-                cond = self.emit(f"{a2.name} {op} {b2.name}", f"{a2.name} {op} {b2.name}", B,
+                # an integer compared with a half value is converted to the half type first
+                common = self.result_dt(a2.dt, b2.dt)
+                cond = self.emit(f"{a2.name} {op} {b2.name}",
+                                 f"{self.np_in(a2, common)} {op} {self.np_in(b2, common)}", B,
                                  pos, ones, lo=0, hi=1)
         if self.chance(0.25):
             # bool logic
@@ -74,6 +77,8 @@ class WhereOps(ShapeOps):
         y = self.realign(y)
         x, y = self.harmonize(x, y)
         dt = self.result_dt(x.dt, y.dt)
+        if not self.half_ok(dt, min(x.lo, y.lo), max(x.hi, y.hi)):
+            return None
         pos, ones = self.bshape(cond, x, y)
         return self.emit(f"kp.where({cond.name}, {x.name}, {y.name})",
                          f"np.where({cond.name}, {x.name}, {y.name})", dt, pos, ones,
