@@ -119,7 +119,10 @@ def test_graph_capture_on_device_1(torch) -> None:
         prog(x, y, 2.0, out=z)  # bind and load outside the capture
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        # a capture stream of device 1: torch.cuda.graph's default one is made once per process,
+        # on the device current at its first use (device 0 after the other tests), and a capture
+        # there records nothing of device 1's work ("The CUDA Graph is empty")
+        with torch.cuda.graph(g, stream=torch.cuda.Stream(device=1)):
             prog(x, y, 3.0, out=z)
         z.zero_()
         g.replay()
