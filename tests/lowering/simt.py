@@ -88,6 +88,12 @@ def _host():
                             ctypes.cast(getattr(libm, name + suffix), ctypes.c_void_p).value)
     for name, cb in _CALLBACKS.items():
         llvm.add_symbol(name, ctypes.cast(cb, ctypes.c_void_p).value)
+    # x86 code generation calls libgcc's helpers for what the CPU lacks (half conversions,
+    # 128-bit division); the JIT finds them only in libraries loaded with global symbols and
+    # otherwise links address 0 without a word: the process dies when the kernel runs
+    gcc_s = ctypes.util.find_library("gcc_s")
+    if gcc_s:
+        llvm.load_library_permanently(gcc_s)
     return True
 
 

@@ -1,6 +1,6 @@
 """Eleventh review on real GPUs (two or more; skipped otherwise): what the fake-driver tests of
-test_review11_multidevice check, against the driver and torch. Never run yet: no two-GPU
-machine was lent when it was written."""
+test_review11_multidevice check, against the driver and torch. First run on two H200s in
+session 19 (all passed); test_two_devices_gpu.py covers the rest of multi-GPU use."""
 
 from __future__ import annotations
 
