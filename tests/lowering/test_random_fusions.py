@@ -18,7 +18,7 @@ import pytest
 
 import kernelpack as kp
 
-from .fusion_gen import generate
+from .fusion_gen import compare, generate
 from .simt import Kernels
 
 # Seeds whose programs cover the schedules (pointwise with and without 16-byte groups, thread/
@@ -135,5 +135,35 @@ def test_complex_means_are_modelled_part_by_part():
     got = kernels(*inputs)
     mean = np.asarray(got[1])
     assert np.isfinite(mean.real[:2]).all() and np.isnan(mean.imag[:2]).all(), mean
+    failures, _ = case.check(inputs, got)
+    assert not failures, _failure(case, sizes, failures)
+
+
+def test_an_all_zero_reference_is_compared_absolutely():
+    z = np.zeros(3)
+    residue = np.array([0.0, 1e-13, 0.0])
+    assert compare(residue, z, kp.float64, 1e-12) is not None  # no bound given: exact
+    assert compare(residue, z, kp.float64, 1e-12, zero_scale=1e-11) is None
+    assert "absolute error" in compare(np.array([0.0, 1.0, 0.0]), z, kp.float64, 1e-12,
+                                       zero_scale=1e-11)
+    assert "NaN" in compare(np.array([0.0, np.nan, 0.0]), z, kp.float64, 1e-12, zero_scale=1.0)
+    # a nonzero reference keeps the normwise relative error, whatever the bound
+    assert compare(np.array([1.0, 1.1]), np.array([1.0, 1.0]), kp.float64, 1e-12,
+                   zero_scale=1.0) is not None
+
+
+@pytest.mark.parametrize("seed, halves, sizes", [(28755, False, {"a": 13, "b": 129}),
+                                                 (7655, True, {"a": 7, "b": 100, "c": 5})])
+def test_a_cancellation_to_zero_is_compared_against_the_outputs_bound(seed, halves, sizes):
+    # GPU fuzz seeds (session 19) whose output is exactly 0 in the reference (a row of one
+    # constant centred on its mean; a sum of centred values) and a rounding residue in the
+    # kernel (2.4e-7 float32, 1.1e-16 float64): a relative error has no scale there, and these
+    # failed as 1e+293 and 1e+284
+    case = generate(seed, "gpu", halves=halves)
+    inputs = case.inputs(sizes)
+    got = Kernels(case.fusion)(*inputs)
+    residues = [i for i, (g, r) in enumerate(zip(got, case.expected(inputs)))
+                if case.out_dtypes[i].kind == "f" and not np.any(r) and np.any(g)]
+    assert residues, "the kernel's residue is gone: pick another case"
     failures, _ = case.check(inputs, got)
     assert not failures, _failure(case, sizes, failures)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -42,6 +43,9 @@ class Case:
     nan: bool = False
     out_fuzz: list[float] = field(default_factory=list)  # Val.fuzz of each output
     halves: bool = False  # generated in the half mode (the reference's modes: HALF_MODES)
+    # each output's magnitude bound (max |lo|, |hi| of its interval; inf: none): scales the
+    # absolute error allowed against an all-zero reference (.comparison)
+    out_bound: list[float] = field(default_factory=list)
 
     def shapes(self, sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
         return {p.name: tuple(sizes[d] if isinstance(d, str) else d for d in p.dims)
@@ -88,6 +92,13 @@ class Case:
             return "x"  # the half roundings left out
         return "32" if self.tolerance(i) > 1e-9 else "ld"
 
+    def zero_scale(self, i: int) -> float:
+        """The absolute error output ``i`` may have where its reference is all zeros: the
+        tolerance times the output's magnitude bound (at least 1), 0 (exact) without a finite
+        bound."""
+        bound = self.out_bound[i] if self.out_bound else math.inf
+        return self.tolerance(i) * max(bound, 1.0) if math.isfinite(bound) else 0.0
+
     def check(self, inputs: list, got: list) -> tuple[list[str], list[int]]:
         """Compare the kernel's outputs ``got`` with the reference: (failures, indices of
         outputs skipped as ill-conditioned)."""
@@ -107,7 +118,7 @@ class Case:
                            self.out_dtypes[i], tol / 4) is not None:
                     skipped.append(i)
                     continue
-            msg = compare(g, r, self.out_dtypes[i], tol)
+            msg = compare(g, r, self.out_dtypes[i], tol, self.zero_scale(i))
             if msg:
                 failures.append(f"output {i} ({self.out_dtypes[i]}): {msg}")
         return failures, skipped

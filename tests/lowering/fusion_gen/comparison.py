@@ -2,6 +2,12 @@
 relative error for floats and complex (NaN and infinity positions must match exactly; a
 tolerance of 0 asks for the same values, as for half outputs the reference models exactly).
 bfloat16 outputs come as bit patterns (uint16), as kernels store them.
+
+A reference whose finite elements are all exactly 0 has no scale for a relative error: it is
+almost always a cancellation (a row of one constant centred on its mean, a sum of centred
+values), which the kernel computes as a rounding residue of operands whose size the reference
+does not show. There the caller may give ``zero_scale``, an absolute bound (the tolerance times
+the generator's bound on the output's magnitude); without it any nonzero value fails.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ from .dtypes import NP_STORAGE
 from .halves import from_storage
 
 
-def compare(got: Any, ref: np.ndarray, dt: kp.DType, tol: float) -> str | None:
-    """None when ``got`` (the kernel's output) matches ``ref``; else what differs."""
+def compare(got: Any, ref: np.ndarray, dt: kp.DType, tol: float,
+            zero_scale: float = 0.0) -> str | None:
+    """None when ``got`` (the kernel's output) matches ``ref``; else what differs.
+    ``zero_scale``: the absolute error allowed when every finite element of ``ref`` is 0."""
     got = np.asarray(got)
     ref = np.asarray(ref)
     want = NP_STORAGE[dt.name]
@@ -51,7 +59,6 @@ def compare(got: Any, ref: np.ndarray, dt: kp.DType, tol: float) -> str | None:
         if fin.any():
             scale = max(scale, float(np.max(np.abs(r[fin]))))
             errs.append((np.abs(g - r), fin))
-    scale = max(scale, 1e-300)
     worst = 0.0
     where = None
     for e, fin in errs:
@@ -59,6 +66,12 @@ def compare(got: Any, ref: np.ndarray, dt: kp.DType, tol: float) -> str | None:
         k = int(np.argmax(e))
         if e.flat[k] > worst:
             worst, where = float(e.flat[k]), np.unravel_index(k, e.shape)
+    if scale == 0.0 and zero_scale > 0.0:  # a cancellation: see the module docstring
+        if worst > zero_scale:
+            return (f"absolute error {worst:.3e} > {zero_scale:.1e} against an all-zero "
+                    f"reference (worst at {where}: got {got[where]!r})")
+        return None
+    scale = max(scale, 1e-300)
     if worst / scale > tol:
         return (f"normwise relative error {worst / scale:.3e} > {tol:.0e} (worst at {where}: "
                 f"got {got[where]!r}, expected {ref[where]!r})")

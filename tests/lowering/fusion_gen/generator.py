@@ -116,7 +116,8 @@ class Generator(ArithOps, IntOps, UnaryOps, WhereOps, ComplexOps, RowOps, ParamO
             refs[mode] = rns["reference"]
         return Case(self.seed, name, source, ref_source, ns[name], refs,
                     list(self.params), self.sizes, [v.dt for v in outs],
-                    [v.r32 for v in outs], self.nan, [v.fuzz for v in outs], self.halves)
+                    [v.r32 for v in outs], self.nan, [v.fuzz for v in outs], self.halves,
+                    [max(abs(v.lo), abs(v.hi)) for v in outs])
 
 
 def generate(seed: int, scale: str = "emulator", halves: bool = False) -> Case:
