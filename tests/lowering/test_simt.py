@@ -239,7 +239,8 @@ def test_float64_to_float16_rounds_once():
     rng = np.random.default_rng(16)
     x = np.concatenate([edges, rng.standard_normal(200) * 10.0 ** rng.integers(-8, 5, 200)])
     got = Kernels(narrow)(x)[0]
-    want = x.astype(np.float16)
+    with np.errstate(over="ignore"):  # 65520 and up overflow to infinity, as they should
+        want = x.astype(np.float16)
     assert np.array_equal(got.view(np.uint16)[~np.isnan(want)],
                           want.view(np.uint16)[~np.isnan(want)])
     assert np.isnan(got[np.isnan(want)]).all()
