@@ -25,7 +25,6 @@ import sys
 import time
 from typing import Any, Callable
 
-
 ROOT = pathlib.Path.cwd()
 sys.path.insert(0, str(ROOT / "src"))
 SEED_TIMEOUT_S = 25
@@ -87,21 +86,9 @@ def main() -> None:
         faulthandler.dump_traceback_later(SEED_TIMEOUT_S, exit=True)
         program = kp.load(data)[case.name]
         try:
-            for sizes in case.sizes:
-                inputs = case.inputs(sizes)
-                args = io.to_device(torch, inputs, case.params)
-                plan = program.plan(*args)
-                outs = [io.poisoned(torch, plan.allocations[t.name].shape, t.dtype)
-                        for t in program.summary.outputs]
-                program(*args, out=outs[0] if len(outs) == 1 else tuple(outs))
-                allocated = program(*args)
-                torch.cuda.synchronize()
-                for what, got in (("out=", io.to_host(torch, tuple(outs))),
-                                  ("allocated", io.to_host(torch, allocated))):
-                    failures, _ = case.check(inputs, got)
-                    if failures:
-                        raise AssertionError(f"{what} variant {plan.variant}\n"
-                                             f"{case.describe(sizes)}\n" + "\n".join(failures[:5]))
+            failure = io.run_and_check(torch, case, program, max_lines=5)
+            if failure:
+                raise AssertionError(failure)
             ok += 1
         except Exception as exc:  # noqa: BLE001 - reported per seed
             bad += 1

@@ -46,8 +46,6 @@ def _load_generator():
 
 _gen = _load_generator()
 generate = _gen.generate
-to_device, poisoned, to_host = (_gen.torch_io.to_device, _gen.torch_io.poisoned,
-                                _gen.torch_io.to_host)
 
 SEEDS = list(range(1000, 1160))
 # the half mode (float16/bfloat16 arithmetic, rounded after every operation: fusion_gen's
@@ -75,22 +73,9 @@ def half_cases():
 
 def _run_and_check(case, program) -> None:
     """Every size of ``case`` into poisoned ``out=`` buffers and allocating, each checked."""
-    summary = program.summary
-    assert [t.dtype for t in summary.outputs] == case.out_dtypes, case.describe()
-    for sizes in case.sizes:
-        inputs = case.inputs(sizes)
-        args = to_device(torch, inputs, case.params)
-        plan = program.plan(*args)
-        outs = [poisoned(torch, plan.allocations[t.name].shape, t.dtype)
-                for t in summary.outputs]
-        program(*args, out=outs[0] if len(outs) == 1 else tuple(outs))
-        allocated = program(*args)
-        torch.cuda.synchronize()
-        for what, got in (("out=", to_host(torch, tuple(outs))),
-                          ("allocated", to_host(torch, allocated))):
-            failures, _ = case.check(inputs, got)
-            assert not failures, (f"{what} (variant {plan.variant})\n{case.describe(sizes)}\n"
-                                  + "\n".join(failures))
+    assert [t.dtype for t in program.summary.outputs] == case.out_dtypes, case.describe()
+    failure = _gen.torch_io.run_and_check(torch, case, program)
+    assert failure is None, failure
 
 
 @pytest.mark.parametrize("seed", SEEDS)

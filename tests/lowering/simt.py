@@ -108,8 +108,8 @@ def _to_host(ir_text: str) -> str:
     if "bfloat" in text:  # x86 lowers fptrunc to bfloat as a call to compiler-rt's
         text += _TRUNCSFBF2   # __truncsfbf2, which this process has no library for
     if "half" in text:  # and double -> half (F16C converts only from float) to libgcc's
-        text += _TRUNCDFHF2   # __truncdfhf2, which is resolved only where libgcc_s happens
-    return text               # to be loaded with global symbols (the JIT gets 0 otherwise)
+        text += _TRUNCDFHF2   # __truncdfhf2, which libgcc older than GCC 12 lacks (_host
+    return text               # loads libgcc_s for the helpers it does have)
 
 
 # float32 -> bfloat16, rounding to nearest even (NaN: the quiet 0x7FC0)

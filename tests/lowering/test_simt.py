@@ -220,8 +220,6 @@ def test_half_and_bfloat16_storage():
     assert np.array_equal(h, rne)
 
 
-
-
 def test_float64_to_float16_rounds_once():
     # x86 turns a double -> half fptrunc into a call of __truncdfhf2 (F16C converts only from
     # float); the emulator supplies it, and it must round once, as NumPy's direct conversion
@@ -244,6 +242,8 @@ def test_float64_to_float16_rounds_once():
     assert np.array_equal(got.view(np.uint16)[~np.isnan(want)],
                           want.view(np.uint16)[~np.isnan(want)])
     assert np.isnan(got[np.isnan(want)]).all()
+
+
 @pytest.mark.parametrize("n", [1, 4, 5, 127, 128, 129, 509, 1024])
 def test_register_rows_at_variant_edges(n):
     # each register variant holds rows up to its capacity (128, 256, 512, 1024 ... floats):

@@ -15,16 +15,18 @@ import numpy as np
 
 from .values import Param
 
-__all__ = ["torch_dtype", "to_device", "poisoned", "to_host"]
+__all__ = ["torch_dtype", "to_device", "poisoned", "to_host", "run_and_check"]
 
-_NAMES = {"bool": "bool", "int32": "int32", "int64": "int64", "float16": "float16",
-          "bfloat16": "bfloat16", "float32": "float32", "float64": "float64",
-          "complex64": "complex64", "complex128": "complex128"}
+# the generator's dtypes: torch names each as kernelpack does
+_NAMES = frozenset({"bool", "int32", "int64", "float16", "bfloat16", "float32", "float64",
+                    "complex64", "complex128"})
 
 
 def torch_dtype(torch: Any, name: str) -> Any:
     """torch's dtype for the kernelpack dtype ``name`` (the generator's dtypes only)."""
-    return getattr(torch, _NAMES[name])
+    if name not in _NAMES:
+        raise KeyError(name)
+    return getattr(torch, name)
 
 
 def to_device(torch: Any, inputs: list, params: list[Param]) -> list:
@@ -57,3 +59,26 @@ def to_host(torch: Any, results: Any) -> list[np.ndarray]:
         results = (results,)
     return [(r.view(torch.uint16) if r.dtype == torch.bfloat16 else r).cpu().numpy()
             for r in results]
+
+
+def run_and_check(torch: Any, case: Any, program: Any,
+                  max_lines: int | None = None) -> str | None:
+    """Run ``case`` at each of its sizes through the loaded ``program``, into poisoned
+    ``out=`` buffers and allocating, and check both: None when every output matches, else
+    what differs at the first failing size (at most ``max_lines`` failure lines)."""
+    for sizes in case.sizes:
+        inputs = case.inputs(sizes)
+        args = to_device(torch, inputs, case.params)
+        plan = program.plan(*args)
+        outs = [poisoned(torch, plan.allocations[t.name].shape, t.dtype)
+                for t in program.summary.outputs]
+        program(*args, out=outs[0] if len(outs) == 1 else tuple(outs))
+        allocated = program(*args)
+        torch.cuda.synchronize()
+        for what, got in (("out=", to_host(torch, tuple(outs))),
+                          ("allocated", to_host(torch, allocated))):
+            failures, _ = case.check(inputs, got)
+            if failures:
+                return (f"{what} (variant {plan.variant})\n{case.describe(sizes)}\n"
+                        + "\n".join(failures[:max_lines]))
+    return None
