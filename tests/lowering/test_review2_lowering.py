@@ -190,17 +190,20 @@ def _normalize(x: T[kp.f64, "n"], y: T[kp.f32, "m"]):
     return x / x.sum(), y * x.max().astype(kp.f32), (d / (d * d).mean())[None]
 
 
-def test_full_reduction_outputs_as_long_as_the_input_spread_over_blocks():
+def test_full_reduction_outputs_as_long_as_the_input_take_a_grid():
     """``x / x.sum()`` on a 1-D tensor wrote all n outputs from a single block of 512
-    threads (one SM of the GPU). The last kernel now runs on cdiv(n, 4096) blocks (at most
-    1024), each combining the partials itself; so does the one of a reduction that needs
-    another one first (the variance of ``d``: tests/lowering/test_full_reductions.py)."""
+    threads (one SM of the GPU). Outputs longer than one element are now written by a
+    pointwise grid after a combine kernel stored the values they read; so are those of a
+    reduction that needs another one first (the variance of ``d``:
+    tests/lowering/test_full_reductions.py)."""
     k = Kernels(_normalize)
     grids = {ln.kernel: ln.grid[0] for ln in k.planner.plan((9000,), (5000,)).launches}
-    assert grids["_normalize_0_rowblock"] == 3 and grids["_normalize_1_rowblock"] == 2
-    assert grids["_normalize_2_rowblock"] == 3  # spread too: its mean has its own pass
+    for stage, n in ((0, 9000), (1, 5000), (2, 9000)):  # stage 2: its mean has its own pass
+        assert grids[f"_normalize_{stage}_combine0"] == 1
+        assert grids[f"_normalize_{stage}_pointwise"] * 256 * 4 >= n, grids
     big = {ln.kernel: ln.grid[0] for ln in k.planner.plan((1 << 30,), (1,)).launches}
-    assert big["_normalize_0_rowblock"] == 1024 and big["_normalize_1_rowblock"] == 1
+    assert big["_normalize_0_pointwise"] >= (1 << 30) // (256 * 4), big
+    assert big["_normalize_1_pointwise"] == 1
     rng = np.random.default_rng(3)
     for n, m in [(9000, 3), (2, 4100)]:
         x, y = rng.standard_normal(n) + 3, rng.standard_normal(m).astype(np.float32)

@@ -17,6 +17,7 @@ import pytest
 
 import kernelpack as kp
 from kernelpack.lowering import pipeline
+from kernelpack.lowering.tuning import CHUNK
 from kernelpack.lowering.workloads import REFERENCES, make
 from kernelpack.planner import Planner
 
@@ -49,7 +50,7 @@ def test_long_outputs_get_a_full_grid(dt, b, l, n):
     assert threads >= min(b << n, 1 << 17), (kernel, threads)
     if b == 1:  # one row: its reduction spread over a grid as well
         first = plan.launches[0]
-        assert "partial" in first.kernel and first.grid[0] == -(-l // 16384), first.kernel
+        assert "partial" in first.kernel and first.grid[0] == -(-l // CHUNK), first.kernel
 
 
 @pytest.mark.parametrize("b,l,n,kernel", [(128, 1024, 10, "rowwarp"), (4096, 256, 8, "rowwarp"),
@@ -71,9 +72,10 @@ def _reference(v: np.ndarray, n: int) -> np.ndarray:
 SMALL = [(3, 5, 3, ("rowwarp",)), (2, 20, 8, ("rowblock",)),
          (3, 5, 10, ("s_rowthread", "pointwise")), (2, 40, 10, ("s_rowwarpt", "pointwise")),
          (2, 2100, 12, ("s_rowblock256t", "pointwise")), (3, 8, 3, ("rowwarp",)),
-         (1, 7, 10, ("one_partial0", "one_rowblock")),
-         (1, 20000, 15, ("one_partial0", "one_rowblock")),  # two partials
-         (3, 0, 10, ("s_rowthread", "pointwise")), (1, 0, 10, ("one_partial0", "one_rowblock")),
+         (1, 7, 10, ("one_partial0", "one_combine0", "one_pointwise")),
+         (1, 20000, 15, ("one_partial0", "one_combine0", "one_pointwise")),  # 3 partials
+         (3, 0, 10, ("s_rowthread", "pointwise")),
+         (1, 0, 10, ("one_partial0", "one_combine0", "one_pointwise")),
          (2, 0, 4, ("rowwarp",)), (0, 5, 10, ("s_rowthread", "pointwise"))]
 
 

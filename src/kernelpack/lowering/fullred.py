@@ -8,12 +8,15 @@ is then finished by its level's *combine* kernel: one block combines the partial
 finalized value (the mean, in the reduction's dtype) in a one-entry workspace, which each block
 of the later partial kernels loads once. The last kernel combines the partials of the
 reductions it reads that nothing else reads, loads the values of the others, and writes the
-outputs: one block, or a grid of blocks each combining the partials itself when the outputs
-are as long as the input (``x / x.sum()``; :data:`~.tuning.SPREAD`).
+outputs in one block; outputs longer than one element (``x / x.sum()``, a normalized state
+vector) are written by a pointwise grid instead, after a combine kernel has stored every value
+they read. (Until session 20 a grid of up to 1024 blocks each combined the partials itself and
+wrote its slice one scalar at a time: one load in flight per thread, ~1.35 TB/s on an H200,
+e.g. ``x / x.sum()`` of 2^26 float32 in 553 µs.)
 
 Why a combine kernel rather than every block of the next partial pass combining the first
-partials itself: at n = 1e8 that pass has 6104 blocks, and each would re-read all 6104
-partials (300 MB of L2 reads, about the size of a float32 input), where one block reads them
+partials itself: at n = 1e8 that pass has 12208 blocks, and each would re-read all 12208
+partials (1.2 GB of L2 reads, three times the float32 input), where one block reads them
 once for the price of a launch (a few microseconds). Before this, a reduction reading another
 one ran inside the last kernel's single block: a float32 variance of 1e8 elements streamed the
 input twice through one SM. H200, variance of 1e8 float32: 22.4 ms before, 0.203 ms now (92.6%
@@ -28,7 +31,7 @@ from ..expr import Expr, cdiv, const, emin, product
 from ..graph import Graph
 from ..summary import Scratch
 from .schedule import Choice, KernelSpec, Stage, fresh_name
-from .tuning import BLOCK, CHUNK, GRID_CAP, ROW_BLOCK, SPREAD
+from .tuning import BLOCK, CHUNK, GRID_CAP, ROW_BLOCK
 
 __all__ = ["full_stage", "passes", "direct_reduces"]
 
@@ -100,24 +103,31 @@ def passes(graph: Graph, base: str, reduces: list[int], taken: set[str],
 
 def full_stage(graph: Graph, base: str, outs: list[tuple[str, int]], reduces: list[int],
                keeps_row: bool, taken: set[str]) -> Stage:
-    """The stage computing outputs ``outs`` (name, node) whose reductions ``reduces`` (id
-    order) all reduce every axis; ``keeps_row``: some output is as long as its input.
+    """The stage computing outputs ``outs`` (name, node; all of one shape) whose reductions
+    ``reduces`` (id order) all reduce every axis; ``keeps_row``: the outputs are longer than
+    one element (``x / x.sum()``).
 
     Kernels are named ``{base}_partial{k}`` (``k``: the reduction's index in ``reduces``),
-    ``{base}_combine{level}`` and ``{base}_rowblock``; workspaces ``{base}_ws{k}`` (partials,
-    the accumulator's dtype) and ``{base}_val{k}`` (one finalized value)."""
-    kernels, scratch, partials, values = passes(graph, base, reduces, taken)
+    ``{base}_combine{level}``, and last ``{base}_rowblock`` (one block combines the partials
+    of what nothing else reads, loads the stored values, writes the outputs) or, when the
+    outputs are rows, ``{base}_pointwise``: every reduction they read is finished by a
+    combine kernel, and a pointwise grid (16-byte groups where the buffers allow) loads the
+    stored values and writes the outputs. Workspaces are ``{base}_ws{k}`` (partials, the
+    accumulator's dtype) and ``{base}_val{k}`` (one finalized value)."""
+    from .longrows import values_pointwise
+
     last = direct_reduces(graph, [nid for _, nid in outs])
+    kernels, scratch, partials, values = passes(graph, base, reduces, taken,
+                                                finish=frozenset(last) if keeps_row else
+                                                frozenset())
+    if keeps_row:
+        kernels.append(values_pointwise(graph, base + "_pointwise", graph.nodes[outs[0][1]].shape,
+                                        outs, [(r, values[r]) for r in last]))
+        return Stage(tuple(n for n, _ in outs), (Choice(tuple(kernels), tuple(scratch)),))
     combined = tuple((r, *partials[r]) for r in last if r not in values)
     loaded = tuple((r, values[r]) for r in last if r in values)
-    # outputs as long as the input (x / x.sum()) were all written by one block: with every
-    # reduction read from partials or a value, each block of a grid combines them alike (a
-    # few loads) and writes its slice
-    grid = emin(cdiv(product(graph.nodes[outs[0][1]].shape), SPREAD[0]), SPREAD[1]) \
-        if keeps_row else const(1)
     kernels.append(KernelSpec(
-        base + "_rowblock", "row", tuple(outs), (), ROW_BLOCK, grid, group="block",
+        base + "_rowblock", "row", tuple(outs), (), ROW_BLOCK, const(1), group="block",
         reduces=tuple(last), partials=combined, values=loaded,
-        scratch=tuple(w for _, w, _ in combined) + tuple(v for _, v in loaded),
-        spread=keeps_row))
+        scratch=tuple(w for _, w, _ in combined) + tuple(v for _, v in loaded)))
     return Stage(tuple(n for n, _ in outs), (Choice(tuple(kernels), tuple(scratch)),))

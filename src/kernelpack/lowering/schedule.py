@@ -66,7 +66,6 @@ class KernelSpec:
     tiled: bool = False             # row: `slots` chunks per thread per tile of a loop (tiles.py)
     min_threads: int = 0            # row with slots, or thread rows: resident threads per SM
     #                                 ptxas must allow (thread rows: 0 = no bound)
-    spread: bool = False            # a full reduction's last kernel on many blocks (SPREAD)
     # (reduction, workspace): full reductions whose value a combine kernel stored (fullred.py),
     # loaded once; pointwise: per-row values of the reduction's shape (longrows.py)
     values: tuple[tuple[int, str], ...] = ()

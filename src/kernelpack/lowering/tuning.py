@@ -13,7 +13,7 @@ covers them through kernelpack's version, not one by one.
 
 from __future__ import annotations
 
-__all__ = ["BLOCK", "ROW_BLOCK", "WARP_ROWS", "CHUNK", "UNROLL", "GRID_CAP", "SPREAD",
+__all__ = ["BLOCK", "ROW_BLOCK", "WARP_ROWS", "CHUNK", "UNROLL", "COMBINE_UNROLL", "GRID_CAP",
            "THREAD_ROW_MAX", "WARP_ROW_MAX", "WARP_KEEP_MAX", "MIN_THREADS_PER_SM",
            "ONE_ROW_MIN_THREADS", "TILE_CHUNKS", "TILE_WARP_MAX", "TILE_BLOCK", "REG_GROUPS",
            "REG_GROUPS_WIDE", "REG_GROUPS_LIGHT", "REG_GROUPS_LIGHT_WIDE", "HEAVY_POINTWISE",
@@ -24,12 +24,10 @@ __all__ = ["BLOCK", "ROW_BLOCK", "WARP_ROWS", "CHUNK", "UNROLL", "GRID_CAP", "SP
 BLOCK = 256            # threads per block of pointwise, thread-per-row and partial kernels
 ROW_BLOCK = 512        # threads of a block-per-row kernel
 WARP_ROWS = BLOCK // 32
-CHUNK = 16384          # elements per partial of a full reduction (64 per thread)
+CHUNK = 8192           # elements per partial of a full reduction (32 per thread)
 UNROLL = 4             # independent accumulators per thread in a partial
+COMBINE_UNROLL = 8     # the same where a row kernel combines workspace partials (rows.py)
 GRID_CAP = 65535       # grid-stride loops cover the rest; keeps grids launchable everywhere
-# a full reduction's outputs the size of its input (x / x.sum()): a block per this many
-# outputs, at most this many blocks (each combines all cdiv(n, CHUNK) partials itself)
-SPREAD = (4096, 1024)
 THREAD_ROW_MAX = 32    # reduce-only rows this short: one thread per row
 WARP_ROW_MAX = 4096    # reduce-only rows up to this: one warp per row
 WARP_KEEP_MAX = 2048   # rows that are also written back (softmax): warp up to this
