@@ -35,8 +35,9 @@ def colstats(x: T[kp.f32, "a", "b"]):
     return x.sum(axis=0), x.max(axis=0, keepdims=True), x.mean(axis=0), x.min(axis=0)
 
 
-@pytest.mark.parametrize("shape", [(200, 5), (1000, 3), (9000, 2), (7, 3), (0, 4), (300, 0),
-                                   (129, 1), (1, 6)])
+# (200, 5), (512, 3), (129, 1): 13, 32 and 9 splits, a thread combines them; (513, 3): 33, a warp
+@pytest.mark.parametrize("shape", [(200, 5), (512, 3), (513, 3), (1000, 3), (9000, 2), (7, 3),
+                                   (0, 4), (300, 0), (129, 1), (1, 6)])
 def test_column_statistics_match_numpy(shape):
     x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
     got = Kernels(colstats)(x)
@@ -51,10 +52,13 @@ def test_column_statistics_match_numpy(shape):
 
 def test_each_predicate_picks_its_kernels():
     p = _program(colstats)
-    # splits S = min(cdiv(2^19, b), cdiv(a, 16), 16384): 8..512 a warp combines them, more a
-    # block; fewer than 8 (short columns, or so many that a thread each fills the GPU) the
-    # general schedule. One split kernel reads x once for all four statistics' stages
-    # with the same axes and shape (the max, kept 2-D, is a stage of its own).
+    # splits S = min(cdiv(2^19, b), cdiv(a, 16), 16384): 8..32 a thread combines them,
+    # 33..512 a warp, more a block; fewer than 8 (short columns, or so many that a thread
+    # each fills the GPU) the general schedule. One split kernel reads x once for all four
+    # statistics' stages with the same axes and shape (the max, kept 2-D, is a stage of its
+    # own).
+    assert _kernels(p, x=(200, 5)) == ["colstats_0_colsplit", "colstats_0_colfinalthread",
+                                       "colstats_1_colsplit", "colstats_1_colfinalthread"]
     assert _kernels(p, x=(1000, 3)) == ["colstats_0_colsplit", "colstats_0_colfinalwarp",
                                         "colstats_1_colsplit", "colstats_1_colfinalwarp"]
     assert _kernels(p, x=(100000, 64))[1] == "colstats_0_colfinalblock"
@@ -65,8 +69,8 @@ def test_each_predicate_picks_its_kernels():
     assert split.grid[0] == -(-6250 * 64 // 256)  # S = cdiv(100000, 16) splits of 64 columns
     ws = big.allocations["colstats_0_col0"]
     assert ws.kind == "scratch" and ws.nbytes == 64 * 6250 * 8  # float64 partials
-    # three statistics of one shape share the predicates: 3 variants, not 3 * 3
-    assert len(p.summary.variants) == 3
+    # three statistics of one shape share the predicates: 4 variants, not 4 * 4
+    assert len(p.summary.variants) == 4
 
 
 @kp.fusion

@@ -11,9 +11,12 @@ outputs) reduces the reduced indices ``s, s + S, s + 2S, ...`` of output ``f`` w
 :data:`UNROLL` independent accumulators, and writes its partial to ``ws[f·S + s]``
 (the accumulator's dtype). Neighbouring threads take neighbouring outputs, i.e. neighbouring
 addresses of the source, so every load is coalesced whatever the shape. The *final* kernel is
-a row kernel (:mod:`.rows`) over the outputs whose rows are the ``S`` partials of each, a warp
-per output up to :data:`WARP_SPLITS` partials and a block beyond; it combines them, finalizes
-(``mean`` divides by the reduced length) and writes the outputs.
+a row kernel (:mod:`.rows`) over the outputs whose rows are the ``S`` partials of each: a
+thread per output up to :data:`THREAD_SPLITS` partials, a warp up to :data:`WARP_SPLITS` and a
+block beyond; it combines them, finalizes (``mean`` divides by the reduced length) and writes
+the outputs. (A warp per output for S = 8 used a quarter of its lanes on one 32-byte load each:
+the final kernel of a (256, 1024, 256) middle-axis sum took 30.8 µs after a 75.9 µs split pass
+on an H200; notes/column-perf.md.)
 
 The split threads' sums are plain (float32 and narrower terms accumulate in float64; float64
 terms in float64, uncompensated): a thread takes at most an eighth of a column (``S >= 8``),
@@ -54,13 +57,15 @@ from .schedule import Choice, KernelSpec, fresh_name, vector_width
 from .tuning import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS
 
 __all__ = ["column_axes", "row_axes", "base_reduction", "column_group", "column_choices", "split",
-           "emit_split", "TARGET_THREADS", "ROWS_MIN", "SPLIT_MIN", "SPLIT_MAX", "WARP_SPLITS",
+           "emit_split", "TARGET_THREADS", "ROWS_MIN", "SPLIT_MIN", "SPLIT_MAX", "THREAD_SPLITS",
+           "WARP_SPLITS",
            "UNROLL", "VECTOR", "VECTOR_UNROLL"]
 
 TARGET_THREADS = 1 << 19  # split threads to aim for (about 4000 per SM of an H200)
 ROWS_MIN = 16             # reduced indices per split thread at least (4 unrolled iterations)
 SPLIT_MIN = 8             # fewer splits than this: the general schedule (one thread each)
 SPLIT_MAX = 16384         # partials per output at most (the final kernel reads them all)
+THREAD_SPLITS = 32        # a thread combines up to this many partials of its output alone
 WARP_SPLITS = 512         # a warp combines up to this many partials, a block more
 UNROLL = 4                # independent accumulators per split thread (one output each)
 VECTOR = True             # 16-byte loads of neighbouring outputs where alignment allows
@@ -176,7 +181,8 @@ def column_choices(graph: Graph, base: str, outs: list[tuple[str, int]],
     # without keepdims shares their flat layout, so it is stored as the reduction itself
     out_shape = graph.nodes[reduces[0]].shape
     stored = tuple((name, base_reduction(graph, nid)) for name, nid in outs)
-    finals = (("warp", BLOCK, emin(cdiv(kept, WARP_ROWS), GRID_CAP), le(s, WARP_SPLITS)),
+    finals = (("thread", BLOCK, emin(cdiv(kept, BLOCK), GRID_CAP), le(s, THREAD_SPLITS)),
+              ("warp", BLOCK, emin(cdiv(kept, WARP_ROWS), GRID_CAP), le(s, WARP_SPLITS)),
               ("block", ROW_BLOCK, emin(kept, GRID_CAP), None))
     choices = []
     enough = ge(s, SPLIT_MIN)

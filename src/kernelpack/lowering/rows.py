@@ -142,6 +142,15 @@ class _Group(RegisterRows):
             return dt if dt.itemsize >= 4 else float32
         return acc_dtype(kind, dt)
 
+    def _acc_of(self, r: int) -> DType:
+        """The accumulator of reduction ``r`` here: the workspace's dtype where it combines
+        partials (stored in :func:`~.codegen.acc_dtype`'s, float64 for float32 sums, also
+        when a thread combines them: columns.py's thread finals), else :meth:`_acc`'s."""
+        node = self.g.nodes[r]
+        if r in self.overrides:
+            return acc_dtype(node.attrs[0], node.dtype)
+        return self._acc(node.attrs[0], node.dtype)
+
     def _part(self, kind: str, dt: DType) -> DType:
         """The dtype of one thread's pairwise partial over its register chunks (<= 32 terms)
         before the float64 accumulator: float32 sums of so few terms round like NumPy's own
@@ -224,13 +233,13 @@ class _Group(RegisterRows):
                 accs = {}
                 for red in reds:
                     node = self.g.nodes[red]
-                    acc_dt = self._acc(node.attrs[0], node.dtype)
+                    acc_dt = self._acc_of(red)
                     accs[red] = em.acc_slots(acc_dt, identity(node.attrs[0], acc_dt))
                 if isinstance(key, tuple) and key and key[0] == "ws":
                     (red,) = reds
                     ws, count = self.overrides[red]
                     node = self.g.nodes[red]
-                    acc_dt = self._acc(node.attrs[0], node.dtype)
+                    acc_dt = self._acc_of(red)
                     # a row per output (column partials, columns.py): its `count`
                     # partials follow each other; one row (full reductions): the workspace
                     start = b.mul(r, em.expr(count)) if self.spec.shape else None
@@ -258,9 +267,8 @@ class _Group(RegisterRows):
                         with em.loops.range(self.lane, length, step, "j") as j:
                             term(j)
                 for red in reds:
-                    node = self.g.nodes[red]
-                    acc_dt = self._acc(node.attrs[0], node.dtype)
-                    self._finish(red, em.acc_load(accs[red], acc_dt), outer)
+                    acc_dt = self._acc_of(red)
+                    self._finish(red, em.acc_load(accs[red], acc_dt), outer, acc_dt)
         for name, nid in self.spec.outputs:
             shape = self.g.nodes[nid].shape
             inner = shape[len(self.spec.shape):]
