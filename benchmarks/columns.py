@@ -54,7 +54,9 @@ def colstd(x: T[kp.f32, "a", "b"]):
 
 
 FUSIONS = {"colsum": colsum, "colcentre": colcentre, "colstd": colstd}
-SHAPES = [(100_000, 64), (1_000_000, 16), (8192, 8192), (65536, 1024)]
+# (512, 65536) and (300, 70000): 8-19 splits per output, which one thread combines
+SHAPES = [(100_000, 64), (1_000_000, 16), (8192, 8192), (65536, 1024), (512, 65536),
+          (300, 70000)]
 QUICK = [(100_000, 64), (8192, 8192)]
 
 
