@@ -213,7 +213,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
                 image.read(keep=False)  # decompressed and digest-checked
                 checked.add(image.check_key)
     out.mkdir(parents=True, exist_ok=True)
-    from .serializer import _write_atomic
+    from .filewrite import write_atomic
 
     reader_gone = False
     for path, image in plan:
@@ -221,7 +221,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
             raw = image.read(keep=False)
         # a temporary file renamed into place: a full disk or Ctrl-C half-way through an image
         # leaves no truncated cubin under its final name for cuobjdump to choke on
-        _write_atomic(path, raw)
+        write_atomic(path, raw)
         if not reader_gone:
             try:
                 print(f"{path}  ({len(raw)} bytes)")
@@ -316,7 +316,8 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
-    from .serializer import _write_atomic, resign
+    from .filewrite import write_atomic
+    from .serializer import resign
     from .signing import key_id, load_private_key, public_key_bytes
 
     key = load_private_key(args.key)
@@ -328,7 +329,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
         to_stdout = os.path.samestat(os.stat(target), os.fstat(sys.stdout.fileno()))
     except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
         to_stdout = False
-    _write_atomic(target, resign(pack, key))  # the verified body and blobs, not re-encoded
+    write_atomic(target, resign(pack, key))  # the verified body and blobs, not re-encoded
     print(f"signed {args.file} -> {target} (key id {key_id(public_key_bytes(key))})",
           file=sys.stderr if to_stdout else sys.stdout)
     return 0

@@ -1,0 +1,130 @@
+"""Writing an artifact: to a path crash-safely (temp file, fsync, rename), or to a file object.
+
+``kp.save(..., path)`` and the CLI's writers (``extract``, ``sign``) go through
+:func:`write_atomic`: all or nothing under the final name, the directory fsynced after the
+rename, an existing file's permissions kept (a new one gets what ``open()`` would give it), a
+symbolic link followed, a FIFO or device written directly. Errors name the path asked for,
+not a temporary name.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import stat
+import tempfile
+
+__all__ = ["write_atomic", "write_file_object"]
+
+
+def _renamed(exc: OSError, path: str) -> OSError:
+    """``exc`` (same type, errno and reason) naming ``path`` instead of a temporary file."""
+    if exc.errno is None:
+        return exc
+    return type(exc)(exc.errno, exc.strerror, path)
+
+
+def _new_file_mode() -> int:
+    """0o666 less the process umask: the mode ``open(path, "wb")`` gives a new file. (A fixed
+    0o644 made files world-readable under umask 077.) Read from /proc where it can be, since
+    ``os.umask`` can only be read by setting it, which races with other threads."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def write_file_object(file: object, data: bytes) -> None:
+    """Write all of ``data`` to a binary file object. A text file is a TypeError naming the
+    parameter (not io's "string argument expected"); a raw, unbuffered file may write only
+    part of the bytes per call, so it is written until done."""
+    if isinstance(file, io.TextIOBase):
+        raise TypeError("kp.save: path_or_file is a text file; open it in binary mode "
+                        "('wb') to write an artifact")
+    written = file.write(data)  # type: ignore[attr-defined]
+    view = memoryview(data)
+    while isinstance(written, int) and not isinstance(written, bool) and written < len(view):
+        if written <= 0:
+            raise OSError(errno.EIO, f"kp.save: the file object wrote {written} of "
+                                     f"{len(view)} bytes")
+        view = view[written:]
+        written = file.write(view)  # type: ignore[attr-defined]
+
+
+def _write_target(path: str) -> tuple[str, bool]:
+    """(the path to write, whether to write it directly): ``path`` means the file it names,
+    as for ``open(path, "wb")``. A symbolic link is followed, so that the file it names is
+    replaced and the link stays. A FIFO or device (``/dev/stdout``, ``/dev/null``) is written
+    directly: renaming over it replaced the device itself (as root, for everyone)."""
+    try:
+        st: os.stat_result | None = os.stat(path)
+    except OSError:
+        st = None  # nothing there yet, or a dangling link: created below
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return path, True
+    if not os.path.islink(path):
+        return path, False
+    real = os.path.realpath(path)
+    if st is None:
+        return real, False  # a dangling link: create the file it names
+    try:
+        if os.path.samestat(st, os.stat(real)):
+            return real, False
+    except OSError:
+        pass
+    return path, True  # a link no path resolves to (/proc/self/fd/N of a deleted file)
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Temp file in the same directory, fsync, os.replace: all or nothing under ``path``
+    (see :func:`_write_target` for links, devices and FIFOs, which are written directly)."""
+    asked = os.fspath(path)  # errors name it, not the link's target or a temporary name
+    if os.path.isdir(asked):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file path", asked)
+    path, direct = _write_target(asked)
+    if direct:
+        with open(path, "wb") as f:
+            write_file_object(f, data)
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
+                                   suffix=".tmp")
+    except OSError as exc:
+        raise _renamed(exc, asked) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:  # replacing a file keeps its permissions (a 0600 artifact stays private)
+            mode = os.stat(path).st_mode & 0o7777
+        except OSError:  # a new file: what open() would give it (mkstemp's is 0600)
+            mode = _new_file_mode()
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise _renamed(exc, asked) from None
+        raise
+    try:  # make the rename itself durable; not every platform can open a directory
+        dir_fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
