@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -152,3 +153,36 @@ def test_diff_names_the_changed_parts() -> None:
 def test_digest_is_injective_over_part_boundaries() -> None:
     assert keys.digest_parts([("a", "bc")]) != keys.digest_parts([("ab", "c")])
     assert keys.digest_parts([("a", "b"), ("c", "")]) != keys.digest_parts([("a", "b"), ("", "c")])
+
+
+def _codegen_tree(root: Path, lowering: bytes = b"CHUNK = 8192\n") -> Path:
+    for package, name, data in (("lowering", "tuning.py", lowering),
+                                ("lowering", "rows.py", b"def row(): ...\n"),
+                                ("toolchain", "nvjitlink.py", b"LEVEL = 3\n"),
+                                ("runtime", "launcher.py", b"# not code generation\n")):
+        (root / package).mkdir(parents=True, exist_ok=True)
+        (root / package / name).write_bytes(data)
+    return root
+
+
+def test_the_code_generators_source_is_a_key_part(tmp_path: Path) -> None:
+    """A schedule changed without a release kept kernelpack's version, and a cache filled by
+    the old lowering answered with its code: the source of lowering/ and toolchain/ is hashed
+    into the key (as Triton's key hashes its compiler's files)."""
+    base = keys.codegen_digest(root=_codegen_tree(tmp_path / "a"))
+    assert base.startswith("sha256:") and base.endswith("(3 files)")
+    assert keys.codegen_digest(root=_codegen_tree(tmp_path / "b")) == base  # bytes, not paths
+    assert keys.codegen_digest(root=_codegen_tree(tmp_path / "c", b"CHUNK = 16384\n")) != base
+    moved = _codegen_tree(tmp_path / "d")
+    (moved / "lowering" / "rows.py").rename(moved / "lowering" / "rows2.py")
+    assert keys.codegen_digest(root=moved) != base  # a file's name counts too
+    runtime_only = _codegen_tree(tmp_path / "e")
+    (runtime_only / "runtime" / "launcher.py").write_bytes(b"# changed\n")
+    assert keys.codegen_digest(root=runtime_only) == base  # the runtime makes no code
+    assert keys.codegen_digest(root=tmp_path / "empty") == "unavailable:no source"
+
+
+def test_the_installed_code_generators_digest_is_in_every_key() -> None:
+    k = keys.make_key("external", b"ptx", targets=["sm_90"])
+    assert dict(k.parts)["codegen"] == keys.codegen_digest()
+    assert keys.codegen_digest().endswith(" files)")  # this checkout ships its .py files

@@ -2,11 +2,18 @@
 
 The key is SHA-256 over length-prefixed, labelled parts, in a fixed order:
 
-``format`` (artifact major.minor), ``kernelpack`` (version), ``kind``, ``source`` (digest of the
-canonical source bytes: the lowering's canonical fusion serialization, or the PTX/cubin bytes
-of an external kernel), ``options`` (canonical, type-tagged, sorted), ``targets`` (normalized,
-sorted), ``llvm``, ``nvjitlink``, ``libdevice`` (toolchain identity) and ``env`` (every codegen
-knob declared in :mod:`kernelpack.config`).
+``format`` (artifact major.minor), ``kernelpack`` (version), ``codegen`` (digest of the source
+of the packages that generate code: ``lowering/`` and ``toolchain/``), ``kind``, ``source``
+(digest of the canonical source bytes: the lowering's canonical fusion serialization, or the
+PTX/cubin bytes of an external kernel), ``options`` (canonical, type-tagged, sorted),
+``targets`` (normalized, sorted), ``llvm``, ``nvjitlink``, ``libdevice`` (toolchain identity),
+``ptxas-guard`` and ``env`` (every codegen knob declared in :mod:`kernelpack.config`).
+
+Why ``codegen`` beside the version: a schedule changed without a release (a development
+install, a patched wheel) kept the version, and every cache that held the old code went on
+answering with it — Triton hashes its compiler's ``.py`` files into its key for the same
+reason (``triton_key()``). The digest is computed once per process, from the files alone
+(nothing is imported: a warm hit still loads no llvmlite).
 
 What is deliberately *not* in it: ``id()``, Python ``hash()`` (salted per process), absolute
 paths and device indices — each made Triton or Inductor keys unstable across processes, hosts
@@ -27,17 +34,20 @@ import re
 import struct
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Sequence
 
 from .. import config
 from ..toolchain.ptxas_guard import GUARD_ID
 from ..limits import FORMAT_MAJOR, FORMAT_MINOR
 
-__all__ = ["CacheKey", "make_key", "canonical_options", "toolchain_identity", "digest_parts",
-           "KEY_LABELS"]
+__all__ = ["CacheKey", "make_key", "canonical_options", "toolchain_identity", "codegen_digest",
+           "digest_parts", "KEY_LABELS", "CODEGEN_PACKAGES"]
 
-KEY_LABELS = ("format", "kernelpack", "kind", "source", "options", "targets", "llvm",
+KEY_LABELS = ("format", "kernelpack", "codegen", "kind", "source", "options", "targets", "llvm",
               "nvjitlink", "libdevice", "ptxas-guard", "env")
+#: kernelpack's subpackages whose source decides the code an artifact holds
+CODEGEN_PACKAGES = ("lowering", "toolchain")
 _DOMAIN = b"kernelpack-cache-key/1\0"
 
 
@@ -246,6 +256,35 @@ def toolchain_identity(refresh: bool = False) -> tuple[tuple[str, str], ...]:
     return _TOOLCHAIN
 
 
+_CODEGEN: str | None = None
+
+
+def codegen_digest(refresh: bool = False, root: Path | None = None) -> str:
+    """``sha256:<hex> (<n> files)`` over the ``.py`` files of :data:`CODEGEN_PACKAGES` under
+    ``root`` (default: this kernelpack's package directory; each file's package-relative name,
+    length and bytes, in name order), computed once per process for the default root;
+    ``unavailable:no source`` for an install that ships no ``.py`` files there (the version
+    alone then decides, as before this part existed)."""
+    global _CODEGEN
+    if root is not None:
+        return _codegen_of(root)
+    if _CODEGEN is None or refresh:
+        _CODEGEN = _codegen_of(Path(__file__).resolve().parent.parent)
+    return _CODEGEN
+
+
+def _codegen_of(root: Path) -> str:
+    h = hashlib.sha256()
+    count = 0
+    for package in CODEGEN_PACKAGES:
+        for path in sorted((root / package).glob("*.py")):
+            data = path.read_bytes()
+            h.update(f"{package}/{path.name}\0{len(data)}\0".encode())
+            h.update(data)
+            count += 1
+    return f"sha256:{h.hexdigest()} ({count} files)" if count else "unavailable:no source"
+
+
 # ---- the key -----------------------------------------------------------------------------------
 def make_key(kind: str, source: bytes | str, options: Mapping[str, object] | None = None,
              targets: Sequence[str] = ()) -> CacheKey:
@@ -281,6 +320,7 @@ def make_key(kind: str, source: bytes | str, options: Mapping[str, object] | Non
     parts = (
         ("format", f"{FORMAT_MAJOR}.{FORMAT_MINOR}"),
         ("kernelpack", __version__),
+        ("codegen", codegen_digest()),
         ("kind", kind),
         ("source", f"sha256:{hashlib.sha256(data).hexdigest()} ({len(data)} bytes)"),
         ("options", canonical_options(options or {})),
