@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kernelpack as kp
-from kernelpack.lowering import fullred, longrows, rowsplit, tuning
+from kernelpack.lowering import fullred, longrows, tuning
 
 from .split_consts import kernel_names, softmax_ref, use_small_split
 from .simt import Kernels, assert_close
@@ -309,8 +309,7 @@ def test_split_pointwise_on_a_tiny_grid(monkeypatch, gridmax: int, n: int) -> No
 
 def test_rows_past_the_combine_grid(monkeypatch) -> None:
     monkeypatch.setattr(tuning, "SPLIT_MAX_ROWS", 10)
-    monkeypatch.setattr(rowsplit, "GRID_CAP", 2)
-    monkeypatch.setattr(fullred, "GRID_CAP", 2)
+    monkeypatch.setattr(fullred, "GRID_CAP", 2)  # the combine's and the last kernel's grids
     x = _rand(5, 300)
     k = Kernels(softmax)
     assert [launch.grid[0] for launch in k.planner.plan(x.shape).launches][:2] == [15, 2]

@@ -33,7 +33,7 @@ from ..summary import Scratch
 from .schedule import Choice, KernelSpec, Stage, fresh_name
 from .tuning import BLOCK, CHUNK, GRID_CAP, ROW_BLOCK
 
-__all__ = ["full_stage", "passes", "direct_reduces"]
+__all__ = ["full_stage", "finish_kernels", "passes", "direct_reduces"]
 
 
 def direct_reduces(graph: Graph, roots: list[int]) -> list[int]:
@@ -101,6 +101,38 @@ def passes(graph: Graph, base: str, reduces: list[int], taken: set[str],
     return kernels, scratch, partials, values
 
 
+def finish_kernels(graph: Graph, base: str, shape: tuple[Expr, ...],
+                   outs: list[tuple[str, int]], reduces: list[int], keeps_row: bool,
+                   taken: set[str], outer: tuple[Expr, ...] = (), chunk: int = CHUNK,
+                   block: int = BLOCK, combine_block: int = ROW_BLOCK
+                   ) -> tuple[list[KernelSpec], list[Scratch]]:
+    """:func:`passes` for ``reduces`` (rows below ``outer``; none: full reductions) and the
+    kernel writing ``outs`` (all of ``shape``) after them: ``{base}_pointwise`` when the outputs
+    are rows (``keeps_row``: every reduction they read is finished by a combine kernel, and a
+    pointwise grid, 16-byte groups where the buffers allow, loads the stored values), else
+    ``{base}_rowblock`` (a block of ``combine_block`` threads per row combines the partials of
+    what nothing else reads, loads the stored values, writes the outputs). Shared by
+    :func:`full_stage` and :mod:`.rowsplit`."""
+    from .longrows import values_pointwise
+
+    last = direct_reduces(graph, [nid for _, nid in outs])
+    kernels, scratch, partials, values = passes(
+        graph, base, reduces, taken, outer, frozenset(last) if keeps_row else frozenset(),
+        chunk, block, combine_block)
+    if keeps_row:
+        kernels.append(values_pointwise(graph, base + "_pointwise", shape, outs,
+                                        [(r, values[r]) for r in last]))
+        return kernels, scratch
+    combined = tuple((r, *partials[r]) for r in last if r not in values)
+    loaded = tuple((r, values[r]) for r in last if r in values)
+    kernels.append(KernelSpec(
+        base + "_rowblock", "row", tuple(outs), outer, combine_block,
+        emin(product(outer), GRID_CAP) if outer else const(1), group="block",
+        reduces=tuple(last), partials=combined, values=loaded,
+        scratch=tuple(w for _, w, _ in combined) + tuple(v for _, v in loaded)))
+    return kernels, scratch
+
+
 def full_stage(graph: Graph, base: str, outs: list[tuple[str, int]], reduces: list[int],
                keeps_row: bool, taken: set[str]) -> Stage:
     """The stage computing outputs ``outs`` (name, node; all of one shape) whose reductions
@@ -108,26 +140,9 @@ def full_stage(graph: Graph, base: str, outs: list[tuple[str, int]], reduces: li
     one element (``x / x.sum()``).
 
     Kernels are named ``{base}_partial{k}`` (``k``: the reduction's index in ``reduces``),
-    ``{base}_combine{level}``, and last ``{base}_rowblock`` (one block combines the partials
-    of what nothing else reads, loads the stored values, writes the outputs) or, when the
-    outputs are rows, ``{base}_pointwise``: every reduction they read is finished by a
-    combine kernel, and a pointwise grid (16-byte groups where the buffers allow) loads the
-    stored values and writes the outputs. Workspaces are ``{base}_ws{k}`` (partials, the
-    accumulator's dtype) and ``{base}_val{k}`` (one finalized value)."""
-    from .longrows import values_pointwise
-
-    last = direct_reduces(graph, [nid for _, nid in outs])
-    kernels, scratch, partials, values = passes(graph, base, reduces, taken,
-                                                finish=frozenset(last) if keeps_row else
-                                                frozenset())
-    if keeps_row:
-        kernels.append(values_pointwise(graph, base + "_pointwise", graph.nodes[outs[0][1]].shape,
-                                        outs, [(r, values[r]) for r in last]))
-        return Stage(tuple(n for n, _ in outs), (Choice(tuple(kernels), tuple(scratch)),))
-    combined = tuple((r, *partials[r]) for r in last if r not in values)
-    loaded = tuple((r, values[r]) for r in last if r in values)
-    kernels.append(KernelSpec(
-        base + "_rowblock", "row", tuple(outs), (), ROW_BLOCK, const(1), group="block",
-        reduces=tuple(last), partials=combined, values=loaded,
-        scratch=tuple(w for _, w, _ in combined) + tuple(v for _, v in loaded)))
+    ``{base}_combine{level}``, and last ``{base}_rowblock`` or, when the outputs are rows,
+    ``{base}_pointwise`` (:func:`finish_kernels`). Workspaces are ``{base}_ws{k}`` (partials,
+    the accumulator's dtype) and ``{base}_val{k}`` (one finalized value)."""
+    kernels, scratch = finish_kernels(graph, base, graph.nodes[outs[0][1]].shape, outs,
+                                      reduces, keeps_row, taken)
     return Stage(tuple(n for n, _ in outs), (Choice(tuple(kernels), tuple(scratch)),))

@@ -184,14 +184,14 @@ class _Group(RegisterRows):
                           start: ir.Value | None, acc: tuple[ir.Value, ...]) -> None:
         """Combine this row's ``count`` partials ``ws[start + p]`` (``start`` None: from 0)
         into ``acc``: this lane's partials ``lane, lane + size, ...`` go
-        :data:`~.tuning.COMBINE_UNROLL` at a time
-        into as many accumulators, whole rounds without bounds checks, then the rest into the
-        first. One accumulator had one load in flight per thread: the combine kernel of a
+        :data:`~.tuning.COMBINE_UNROLL` at a time into as many accumulators, whole rounds
+        without bounds checks, then the rest into the first. One accumulator had one load in flight per thread: the combine kernel of a
         268M-element float32 sum took 5.2 µs against 3.9 for Triton's (H200, torch.profiler;
         notes/row-perf.md). The order of the terms is fixed by the launch shape, as before."""
         em, b = self.em, self.em.b
         c = lambda v: ir.Constant(I64, v)  # noqa: E731
-        size, unroll = c(self.size), tuning.COMBINE_UNROLL
+        unroll = tuning.COMBINE_UNROLL
+        size, stride = c(self.size), c(self.size * unroll)  # a lane's step; a round's
         slots = [acc] + [em.acc_slots(acc_dt, identity(kind, acc_dt))
                          for _ in range(unroll - 1)]
 
@@ -202,8 +202,8 @@ class _Group(RegisterRows):
         lane = self.lane
         mine = b.select(b.icmp_signed("<", lane, count),
                         b.udiv(b.add(b.sub(count, lane), c(self.size - 1)), size), c(0))
-        rounds_end = b.add(lane, b.mul(b.udiv(mine, c(unroll)), c(self.size * unroll)))
-        with em.loops.range(lane, rounds_end, c(self.size * unroll), "p") as p:
+        rounds_end = b.add(lane, b.mul(b.udiv(mine, c(unroll)), stride))
+        with em.loops.range(lane, rounds_end, stride, "p") as p:
             for k, slot in enumerate(slots):
                 add(slot, b.add(p, c(k * self.size)) if k else p)
         with em.loops.range(rounds_end, count, size, "q") as p:

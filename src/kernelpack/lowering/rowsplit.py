@@ -32,12 +32,12 @@ longer than the reduced ones (:mod:`.longrows`) and the general schedule keep th
 from __future__ import annotations
 
 from ..errors import CompileError
-from ..expr import Expr, emin, ge, land, le, product
+from ..expr import Expr, ge, land, le, product
 from ..graph import Graph
 from . import tuning
 from .bounds import expr_max, shift_count_syms
-from .schedule import Choice, KernelSpec
-from .tuning import GRID_CAP, UNROLL
+from .schedule import Choice
+from .tuning import UNROLL
 
 __all__ = ["split_choice", "split_predicate"]
 
@@ -76,8 +76,7 @@ def split_choice(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tu
         CompileError: ``SPLIT_CHUNK`` is not a positive multiple of ``SPLIT_BLOCK·UNROLL``
             (a chunk's unrolled loop has no bounds checks; patched constants only).
     """
-    from .fullred import direct_reduces, passes
-    from .longrows import values_pointwise
+    from .fullred import finish_kernels
 
     chunk, block = tuning.SPLIT_CHUNK, tuning.SPLIT_BLOCK
     combine_block = tuning.SPLIT_COMBINE_BLOCK
@@ -98,19 +97,6 @@ def split_choice(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tu
         if not pred.value:
             return None
         pred = None
-    sbase = f"{base}_split"
-    direct = direct_reduces(graph, [nid for _, nid in outs])
-    kernels, scratch, partials, values = passes(
-        graph, sbase, reduces, taken, outer, frozenset(direct) if keeps_row else frozenset(),
-        chunk, block, combine_block)
-    if keeps_row:  # every reduction the rows read is stored: a pointwise grid writes them
-        last = values_pointwise(graph, f"{sbase}_pointwise", shape, outs,
-                                [(r, values[r]) for r in direct])
-    else:  # a block per row combines the last partials, loads the stored values, writes
-        combined = tuple((r, *partials[r]) for r in direct if r not in values)
-        loaded = tuple((r, values[r]) for r in direct if r in values)
-        last = KernelSpec(f"{sbase}_rowblock", "row", tuple(outs), outer, combine_block,
-                          emin(rows, GRID_CAP), group="block", reduces=tuple(direct),
-                          partials=combined, values=loaded,
-                          scratch=tuple(w for _, w, _ in combined) + tuple(v for _, v in loaded))
-    return Choice((*kernels, last), tuple(scratch), pred)
+    kernels, scratch = finish_kernels(graph, f"{base}_split", shape, outs, reduces, keeps_row,
+                                      taken, outer, chunk, block, combine_block)
+    return Choice(tuple(kernels), tuple(scratch), pred)
