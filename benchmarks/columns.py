@@ -9,9 +9,9 @@ raised past any shape: what the general schedule did before), and times both aga
 PyTorch eager on the same inputs (CUDA events, L2 flushed, medians; ``_gpu_timing``). Results
 are checked against float64 torch before timing.
 
-    python benchmarks/columns.py [--quick] [--no-results]
+    python benchmarks/columns.py [--quick] [--no-results] [--dtype float32|float64]
 
-Workloads (float32): a column sum, a column mean-and-centre (``x - x.mean(0)``: the mean is
+Workloads (float32, or float64 with ``--dtype float64``): a column sum, a column mean-and-centre (``x - x.mean(0)``: the mean is
 materialized, then a pointwise pass) and a column standard deviation, on tall, square and
 wide matrices. Bandwidth is bytes read + written once / time, as a fraction of the
 device-to-device copy bandwidth of the same run.
@@ -37,27 +37,31 @@ from _gpu_timing import (RESULTS, append_results, copy_bandwidth,  # noqa: E402
 T = kp.Tensor
 
 
-@kp.fusion
-def colsum(x: T[kp.f32, "a", "b"]):
-    return x.sum(axis=0)
+def fusions(dt: Any) -> dict[str, Any]:
+    """The three workloads over ``dt`` matrices (kp.f32 or kp.f64)."""
+    @kp.fusion
+    def colsum(x: T[dt, "a", "b"]):
+        return x.sum(axis=0)
+
+    @kp.fusion
+    def colcentre(x: T[dt, "a", "b"]):
+        return x - x.mean(axis=0, keepdims=True)
+
+    @kp.fusion
+    def colstd(x: T[dt, "a", "b"]):
+        m = x.mean(axis=0, keepdims=True)
+        return kp.sqrt(((x - m) * (x - m)).mean(axis=0))
+
+    return {"colsum": colsum, "colcentre": colcentre, "colstd": colstd}
 
 
-@kp.fusion
-def colcentre(x: T[kp.f32, "a", "b"]):
-    return x - x.mean(axis=0, keepdims=True)
-
-
-@kp.fusion
-def colstd(x: T[kp.f32, "a", "b"]):
-    m = x.mean(axis=0, keepdims=True)
-    return kp.sqrt(((x - m) * (x - m)).mean(axis=0))
-
-
-FUSIONS = {"colsum": colsum, "colcentre": colcentre, "colstd": colstd}
-# (512, 65536) and (300, 70000): 8-19 splits per output, which one thread combines
+FUSIONS = tuple(fusions(kp.f32))
+# (512, 65536) and (300, 70000): 8-19 splits per output, which one thread combines; (100, 64)
+# and (64, 4096): short columns, 7 and 4 splits (the general schedule below 4)
 SHAPES = [(100_000, 64), (1_000_000, 16), (8192, 8192), (65536, 1024), (512, 65536),
-          (300, 70000)]
+          (300, 70000), (100, 64), (64, 4096)]
 QUICK = [(100_000, 64), (8192, 8192)]
+DTYPES = {"float32": (kp.f32, 4, 1e-5), "float64": (kp.f64, 8, 1e-12)}  # kp dtype, bytes, tol
 
 
 def _eager(name: str, torch: Any) -> Callable[[Any], Any]:
@@ -77,15 +81,16 @@ def _reference(name: str, x: Any) -> Any:
     return xd.std(0, correction=0)
 
 
-def _bytes(name: str, shape: tuple[int, int]) -> int:
+def _bytes(name: str, shape: tuple[int, int], itemsize: int) -> int:
     a, b = shape
-    read = a * b * 4 * (2 if name != "colsum" else 1)  # two passes for the centred forms
-    written = (a * b if name == "colcentre" else b) * 4
+    read = a * b * itemsize * (2 if name != "colsum" else 1)  # two passes: the centred forms
+    written = (a * b if name == "colcentre" else b) * itemsize
     return read + written
 
 
-def build(split: bool, workdir: Path, tag: str) -> Any:
-    """The three fusions compiled for this GPU, with or without the split schedule."""
+def build(split: bool, workdir: Path, tag: str, dt: Any) -> Any:
+    """The three fusions over ``dt`` compiled for this GPU, with or without the split
+    schedule."""
     import torch
 
     from kernelpack.lowering import columns
@@ -94,7 +99,8 @@ def build(split: bool, workdir: Path, tag: str) -> Any:
     saved = columns.SPLIT_MIN
     columns.SPLIT_MIN = saved if split else 1 << 62
     try:
-        compiled = [kp.compile(f, targets=[f"sm_{major}{minor}"]) for f in FUSIONS.values()]
+        compiled = [kp.compile(f, targets=[f"sm_{major}{minor}"])
+                    for f in fusions(dt).values()]
     finally:
         columns.SPLIT_MIN = saved
     path = workdir / f"columns_{tag}.kpack"
@@ -106,13 +112,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="two shapes only")
     ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
+    ap.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                    help="element type of the matrices (default float32)")
     args = ap.parse_args()
     torch = cuda_torch("columns.py")
     if torch is None:
         return 0
+    dt, itemsize, tol = DTYPES[args.dtype]
     with tempfile.TemporaryDirectory() as tmp:
-        packs = {"split": build(True, Path(tmp), "split"),
-                 "general": build(False, Path(tmp), "general")}
+        packs = {"split": build(True, Path(tmp), "split", dt),
+                 "general": build(False, Path(tmp), "general", dt)}
         copy_bw = copy_bandwidth()
         shapes = QUICK if args.quick else SHAPES
         times: dict[tuple, float] = {}
@@ -122,7 +131,8 @@ def main() -> int:
         for kinds in (("split", "eager"), ("general",)):
             for shape in shapes:
                 gen = torch.Generator(device="cuda").manual_seed(shape[0] * 7919 + shape[1])
-                x = torch.randn(shape, device="cuda", dtype=torch.float32, generator=gen)
+                x = torch.randn(shape, device="cuda", dtype=getattr(torch, args.dtype),
+                                generator=gen)
                 for name in FUSIONS:
                     ref = _reference(name, x)
                     for kind in kinds:
@@ -132,7 +142,7 @@ def main() -> int:
                             continue
                         prog = packs[kind][name]
                         err = rel_err(prog(x), ref)
-                        if not err <= 1e-5:
+                        if not err <= tol:
                             raise SystemExit(f"{name} {shape} {kind}: relative error {err:.2e}")
                         t0 = time.perf_counter()
                         times[name, shape, kind] = median_ms(lambda p=prog, x=x: p(x), rep_ms=50,
@@ -144,20 +154,21 @@ def main() -> int:
         for shape in shapes:
             for name in FUSIONS:
                 t = {k: times[name, shape, k] for k in ("split", "general", "eager")}
-                nbytes = _bytes(name, shape)
+                nbytes = _bytes(name, shape, itemsize)
                 cells = [time_cell(t[k], nbytes, copy_bw, 3)
                          for k in ("split", "general", "eager")]
                 rows.append([name, f"{shape[0]}x{shape[1]}", *cells,
                              f"{t['general'] / t['split']:.1f}x",
                              f"{t['split'] / t['eager']:.2f}"])
     body = [
-        "`python benchmarks/columns.py`; float32. 'split' is the code as compiled now "
+        f"`python benchmarks/columns.py --dtype {args.dtype}`; {args.dtype}. 'split' is the "
+        "code as compiled now "
         "(lowering/columns.py); 'general' the same fusions compiled with the split schedule "
         "switched off (one thread per output element, what ran before), timed after every "
         "split and torch kernel. Cells: median time "
         "(CUDA events, L2 flushed) and bytes read + written once / time as a fraction of the "
         f"copy bandwidth of this run ({copy_bw / 1e9:.0f} GB/s). Every result checked against "
-        "float64 torch (relative error <= 1e-5) before timing.",
+        f"float64 torch (relative error <= {tol:g}) before timing.",
         "",
         *markdown_table(["workload", "shape", "split", "general (before)", "torch eager",
                          "general / split", "split / eager"], rows),

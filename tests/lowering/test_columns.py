@@ -52,8 +52,8 @@ def test_column_statistics_match_numpy(shape):
 
 def test_each_predicate_picks_its_kernels():
     p = _program(colstats)
-    # splits S = min(cdiv(2^19, b), cdiv(a, 16), 16384): 8..32 a thread combines them,
-    # 33..512 a warp, more a block; fewer than 8 (short columns, or so many that a thread
+    # splits S = min(cdiv(2^19, b), cdiv(a, 16), 16384): 4..32 a thread combines them,
+    # 33..512 a warp, more a block; fewer than 4 (short columns, or so many that a thread
     # each fills the GPU) the general schedule. One split kernel reads x once for all four
     # statistics' stages with the same axes and shape (the max, kept 2-D, is a stage of its
     # own).
@@ -62,8 +62,11 @@ def test_each_predicate_picks_its_kernels():
     assert _kernels(p, x=(1000, 3)) == ["colstats_0_colsplit", "colstats_0_colfinalwarp",
                                         "colstats_1_colsplit", "colstats_1_colfinalwarp"]
     assert _kernels(p, x=(100000, 64))[1] == "colstats_0_colfinalblock"
-    assert _kernels(p, x=(100, 64)) == ["colstats_0_pointwise", "colstats_1_pointwise"]
-    assert _kernels(p, x=(10**6, 2**17)) == ["colstats_0_pointwise", "colstats_1_pointwise"]
+    assert _kernels(p, x=(100, 64)) == ["colstats_0_colsplit", "colstats_0_colfinalthread",
+                                        "colstats_1_colsplit", "colstats_1_colfinalthread"]
+    assert _kernels(p, x=(48, 64)) == ["colstats_0_pointwise", "colstats_1_pointwise"]  # S = 3
+    assert _kernels(p, x=(10**6, 2**17))[0] == "colstats_0_colsplit"  # S = 4
+    assert _kernels(p, x=(10**6, 2**18)) == ["colstats_0_pointwise", "colstats_1_pointwise"]
     big = p.plan(x=(100000, 64))
     split = big.launches[0]
     assert split.grid[0] == -(-6250 * 64 // 256)  # S = cdiv(100000, 16) splits of 64 columns

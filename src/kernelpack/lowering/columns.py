@@ -34,11 +34,15 @@ Constants measured on an H200 (benchmarks/_columns_sweep.py, notes/column-perf.m
 target threads against 2^18 and 2^20; 4 accumulators per thread against 2 and 8 with one
 output each, 2 per lane with 16-byte groups (4 were slower there). The groups made float32
 column sums of 8192 x 8192 and 65536 x 1024 10% faster (0.093 -> 0.084 ms; torch 0.082 and
-0.101).
+0.101). Pairs of float64 outputs over leading axes aim for :data:`PAIR_TARGET` (see
+:func:`split`).
 
 When ``S`` would be small (short reductions, or so many outputs that one thread each already
 fills the GPU) the stage keeps the general schedule, chosen at run time by the variants'
-predicates. Only stages whose outputs are exactly such reductions, of one source shape and
+predicates: below :data:`SPLIT_MIN` = 4 splits. (It was 8; the general schedule's one thread
+per output loops over a whole column, one load after another: a 100 x 64 float32 column sum
+took 37.7 µs that way and 13.6 µs split 7 ways, a (1024, 512, 128) middle-axis sum 138 µs
+against 85, on an H200.) Only stages whose outputs are exactly such reductions, of one source shape and
 axes, take this schedule; :mod:`.materialize` gives column reductions read by other work a
 stage of their own, so that they qualify.
 """
@@ -47,7 +51,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ..expr import Expr, cdiv, const, emax, emin, ge, land, le, product
+from ..expr import Expr, cdiv, const, emax, emin, eq, ge, land, le, mod, product, select
 from ..graph import Graph
 from ..summary import Scratch
 from .codegen import Ctx, Emitter, acc_dtype
@@ -58,12 +62,12 @@ from .tuning import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS
 
 __all__ = ["column_axes", "row_axes", "base_reduction", "column_group", "column_choices", "split",
            "emit_split", "TARGET_THREADS", "ROWS_MIN", "SPLIT_MIN", "SPLIT_MAX", "THREAD_SPLITS",
-           "WARP_SPLITS",
-           "UNROLL", "VECTOR", "VECTOR_UNROLL"]
+           "WARP_SPLITS", "PAIR_TARGET", "UNROLL", "VECTOR", "VECTOR_UNROLL"]
 
 TARGET_THREADS = 1 << 19  # split threads to aim for (about 4000 per SM of an H200)
+PAIR_TARGET = 1 << 18     # output splits to aim for over leading axes in pairs of 8-byte outputs
 ROWS_MIN = 16             # reduced indices per split thread at least (4 unrolled iterations)
-SPLIT_MIN = 8             # fewer splits than this: the general schedule (one thread each)
+SPLIT_MIN = 4             # fewer splits than this: the general schedule (one thread each)
 SPLIT_MAX = 16384         # partials per output at most (the final kernel reads them all)
 THREAD_SPLITS = 32        # a thread combines up to this many partials of its output alone
 WARP_SPLITS = 512         # a warp combines up to this many partials, a block more
@@ -143,16 +147,27 @@ def column_group(graph: Graph, outputs: list[int]) -> list[int] | None:
 
 
 
-def split(graph: Graph, r: int) -> tuple[Expr, Expr, Expr]:
+def split(graph: Graph, r: int, vec: int = 1) -> tuple[Expr, Expr, Expr]:
     """(outputs M, reduced length K, splits S) of column reduction ``r``: ``S`` threads per
     output, enough for about :data:`TARGET_THREADS` in all, at least :data:`ROWS_MIN` reduced
-    indices each, at most :data:`SPLIT_MAX`."""
+    indices each, at most :data:`SPLIT_MAX`.
+
+    ``vec``: the outputs per 16-byte group of the split kernel (:func:`emit_split`). A
+    reduction over leading axes whose kept length is a whole number of pairs of 8-byte
+    outputs (float64, int64, complex64) aims for :data:`PAIR_TARGET` output splits instead:
+    twice the rows per thread and half the partials were 4-9% faster on an H200 for float64
+    column sums and standard deviations from 100000 x 64 to 512 x 65536, but 12% slower for
+    middle-axis sums such as (256, 1024, 256); float32 groups of 4 gained on some shapes
+    what they lost on others (notes/column-perf.md, session 21)."""
     node = graph.nodes[r]
     src = graph.nodes[node.inputs[0]]
     a, b = column_axes(graph, r)  # type: ignore[misc]
     kept = product(src.shape[:a] + src.shape[b:])
     length = product(src.shape[a:b])
-    s = emin(emin(cdiv(const(TARGET_THREADS), emax(kept, const(1))), cdiv(length, ROWS_MIN)),
+    target = const(TARGET_THREADS)
+    if vec == 2 and a == 0:
+        target = select(eq(mod(product(src.shape[b:]), 2), 0), PAIR_TARGET, TARGET_THREADS)
+    s = emin(emin(cdiv(target, emax(kept, const(1))), cdiv(length, ROWS_MIN)),
              const(SPLIT_MAX))
     return kept, length, s
 
@@ -166,7 +181,8 @@ def column_choices(graph: Graph, base: str, outs: list[tuple[str, int]],
     if column_group(graph, [nid for _, nid in outs]) != sorted(reduces):
         return None
     src_shape = graph.nodes[graph.nodes[reduces[0]].inputs[0]].shape
-    kept, _, s = split(graph, reduces[0])
+    vec = vector_width(graph, [graph.nodes[r].inputs[0] for r in reduces]) if VECTOR else 1
+    kept, _, s = split(graph, reduces[0], vec)
     scratch, parts = [], []
     for k, r in enumerate(reduces):
         name = fresh_name(f"{base}_col{k}", taken)
