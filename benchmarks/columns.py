@@ -56,8 +56,8 @@ def fusions(dt: Any) -> dict[str, Any]:
 
 
 FUSIONS = tuple(fusions(kp.f32))
-# (512, 65536) and (300, 70000): 8-19 splits per output, which one thread combines; (100, 64)
-# and (64, 4096): short columns, 7 and 4 splits (the general schedule below 4)
+# (512, 65536) and (300, 70000): 4-19 splits per output (by dtype), which one thread combines;
+# (100, 64) and (64, 4096): short columns, 7 and 4 splits (the general schedule below 4)
 SHAPES = [(100_000, 64), (1_000_000, 16), (8192, 8192), (65536, 1024), (512, 65536),
           (300, 70000), (100, 64), (64, 4096)]
 QUICK = [(100_000, 64), (8192, 8192)]

@@ -27,7 +27,8 @@ def _program(f):
 
 
 def _kernels(program, **shapes) -> list[str]:
-    return [launch.kernel for launch in program.plan(**shapes).launches]
+    """The kernels that run for these shapes (a launch with an empty grid does not)."""
+    return [launch.kernel for launch in program.plan(**shapes).launches if all(launch.grid)]
 
 
 @kp.fusion
@@ -35,9 +36,10 @@ def colstats(x: T[kp.f32, "a", "b"]):
     return x.sum(axis=0), x.max(axis=0, keepdims=True), x.mean(axis=0), x.min(axis=0)
 
 
-# (200, 5), (512, 3), (129, 1): 13, 32 and 9 splits, a thread combines them; (513, 3): 33, a warp
+# (200, 5), (512, 3), (129, 1): 13, 32 and 9 splits, a thread combines them; (513, 3): 33, a warp;
+# (300, 8), (67, 12), (0, 4): widths of groups of 4, the quad split kernel (the others colsplit1)
 @pytest.mark.parametrize("shape", [(200, 5), (512, 3), (513, 3), (1000, 3), (9000, 2), (7, 3),
-                                   (0, 4), (300, 0), (129, 1), (1, 6)])
+                                   (0, 4), (300, 0), (129, 1), (1, 6), (300, 8), (67, 12)])
 def test_column_statistics_match_numpy(shape):
     x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
     got = Kernels(colstats)(x)
@@ -56,22 +58,28 @@ def test_each_predicate_picks_its_kernels():
     # 33..512 a warp, more a block; fewer than 4 (short columns, or so many that a thread
     # each fills the GPU) the general schedule. One split kernel reads x once for all four
     # statistics' stages with the same axes and shape (the max, kept 2-D, is a stage of its
-    # own).
-    assert _kernels(p, x=(200, 5)) == ["colstats_0_colsplit", "colstats_0_colfinalthread",
-                                       "colstats_1_colsplit", "colstats_1_colfinalthread"]
-    assert _kernels(p, x=(1000, 3)) == ["colstats_0_colsplit", "colstats_0_colfinalwarp",
-                                        "colstats_1_colsplit", "colstats_1_colfinalwarp"]
-    assert _kernels(p, x=(100000, 64))[1] == "colstats_0_colfinalblock"
+    # own). Float32 widths that are a multiple of 4 take the quad kernel (colsplit, S from
+    # 2^18 instead of 2^19, at least 4 where 2^19 gives 4), others the one-output kernel
+    # (colsplit1); the other's launch has an empty grid.
+    assert _kernels(p, x=(200, 5)) == ["colstats_0_colsplit1", "colstats_0_colfinalthread",
+                                       "colstats_1_colsplit1", "colstats_1_colfinalthread"]
+    assert _kernels(p, x=(1000, 3)) == ["colstats_0_colsplit1", "colstats_0_colfinalwarp",
+                                        "colstats_1_colsplit1", "colstats_1_colfinalwarp"]
+    assert _kernels(p, x=(100000, 64))[:2] == ["colstats_0_colsplit", "colstats_0_colfinalblock"]
+    assert [ln.grid[0] for ln in p.plan(x=(100000, 64)).launches[:2]] == [1024, 0]
     assert _kernels(p, x=(100, 64)) == ["colstats_0_colsplit", "colstats_0_colfinalthread",
                                         "colstats_1_colsplit", "colstats_1_colfinalthread"]
     assert _kernels(p, x=(48, 64)) == ["colstats_0_pointwise", "colstats_1_pointwise"]  # S = 3
     assert _kernels(p, x=(10**6, 2**17))[0] == "colstats_0_colsplit"  # S = 4
     assert _kernels(p, x=(10**6, 2**18)) == ["colstats_0_pointwise", "colstats_1_pointwise"]
+    assert _kernels(p, x=(200, 2**17 + 1))[0] == "colstats_0_colsplit1"  # S = 4 (2^19)
     big = p.plan(x=(100000, 64))
     split = big.launches[0]
-    assert split.grid[0] == -(-6250 * 64 // 256)  # S = cdiv(100000, 16) splits of 64 columns
+    assert split.grid[0] == 4096 * 64 // 256  # S = cdiv(2^18, 64) splits of 64 columns
     ws = big.allocations["colstats_0_col0"]
-    assert ws.kind == "scratch" and ws.nbytes == 64 * 6250 * 8  # float64 partials
+    assert ws.kind == "scratch" and ws.nbytes == 64 * 4096 * 8  # float64 partials
+    odd = p.plan(x=(100000, 63)).launches[1]
+    assert odd.kernel == "colstats_0_colsplit1" and odd.grid[0] == -(-6250 * 63 // 256)
     # three statistics of one shape share the predicates: 4 variants, not 4 * 4
     assert len(p.summary.variants) == 4
 
@@ -206,3 +214,24 @@ def test_the_split_kernel_has_a_vector_body():
     body = ptx[ptx.index(".entry weighted_0_colsplit"):]
     body = body[:body.index("\n}\n")]
     assert "ld.global.v4.b32" in body  # float32 groups of four
+
+
+def test_quad_stages_are_plain_float32_reductions_over_leading_axes():
+    """Only a reduction of an input itself over leading axes takes the quad kernel: the
+    variance pass of a standard deviation (a computed term) and middle-axis sums were slower
+    with it on an H200 (notes/column-perf.md), and float64 pairs have a target of their own."""
+    @kp.fusion
+    def forms(x: T[kp.f32, "a", "b"], y: T[kp.f32, "p", "q", "r"], z: T[kp.f64, "a", "b"]):
+        m = x.mean(axis=0, keepdims=True)
+        return (x.sum(axis=0), ((x - m) * (x - m)).sum(axis=0), y.sum(axis=1), z.sum(axis=0))
+
+    g = pipeline.run(pipeline.new_build(forms, ["sm_80"], None, {}), stop="trace").graph
+    reduces = {n.id: n for n in g.nodes if n.op == "reduce"}
+    quads = {nid for nid in reduces if columns.quad(g, [nid])}
+    srcs = {nid: g.nodes[n.inputs[0]] for nid, n in reduces.items()}
+    assert all(srcs[nid].op == "input" for nid in quads)
+    assert any(srcs[nid].op != "input" for nid in set(reduces) - quads)  # the variance pass
+    assert any(columns.column_axes(g, nid) == (1, 2) for nid in set(reduces) - quads)  # y
+    kernels = {ln.kernel for v in _program(forms).summary.variants for ln in v.launches}
+    # x's sum and mean share one stage, the only quad stage: one one-output kernel beside it
+    assert sum(k.endswith("colsplit1") for k in kernels) == 1

@@ -35,19 +35,27 @@ target threads against 2^18 and 2^20; 4 accumulators per thread against 2 and 8 
 output each, 2 per lane with 16-byte groups (4 were slower there). The groups made float32
 column sums of 8192 x 8192 and 65536 x 1024 10% faster (0.093 -> 0.084 ms; torch 0.082 and
 0.101). Pairs of float64 outputs over leading axes aim for :data:`PAIR_TARGET` (see
-:func:`split`).
+:func:`split`). Sums, means, maxima and minima of a float32 input over leading axes
+(:func:`quad`) take a split kernel of their own where the width is a multiple of 4: 2^18
+output splits, :data:`QUAD_UNROLL` = 4 accumulators per lane, ``__launch_bounds__(256)``
+(column sums 0.69-0.87 of the shared kernel's time on an H200, 8192 x 8192 98 -> 85 µs);
+the one-output body, which would run at that kernel's occupancy, is a kernel of its own
+(``colsplit1``) for the other widths, and the launch that does not apply has an empty grid.
 
 When ``S`` would be small (short reductions, or so many outputs that one thread each already
 fills the GPU) the stage keeps the general schedule, chosen at run time by the variants'
 predicates: below :data:`SPLIT_MIN` = 4 splits. (It was 8; the general schedule's one thread
 per output loops over a whole column, one load after another: a 100 x 64 float32 column sum
 took 37.7 µs that way and 13.6 µs split 7 ways, a (1024, 512, 128) middle-axis sum 138 µs
-against 85, on an H200.) Only stages whose outputs are exactly such reductions, of one source shape and
-axes, take this schedule; :mod:`.materialize` gives column reductions read by other work a
-stage of their own, so that they qualify.
+against 85, on an H200.) Only stages whose outputs are exactly such reductions, of one source
+shape and axes, take this schedule; :mod:`.materialize` gives column reductions read by other
+work a stage of their own, so that they qualify.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
 
 from llvmlite import ir
 
@@ -55,19 +63,22 @@ from ..expr import Expr, cdiv, const, emax, emin, eq, ge, land, le, mod, product
 from ..graph import Graph
 from ..summary import Scratch
 from .codegen import Ctx, Emitter, acc_dtype
-from .irutil import I1, I64, convert, sreg
+from .irutil import I1, I32, I64, convert, sreg
 from .mathops import combine, identity
 from .schedule import Choice, KernelSpec, fresh_name, vector_width
 from .tuning import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS
 
 __all__ = ["column_axes", "row_axes", "base_reduction", "column_group", "column_choices", "split",
            "emit_split", "TARGET_THREADS", "ROWS_MIN", "SPLIT_MIN", "SPLIT_MAX", "THREAD_SPLITS",
-           "WARP_SPLITS", "PAIR_TARGET", "UNROLL", "VECTOR", "VECTOR_UNROLL"]
+           "WARP_SPLITS", "PAIR_TARGET", "QUAD_TARGET", "QUAD_UNROLL", "quad",
+           "UNROLL", "VECTOR", "VECTOR_UNROLL"]
 
 TARGET_THREADS = 1 << 19  # split threads to aim for (about 4000 per SM of an H200)
 PAIR_TARGET = 1 << 18     # output splits to aim for over leading axes in pairs of 8-byte outputs
 ROWS_MIN = 16             # reduced indices per split thread at least (4 unrolled iterations)
 SPLIT_MIN = 4             # fewer splits than this: the general schedule (one thread each)
+QUAD_TARGET = 1 << 18     # output splits for plain leading-axis reductions in groups of 4
+QUAD_UNROLL = 4           # accumulators per lane in those groups
 SPLIT_MAX = 16384         # partials per output at most (the final kernel reads them all)
 THREAD_SPLITS = 32        # a thread combines up to this many partials of its output alone
 WARP_SPLITS = 512         # a warp combines up to this many partials, a block more
@@ -147,7 +158,8 @@ def column_group(graph: Graph, outputs: list[int]) -> list[int] | None:
 
 
 
-def split(graph: Graph, r: int, vec: int = 1) -> tuple[Expr, Expr, Expr]:
+def split(graph: Graph, r: int, vec: int = 1,
+          quads: bool = False) -> tuple[Expr, Expr, Expr]:
     """(outputs M, reduced length K, splits S) of column reduction ``r``: ``S`` threads per
     output, enough for about :data:`TARGET_THREADS` in all, at least :data:`ROWS_MIN` reduced
     indices each, at most :data:`SPLIT_MAX`.
@@ -157,19 +169,36 @@ def split(graph: Graph, r: int, vec: int = 1) -> tuple[Expr, Expr, Expr]:
     outputs (float64, int64, complex64) aims for :data:`PAIR_TARGET` output splits instead:
     twice the rows per thread and half the partials were 4-9% faster on an H200 for float64
     column sums and standard deviations from 100000 x 64 to 512 x 65536, but 12% slower for
-    middle-axis sums such as (256, 1024, 256); float32 groups of 4 gained on some shapes
-    what they lost on others (notes/column-perf.md, session 21)."""
+    middle-axis sums such as (256, 1024, 256). ``quads`` (:func:`quad`, groups of 4): aim
+    for :data:`QUAD_TARGET`, each lane with :data:`QUAD_UNROLL` accumulators. Either way no
+    fewer than :data:`SPLIT_MIN` splits where :data:`TARGET_THREADS` gives that many: the
+    smaller target alone would send 65537..131072 outputs to the general schedule."""
     node = graph.nodes[r]
     src = graph.nodes[node.inputs[0]]
     a, b = column_axes(graph, r)  # type: ignore[misc]
     kept = product(src.shape[:a] + src.shape[b:])
     length = product(src.shape[a:b])
-    target = const(TARGET_THREADS)
-    if vec == 2 and a == 0:
-        target = select(eq(mod(product(src.shape[b:]), 2), 0), PAIR_TARGET, TARGET_THREADS)
-    s = emin(emin(cdiv(target, emax(kept, const(1))), cdiv(length, ROWS_MIN)),
-             const(SPLIT_MAX))
+    per_output = cdiv(const(TARGET_THREADS), emax(kept, const(1)))
+    want = per_output
+    group = 2 if vec == 2 and a == 0 else 4 if vec == 4 and quads else 0
+    if group:
+        fewer = emax(cdiv(const(PAIR_TARGET if group == 2 else QUAD_TARGET),
+                          emax(kept, const(1))), emin(per_output, const(SPLIT_MIN)))
+        want = select(eq(mod(product(src.shape[b:]), group), 0), fewer, per_output)
+    s = emin(emin(want, cdiv(length, ROWS_MIN)), const(SPLIT_MAX))
     return kept, length, s
+
+
+def quad(graph: Graph, reduces: Sequence[int]) -> bool:
+    """Whether split kernels of ``reduces`` take groups of 4 the quad way: reductions over
+    leading axes of an input itself (a column sum, mean, max or min of ``x``), whose body is
+    one load per lane. Heavier bodies (the variance pass of a standard deviation) and
+    middle-axis reductions were slower with it (notes/column-perf.md, session 21)."""
+    for r in reduces:
+        axes = column_axes(graph, r)
+        if axes is None or axes[0] != 0 or graph.nodes[graph.nodes[r].inputs[0]].op != "input":
+            return False
+    return True
 
 
 def column_choices(graph: Graph, base: str, outs: list[tuple[str, int]],
@@ -182,7 +211,8 @@ def column_choices(graph: Graph, base: str, outs: list[tuple[str, int]],
         return None
     src_shape = graph.nodes[graph.nodes[reduces[0]].inputs[0]].shape
     vec = vector_width(graph, [graph.nodes[r].inputs[0] for r in reduces]) if VECTOR else 1
-    kept, _, s = split(graph, reduces[0], vec)
+    quads = vec == 4 and quad(graph, reduces)
+    kept, _, s = split(graph, reduces[0], vec, quads)
     scratch, parts = [], []
     for k, r in enumerate(reduces):
         name = fresh_name(f"{base}_col{k}", taken)
@@ -190,9 +220,23 @@ def column_choices(graph: Graph, base: str, outs: list[tuple[str, int]],
         scratch.append(Scratch(name, acc_dtype(node.attrs[0], node.dtype), (kept, s)))
         parts.append((r, name))
     names = tuple(n for _, n in parts)
-    splitter = KernelSpec(f"{base}_colsplit", "colsplit", tuple((n, r) for r, n in parts),
-                          src_shape, BLOCK, emin(cdiv(s * kept, BLOCK), GRID_CAP),
-                          reduces=tuple(reduces), scratch=names, split=s)
+    grid = emin(cdiv(s * kept, BLOCK), GRID_CAP)
+    splitters = [KernelSpec(f"{base}_colsplit", "colsplit", tuple((n, r) for r, n in parts),
+                            src_shape, BLOCK, grid, reduces=tuple(reduces), scratch=names,
+                            split=s)]
+    if quads:
+        # Two split kernels, one of which runs (the other's grid is empty): the quad kernel
+        # where groups of 4 fit the kept length, a kernel of the one-output body alone
+        # elsewhere, which keeps its own registers (the quad body's would halve its
+        # occupancy: 1000 x 65537 float32 94 -> 166 µs). No variant more.
+        fits = eq(mod(product(src_shape[column_axes(graph, reduces[0])[1]:]), 4), 0)
+        one = KernelSpec(f"{base}_colsplit1", "colsplit", splitters[0].outputs, src_shape,
+                         BLOCK, select(fits, 0, grid), group="one", reduces=tuple(reduces),
+                         scratch=names, split=s)
+        if not fits.is_const:
+            splitters = [dataclasses.replace(splitters[0], grid=select(fits, grid, 0)), one]
+        elif not fits.value:  # static dims: only the one kernel that can run is compiled
+            splitters = [dataclasses.replace(one, grid=grid)]
     # the final kernel's rows are the reductions' elements (keepdims shape); an output
     # without keepdims shares their flat layout, so it is stored as the reduction itself
     out_shape = graph.nodes[reduces[0]].shape
@@ -209,7 +253,7 @@ def column_choices(graph: Graph, base: str, outs: list[tuple[str, int]],
         final = KernelSpec(f"{base}_colfinal{group}", "row", stored, out_shape, threads,
                            grid, group=group, reduces=tuple(reduces),
                            partials=tuple((r, n, s) for r, n in parts), scratch=names)
-        choices.append(Choice((splitter, final), tuple(scratch),
+        choices.append(Choice((*splitters, final), tuple(scratch),
                               None if pred.is_const else pred))
         if pred.is_const:  # always holds: nothing after it can run
             break
@@ -227,9 +271,15 @@ def emit_split(em: Emitter, spec: KernelSpec) -> None:
     g = em.graph
     src_ids = [g.nodes[r].inputs[0] for r in spec.reduces]
     vec = vector_width(g, src_ids) if VECTOR else 1
-    if vec == 1:
+    if vec == 1 or spec.group == "one":
         _split_body(em, spec, 1)
         return
+    if vec == 4 and quad(g, spec.reduces):
+        # __launch_bounds__(BLOCK): measured faster than without (and than a bound of
+        # 1024 resident threads, i.e. 64 registers) for the quad body on an H200
+        for key, value in (("maxntidx", spec.block), ("minctasm", 1)):
+            em.module.add_named_metadata("nvvm.annotations", [
+                em.fn, ir.MetaDataString(em.module, key), ir.Constant(I32, value)])
     b = em.b
     flag = em.loops.alloca(I1, "vector")
     with b.if_else(b.load(flag, typ=I1)) as (wide, narrow):
@@ -262,7 +312,8 @@ def _split_body(em: Emitter, spec: KernelSpec, vec: int) -> None:
     tid, bid, nb = sreg(b, m, "tid"), sreg(b, m, "ctaid"), sreg(b, m, "nctaid")
     gid = b.add(b.mul(bid, c(spec.block)), tid)
     accs_of = {r: acc_dtype(g.nodes[r].attrs[0], g.nodes[r].dtype) for r in spec.reduces}
-    unroll = UNROLL if vec == 1 else VECTOR_UNROLL
+    unroll = UNROLL if vec == 1 else QUAD_UNROLL if vec == 4 and quad(g, spec.reduces) else \
+        VECTOR_UNROLL
     leaves = sorted(n for n in g.reachable([g.nodes[r].inputs[0] for r in spec.reduces])
                     if g.nodes[n].op == "input" and g.nodes[n].shape == src_shape)
     with em.loops.range(gid, b.mul(splits, groups), b.mul(nb, c(spec.block)), "g") as i:
