@@ -235,3 +235,20 @@ def test_quad_stages_are_plain_float32_reductions_over_leading_axes():
     kernels = {ln.kernel for v in _program(forms).summary.variants for ln in v.launches}
     # x's sum and mean share one stage, the only quad stage: one one-output kernel beside it
     assert sum(k.endswith("colsplit1") for k in kernels) == 1
+
+
+def test_a_quad_stage_keeps_the_variants_of_its_neighbours():
+    """The quad mean and the variance pass of one tensor share predicates (the one-output
+    schedule's splits), so a float32 standard deviation has 4 variants, as before quads; two
+    of them over different tensors 16, not 256 (which fit_variants would have trimmed,
+    sending wide shapes to the general schedule)."""
+    @kp.fusion
+    def stds(x: T[kp.f32, "a", "b"], y: T[kp.f32, "c", "d"]):
+        mx, my = x.mean(axis=0, keepdims=True), y.mean(axis=0, keepdims=True)
+        return kp.sqrt(((x - mx) * (x - mx)).mean(axis=0)), kp.sqrt(((y - my) ** 2).mean(axis=0))
+
+    assert len(_program(stds).summary.variants) == 16
+    kernels = _kernels(_program(stds), x=(100000, 64), y=(3000, 7))
+    assert [k for k in kernels if "final" in k] == [
+        "stds_0_colfinalblock", "stds_1_colfinalwarp", "stds_2_colfinalblock",
+        "stds_3_colfinalwarp"], kernels

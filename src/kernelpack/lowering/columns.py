@@ -41,6 +41,8 @@ output splits, :data:`QUAD_UNROLL` = 4 accumulators per lane, ``__launch_bounds_
 (column sums 0.69-0.87 of the shared kernel's time on an H200, 8192 x 8192 98 -> 85 µs);
 the one-output body, which would run at that kernel's occupancy, is a kernel of its own
 (``colsplit1``) for the other widths, and the launch that does not apply has an empty grid.
+Their predicates read the one-output schedule's splits, as the other column stages over the
+same tensor do, so that the stages stay in lockstep (one set of variants).
 
 When ``S`` would be small (short reductions, or so many outputs that one thread each already
 fills the GPU) the stage keeps the general schedule, chosen at run time by the variants'
@@ -241,11 +243,17 @@ def column_choices(graph: Graph, base: str, outs: list[tuple[str, int]],
     # without keepdims shares their flat layout, so it is stored as the reduction itself
     out_shape = graph.nodes[reduces[0]].shape
     stored = tuple((name, base_reduction(graph, nid)) for name, nid in outs)
-    finals = (("thread", BLOCK, emin(cdiv(kept, BLOCK), GRID_CAP), le(s, THREAD_SPLITS)),
-              ("warp", BLOCK, emin(cdiv(kept, WARP_ROWS), GRID_CAP), le(s, WARP_SPLITS)),
+    # The predicates read the splits of the one-output schedule (2^19) even for a quad stage:
+    # its own splits are never more and never below SPLIT_MIN where those are not (split()),
+    # so every final still fits, and a quad stage keeps the predicates of the other column
+    # stages over the same tensor (a standard deviation's variance pass): stages in
+    # lockstep share one set of variants (4, not 4 x 4, and no trimming by fit_variants).
+    by = split(graph, reduces[0], vec)[2] if quads else s
+    finals = (("thread", BLOCK, emin(cdiv(kept, BLOCK), GRID_CAP), le(by, THREAD_SPLITS)),
+              ("warp", BLOCK, emin(cdiv(kept, WARP_ROWS), GRID_CAP), le(by, WARP_SPLITS)),
               ("block", ROW_BLOCK, emin(kept, GRID_CAP), None))
     choices = []
-    enough = ge(s, SPLIT_MIN)
+    enough = ge(by, SPLIT_MIN)
     for group, threads, grid, fits in finals:
         pred = enough if fits is None else land(enough, fits)
         if pred.is_const and not pred.value:
