@@ -20,8 +20,8 @@ from ..errors import CompileError
 from ..expr import Expr
 from ..graph import BINARY, COMPARE, UNARY, Graph, Node
 from .bounds import int_max, shift_count_syms
-from .irutil import I64, Loops, Val, call_function, component, const_of, convert, int_expr_op, \
-    round_result, storage_type, to_compute
+from .irutil import I32, I64, Loops, Val, call_function, component, const_of, convert, \
+    int_expr_op, round_result, storage_type, to_compute
 from .memory import Memory
 
 __all__ = ["Ctx", "Emitter", "NotRowSchedulable", "acc_dtype", "ZERO"]
@@ -67,6 +67,15 @@ def _same(a: ir.Value, b: ir.Value) -> bool:
 class Emitter(Memory):
     """Builds one kernel function. ``buffers``/``scalars`` are the kernel's pointer and value
     parameters (name, dtype) in order; ``symbols`` the i64 dim parameters that follow."""
+
+    def launch_bounds(self, threads: int, blocks_per_sm: int = 0) -> None:
+        """``__launch_bounds__(threads, blocks_per_sm)`` as NVVM annotations (LLVM emits
+        ``.maxntid`` and, when ``blocks_per_sm`` is given, ``.minnctapersm``): what ptxas may
+        assume about the block, and how many blocks per SM its register budget must allow."""
+        ann = [("maxntidx", threads)] + ([("minctasm", blocks_per_sm)] if blocks_per_sm else [])
+        for key, value in ann:
+            self.module.add_named_metadata("nvvm.annotations", [
+                self.fn, ir.MetaDataString(self.module, key), ir.Constant(I32, value)])
 
     def __init__(self, module: ir.Module, graph: Graph, name: str,
                  buffers: Sequence[tuple[str, DType]], scalars: Sequence[tuple[str, DType]],

@@ -65,7 +65,7 @@ from ..expr import Expr, cdiv, const, emax, emin, eq, ge, land, le, mod, product
 from ..graph import Graph
 from ..summary import Scratch
 from .codegen import Ctx, Emitter, acc_dtype
-from .irutil import I1, I32, I64, convert, sreg
+from .irutil import I1, I64, convert, sreg
 from .mathops import combine, identity
 from .schedule import Choice, KernelSpec, fresh_name, vector_width
 from .tuning import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS
@@ -73,6 +73,7 @@ from .tuning import BLOCK, GRID_CAP, ROW_BLOCK, WARP_ROWS
 __all__ = ["column_axes", "row_axes", "base_reduction", "column_group", "column_choices", "split",
            "emit_split", "TARGET_THREADS", "ROWS_MIN", "SPLIT_MIN", "SPLIT_MAX", "THREAD_SPLITS",
            "WARP_SPLITS", "PAIR_TARGET", "QUAD_TARGET", "QUAD_UNROLL", "quad",
+           "whole_groups",
            "UNROLL", "VECTOR", "VECTOR_UNROLL"]
 
 TARGET_THREADS = 1 << 19  # split threads to aim for (about 4000 per SM of an H200)
@@ -186,9 +187,16 @@ def split(graph: Graph, r: int, vec: int = 1,
     if group:
         fewer = emax(cdiv(const(PAIR_TARGET if group == 2 else QUAD_TARGET),
                           emax(kept, const(1))), emin(per_output, const(SPLIT_MIN)))
-        want = select(eq(mod(product(src.shape[b:]), group), 0), fewer, per_output)
+        want = select(whole_groups(graph, r, group), fewer, per_output)
     s = emin(emin(want, cdiv(length, ROWS_MIN)), const(SPLIT_MAX))
     return kept, length, s
+
+
+def whole_groups(graph: Graph, r: int, group: int) -> Expr:
+    """Whether the kept trailing length of column reduction ``r`` is a whole number of
+    groups of ``group`` outputs (an expression of the shapes)."""
+    src = graph.nodes[graph.nodes[r].inputs[0]]
+    return eq(mod(product(src.shape[column_axes(graph, r)[1]:]), group), 0)  # type: ignore[index]
 
 
 def quad(graph: Graph, reduces: Sequence[int]) -> bool:
@@ -223,22 +231,22 @@ def column_choices(graph: Graph, base: str, outs: list[tuple[str, int]],
         parts.append((r, name))
     names = tuple(n for _, n in parts)
     grid = emin(cdiv(s * kept, BLOCK), GRID_CAP)
-    splitters = [KernelSpec(f"{base}_colsplit", "colsplit", tuple((n, r) for r, n in parts),
-                            src_shape, BLOCK, grid, reduces=tuple(reduces), scratch=names,
-                            split=s)]
+    splitter = KernelSpec(f"{base}_colsplit", "colsplit", tuple((n, r) for r, n in parts),
+                          src_shape, BLOCK, grid, group="quad" if quads else "",
+                          reduces=tuple(reduces), scratch=names, split=s)
+    splitters = [splitter]
     if quads:
         # Two split kernels, one of which runs (the other's grid is empty): the quad kernel
         # where groups of 4 fit the kept length, a kernel of the one-output body alone
         # elsewhere, which keeps its own registers (the quad body's would halve its
         # occupancy: 1000 x 65537 float32 94 -> 166 µs). No variant more.
-        fits = eq(mod(product(src_shape[column_axes(graph, reduces[0])[1]:]), 4), 0)
-        one = KernelSpec(f"{base}_colsplit1", "colsplit", splitters[0].outputs, src_shape,
-                         BLOCK, select(fits, 0, grid), group="one", reduces=tuple(reduces),
-                         scratch=names, split=s)
+        fits = whole_groups(graph, reduces[0], 4)
+        one = dataclasses.replace(splitter, name=f"{base}_colsplit1", group="one")
         if not fits.is_const:
-            splitters = [dataclasses.replace(splitters[0], grid=select(fits, grid, 0)), one]
+            splitters = [dataclasses.replace(splitter, grid=select(fits, grid, 0)),
+                         dataclasses.replace(one, grid=select(fits, 0, grid))]
         elif not fits.value:  # static dims: only the one kernel that can run is compiled
-            splitters = [dataclasses.replace(one, grid=grid)]
+            splitters = [one]
     # the final kernel's rows are the reductions' elements (keepdims shape); an output
     # without keepdims shares their flat layout, so it is stored as the reduction itself
     out_shape = graph.nodes[reduces[0]].shape
@@ -282,12 +290,10 @@ def emit_split(em: Emitter, spec: KernelSpec) -> None:
     if vec == 1 or spec.group == "one":
         _split_body(em, spec, 1)
         return
-    if vec == 4 and quad(g, spec.reduces):
+    if spec.group == "quad":
         # __launch_bounds__(BLOCK): measured faster than without (and than a bound of
         # 1024 resident threads, i.e. 64 registers) for the quad body on an H200
-        for key, value in (("maxntidx", spec.block), ("minctasm", 1)):
-            em.module.add_named_metadata("nvvm.annotations", [
-                em.fn, ir.MetaDataString(em.module, key), ir.Constant(I32, value)])
+        em.launch_bounds(spec.block, 1)
     b = em.b
     flag = em.loops.alloca(I1, "vector")
     with b.if_else(b.load(flag, typ=I1)) as (wide, narrow):
@@ -320,8 +326,7 @@ def _split_body(em: Emitter, spec: KernelSpec, vec: int) -> None:
     tid, bid, nb = sreg(b, m, "tid"), sreg(b, m, "ctaid"), sreg(b, m, "nctaid")
     gid = b.add(b.mul(bid, c(spec.block)), tid)
     accs_of = {r: acc_dtype(g.nodes[r].attrs[0], g.nodes[r].dtype) for r in spec.reduces}
-    unroll = UNROLL if vec == 1 else QUAD_UNROLL if vec == 4 and quad(g, spec.reduces) else \
-        VECTOR_UNROLL
+    unroll = UNROLL if vec == 1 else QUAD_UNROLL if spec.group == "quad" else VECTOR_UNROLL
     leaves = sorted(n for n in g.reachable([g.nodes[r].inputs[0] for r in spec.reduces])
                     if g.nodes[n].op == "input" and g.nodes[n].shape == src_shape)
     with em.loops.range(gid, b.mul(splits, groups), b.mul(nb, c(spec.block)), "g") as i:

@@ -27,8 +27,8 @@ reads a short workspace, on a grid of its own (:mod:`.fullred` for a full mean).
 
 Only reductions below a stage that the scheduler put on the general schedule are considered:
 the row kernels keep trailing-axis reductions per row and :mod:`.fullred` writes full ones'
-outputs on a grid (``x / x.sum()``), and any other reduction read only at its own shape is computed once per
-element that needs it anyway.
+outputs on a grid (``x / x.sum()``), and any other reduction read only at its own shape is
+computed once per element that needs it anyway.
 """
 
 from __future__ import annotations

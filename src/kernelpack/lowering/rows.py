@@ -25,7 +25,7 @@ from ..graph import Graph
 from .codegen import ZERO, Ctx, Emitter, acc_dtype
 from .groups import block_reduce, warp_reduce
 from . import threadrows
-from .irutil import I1, I32, I64, Val, convert, sreg
+from .irutil import I1, I64, Val, convert, sreg
 from .mathops import combine, finalize, identity
 from .regrows import RegisterRows
 from .schedule import KernelSpec
@@ -109,17 +109,12 @@ def _launch_bounds(em: Emitter, spec: KernelSpec) -> None:
     budget of that many resident threads per SM instead of taking ~250 registers. Thread rows
     are bounded only where the schedule asks (the one-row-per-thread variant,
     ``tuning.ONE_ROW_MIN_THREADS``) or ``threadrows.MIN_THREADS`` does."""
-    ann = [("maxntidx", spec.block)]
     most = 0
     if spec.slots:
         most = spec.min_threads or MIN_THREADS_PER_SM
     elif spec.group == "thread":
         most = spec.min_threads or threadrows.MIN_THREADS[threadrows.width(em, spec.reduces)]
-    if most:
-        ann.append(("minctasm", max(1, most // spec.block)))
-    for key, value in ann:
-        em.module.add_named_metadata("nvvm.annotations", [
-            em.fn, ir.MetaDataString(em.module, key), ir.Constant(I32, value)])
+    em.launch_bounds(spec.block, max(1, most // spec.block) if most else 0)
 
 
 class _Group(RegisterRows):
@@ -185,9 +180,10 @@ class _Group(RegisterRows):
         """Combine this row's ``count`` partials ``ws[start + p]`` (``start`` None: from 0)
         into ``acc``: this lane's partials ``lane, lane + size, ...`` go
         :data:`~.tuning.COMBINE_UNROLL` at a time into as many accumulators, whole rounds
-        without bounds checks, then the rest into the first. One accumulator had one load in flight per thread: the combine kernel of a
-        268M-element float32 sum took 5.2 µs against 3.9 for Triton's (H200, torch.profiler;
-        notes/row-perf.md). The order of the terms is fixed by the launch shape, as before."""
+        without bounds checks, then the rest into the first. One accumulator had one load in
+        flight per thread: the combine kernel of a 268M-element float32 sum took 5.2 µs
+        against 3.9 for Triton's (H200, torch.profiler; notes/row-perf.md). The order of the
+        terms is fixed by the launch shape, as before."""
         em, b = self.em, self.em.b
         c = lambda v: ir.Constant(I64, v)  # noqa: E731
         unroll = tuning.COMBINE_UNROLL
