@@ -5,7 +5,8 @@ Timing follows ``triton.testing.do_bench``: before every timed call a 256 MiB bu
 (this flushes L2 and, since it keeps the GPU busy, lets the host queue the timed call ahead so
 its launch overhead does not land inside the events), a pair of CUDA events brackets the call,
 and the median over many calls is reported. Callers that pass several closures get them in
-rotation, so inputs that would fit in L2 are not re-read from it.
+rotation, so inputs that would fit in L2 are not re-read from it. ``per_call_us`` times host
+overhead instead: many calls back to back, then a sync.
 
 Only torch is needed (imported on first use), so ``benchmarks/kernels.py`` stays importable on a
 machine without a GPU.
@@ -18,11 +19,13 @@ import math
 import os
 import statistics
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["cuda_torch", "median_ms", "copy_bandwidth", "time_cell", "rel_err", "device_info",
-           "markdown_table", "append_results", "l2_bytes", "rotation_count", "RESULTS"]
+__all__ = ["cuda_torch", "median_ms", "per_call_us", "copy_bandwidth", "time_cell", "rel_err",
+           "device_info", "markdown_table", "append_results", "l2_bytes", "rotation_count",
+           "RESULTS"]
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 FLUSH_BYTES = 256 << 20
@@ -95,6 +98,28 @@ def median_ms(fns: Callable[[], object] | Sequence[Callable[[], object]], *,
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def per_call_us(fns: dict[str, Callable[[], object]], sync: Callable[[], None], calls: int,
+                reps: int, warm: int = 50) -> dict[str, float]:
+    """Median host-side µs per call of each of ``fns``: ``reps`` rounds, each timing ``calls``
+    back-to-back calls and a ``sync`` per method, the methods interleaved within a round so
+    that clock drift hits them alike (after ``warm`` untimed calls of each). For launch
+    overhead: with short kernels the figure is the host's time per call."""
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        for _ in range(warm):
+            fn()
+    sync()
+    for _ in range(reps):
+        for name, fn in fns.items():
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync()
+            samples[name].append((time.perf_counter() - t0) / calls * 1e6)
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, **kw: Any) -> float:

@@ -36,17 +36,18 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
-import statistics
 import struct
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+
+from _gpu_timing import per_call_us  # noqa: E402
 
 N = 1024
 A = 2.0
@@ -187,24 +188,6 @@ def triton_launcher(x, y, z):  # type: ignore[no-untyped-def]
         return out
 
     return run, run_allocating
-
-
-def measure(fns: dict[str, Callable[[], None]], sync: Callable[[], None], launches: int,
-            reps: int) -> dict[str, float]:
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():  # warm every path
-        for _ in range(50):
-            fn()
-    sync()
-    for _ in range(reps):
-        for name, fn in fns.items():
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(launches):
-                fn()
-            sync()
-            samples[name].append((time.perf_counter() - t0) / launches * 1e6)
-    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def breakdown(torch, x, floor) -> list[str]:  # type: ignore[no-untyped-def]
@@ -370,7 +353,7 @@ def main() -> int:
         torch.cuda.synchronize()
         torch.testing.assert_close(got, want, msg=lambda m, n=name: f"{n}: {m}")
 
-    result = measure(fns, torch.cuda.synchronize, opts.launches, opts.reps)
+    result = per_call_us(fns, torch.cuda.synchronize, opts.launches, opts.reps)
     print("pieces:", "; ".join(breakdown(torch, x, fns["raw cuLaunchKernel (floor)"])))
     floor = result["raw cuLaunchKernel (floor)"]
     dev = torch.cuda.get_device_name(0)

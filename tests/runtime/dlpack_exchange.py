@@ -15,7 +15,8 @@ from ctypes import POINTER, Structure, c_int, c_int32, c_int64, c_uint8, c_uint1
 from typing import Any
 
 # DLPack codes per stand-in dtype name: (type code, bits)
-DL = {"float32": (2, 32), "int32": (0, 32), "complex64": (5, 64), "float64": (2, 64)}
+DL = {"float32": (2, 32), "int32": (0, 32), "complex64": (5, 64), "float64": (2, 64),
+      "uint8": (1, 8)}
 
 
 class DLDevice(Structure):

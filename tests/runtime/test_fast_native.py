@@ -161,7 +161,10 @@ def test_symbol_scalars_are_part_of_the_key(monkeypatch, torch, launch_path) -> 
         call_program(prog, x, -1)  # a negative grid: the planner refuses, the general path says
     if launch_path == "C":
         fast = _fast(prog)
-        assert fast.fast_calls == 4 and fast.entries == 3
+        # keys 2, 3, 5 and the refused -1 (remembered: its next call asks no hook)
+        assert fast.fast_calls == 4 and fast.entries == 4
+    with pytest.raises(ConstraintError):
+        call_program(prog, x, -1)
 
 
 def _two_launch_program() -> Compiled:

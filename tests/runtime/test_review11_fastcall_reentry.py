@@ -120,7 +120,7 @@ class Hooks:
         block = struct.pack("<QQf4x", 0, 0, self.template or 0.0)
         shapes = ((n,),) if self.marker is None else (self.marker(),)
         return (shapes, (0,), tuple((0, n, 1, 1, 1, 1, 1, 0, block)
-                                    for _ in range(self.launches)), (), False, (0, ()))
+                                    for _ in range(self.launches)), (), False, (0, ()), None)
 
     def slow(self, args, out, stream) -> str:
         self.slow_calls.append(args)

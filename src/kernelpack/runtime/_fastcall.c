@@ -39,8 +39,8 @@
 
 static PyTypeObject *FastCallType = NULL;
 
-static PyObject *s_flat, *s_allocate, *s_entry, *s_context_was_lost, *s_pop_context,
-    *s_launch_failed, *s_slow, *s_stream_handle, *s_ptr, *s_device_id;
+static PyObject *s_flat, *s_allocate, *s_scratch, *s_entry, *s_context_was_lost,
+    *s_pop_context, *s_launch_failed, *s_slow, *s_stream_handle, *s_ptr, *s_device_id;
 
 /* The remembered context (see the top): valid while epoch matches context_epoch. */
 static long context_epoch = 1;
@@ -303,6 +303,7 @@ static void entry_free(Entry *e) {
     PyMem_Free(e->likes);
     PyMem_Free(e->views);
     PyMem_Free(e->spans);
+    PyMem_Free(e->scratch);
     if (e->launches != NULL)
         for (k = 0; k < e->nlaunch; k++)
             PyMem_Free(e->launches[k].tmpl);
@@ -326,58 +327,79 @@ static int as_uint32(PyObject *o, unsigned int *out) {
     return 0;
 }
 
-/* The spans a single out= must not partially overlap, from hooks.entry's `overlap`:
- * (out_nbytes, ((value slot, nbytes), ...)). -1 with an exception set when malformed. */
-static int spans_from(FastCall *self, Entry *e, PyObject *overlap) {
-    PyObject *spans;
+/* hooks.entry's (total, ((value slot, value), ...)) pairs of `what` (the overlap's out= size
+ * and the inputs' spans, the scratch's size and the buffers' offsets): the total into *total,
+ * the pairs into a new array *items of *n. -1 with an exception set when malformed. */
+static int slot_values(FastCall *self, PyObject *answer, const char *what, uint64_t *total,
+                       Py_ssize_t *n, SlotValue **items) {
+    PyObject *pairs;
     Py_ssize_t k;
-    if (!PyTuple_Check(overlap) || PyTuple_Size(overlap) != 2 ||
-        !PyTuple_Check(spans = PyTuple_GetItem(overlap, 1))) {
-        PyErr_SetString(PyExc_TypeError, "FastCall: hooks.entry's overlap is (out_nbytes, "
-                        "((slot, nbytes), ...))");
+    if (!PyTuple_Check(answer) || PyTuple_Size(answer) != 2 ||
+        !PyTuple_Check(pairs = PyTuple_GetItem(answer, 1))) {
+        PyErr_Format(PyExc_TypeError, "FastCall: hooks.entry's %s is (total, ((slot, value), "
+                     "...))", what);
         return -1;
     }
-    e->out_nbytes = PyLong_AsUnsignedLongLong(PyTuple_GetItem(overlap, 0));
+    *total = PyLong_AsUnsignedLongLong(PyTuple_GetItem(answer, 0));
     if (PyErr_Occurred())
         return -1;
-    e->nspans = PyTuple_Size(spans);
-    e->spans = PyMem_Calloc(e->nspans ? e->nspans : 1, sizeof(InSpan));
-    if (e->spans == NULL) {
+    *n = PyTuple_Size(pairs);
+    *items = PyMem_Calloc(*n ? *n : 1, sizeof(SlotValue));
+    if (*items == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    for (k = 0; k < e->nspans; k++) {
-        PyObject *item = PyTuple_GetItem(spans, k);
+    for (k = 0; k < *n; k++) {
+        PyObject *item = PyTuple_GetItem(pairs, k);
         long slot;
         if (!PyTuple_Check(item) || PyTuple_Size(item) != 2) {
-            PyErr_SetString(PyExc_TypeError, "FastCall: an overlap span is (slot, nbytes)");
+            PyErr_Format(PyExc_TypeError, "FastCall: an item of hooks.entry's %s is (slot, "
+                         "value)", what);
             return -1;
         }
         slot = PyLong_AsLong(PyTuple_GetItem(item, 0));
-        e->spans[k].nbytes = PyLong_AsUnsignedLongLong(PyTuple_GetItem(item, 1));
+        (*items)[k].value = PyLong_AsUnsignedLongLong(PyTuple_GetItem(item, 1));
         if (PyErr_Occurred())
             return -1;
         if (slot < 0 || slot >= self->nvalues) {
-            PyErr_SetString(PyExc_ValueError, "FastCall: an overlap span's slot is out of "
-                            "range");
+            PyErr_Format(PyExc_ValueError, "FastCall: a value slot of hooks.entry's %s is out "
+                         "of range", what);
             return -1;
         }
-        e->spans[k].slot = (int)slot;
+        (*items)[k].slot = (int)slot;
     }
     return 0;
 }
 
+/* The scratch of hooks.entry's answer: None, or (nbytes, ((value slot, offset), ...)) with
+ * every offset within nbytes (an empty buffer may lie at the end, offset == nbytes). */
+static int scratch_from(FastCall *self, Entry *e, PyObject *scratch) {
+    Py_ssize_t k;
+    if (scratch == Py_None)
+        return 0;
+    if (slot_values(self, scratch, "scratch", &e->scratch_nbytes, &e->nscratch,
+                    &e->scratch) < 0)
+        return -1;
+    for (k = 0; k < e->nscratch; k++)
+        if (e->scratch[k].value > e->scratch_nbytes) {
+            PyErr_SetString(PyExc_ValueError, "FastCall: a scratch buffer's offset is past "
+                            "the scratch's size");
+            return -1;
+        }
+    return 0;
+}
+
 /* The C entry for hooks.entry(key)'s answer (shapes, likes, launches, views, view_out,
- * overlap); NULL with an exception set when the answer is malformed (a bug in fast_native.py,
- * reported as such). */
+ * overlap, scratch); NULL with an exception set when the answer is malformed (a bug in
+ * fast_native.py, reported as such). */
 static Entry *entry_from(FastCall *self, PyObject *answer) {
     PyObject *shapes, *likes, *launches, *views;
     Entry *e;
     Py_ssize_t k, n;
     int view_out;
-    if (!PyTuple_Check(answer) || PyTuple_Size(answer) != 6) {
+    if (!PyTuple_Check(answer) || PyTuple_Size(answer) != 7) {
         PyErr_SetString(PyExc_TypeError, "FastCall: hooks.entry must answer None or "
-                        "(shapes, likes, launches, views, view_out, overlap)");
+                        "(shapes, likes, launches, views, view_out, overlap, scratch)");
         return NULL;
     }
     shapes = PyTuple_GetItem(answer, 0);
@@ -414,7 +436,9 @@ static Entry *entry_from(FastCall *self, PyObject *answer) {
         entry_free(e);
         return (Entry *)PyErr_NoMemory();
     }
-    if (spans_from(self, e, PyTuple_GetItem(answer, 5)) < 0) {
+    if (slot_values(self, PyTuple_GetItem(answer, 5), "overlap", &e->out_nbytes, &e->nspans,
+                    &e->spans) < 0 ||
+        scratch_from(self, e, PyTuple_GetItem(answer, 6)) < 0) {
         entry_free(e);
         return NULL;
     }
@@ -486,10 +510,11 @@ static Entry *entry_from(FastCall *self, PyObject *answer) {
     return e;
 }
 
-/* The entry for key: a new reference to its capsule, or to Py_None when the planner refuses
- * the key; NULL on error. New, not borrowed: what the caller does next may run Python (the
- * key's release runs its shapes' finalizers; a shape's __hash__ runs while the key is stored)
- * and a re-entrant call may clear the cache, which would free a borrowed capsule. */
+/* The entry for key: a new reference to its capsule, or to Py_None when the key's calls go
+ * to the general path (hooks.entry answered None; remembered like an entry); NULL on error.
+ * New, not borrowed: what the caller does next may run Python (the key's release runs its
+ * shapes' finalizers; a shape's __hash__ runs while the key is stored) and a re-entrant call
+ * may clear the cache, which would free a borrowed capsule. */
 static PyObject *entry_for(FastCall *self, PyObject *key) {
     PyObject *capsule = PyDict_GetItemWithError(self->cache, key), *answer;
     Entry *e;
@@ -500,16 +525,18 @@ static PyObject *entry_for(FastCall *self, PyObject *key) {
     answer = call_hook(self, s_entry, key);
     if (answer == NULL)
         return NULL;
-    if (answer == Py_None)
-        return answer;
-    e = entry_from(self, answer);
-    Py_DECREF(answer);
-    if (e == NULL)
-        return NULL;
-    capsule = PyCapsule_New(e, "kernelpack.fastcall.entry", entry_capsule_free);
-    if (capsule == NULL) {
-        entry_free(e);
-        return NULL;
+    if (answer == Py_None) {
+        capsule = answer; /* the reference the call answered with */
+    } else {
+        e = entry_from(self, answer);
+        Py_DECREF(answer);
+        if (e == NULL)
+            return NULL;
+        capsule = PyCapsule_New(e, "kernelpack.fastcall.entry", entry_capsule_free);
+        if (capsule == NULL) {
+            entry_free(e);
+            return NULL;
+        }
     }
     if (PyDict_Size(self->cache) >= ENTRY_CACHE_SIZE)
         PyDict_Clear(self->cache);
@@ -809,6 +836,31 @@ failed:
     return NULL;
 }
 
+/* The call's scratch (the entry's, one allocation by hooks.scratch on the device's current
+ * stream, which the call launches on), each buffer's pointer into vals; *keep holds it until
+ * the launches are queued. -1 with an exception set on failure. */
+static int allocate_scratch(FastCall *self, const Entry *e, PyObject *device_obj, Value *vals,
+                            PyObject **keep) {
+    PyObject *a[3], *n;
+    uint64_t base = 0;
+    Py_ssize_t k;
+    if (e->scratch_nbytes > 0) {
+        n = PyLong_FromUnsignedLongLong(e->scratch_nbytes);
+        if (n == NULL)
+            return -1;
+        a[0] = self->hooks;
+        a[1] = n;
+        a[2] = device_obj;
+        *keep = call_method(s_scratch, a, 3);
+        Py_DECREF(n);
+        if (*keep == NULL || output_pointer(self, *keep, &base) < 0)
+            return -1;
+    }
+    for (k = 0; k < e->nscratch; k++) /* none at all: every buffer is empty (null) */
+        vals[e->scratch[k].slot].u = base == 0 ? 0 : base + e->scratch[k].value;
+    return 0;
+}
+
 /* out= (one tensor of this type): dtype, contiguity, shape and device as the entry wants, its
  * pointer into vals. 1: fits; 0: general path; -1: error. */
 static int check_out(FastCall *self, const Entry *e, PyObject *out, long device, Value *vals) {
@@ -837,7 +889,7 @@ static int check_out(FastCall *self, const Entry *e, PyObject *out, long device,
     if (e->view_out && self->lazy_views && (r = lazy_view(&self->rd, out)) != 0)
         return r < 0 ? -1 : 0;
     for (k = 0; k < e->nspans; k++) { /* vals holds the inputs' pointers (read_arguments) */
-        uint64_t p = vals[e->spans[k].slot].u, n = e->spans[k].nbytes;
+        uint64_t p = vals[e->spans[k].slot].u, n = e->spans[k].value;
         if ((p >= ptr ? p - ptr < e->out_nbytes : ptr - p < n) &&
             (p != ptr || n != e->out_nbytes))
             return 0; /* partially overlaps an input: the general path refuses it */
@@ -949,7 +1001,7 @@ static PyObject *remembered_entry(FastCall *self, const int64_t *words, Py_ssize
 
 static PyObject *fastcall_run(FastCall *self, PyObject *const *argv, Py_ssize_t nargs) {
     PyObject *args, *out, *stream, *key, *device_obj = NULL, *capsule = NULL, *st = NULL;
-    PyObject *result = NULL, *a[4];
+    PyObject *result = NULL, *scratch = NULL, *a[4];
     Value vals[MAX_VALUES];
     const Entry *e;
     long device = -1;
@@ -1013,6 +1065,12 @@ static PyObject *fastcall_run(FastCall *self, PyObject *const *argv, Py_ssize_t 
     e = (const Entry *)PyCapsule_GetPointer(capsule, "kernelpack.fastcall.entry");
     if (e == NULL)
         goto done;
+    if (e->nscratch && stream != Py_None) { /* scratch is allocated for the current stream */
+        Py_DECREF(st);
+        Py_DECREF(capsule);
+        Py_DECREF(device_obj);
+        goto slow;
+    }
     for (k = 0; self->lazy_views && k < e->nviews; k++) {
         fits = lazy_view(&self->rd, PyTuple_GetItem(args, e->views[k]));
         if (fits < 0)
@@ -1040,10 +1098,13 @@ static PyObject *fastcall_run(FastCall *self, PyObject *const *argv, Py_ssize_t 
         }
     }
     if (result != NULL && (stream_of(self, stream, device_obj, device, &sh) < 0 ||
+                           (e->nscratch &&
+                            allocate_scratch(self, e, device_obj, vals, &scratch) < 0) ||
                            launch_all(self, e, st, device, sh, vals) < 0))
         Py_CLEAR(result);
     if (result != NULL)
         self->fast_calls++;
+    Py_XDECREF(scratch); /* after the launches are queued: the allocator reuses it in order */
 done:
     Py_DECREF(st);
     Py_DECREF(capsule);
@@ -1128,9 +1189,9 @@ static PyType_Slot fastcall_slots[] = {
     {Py_tp_getset, fastcall_getset},
     {Py_tp_doc, "FastCall(tensor_type, empty_like, raw_stream, hooks, states, n_in, tensors, "
                 "floats, ints, outputs, n_values, layouts, trust_context, flavor='torch', "
-                "current_device=None): the PyTorch (or, with flavor 'cupy' and CuPy's "
-                "current-device getter, the CuPy) fast path of one program (built by "
-                "runtime/fast_native.py)."},
+                "current_device=None, dlpack=None, scratch_slots=None): the PyTorch (or, with "
+                "flavor 'cupy' and CuPy's current-device getter, the CuPy) fast path of one "
+                "program (built by runtime/fast_native.py)."},
     {0, NULL},
 };
 
@@ -1160,7 +1221,8 @@ int kp_intern(PyObject **where, const char *text) {
 
 int kp_fastcall_init(PyObject *module) {
     if (kp_intern(&s_flat, "flat") < 0 ||
-        kp_intern(&s_allocate, "allocate") < 0 || kp_intern(&s_entry, "entry") < 0 ||
+        kp_intern(&s_allocate, "allocate") < 0 || kp_intern(&s_scratch, "scratch") < 0 ||
+        kp_intern(&s_entry, "entry") < 0 ||
         kp_intern(&s_context_was_lost, "context_was_lost") < 0 ||
         kp_intern(&s_pop_context, "pop_context") < 0 ||
         kp_intern(&s_launch_failed, "launch_failed") < 0 ||

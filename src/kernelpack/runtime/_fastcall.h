@@ -134,9 +134,10 @@ typedef struct {
 } EntryLaunch;
 
 typedef struct {
-    int slot;           /* an input's value slot */
-    uint64_t nbytes;    /* and its size in bytes */
-} InSpan;
+    int slot;           /* a value slot: an input's, or a scratch buffer's */
+    uint64_t value;     /* the input's size in bytes, or the buffer's offset in the call's
+                         * one scratch allocation */
+} SlotValue;
 
 typedef struct {
     PyObject *shapes;   /* tuple of the outputs' shapes */
@@ -148,7 +149,12 @@ typedef struct {
     int view_out;       /* the same for out= */
     uint64_t out_nbytes; /* a single out=: its size, and the non-empty tensor inputs' value */
     Py_ssize_t nspans;  /* slots and sizes it must not partially overlap (fastpath.out_overlap) */
-    InSpan *spans;
+    SlotValue *spans;
+    /* the variant's scratch as one allocation (fastpath.scratch_layout): hooks.scratch(
+     * scratch_nbytes, device) per call, each buffer's slot at its offset; nscratch 0: none */
+    uint64_t scratch_nbytes;
+    Py_ssize_t nscratch;
+    SlotValue *scratch;
 } Entry;
 
 /* How a tensor's attribute or method is read. Looked up once on the tensor type: a data

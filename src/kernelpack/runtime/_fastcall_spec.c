@@ -369,12 +369,27 @@ static int read_dlpack(FastCall *self, PyObject *dlpack) {
     return 0;
 }
 
+/* The value slots of scratch buffers (a tuple of ints, None: none), which a call writes with
+ * pointers into its scratch allocation (the entry's, _fastcall.c allocate_scratch). */
+static int read_scratch(FastCall *self, PyObject *slots, unsigned char *kinds) {
+    Py_ssize_t k;
+    long s;
+    if (slots == Py_None)
+        return 0;
+    if (!PyTuple_Check(slots))
+        return bad("scratch slots must be a tuple of ints");
+    for (k = 0; k < PyTuple_Size(slots); k++)
+        if (int_item(slots, k, &s) < 0 || slot_ok(self, s, kinds, KIND_POINTER) < 0)
+            return -1;
+    return 0;
+}
+
 static void fastcall_release(FastCall *self);
 
 PyObject *kp_fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *tensor_type, *empty_like, *raw_stream, *hooks, *states, *tensors, *floats, *ints,
         *outs,
-        *layouts, *current_device = Py_None, *dlpack = Py_None;
+        *layouts, *current_device = Py_None, *dlpack = Py_None, *scratch_slots = Py_None;
     const char *flavor = "torch";
     Py_ssize_t n_in, nvalues;
     int trust, cupy;
@@ -385,10 +400,10 @@ PyObject *kp_fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         PyErr_SetString(PyExc_TypeError, "FastCall takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OOOOO!nOOOOnOp|sOO:FastCall", &tensor_type, &empty_like,
+    if (!PyArg_ParseTuple(args, "OOOOO!nOOOOnOp|sOOO:FastCall", &tensor_type, &empty_like,
                           &raw_stream, &hooks, &PyDict_Type, &states, &n_in, &tensors, &floats,
                           &ints, &outs, &nvalues, &layouts, &trust, &flavor, &current_device,
-                          &dlpack))
+                          &dlpack, &scratch_slots))
         return NULL;
     if (!PyType_Check(tensor_type)) {
         PyErr_SetString(PyExc_TypeError, "FastCall: tensor_type must be a type");
@@ -435,6 +450,7 @@ PyObject *kp_fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     memset(kinds, KIND_NONE, sizeof kinds);
     if (self->cache == NULL || reader_init(&self->rd, tensor_type, cupy) < 0 ||
         read_inputs(self, tensors, floats, ints, outs, kinds) < 0 ||
+        read_scratch(self, scratch_slots, kinds) < 0 ||
         read_layouts(self, layouts, kinds) < 0 || read_dlpack(self, dlpack) < 0) {
         Py_DECREF(self);
         return NULL;

@@ -53,7 +53,15 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
     cache, plan, fill_from = core.cache, core.plan, core.fill_from
     fire = core.fire
 
-    native = native_cupy_call(bp, core, slow, cupy, tensors, floats, ints, stream_handle)
+    uint8 = numpy.uint8
+
+    def allocate_scratch(nbytes: int, device: int) -> Any:
+        """A call's scratch (:func:`~.fastpath.scratch_layout`): CuPy's current device is
+        the arrays' (checked per call), its current stream the one the call launches on."""
+        return empty(nbytes, dtype=uint8)
+
+    native = native_cupy_call(bp, core, slow, cupy, tensors, floats, ints, allocate_scratch,
+                              stream_handle)
     if native is not None:
         return native
 
@@ -93,10 +101,14 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
             vals[pos] = v
         st = states.get(device)
         k = tuple(key)
-        entry = cache.get(k) or plan(k)
-        if entry is None or st is None or get_device() != device:
+        entry = cache.get(k)
+        if entry is None:
+            entry = plan(k)
+        if not entry or st is None or get_device() != device:
             return slow(args, out, stream)  # the general path switches devices itself
-        fills, shapes, todo, likes, one, _, _, overlap = entry  # no lazy views in CuPy
+        fills, shapes, todo, likes, one, _, _, overlap, scratch = entry  # no lazy views in CuPy
+        if scratch is not None and stream is not None:
+            return slow(args, out, stream)  # scratch is allocated for the current stream
         if fills is not None:
             vals[fill_from:] = fills
         if out is None:
@@ -123,6 +135,12 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
             return slow(args, out, stream)
         else:
             sh = stream_handle(stream)
+        if scratch is not None:  # one buffer for all, alive until the launches are queued
+            total, spans = scratch
+            buf = allocate_scratch(total, device)
+            base = buf.data.ptr
+            for slot, offset in spans:
+                vals[slot] = base + offset
         return ret if fire(st, device, sh, one, todo, vals) else slow(args, out, stream)
 
     return call

@@ -28,22 +28,25 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 class Hooks:
     """What ``FastCall`` asks Python for: per key the launch entry, output allocation for
-    shapes no input has (torch; None for cupy, whose outputs ``FastCall`` makes itself), the
-    context check, the launch error, and the fallback.
+    shapes no input has (torch; None for cupy, whose outputs ``FastCall`` makes itself), a
+    call's scratch (``scratch(nbytes, device)``, one array of the framework), the context
+    check, the launch error, and the fallback.
 
     ``context_was_lost(st)`` is :meth:`FastCore.context_was_lost`: asked before a launch on a
     default stream whose context the thread has not confirmed, and after a failed launch on a
     remembered one (true: it was set again, launch once more); when it answers
     :data:`~.device.PUSHED`, ``pop_context(st)`` follows the launches."""
 
-    __slots__ = ("core", "slow", "allocate", "_stream_handle", "context_was_lost",
+    __slots__ = ("core", "slow", "allocate", "scratch", "_stream_handle", "context_was_lost",
                  "pop_context", "_nvals", "_sizes")
 
     def __init__(self, core: FastCore, slow: Call, allocate: Callable[..., Any] | None,
-                 stream_handle: Callable[[Any], int], nvals: int) -> None:
+                 scratch: Callable[[int, int], Any], stream_handle: Callable[[Any], int],
+                 nvals: int) -> None:
         self.core = core
         self.slow = slow
         self.allocate = allocate
+        self.scratch = scratch
         self._stream_handle = stream_handle
         self.context_was_lost = core.context_was_lost
         self.pop_context = core.pop_context
@@ -58,19 +61,23 @@ class Hooks:
         return self._stream_handle(stream)
 
     def entry(self, key: tuple) -> tuple | None:
-        """``(output shapes, likes, launches, views, view_out, overlap)`` for ``key``, each
-        launch ``(j, gx, gy, gz, bx, by, bz, shared_mem, template)`` where ``template`` is the
-        parameter block with the planner's computed values in place (the call writes the
-        rest); ``views`` / ``view_out``: the arguments (and whether ``out=``) to ask for
-        torch's lazy views (:func:`~.fastpath.lazy_view_checks`); ``overlap``: what a single
-        ``out=`` must not partially overlap (:func:`~.fastpath.out_overlap`). None when the
-        planner refuses the key or a computed value does not fit its parameter (the general
-        path then explains)."""
+        """``(output shapes, likes, launches, views, view_out, overlap, scratch)`` for
+        ``key``, each launch ``(j, gx, gy, gz, bx, by, bz, shared_mem, template)`` where
+        ``template`` is the parameter block with the planner's computed values in place (the
+        call writes the rest); ``views`` / ``view_out``: the arguments (and whether ``out=``)
+        to ask for torch's lazy views (:func:`~.fastpath.lazy_view_checks`); ``overlap``: what
+        a single ``out=`` must not partially overlap (:func:`~.fastpath.out_overlap`);
+        ``scratch``: :func:`~.fastpath.scratch_layout`'s ``(nbytes, ((slot, offset), ...))``
+        or None. None when the key's calls go to the general path (:meth:`FastCore.plan`) or a
+        computed value does not fit its parameter (the general path then explains);
+        ``FastCall`` remembers that per key."""
         core = self.core
-        entry = core.cache.get(key) or core.plan(key)
+        entry = core.cache.get(key)
         if entry is None:
+            entry = core.plan(key)
+        if not entry:
             return None
-        fills, shapes, todo, likes, _, views, view_out, overlap = entry
+        fills, shapes, todo, likes, _, views, view_out, overlap, scratch = entry
         vals: list[Any] = [0] * self._nvals
         if fills is not None:
             vals[core.fill_from:] = fills
@@ -82,7 +89,7 @@ class Hooks:
             except (struct.error, OverflowError, TypeError):
                 return None
             launches.append((j, gx, gy, gz, bx, by, bz, smem, bytes(block)))
-        return shapes, likes, tuple(launches), views, view_out, overlap
+        return shapes, likes, tuple(launches), views, view_out, overlap, scratch
 
     def launch_failed(self, err: int, j: int, gx: int, gy: int, gz: int, bx: int, by: int,
                       bz: int, smem: int) -> None:
@@ -93,15 +100,18 @@ class Hooks:
             del exc
 
 
-def _layouts(bp: Any, fill_from: int) -> tuple | None:
+def _layouts(bp: Any, core: FastCore) -> tuple | None:
     """Per launch (every variant's, in :class:`FastCore`'s order) ``(size, offsets, dynamic)``
     where ``dynamic`` lists ``(offset, struct code, value slot)`` of the parameters a call
-    writes; None when a launch is not a plain one (see :class:`~.binding.LaunchSpec`)."""
+    writes (none for a variant the fast paths do not take: no entry launches those); None
+    when a launch's parameters are beyond ``FastCall`` (see :class:`~.binding.LaunchSpec`)."""
     out = []
-    for variant in bp.bound.variants:
+    fill_from = core.fill_from
+    for variant, fast in zip(bp.bound.variants, core.fast):
         for ls in variant.launches:
-            if not ls.simple:
-                return None
+            if not fast:
+                out.append((ls.size, tuple(ls.offsets), ()))
+                continue
             codes = ls.layout.format.lstrip("@")
             if len(codes) != len(ls.order):
                 return None
@@ -113,8 +123,8 @@ def _layouts(bp: Any, fill_from: int) -> tuple | None:
 
 def native_torch_call(bp: Any, core: FastCore, slow: Call, torch: Any,
                       tensors: list[tuple[int, int, Any]], floats: tuple, ints: tuple,
-                      allocate: Callable[..., Any], stream_handle: Callable[[Any], int]
-                      ) -> Call | None:
+                      allocate: Callable[..., Any], scratch: Callable[[int, int], Any],
+                      stream_handle: Callable[[Any], int]) -> Call | None:
     """The C fast ``call(args, out, stream)`` for torch tensors, or None when the process
     launches through cuda.bindings, the extension is missing, or the program's layout is
     beyond what ``FastCall`` takes (the caller then uses the closure). Where torch has DLPack's
@@ -123,7 +133,7 @@ def native_torch_call(bp: Any, core: FastCore, slow: Call, torch: Any,
     (:func:`exchange_api`)."""
     return _native_call(bp, core, slow, (torch.Tensor, torch.empty_like,
                                          torch._C._cuda_getCurrentRawStream),
-                        tensors, floats, ints, allocate, stream_handle,
+                        tensors, floats, ints, allocate, scratch, stream_handle,
                         ("torch", None, exchange_api(torch.Tensor, bp.bound)))
 
 
@@ -154,7 +164,8 @@ def exchange_api(tensor_type: type, bs: Any) -> tuple | None:
 
 def native_cupy_call(bp: Any, core: FastCore, slow: Call, cupy: Any,
                      tensors: list[tuple[int, int, Any]], floats: tuple, ints: tuple,
-                     stream_handle: Callable[[Any], int]) -> Call | None:
+                     scratch: Callable[[int, int], Any], stream_handle: Callable[[Any], int]
+                     ) -> Call | None:
     """The same for cupy arrays (``FastCall`` reads ``dtype``, ``shape``, ``_c_contiguous``
     and ``data.ptr`` / ``data.device_id``, asks CuPy's current device and stream per call,
     and makes outputs as ``cupy.ndarray(shape, dtype)``: no empty_like and no allocate hook),
@@ -163,16 +174,17 @@ def native_cupy_call(bp: Any, core: FastCore, slow: Call, cupy: Any,
     if not hasattr(cupy.ndarray, "_c_contiguous"):
         return None
     return _native_call(bp, core, slow, (cupy.ndarray, None, cupy.cuda.get_current_stream),
-                        tensors, floats, ints, None, stream_handle,
-                        ("cupy", cupy.cuda.runtime.getDevice))
+                        tensors, floats, ints, None, scratch, stream_handle,
+                        ("cupy", cupy.cuda.runtime.getDevice, None))
 
 
 def _native_call(bp: Any, core: FastCore, slow: Call, framework: tuple,
                  tensors: list[tuple[int, int, Any]], floats: tuple, ints: tuple,
-                 allocate: Callable[..., Any] | None, stream_handle: Callable[[Any], int],
-                 flavor: tuple) -> Call | None:
-    """``FastCall(*framework, hooks, ..., *flavor).call``; framework: (array type,
-    empty_like or None, current-stream accessor)."""
+                 allocate: Callable[..., Any] | None, scratch: Callable[[int, int], Any],
+                 stream_handle: Callable[[Any], int], flavor: tuple) -> Call | None:
+    """``FastCall(*framework, hooks, ..., *flavor, scratch slots).call``; framework: (array
+    type, empty_like or None, current-stream accessor); flavor: ("torch", None, exchange API)
+    or ("cupy", current-device getter, None)."""
     from .native import launcher
 
     if not launcher().native:
@@ -182,17 +194,19 @@ def _native_call(bp: Any, core: FastCore, slow: Call, framework: tuple,
     except ImportError:
         return None
     fill_from = core.fill_from
-    layouts = _layouts(bp, fill_from)
+    layouts = _layouts(bp, core)
     if layouts is None:
         return None
     ints_c = tuple((i, slot, max(lo, _INT64[0]), min(hi, _INT64[1]), bool(sym))
                    for i, slot, lo, hi, sym in ints)
-    hooks = Hooks(core, slow, allocate, stream_handle, bp._nvals)
+    hooks = Hooks(core, slow, allocate, scratch, stream_handle, bp._nvals)
+    scratch_slots = tuple(sorted({a.slot for v, fast in zip(bp.bound.variants, core.fast)
+                                  if fast for a in v.scratch}))
     try:
         fast = FastCall(*framework, hooks, bp._states, len(bp.bound.inputs),
                         tuple(tensors), tuple((i, slot) for i, slot in floats), ints_c,
                         tuple((slot, tok) for slot, _, tok in core.outputs), fill_from,
-                        layouts, core.trust_context, *flavor)
+                        layouts, core.trust_context, *flavor, scratch_slots)
     except ValueError:  # beyond FastCall's limits (it says which): the closure takes it
         return None
     return fast.call

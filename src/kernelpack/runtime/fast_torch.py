@@ -47,16 +47,25 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
     fire = core.fire
     devices: dict[int, Any] = {}
 
-    def allocate(shape: tuple, dt: Any, device: int) -> Any:
-        """An output not shaped like any input (those use ``empty_like``, the cheapest form
-        measured; sizes as separate ints parse faster than a tuple)."""
+    def device_of(device: int) -> Any:
         dev = devices.get(device)
         if dev is None:
             dev = devices[device] = make_device("cuda", device)
+        return dev
+
+    def allocate(shape: tuple, dt: Any, device: int) -> Any:
+        """An output not shaped like any input (those use ``empty_like``, the cheapest form
+        measured; sizes as separate ints parse faster than a tuple)."""
+        dev = device_of(device)
         return empty(*shape, dtype=dt, device=dev) if shape else empty((), dtype=dt, device=dev)
 
+    def allocate_scratch(nbytes: int, device: int) -> Any:
+        """A call's scratch (:func:`~.fastpath.scratch_layout`), on the device's current
+        stream, which the call launches on."""
+        return empty(nbytes, dtype=torch.uint8, device=device_of(device))
+
     native = native_torch_call(bp, core, slow, torch, tensors, floats, ints, allocate,
-                               stream_handle)
+                               allocate_scratch, stream_handle)
     if native is not None:
         return native
 
@@ -91,10 +100,14 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
             vals[pos] = v
         st = states.get(device)
         k = tuple(key)
-        entry = cache.get(k) or plan(k)
-        if entry is None or st is None:  # or a first call on this device (or host memory)
+        entry = cache.get(k)
+        if entry is None:
+            entry = plan(k)
+        if not entry or st is None:  # or a first call on this device (or host memory)
             return slow(args, out, stream)
-        fills, shapes, todo, likes, one, views, view_out, overlap = entry
+        fills, shapes, todo, likes, one, views, view_out, overlap, scratch = entry
+        if scratch is not None and stream is not None:
+            return slow(args, out, stream)  # scratch is allocated for the current stream
         for i in views:  # lazy conjugate/negative views: the general path refuses them
             t = args[i]
             if t.is_conj() or t.is_neg():
@@ -131,6 +144,12 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
                 sh = stream_handle(stream)
         else:
             return slow(args, out, stream)
+        if scratch is not None:  # one buffer for all, alive until the launches are queued
+            total, spans = scratch
+            buf = allocate_scratch(total, device)
+            base = buf.data_ptr()
+            for slot, offset in spans:
+                vals[slot] = base + offset
         return ret if fire(st, device, sh, one, todo, vals) else slow(args, out, stream)
 
     return call

@@ -5,11 +5,14 @@ built at bind time (:mod:`.fast_torch`, :mod:`.fast_cupy`) reads each tensor's p
 device, contiguity and shape through the framework's own attributes, looks the shapes up in a
 per-program cache of launch-ready entries (made once per distinct shape from the program's
 :class:`~kernelpack.planner.Plan`: binding, checks and every expression are the planner's),
-allocates the outputs (or checks ``out=``), writes the slots and launches.
+allocates the outputs (or checks ``out=``) and the variant's scratch (one buffer of the
+framework, :func:`scratch_layout`), writes the slots and launches. A variant whose launches
+repeat or whose scratch must be zeroed is the general path's: the key is remembered as such
+(:data:`GENERAL`), so that its calls pay one cache lookup before going there.
 
-Anything unusual (another array type, ``stream=`` without ``out=``, a failed check, a first
-call on a new device, a scalar needing conversion) falls back to the general path *before* any
-launch, so the general path both handles it and produces the error message: the fast paths
+Anything unusual (another array type, ``stream=`` without ``out=``, ``stream=`` with scratch,
+a failed check, a first call on a new device, a scalar needing conversion) falls back to the
+general path *before* any launch, so the general path both handles it and produces the error message: the fast paths
 never have to explain a failure, which keeps them short.
 
 This module holds what both frameworks share: the plan cache (:class:`FastCore`), the
@@ -47,25 +50,42 @@ from .device import PUSHED
 from .execute import DEFAULT_SHARED_MEM, partially_overlaps
 from .native import launcher
 
-__all__ = ["make_fast_path", "fits", "split_scalars", "keyed_symbols", "lazy_view_checks",
-           "out_overlap", "out_overlaps_input", "FastCore", "ThreadState"]
+__all__ = ["make_fast_path", "fits", "fast_variant", "split_scalars", "keyed_symbols",
+           "lazy_view_checks", "out_overlap", "out_overlaps_input", "scratch_layout", "FastCore",
+           "ThreadState", "GENERAL"]
 
 Call = Callable[[Any, Any, Any], Any]
 
 # Launch-ready entries kept per program (distinct input shapes); cleared when full.
 PLAN_CACHE_SIZE = 256
+# A key whose calls go to the general path, remembered as such in the plan cache (falsy, and
+# not None, which ``cache.get`` answers for a key not planned yet).
+GENERAL = False
+# Each scratch buffer's offset in a fast call's one scratch allocation is a multiple of this
+# (the general path allocates each apart; frameworks align allocations to at least 256 bytes).
+SCRATCH_ALIGN = 256
 _POINTER_SIZE = struct.calcsize("@P")
 
 
+def fast_variant(summary_variant: Any, spec: Any) -> bool:
+    """Whether calls planned to ``spec`` (a :class:`~.binding.VariantSpec`, ``summary_variant``
+    its summary variant) can take a fast path: every launch once and plain (each parameter a
+    slot of the value list), and scratch that needs no zeroing (a fast call allocates its
+    scratch as one buffer of the caller's framework; a memset is the general path's)."""
+    return (all(ln.count is None for ln in summary_variant.launches)
+            and all(ls.simple for ls in spec.launches)
+            and not any(s.zero_init for s in spec.scratch))
+
+
 def fits(bs: Any) -> bool:
-    """Whether a program's calls can take a fast path at all (plain launches, no scratch, no
-    zero-filled outputs, scalars that need no conversion). Variants are fine: the planner
-    picks one per shape, and the entry of that shape launches its kernels."""
+    """Whether a program's calls can take a fast path at all: no zero-filled outputs, a tensor
+    input, scalars that need no conversion, and some variant :func:`fast_variant` takes. The
+    planner picks one variant per shape; a shape whose variant the fast paths do not take
+    (repeated launches, zeroed scratch) is remembered as such and goes to the general path."""
     if any(o.zero_init for o in bs.outputs):
         return False
-    for variant in bs.summary.variants:
-        if variant.scratch or any(ln.count is not None for ln in variant.launches):
-            return False
+    if not any(fast_variant(sv, v) for sv, v in zip(bs.summary.variants, bs.variants)):
+        return False
     if not any(s.is_tensor for s in bs.inputs):
         return False
     # f16/bf16/bool scalars need conversion: the general path does it
@@ -148,13 +168,15 @@ class FastCore:
         self.first: list[int] = []
         self.layouts: list[tuple[int, list[int]]] = []
         identity = list(range(bs.nvals))
-        for variant in bs.variants:
+        self.fast = [fast_variant(sv, v) for sv, v in zip(bs.summary.variants, bs.variants)]
+        for variant, fast in zip(bs.variants, self.fast):
             self.first.append(len(self.launches))
             for ls in variant.launches:
                 # getter None: the parameters are the call's value list itself, in order (the
-                # usual case), so the block is packed from it with no intermediate tuple
-                getter = None if ls.order == identity else ls.getter
-                self.launches.append((getter, ls.layout.pack_into, ls.kernel))
+                # usual case), so the block is packed from it with no intermediate tuple; a
+                # launch of a variant the fast paths do not take is never packed here
+                getter = None if not fast or ls.order == identity else ls.getter
+                self.launches.append((getter, ls.layout.pack_into if fast else None, ls.kernel))
                 self.layouts.append((ls.size, ls.offsets))
         self.cache: dict[tuple, Any] = {}
         self.local = threading.local()
@@ -166,18 +188,28 @@ class FastCore:
     # ---- once per shape ---------------------------------------------------------------------
     def plan(self, key: tuple) -> Any:
         """The launch-ready entry for one key (input shapes, then the symbol scalars), made
-        from the planner's plan; None when the planner refuses (the general path then asks it
-        again and raises its error) or a launch takes more than 48 KiB of dynamic shared
-        memory (the general path raises the function's limit first). Cached per key.
+        from the planner's plan, or :data:`GENERAL` when calls with this key go to the
+        general path: the planner refuses it (the general path asks again and raises its
+        error), its variant is not one the fast paths take (:func:`fast_variant`), or a launch
+        takes more than 48 KiB of dynamic shared memory (the general path raises the
+        function's limit first). Cached per key, :data:`GENERAL` included.
 
-        Returns ``(fills, shapes, todo, likes, one, views, view_out, overlap)``: the computed
-        values (the value list's last ``len(fills)`` slots, or None when there are none), output
-        shapes, the non-empty launches ``(getter, pack_into, j, gx, gy, gz, bx, by, bz,
-        smem)``, per output the index of an input it can be allocated like (-1: none), the
-        launch when there is exactly one (else None), the arguments to check for torch's lazy
-        conjugate/negative views, whether ``out=`` needs that check (see
-        :func:`lazy_view_checks`), and what a single ``out=`` is checked against for partial
-        overlap with an input (see :func:`out_overlap`)."""
+        Returns ``(fills, shapes, todo, likes, one, views, view_out, overlap, scratch)``: the
+        computed values (the value list's last ``len(fills)`` slots, or None when there are
+        none), output shapes, the non-empty launches ``(getter, pack_into, j, gx, gy, gz, bx,
+        by, bz, smem)``, per output the index of an input it can be allocated like (-1: none),
+        the launch when there is exactly one (else None), the arguments to check for torch's
+        lazy conjugate/negative views, whether ``out=`` needs that check (see
+        :func:`lazy_view_checks`), what a single ``out=`` is checked against for partial
+        overlap with an input (see :func:`out_overlap`), and the variant's scratch as one
+        allocation (see :func:`scratch_layout`), None when it has none."""
+        entry = self._plan(key)
+        if len(self.cache) >= PLAN_CACHE_SIZE:
+            self.cache.clear()
+        self.cache[key] = entry
+        return entry
+
+    def _plan(self, key: tuple) -> Any:
         nt = self.ntensors
         scalars: list[Any] = [0] * self.n_scalars
         for pos, v in zip(self.symbol_positions, key[nt:]):
@@ -185,7 +217,9 @@ class FastCore:
         try:
             plan = self.plan_shapes(key[:nt], scalars)
         except (KernelPackError, TypeError, ValueError, ArithmeticError):
-            return None
+            return GENERAL
+        if not self.fast[plan.variant]:
+            return GENERAL
         fills = fills_of(self.variants[plan.variant], plan)
         fills += [0] * (self.nfill - len(fills))  # the value list keeps its length
         first = self.first[plan.variant]
@@ -197,7 +231,7 @@ class FastCore:
                 if pl.shared_mem > DEFAULT_SHARED_MEM:
                     # the function's limit must be raised on the call's device first
                     # (execute.allow_shared): the general path does it
-                    return None
+                    return GENERAL
                 j = first + pl.index
                 getter, pack, _ = self.launches[j]
                 todo.append((getter, pack, j, gx, gy, gz, bx, by, bz, pl.shared_mem))
@@ -207,16 +241,14 @@ class FastCore:
         for (_, _, tok), shape in zip(self.outputs, shapes):
             likes.append(next((i for i, ishape in zip(self.tensor_index, key)
                                if self.in_tokens[i] is tok and tuple(ishape) == shape), -1))
-        if len(self.cache) >= PLAN_CACHE_SIZE:
-            self.cache.clear()
         one = todo[0] if len(todo) == 1 else None
         views, view_out = lazy_view_checks(self.tensor_index, key, self.complex_in, shapes,
                                            self.complex_out)
         overlap = (out_overlap(self.in_spans, key, plan.allocations[self.outputs[0][1]].nbytes)
                    if len(self.outputs) == 1 else (0, ()))
-        entry = self.cache[key] = (fills or None, shapes, tuple(todo), tuple(likes), one,
-                                   views, view_out, overlap)
-        return entry
+        scratch = scratch_layout(self.variants[plan.variant], plan.allocations)
+        return (fills or None, shapes, tuple(todo), tuple(likes), one, views, view_out,
+                overlap, scratch)
 
     # ---- once per thread ----------------------------------------------------------------------
     def thread_state(self) -> ThreadState:
@@ -329,6 +361,25 @@ class FastCore:
             raise exc from exc.__cause__
         finally:
             del exc
+
+
+def scratch_layout(variant: Any, allocations: dict) -> tuple[int, tuple] | None:
+    """A variant's scratch buffers as one allocation of a fast call: ``(total bytes,
+    ((value slot, offset), ...))``, each offset a multiple of :data:`SCRATCH_ALIGN`; None
+    when the variant has none. ``allocations``: the plan's, by name. One allocation, not one
+    per buffer: a framework allocation costs a few microseconds of host time each.
+
+    The fast paths allocate it on the stream they launch on (the framework's current stream;
+    a call with scratch and ``stream=`` goes to the general path) and drop it once the
+    launches are queued, as the general path does: the frameworks' caching allocators hand
+    the memory out again only in that stream's order."""
+    if not variant.scratch:
+        return None
+    spans, total = [], 0
+    for alloc in variant.scratch:
+        spans.append((alloc.slot, total))
+        total += -(-allocations[alloc.name].nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+    return total, tuple(spans)
 
 
 def _numel(shape: tuple) -> int:

@@ -1,0 +1,184 @@
+"""Host time per call of compiled multi-launch programs: the fast path against the general
+path and PyTorch eager, in one run.
+
+A fast path (``runtime/fastpath.py``, in C: ``runtime/_fastcall.c``) used to take only
+programs without scratch buffers anywhere. A row softmax or layer norm has a split variant
+for long rows that needs scratch, so every call of those programs, on any shape, went through
+the general path; column reductions need scratch on every shape. Now a call whose variant has
+scratch allocates it as one buffer of the caller's framework and launches from the fast path.
+
+Each method is called ``--calls`` times back to back, then the device is synchronized; the
+time per call is the median over ``--reps`` repetitions with the methods interleaved. Small
+shapes keep the kernels short, so the figure is mostly host time; the ``device`` column (the
+same calls with ``out=`` captured in one CUDA graph and replayed) says what the GPU needs per
+call. Methods:
+``kp`` (``program(x)``), ``kp general`` (the same program through the general path,
+``program._kp_bound.__call__``: what every call of these programs took before), and the
+torch ops. Results are checked against float64 torch before timing.
+
+    python benchmarks/calls.py [--calls 200] [--reps 15] [--no-results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "src"))
+
+import kernelpack as kp  # noqa: E402
+from _gpu_timing import (RESULTS, append_results, cuda_torch, markdown_table,  # noqa: E402
+                         per_call_us, rel_err)
+
+T = kp.Tensor
+EPS = 1e-5
+
+
+@kp.fusion
+def softmax(x: T[kp.f32, "n", "d"]):
+    e = kp.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@kp.fusion
+def layernorm(x: T[kp.f32, "n", "d"], w: T[kp.f32, "d"], b: T[kp.f32, "d"]):
+    c = x - x.mean(axis=1, keepdims=True)
+    return c * kp.rsqrt((c * c).mean(axis=1, keepdims=True) + EPS) * w + b
+
+
+@kp.fusion
+def colsum(x: T[kp.f32, "a", "b"]):
+    return x.sum(axis=0)
+
+
+@kp.fusion
+def colstd(x: T[kp.f32, "a", "b"]):
+    c = x - x.mean(axis=0, keepdims=True)
+    return kp.sqrt((c * c).mean(axis=0))
+
+
+FUSIONS = (softmax, layernorm, colsum, colstd)
+# (program, input shape): a row variant without scratch, the split variant of long rows
+# (scratch), and column reductions (scratch)
+CASES = [("softmax", (32, 512)), ("softmax", (4, 65536)), ("layernorm", (32, 512)),
+         ("layernorm", (4, 65536)), ("colsum", (512, 64)), ("colstd", (512, 64))]
+
+
+def _inputs(name: str, shape: tuple, torch: Any) -> tuple:
+    gen = torch.Generator(device="cuda").manual_seed(shape[0] * 131 + shape[1])
+    x = torch.randn(shape, device="cuda", generator=gen)
+    if name != "layernorm":
+        return (x,)
+    w = torch.randn(shape[1], device="cuda", generator=gen)
+    return x, w, torch.randn(shape[1], device="cuda", generator=gen)
+
+
+def _torch_op(name: str, torch: Any) -> Callable[..., Any]:
+    F = torch.nn.functional
+    return {"softmax": lambda x: torch.softmax(x, dim=1),
+            "layernorm": lambda x, w, b: F.layer_norm(x, (x.shape[1],), w, b, EPS),
+            "colsum": lambda x: x.sum(0),
+            "colstd": lambda x: x.std(0, unbiased=False)}[name]
+
+
+def _reference(name: str, args: tuple, torch: Any) -> Any:
+    return _torch_op(name, torch)(*(a.double() for a in args))
+
+
+def _graph_us(fn: Callable[[], Any], torch: Any, calls: int, reps: int = 11) -> float:
+    """Device time per call: ``calls`` calls captured in one CUDA graph, replayed ``reps``
+    times (CUDA events), median / calls. No host work between the kernels, so this is what
+    the GPU needs per call; a per-call time near it is device-bound, one well above it
+    host-bound."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(samples)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=200, help="back-to-back calls per sample")
+    ap.add_argument("--reps", type=int, default=15, help="samples per method (median)")
+    ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
+    args = ap.parse_args()
+    torch = cuda_torch("calls.py")
+    if torch is None:
+        return 0
+    major, minor = torch.cuda.get_device_capability()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "calls.kpack"
+        kp.save([kp.compile(f, targets=[f"sm_{major}{minor}"]) for f in FUSIONS], str(path))
+        pack = kp.load(str(path))
+        rows = []
+        for name, shape in CASES:
+            prog = pack[name]
+            inputs = _inputs(name, shape, torch)
+            ref = _reference(name, inputs, torch)
+            for how, got in (("kp", prog(*inputs)),
+                             ("kp general", prog._kp_bound.__call__(inputs, None, None))):
+                err = rel_err(got, ref)
+                if not err <= 1e-5:
+                    raise SystemExit(f"{name} {shape} {how}: relative error {err:.2e}")
+            prog(*inputs)  # the second call builds the fast path
+            bound = prog._kp_bound
+            fast = bound.call != bound.__call__
+            op = _torch_op(name, torch)
+            t = per_call_us({"kp": lambda: prog(*inputs),
+                           "kp general": lambda: bound.__call__(inputs, None, None),
+                           "torch": lambda: op(*inputs)},
+                            torch.cuda.synchronize, args.calls, args.reps, warm=20)
+            out = torch.empty_like(ref, dtype=torch.float32)
+            device_us = _graph_us(lambda: prog(*inputs, out=out), torch, args.calls)
+            err = rel_err(out, ref)
+            if not err <= 1e-5:
+                raise SystemExit(f"{name} {shape} in a CUDA graph: relative error {err:.2e}")
+            plan = prog.plan(*inputs)
+            launches = sum(1 for pl in plan.launches if all(pl.grid))
+            scratch = "yes" if prog.summary.variants[plan.variant].scratch else "no"
+            print(f"{name} {shape}: kp {t['kp']:.2f} us, general {t['kp general']:.2f} us, "
+                  f"torch {t['torch']:.2f} us, device {device_us:.2f} us", flush=True)
+            rows.append([name, "x".join(map(str, shape)), str(launches), scratch,
+                         "yes" if fast else "no", f"{t['kp']:.2f}", f"{t['kp general']:.2f}",
+                         f"{t['torch']:.2f}", f"{device_us:.2f}",
+                         f"{t['kp general'] / t['kp']:.2f}x", f"{t['kp'] / t['torch']:.2f}"])
+    body = [
+        f"`python benchmarks/calls.py --calls {args.calls} --reps {args.reps}`; float32. "
+        "µs per call: the median over the samples of (calls back to back + sync) / calls, the "
+        "methods interleaved. 'kp general': the same program through the general path (what "
+        "every call of a program with scratch in any variant took before the fast paths took "
+        "scratch). 'device': the calls (out=) captured in one CUDA graph, replayed, median "
+        "µs per call: what the GPU needs without any host work. Every result checked against "
+        "float64 torch (relative error <= 1e-5) before timing, the graph's too.",
+        "",
+        *markdown_table(["program", "shape", "launches", "scratch", "fast path", "kp µs",
+                         "kp general µs", "torch µs", "device µs", "general / kp",
+                         "kp / torch"], rows),
+    ]
+    section = append_results("Host time per call (`benchmarks/calls.py`)", body,
+                             results=None if args.no_results else RESULTS)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

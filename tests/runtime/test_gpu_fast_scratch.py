@@ -1,0 +1,120 @@
+"""Programs with scratch on the fast paths, on a real GPU (CPU twin: test_fast_scratch.py).
+
+A column standard deviation (scratch on every shape) and a row softmax (scratch only in the
+split variant of long rows) take the fast path after their first call, with torch and with
+CuPy: results right call after call, many calls queued without a sync (each call's scratch is
+handed out again only in stream order), ``out=``, ``stream=`` (the general path), and a CUDA
+graph captured with ``out=``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import kernelpack as kp
+
+sys.path.insert(0, str(Path(__file__).parent))
+import runtime_kernels as kernels  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+_COUNT = kernels.gpu_count_or_skip()
+T = kp.Tensor
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def pack():
+    @kp.fusion
+    def colstd(x: T[kp.f32, "a", "b"]):
+        c = x - x.mean(axis=0, keepdims=True)
+        return kp.sqrt((c * c).mean(axis=0))
+
+    @kp.fusion
+    def softmax(x: T[kp.f32, "n", "d"]):
+        e = kp.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    return kp.load(kp.save([kp.compile(f, targets=["sm_80", "sm_90", "ptx"])
+                            for f in (colstd, softmax)]))
+
+
+def _ref(name: str, x):
+    xd = x.double()
+    if name == "colstd":
+        return xd.std(0, unbiased=False).float()
+    return xd.softmax(1).float()
+
+
+def _fast_calls(prog) -> int | None:
+    fast = getattr(prog._kp_bound.call, "__self__", None)
+    return getattr(fast, "fast_calls", None)
+
+
+@pytest.mark.parametrize("name, shape", [("colstd", (1000, 64)), ("colstd", (64, 4096)),
+                                         ("softmax", (4, 65536)), ("softmax", (32, 512))])
+def test_calls_with_scratch_take_the_fast_path(pack, torch, name, shape) -> None:
+    prog = pack[name]
+    plan = prog.plan(shape)
+    has_scratch = bool(prog.summary.variants[plan.variant].scratch)
+    assert has_scratch == (shape != (32, 512))
+    xs = [torch.randn(shape, device="cuda") for _ in range(40)]
+    prog(xs[0])
+    prog(xs[0])  # builds the fast path
+    before = _fast_calls(prog)
+    assert prog._kp_bound.call != prog._kp_bound.__call__
+    outs = [prog(x) for x in xs]  # queued back to back, no sync between
+    torch.cuda.synchronize()
+    for x, z in zip(xs, outs):
+        torch.testing.assert_close(z, _ref(name, x), rtol=1e-5, atol=1e-6)
+    if before is not None:  # the C fast path took every one of them
+        assert _fast_calls(prog) == before + len(xs)
+    out = torch.empty_like(outs[0])
+    assert prog(xs[1], out=out) is out
+    torch.testing.assert_close(out, _ref(name, xs[1]), rtol=1e-5, atol=1e-6)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # the current stream: the fast path launches there
+        z = prog(xs[2])
+    side.synchronize()
+    torch.testing.assert_close(z, _ref(name, xs[2]), rtol=1e-5, atol=1e-6)
+    other = torch.cuda.Stream()
+    out2 = torch.empty_like(out)
+    assert prog(xs[3], out=out2, stream=other) is out2  # stream=: the general path for scratch
+    other.synchronize()
+    torch.testing.assert_close(out2, _ref(name, xs[3]), rtol=1e-5, atol=1e-6)
+
+
+def test_graph_capture_with_scratch(pack, torch) -> None:
+    prog = pack["colstd"]
+    x = torch.randn(2000, 256, device="cuda")
+    z = torch.empty(256, device="cuda")
+    prog(x, out=z)
+    prog(x, out=z)  # bound, loaded and the fast path built outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        prog(x, out=z)
+    x.copy_(torch.randn(2000, 256, device="cuda") * 3 + 1)
+    z.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(z, _ref("colstd", x), rtol=1e-5, atol=1e-6)
+
+
+def test_cupy_calls_with_scratch(pack) -> None:
+    cupy = pytest.importorskip("cupy")
+    prog = pack["colstd"]
+    xs = [cupy.random.standard_normal((3000, 100), dtype=cupy.float32) for _ in range(20)]
+    prog(xs[0])
+    prog(xs[0])
+    outs = [prog(x) for x in xs]
+    cupy.cuda.Device().synchronize()
+    for x, z in zip(xs, outs):
+        assert isinstance(z, cupy.ndarray)
+        cupy.testing.assert_allclose(z, x.astype(cupy.float64).std(0), rtol=1e-5, atol=1e-6)
