@@ -44,7 +44,8 @@ def allocations(torch, monkeypatch) -> list:
 
     def empty(shape, dtype, device):
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        made.append((shape, dtype.name))
+        made.append((shape, dtype.name) if torch.current_stream is None
+                    else (shape, dtype.name, torch.current_stream))
         n = _prod(shape)
         # the stand-in's buffer holds 4 bytes per value: itemsize // 4 values per element of
         # 4 bytes or more (as the stand-in's own empty), one per element below that
@@ -169,7 +170,7 @@ def test_a_variant_with_scratch_takes_the_fast_path(monkeypatch, torch, allocati
 def test_scratch_with_an_explicit_stream_goes_to_the_general_path(monkeypatch, torch,
                                                                  allocations) -> None:
     """The fast paths allocate scratch for the current stream, which they launch on; with
-    ``stream=`` the general path allocates and tells the allocator the stream."""
+    ``stream=`` the general path allocates it from that stream's pool."""
     fake = install(monkeypatch, FakeDriver(kernels=dict(KERNELS)))
     prog = _program()
     xs = [1.0, 2.0, 3.0, 4.0]
@@ -178,7 +179,8 @@ def test_scratch_with_an_explicit_stream_goes_to_the_general_path(monkeypatch, t
     allocations.clear()
     fake.calls.clear()
     assert call_program(prog, x, out=out, stream=9) is out and out.values() == _expected(xs)
-    assert allocations == [((16,), "uint8"), ((4,), "uint8")]  # the general path's, apart
+    # the general path's, apart, from that stream's pool
+    assert allocations == [((16,), "uint8", ("ext", 9)), ((4,), "uint8", ("ext", 9))]
     assert {c[5] for c in _launches(fake)} == {9}
 
 

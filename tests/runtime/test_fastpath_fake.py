@@ -113,14 +113,29 @@ def torch(monkeypatch):
     mod.float32, mod.int32 = FakeDtype("float32", "f"), FakeDtype("int32", "i")
     mod.complex64 = FakeDtype("complex64", "f", 8)  # values: interleaved float32 pairs
     mod.Tensor = Tensor
-    # ``itemsize // 4`` values of the dtype's format per element (complex64: a float pair)
-    mod.empty = lambda shape, dtype, device: Tensor([0] * (_prod(shape) * dtype.itemsize // 4),
-                                                    dtype, tuple(shape))
+    mod.current_stream = None  # what ``torch.cuda.stream(s)`` made current (None: default)
+
+    def empty(shape, dtype, device):
+        # ``itemsize // 4`` values of the dtype's format per element (complex64: a float pair)
+        t = Tensor([0] * (_prod(shape) * dtype.itemsize // 4), dtype, tuple(shape))
+        t.allocated_on = mod.current_stream  # the caching allocator's pool it came from
+        return t
+
+    @contextlib.contextmanager
+    def stream(s):
+        before, mod.current_stream = mod.current_stream, s
+        try:
+            yield
+        finally:
+            mod.current_stream = before
+
+    mod.empty = empty
     mod.empty_like = lambda t: Tensor([0] * (_prod(t.shape) * t.dtype.itemsize // 4), t.dtype,
                                       t.shape, device=t._device)
     mod.device = lambda kind, index: (kind, index)
     mod._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: 0)
-    mod.cuda = types.SimpleNamespace(ExternalStream=lambda handle, device=None: ("ext", handle))
+    mod.cuda = types.SimpleNamespace(ExternalStream=lambda handle, device=None: ("ext", handle),
+                                     stream=stream)
     return install_framework(monkeypatch, "torch", mod)
 
 
@@ -176,9 +191,12 @@ def test_fast_path_falls_back_with_the_general_errors(fake, torch) -> None:
         call_program(prog, x, y, 1.0, out=Tensor([0.0] * 5, torch.float32))
     with pytest.raises(LaunchError, match="device 1, earlier arguments on device 0"):
         call_program(prog, x, Tensor([1.0, 2.0], torch.float32, device=1), 1.0)
-    # an int for a float scalar and an explicit stream take the general path and still work
+    # an int for a float scalar and an explicit stream take the general path and still work;
+    # the output comes from that stream's pool (a block of the current stream's may still be
+    # in use by work queued there)
     z = call_program(prog, x, y, 3, stream=5)
-    assert z.values() == [4.0, 7.0] and z.recorded == ("ext", 5)
+    assert z.values() == [4.0, 7.0] and z.allocated_on == ("ext", 5)
+    assert torch.current_stream is None
     assert [c[5] for c in fake.calls if c[0] == "cuLaunchKernel"][-1] == 5
 
 

@@ -249,13 +249,24 @@ class TorchAdapter(Adapter):
         return getattr(self.torch, dtype.name, None)
 
     def empty(self, shape: tuple[int, ...], dtype: DType, device: int, stream: int) -> tuple[Any, int]:
+        """An output or scratch array for work on ``stream``. For another stream than the
+        device's current one it is allocated from that stream's pool, as a tensor made inside
+        ``with torch.cuda.stream(s)`` is (CuPy's adapter does the same): a block of the
+        current stream's pool may still be in use by work queued on that stream, which the
+        caching allocator orders before the next allocation *on that stream* only, so kernels
+        on another stream would race it (``record_stream``, used before, protects the block's
+        next user, not its previous one). Like any tensor made for a stream, an output used on
+        another one afterwards needs the caller's ``record_stream``."""
+        torch = self.torch
         dev = self._devices.get(device)
         if dev is None:
-            dev = self._devices[device] = self.torch.device("cuda", device)
-        t = self.torch.empty(shape, dtype=self.dtype_token(dtype), device=dev)
+            dev = self._devices[device] = torch.device("cuda", device)
+        token = self.dtype_token(dtype)
         if stream and stream != self.current_stream(device):
-            # Allocated on the current stream but used on another: tell the caching allocator.
-            t.record_stream(self.torch.cuda.ExternalStream(stream, device=dev))
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=dev)):
+                t = torch.empty(shape, dtype=token, device=dev)
+        else:
+            t = torch.empty(shape, dtype=token, device=dev)
         return t, t.data_ptr()
 
     def current_stream(self, device: int) -> int:
