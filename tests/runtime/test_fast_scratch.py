@@ -6,11 +6,13 @@ call, and so did every shape of a program with such a variant anywhere (a row so
 split variant for long rows has scratch, on any shape). Now such a call allocates its scratch
 as one buffer of the caller's framework and launches from the fast path; a variant with
 zeroed scratch or repeated launches, and a call with scratch and ``stream=``, still go to the
-general path, per key."""
+general path, per key. The C type's side: malformed scratch answers and slots are errors, and
+calls leave no references behind."""
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import sys
 from pathlib import Path
 
@@ -268,3 +270,84 @@ def test_an_empty_scratch_buffer_at_the_end(monkeypatch, torch, allocations,
     assert allocations == [((2 * SCRATCH_ALIGN,), "uint8")]
     if launch_path.startswith("C"):
         assert getattr(bind(prog).call, "__self__", None).fast_calls == 1
+
+
+# ---- the C type's side: what it takes from fast_native.py ---------------------------------
+def _fast_call(torch, answer, scratch_slots=None):
+    """A FastCall for f(x: f32[n]) -> z (slots 0 and 1) with one scratch slot (2) and device
+    state for device 0, whose hooks answer every key with ``answer``."""
+    from kernelpack.runtime import _launch
+
+    class Hooks:
+        def entry(self, key):
+            return answer
+
+        def slow(self, args, out, stream):
+            return "slow"
+
+        def scratch(self, nbytes, device):
+            return FakeTensor([0] * nbytes, torch.uint8, (nbytes,))
+
+    layouts = ((16, (0, 8), ((0, "Q", 0), (8, "Q", 2))),)
+    return _launch.FastCall(FakeTensor, lambda t: None, lambda d: 0, Hooks(), {0: object()}, 1,
+                            ((0, 0, torch.float32),), (), (), ((1, torch.float32),), 3, layouts,
+                            True, "torch", None, None,
+                            (2,) if scratch_slots is None else scratch_slots)
+
+
+@pytest.mark.parametrize("scratch, error, message", [
+    ("bad", TypeError, "scratch is \\(total"),
+    ((256,), TypeError, "scratch is \\(total"),
+    ((256, ((2,),)), TypeError, "an item of hooks.entry's scratch"),
+    ((256, ((9, 0),)), ValueError, "value slot of hooks.entry's scratch is out of range"),
+    ((256, ((2, 512),)), ValueError, "offset is past the scratch's size"),
+    ((-1, ((2, 0),)), OverflowError, "negative"),
+])
+def test_a_malformed_scratch_answer_is_an_error(monkeypatch, torch, allocations, launch_path,
+                                                scratch, error, message) -> None:
+    if not launch_path.startswith("C"):
+        pytest.skip("the C type's parsing")
+    install(monkeypatch, FakeDriver(kernels=dict(KERNELS)))
+    answer = (((1,),), (0,), (), (), False, (0, ()), scratch)
+    fast = _fast_call(torch, answer)
+    with pytest.raises(error, match=message):
+        fast.call((FakeTensor([1.0], torch.float32),), None, None)
+
+
+@pytest.mark.parametrize("slots, message", [
+    ((0,), "written twice"),            # the input's slot
+    ((7,), "value slot is out of range"),
+    ("2", "scratch slots must be a tuple"),
+])
+def test_scratch_slots_it_cannot_take_are_refused(torch, launch_path, slots, message) -> None:
+    if not launch_path.startswith("C"):
+        pytest.skip("the C type's construction")
+    with pytest.raises(ValueError, match=message):
+        _fast_call(torch, None, slots)
+
+
+def test_scratch_calls_leave_no_references(monkeypatch, torch, allocations, launch_path,
+                                           exchange) -> None:
+    """Each call's scratch is dropped once its launches are queued (a leak in C would keep
+    every scratch tensor, and with it a reference to its dtype). The stand-in exchange API
+    keeps every tensor it described: forgotten before counting."""
+    install(monkeypatch, FakeDriver(kernels=dict(KERNELS)))
+    prog = _program()
+    x = FakeTensor([1.0, 2.0, 3.0, 4.0], torch.float32)
+    out = FakeTensor([0.0] * 4, torch.float32)
+    for _ in range(3):
+        call_program(prog, x)
+        call_program(prog, x, out=out)
+    described = exchange.described if exchange is not None else []
+    described.clear()
+    gc.collect()
+    before = sys.getrefcount(torch.uint8), sys.getrefcount(out)
+    for _ in range(200):
+        call_program(prog, x)
+        call_program(prog, x, out=out)
+    # three per call: x, the output (allocated or out=) and the scratch
+    assert exchange is None or len(described) == 1200
+    described.clear()
+    gc.collect()
+    assert (sys.getrefcount(torch.uint8), sys.getrefcount(out)) == before
+    assert out.values() == _expected([1.0, 2.0, 3.0, 4.0])
