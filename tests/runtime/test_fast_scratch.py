@@ -249,7 +249,7 @@ def test_an_empty_scratch_buffer_at_the_end(monkeypatch, torch, allocations,
                                             launch_path) -> None:
     """A buffer of zero bytes lies at the end of the allocation (its offset is the total):
     the random fusions of tests/gpu found the C path refusing that entry."""
-    fake = install(monkeypatch, FakeDriver(kernels=dict(KERNELS)))
+    install(monkeypatch, FakeDriver(kernels=dict(KERNELS)))
     n = kp.sym("n")
     n32 = Arg.of(n, kp.i32)
     launches = tuple(Launch(k, "m", (1,), (1,), (*[Arg.buffer(a) for a in names], n32))
