@@ -135,6 +135,7 @@ def torch(monkeypatch):
     mod.device = lambda kind, index: (kind, index)
     mod._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: 0)
     mod.cuda = types.SimpleNamespace(ExternalStream=lambda handle, device=None: ("ext", handle),
+                                     default_stream=lambda device=None: ("default", device),
                                      stream=stream)
     return install_framework(monkeypatch, "torch", mod)
 
@@ -249,7 +250,16 @@ def _install_cupy(monkeypatch):
         finally:
             mod.current.device = before
 
-    mod.cuda = types.SimpleNamespace(get_current_stream=lambda device=None: mod.current.stream,
+    class NullStream:  # cupy.cuda.Stream.null as a context manager: current while inside
+        def __enter__(self):
+            self.before, mod.current.stream = mod.current.stream, types.SimpleNamespace(ptr=0)
+            return self
+
+        def __exit__(self, *exc):
+            mod.current.stream = self.before
+
+    mod.cuda = types.SimpleNamespace(Stream=types.SimpleNamespace(null=NullStream()),
+                                     get_current_stream=lambda device=None: mod.current.stream,
                                      runtime=types.SimpleNamespace(
                                          getDevice=lambda: mod.current.device),
                                      Device=device)

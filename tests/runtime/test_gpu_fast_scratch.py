@@ -118,3 +118,35 @@ def test_cupy_calls_with_scratch(pack) -> None:
     for x, z in zip(xs, outs):
         assert isinstance(z, cupy.ndarray)
         cupy.testing.assert_allclose(z, x.astype(cupy.float64).std(0), rtol=1e-5, atol=1e-6)
+
+
+def test_default_stream_handle_while_another_is_current(pack, torch) -> None:
+    """``stream=0`` inside ``with torch.cuda.stream(side)``: the general path allocates the
+    output and scratch from the default stream's pool and launches there."""
+    prog = pack["colstd"]
+    x = torch.randn(3000, 100, device="cuda")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        z = prog(x, stream=0)
+    torch.cuda.default_stream().synchronize()
+    torch.testing.assert_close(z, _ref("colstd", x), rtol=1e-5, atol=1e-6)
+
+
+def test_cupy_stream_handles_with_scratch(pack) -> None:
+    """CuPy arrays with ``stream=`` (another stream, and the default stream while another is
+    current): the general path allocates on that stream and launches there."""
+    cupy = pytest.importorskip("cupy")
+    prog = pack["colstd"]
+    x = cupy.random.standard_normal((3000, 100), dtype=cupy.float32)
+    ref = x.astype(cupy.float64).std(0)
+    other, side = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    out = cupy.empty(100, dtype=cupy.float32)
+    cupy.cuda.Device().synchronize()
+    assert prog(x, out=out, stream=other) is out
+    other.synchronize()
+    cupy.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    with side:
+        z = prog(x, stream=0)
+    cupy.cuda.Stream.null.synchronize()
+    cupy.testing.assert_allclose(z, ref, rtol=1e-5, atol=1e-6)

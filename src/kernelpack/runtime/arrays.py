@@ -262,8 +262,12 @@ class TorchAdapter(Adapter):
         if dev is None:
             dev = self._devices[device] = torch.device("cuda", device)
         token = self.dtype_token(dtype)
-        if stream and stream != self.current_stream(device):
-            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=dev)):
+        if stream != self.current_stream(device):
+            # handle 0 is the default stream (another one may be current): torch's own object
+            # for it, as ExternalStream wants a stream it did not make
+            target = (torch.cuda.default_stream(dev) if stream == 0
+                      else torch.cuda.ExternalStream(stream, device=dev))
+            with torch.cuda.stream(target):
                 t = torch.empty(shape, dtype=token, device=dev)
         else:
             t = torch.empty(shape, dtype=token, device=dev)
@@ -319,16 +323,16 @@ class CupyAdapter(Adapter):
         token = self.dtype_token(dtype)
         if token is None:
             raise LaunchError(f"cupy has no {dtype} arrays; pass out= buffers for this output")
-        if cp.cuda.runtime.getDevice() == device and (not stream
-                                                       or stream == self.current_stream(device)):
+        if cp.cuda.runtime.getDevice() == device and stream == self.current_stream(device):
             a = cp.empty(shape, dtype=token)
             return a, a.data.ptr
-        # Another device, or another stream than cupy's current one: allocate there, so the
-        # memory pool orders the block on the stream that will use it.
+        # Another device, or another stream than cupy's current one (the default stream, 0,
+        # included): allocate there, so the memory pool orders the block on the stream that
+        # will use it.
         with contextlib.ExitStack() as scope:
             scope.enter_context(cp.cuda.Device(device))
-            if stream:
-                scope.enter_context(cp.cuda.ExternalStream(stream, device))
+            scope.enter_context(cp.cuda.Stream.null if stream == 0
+                                else cp.cuda.ExternalStream(stream, device))
             a = cp.empty(shape, dtype=token)
         return a, a.data.ptr
 

@@ -20,7 +20,9 @@ from typing import Any
 
 from .arrays import stream_device, stream_handle
 from .fast_native import native_cupy_call
-from .fastpath import Call, FastCore, out_overlaps_input, split_scalars
+from .fastpath import FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, split_scalars
+
+INF = float("inf")
 
 __all__ = ["cupy_path"]
 
@@ -87,10 +89,10 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
                 return slow(args, out, stream)
             key.append(a.shape)
             vals[slot] = mem.ptr
-        for i, pos in floats:
+        for i, pos, f32 in floats:
             v = args[i]
-            if v.__class__ is not float:
-                return slow(args, out, stream)
+            if v.__class__ is not float or f32 and FLOAT32_OVERFLOW <= abs(v) < INF:
+                return slow(args, out, stream)  # (the general path refuses a float32 overflow)
             vals[pos] = v
         for i, pos, lo, hi, is_symbol in ints:
             v = args[i]
@@ -135,7 +137,7 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
             return slow(args, out, stream)
         else:
             sh = stream_handle(stream)
-        if scratch is not None:  # one buffer for all, alive until the launches are queued
+        if scratch is not None and scratch[0]:  # one buffer for all, alive until queued
             total, spans = scratch
             buf = allocate_scratch(total, device)
             base = buf.data.ptr

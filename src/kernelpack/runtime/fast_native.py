@@ -204,7 +204,7 @@ def _native_call(bp: Any, core: FastCore, slow: Call, framework: tuple,
                                   if fast for a in v.scratch}))
     try:
         fast = FastCall(*framework, hooks, bp._states, len(bp.bound.inputs),
-                        tuple(tensors), tuple((i, slot) for i, slot in floats), ints_c,
+                        tuple(tensors), tuple((i, slot) for i, slot, _ in floats), ints_c,
                         tuple((slot, tok) for slot, _, tok in core.outputs), fill_from,
                         layouts, core.trust_context, *flavor, scratch_slots)
     except ValueError:  # beyond FastCall's limits (it says which): the closure takes it

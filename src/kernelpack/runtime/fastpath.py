@@ -12,8 +12,8 @@ repeat or whose scratch must be zeroed is the general path's: the key is remembe
 
 Anything unusual (another array type, ``stream=`` without ``out=``, ``stream=`` with scratch,
 a failed check, a first call on a new device, a scalar needing conversion) falls back to the
-general path *before* any launch, so the general path both handles it and produces the error message: the fast paths
-never have to explain a failure, which keeps them short.
+general path *before* any launch, so the general path both handles it and produces the error
+message: the fast paths never have to explain a failure, which keeps them short.
 
 This module holds what both frameworks share: the plan cache (:class:`FastCore`), the
 per-thread state (parameter blocks and the context last seen current), and the rare paths
@@ -52,7 +52,7 @@ from .native import launcher
 
 __all__ = ["make_fast_path", "fits", "fast_variant", "split_scalars", "keyed_symbols",
            "lazy_view_checks", "out_overlap", "out_overlaps_input", "scratch_layout", "FastCore",
-           "ThreadState", "GENERAL"]
+           "ThreadState", "GENERAL", "FLOAT32_OVERFLOW"]
 
 Call = Callable[[Any, Any, Any], Any]
 
@@ -279,7 +279,7 @@ class FastCore:
             if one is None:  # several launches (or none: empty grids)
                 return self.fire_all(st, ts, device, sh, cs, todo, vals)
             getter, pack, j, gx, gy, gz, bx, by, bz, smem = one
-            try:  # struct range-checks every value before anything is launched
+            try:  # struct range-checks the ints (a float32 overflow: split_scalars)
                 pack(ts.bufs[j], 0, *(vals if getter is None else getter(vals)))
             except Exception:  # struct.error / OverflowError: the general path explains
                 return False
@@ -443,18 +443,38 @@ def keyed_symbols(bs: Any) -> set[str]:
     return symbols_read(bs.summary)
 
 
+# A finite float at least this large in magnitude rounds to infinity as a float32 (FLT_MAX
+# plus half its last place: the tie rounds to the even neighbour, infinity).
+FLOAT32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
+
+
+def _float32_slots(bs: Any) -> set[int]:
+    """The value-list positions that some launch of a fast variant packs as float32."""
+    out = set()
+    for sv, v in zip(bs.summary.variants, bs.variants):
+        if fast_variant(sv, v):
+            for ls in v.launches:
+                out.update(pos for pos, code in zip(ls.order, ls.layout.format.lstrip("@"))
+                           if code == "f")
+    return out
+
+
 def split_scalars(bp: Any, keyed: set[str]) -> tuple[tuple, tuple]:
-    """The caller's scalars as ``floats`` ``(argument index, value slot)`` and ``ints``
-    ``(argument index, value slot, lowest, highest, keys the entry)`` (``fits`` admits no
-    other kind; ``keyed``: :func:`keyed_symbols` of the program, ``FastCore.keyed``, for the
-    last field)."""
+    """The caller's scalars as ``floats`` ``(argument index, value slot, packed as float32)``
+    and ``ints`` ``(argument index, value slot, lowest, highest, keys the entry)`` (``fits``
+    admits no other kind; ``keyed``: :func:`keyed_symbols` of the program,
+    ``FastCore.keyed``, for the last field). A float packed as float32 that is finite but
+    :data:`FLOAT32_OVERFLOW` or more in magnitude goes to the general path, which refuses it:
+    native-mode ``struct`` packs it as infinity without a word."""
     floats, ints = [], []
+    f32 = _float32_slots(bp.bound)
     for i, s in enumerate(bp.bound.inputs):
         if s.is_tensor:
             continue
         rng = bp._ranges[i]
         if rng is None:
-            floats.append((i, bp._nbuf + s.slot))
+            pos = bp._nbuf + s.slot
+            floats.append((i, pos, pos in f32))
         else:
             ints.append((i, bp._nbuf + s.slot, rng[0], rng[1], s.is_symbol and s.name in keyed))
     return tuple(floats), tuple(ints)
