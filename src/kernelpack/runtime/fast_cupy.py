@@ -47,7 +47,7 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
     tensors = [(i, s.slot, tok[s.name]) for i, s in enumerate(bs.inputs) if s.is_tensor]
     first_i, first_slot, first_dt = tensors[0]
     rest = tuple(tensors[1:])
-    floats, ints = split_scalars(bp, core.keyed)
+    floats, ints = split_scalars(bp, core)
     outputs = tuple(core.outputs)
     single_out = len(outputs) == 1
     out_slot, _, out_dt = outputs[0] if outputs else (0, None, None)

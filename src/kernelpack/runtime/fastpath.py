@@ -448,26 +448,28 @@ def keyed_symbols(bs: Any) -> set[str]:
 FLOAT32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
 
 
-def _float32_slots(bs: Any) -> set[int]:
-    """The value-list positions that some launch of a fast variant packs as float32."""
+def _float32_slots(bs: Any, fast: list[bool]) -> set[int]:
+    """The value-list positions that some launch of a fast variant (``fast``: per variant,
+    :attr:`FastCore.fast`) packs as float32."""
     out = set()
-    for sv, v in zip(bs.summary.variants, bs.variants):
-        if fast_variant(sv, v):
+    for v, taken in zip(bs.variants, fast):
+        if taken:
             for ls in v.launches:
                 out.update(pos for pos, code in zip(ls.order, ls.layout.format.lstrip("@"))
                            if code == "f")
     return out
 
 
-def split_scalars(bp: Any, keyed: set[str]) -> tuple[tuple, tuple]:
+def split_scalars(bp: Any, core: FastCore) -> tuple[tuple, tuple]:
     """The caller's scalars as ``floats`` ``(argument index, value slot, packed as float32)``
     and ``ints`` ``(argument index, value slot, lowest, highest, keys the entry)`` (``fits``
-    admits no other kind; ``keyed``: :func:`keyed_symbols` of the program,
-    ``FastCore.keyed``, for the last field). A float packed as float32 that is finite but
-    :data:`FLOAT32_OVERFLOW` or more in magnitude goes to the general path, which refuses it:
-    native-mode ``struct`` packs it as infinity without a word."""
+    admits no other kind; the last field from ``core.keyed``, :func:`keyed_symbols` of the
+    program). A float packed as float32 that is finite but :data:`FLOAT32_OVERFLOW` or more
+    in magnitude goes to the general path, which refuses it: native-mode ``struct`` packs it
+    as infinity without a word."""
     floats, ints = [], []
-    f32 = _float32_slots(bp.bound)
+    keyed = core.keyed
+    f32 = _float32_slots(bp.bound, core.fast)
     for i, s in enumerate(bp.bound.inputs):
         if s.is_tensor:
             continue
