@@ -3,7 +3,8 @@
 ``kernelpack.runtime._launch`` forwards launches to the driver's ``cuLaunchKernel`` with plain
 integers (``_launch.c``), runs the PyTorch fast path and ``Program.__call__`` in C
 (``_fastcall.c``), and holds the artifact verifier's C walk (``../_verify.c``, asked through
-``kernelpack/_verify_native.py``) and the load path's zstd reader (``../_zstd.c``, the system's
+``kernelpack/_verify_native.py``), the summary reader's bulk read (``../_fbread.c``, asked by
+``kernelpack/_fbread.py``) and the load path's zstd reader (``../_zstd.c``, the system's
 libzstd opened with dlopen, asked through ``kernelpack/_zstd.py``); see those files for why. It is optional: without a C
 compiler the build skips it, the runtime launches through its Python driver door (ctypes over
 ``libcuda.so.1``, or cuda.bindings) and the verifier walks in Python, with the same results. It uses the limited C
@@ -28,7 +29,7 @@ extensions = [
         # _verify.c: the verifier's C walker, a second module of this library (see its top)
         sources=[RUNTIME + f for f in ("_launch.c", "_fastcall.c", "_fastcall_spec.c",
                                          "_callbase.c", "_drvcall.c", "../_verify.c",
-                                         "../_zstd.c")],
+                                         "../_fbread.c", "../_zstd.c")],
         depends=[RUNTIME + "_launch.h", RUNTIME + "_fastcall.h"],
         define_macros=[("Py_LIMITED_API", f"0x03{LIMITED[1]:02X}0000")],
         # dlopen (libzstd, ../_zstd.c; libcuda, _drvcall.c): in libc from glibc 2.34, in

@@ -16,7 +16,7 @@ from .errors import FormatError
 from .expr import Expr, iter_nodes
 from .limits import MAX_EXPR_WORK
 from .expr_program import EncodedExprs, ExprProgram
-from ._fbread import Table
+from ._fbread import Table, tree_spec
 from .summary import (ROLES, Arg, Constraint, KernelSummary, Launch, Scalar, Scratch, Tensor,
                       Variant)
 
@@ -117,18 +117,20 @@ class _Ctx:
         return tuple([exprs[r] for r in roots])
 
 
-_PROGRAM = ("name", "symbols", "ops", "imms")
-_PARAM = ("kind", "name", "dtype", "role", "zero_init", "shape", "value")
 _ARG = ("kind", "name", "value", "dtype")
-_LAUNCH = ("kernel", "module", "grid", "block", "shared_mem", "count", "loop", "args")
+_PARAM = ("kind", "name", "dtype", "role", "zero_init", "shape", "value")
 _SCRATCH = ("name", "dtype", "shape", "zero_init")
-_VARIANT = ("predicate", "scratch", "launches")
+_LAUNCH = ("kernel", "module", "grid", "block", "shared_mem", "count", "loop", ("args", _ARG))
+# a Program table as one tree (Table.tree: one C call where the extension is built)
+_PROGRAM = tree_spec("Program", (
+    "name", "symbols", "ops", "imms", ("params", _PARAM),
+    ("constraints", ("predicate", "message")),
+    ("variants", ("predicate", ("scratch", _SCRATCH), ("launches", _LAUNCH)))))
 
 
-def _params(c: _Ctx, fp: Table) -> list[Any]:
+def _params(c: _Ctx, fparams: list[list[Any]]) -> list[Any]:
     out: list[Any] = []
-    for i, p in enumerate(fp.get("params")):
-        kind, name, code, role, zero, shape, value = p.values(_PARAM)
+    for i, (kind, name, code, role, zero, shape, value) in enumerate(fparams):
         where = ("parameter ", i, " (", name, ")")
         dtype = c.dtype(code, *where)
         if kind == 0:
@@ -138,11 +140,10 @@ def _params(c: _Ctx, fp: Table) -> list[Any]:
     return out
 
 
-def _launch(c: _Ctx, ln: Table, where: str) -> Launch:
-    kernel, module, grid, block, smem, count, loop, fargs = ln.values(_LAUNCH)
+def _launch(c: _Ctx, ln: list[Any], where: str) -> Launch:
+    kernel, module, grid, block, smem, count, loop, fargs = ln
     args = []
-    for k, a in enumerate(fargs):
-        kind, name, value, code = a.values(_ARG)
+    for k, (kind, name, value, code) in enumerate(fargs):
         kind = ARG_KINDS[kind]
         if kind == "value":
             args.append(Arg("value", value=c.root(value, where, " arg ", k),
@@ -159,13 +160,11 @@ def _launch(c: _Ctx, ln: Table, where: str) -> Launch:
         count=c.opt_root(count, where, " count"), loop=loop)
 
 
-def _variants(c: _Ctx, fp: Table) -> list[Variant]:
+def _variants(c: _Ctx, fvariants: list[list[Any]]) -> list[Variant]:
     out = []
-    for vi, v in enumerate(fp.get("variants")):
-        predicate, fscratch, flaunches = v.values(_VARIANT)
+    for vi, (predicate, fscratch, flaunches) in enumerate(fvariants):
         scratch = []
-        for s in fscratch:
-            name, code, shape, zero = s.values(_SCRATCH)
+        for name, code, shape, zero in fscratch:
             where = ("variant ", vi, " scratch ", name)
             scratch.append(Scratch(name, c.dtype(code, *where), c.shape(shape, *where),
                                    bool(zero)))
@@ -182,13 +181,13 @@ def decode_program(fp: Table) -> KernelSummary:
     Raises FormatError for a malformed expression program, a bad root index or dtype, or a
     summary that its own dataclasses reject (names, unbound symbols, limits).
     """
-    name, symbols, ops, imms = fp.values(_PROGRAM)
+    name, symbols, ops, imms, fparams, fconstraints, fvariants = fp.tree(_PROGRAM)
     try:
         prog = ExprProgram(EncodedExprs(tuple(symbols), ops, imms))
         c = _Ctx(name, prog)
-        constraints = [Constraint(c.root(k.get("predicate"), "constraint ", i), k.get("message"))
-                       for i, k in enumerate(fp.get("constraints"))]
-        params, variants = _params(c, fp), _variants(c, fp)
+        constraints = [Constraint(c.root(predicate, "constraint ", i), message)
+                       for i, (predicate, message) in enumerate(fconstraints)]
+        params, variants = _params(c, fparams), _variants(c, fvariants)
         check_expression_work(c.refs, len(ops),
                               lambda: field_expressions(params, constraints, variants))
         return KernelSummary(name, tuple(params), tuple(variants), tuple(constraints))

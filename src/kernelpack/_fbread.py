@@ -15,7 +15,7 @@ from typing import Any
 from ._schema import DEFAULTS, ENUMS, SCALARS, STRUCTS, TABLES
 from .verify import _VOFFS as _VERIFY_VOFFS, Buffer
 
-__all__ = ["Table", "ByteViews"]
+__all__ = ["Table", "ByteViews", "tree_spec", "KINDS"]
 
 _U16 = struct.Struct("<H").unpack_from
 _U32 = struct.Struct("<I").unpack_from
@@ -115,6 +115,63 @@ def _tables(buf: Buffer, start: int, offsets: tuple[int, ...], name: str) -> lis
     return out
 
 
+# Table.tree: a spec's field kinds (the C reader's, ``_fbread.c``) and scalar codes (the size in
+# bytes, negative for a signed type)
+KINDS = {"n": 0, "S": 1, "s": 2, "b": 3, "v": 4, "vs": 5, "t": 6, "vt": 7}
+_CODES = {"B": 1, "H": 2, "I": 4, "Q": 8, "b": -1, "h": -2, "i": -4, "q": -8}
+
+
+def tree_spec(table: str, fields: tuple[Any, ...]) -> tuple[tuple[Any, ...], ...]:
+    """What :meth:`Table.tree` reads of a ``table``: ``fields`` names its fields in the order
+    wanted, each a name or, for a table or a vector of tables, ``(name, fields of that
+    table)``. One ``(slot, kind, arg, default, name)`` item per field; arg is the scalar code,
+    a struct's member codes or a table's own spec. Made once, at import, by whoever reads."""
+    items = []
+    for f in fields:
+        name, sub = (f, None) if isinstance(f, str) else f
+        slot, cat, reader, default = _SLOTS[table][name]
+        ftype = TABLES[table][slot][1]
+        if (sub is None) != (cat not in ("t", "vt")):
+            raise ValueError(f"{table}.{name} is of type {ftype}: name the fields of a table "
+                             f"(and only of a table) to read")
+        code = _category(ftype)[1]
+        if cat in ("t", "vt"):
+            arg: Any = tree_spec(reader, sub)
+        elif cat == "S":
+            arg = tuple(_CODES[c] for c in code)
+        elif cat in ("n", "v"):
+            arg = _CODES[code]
+        else:
+            arg = 0
+        items.append((slot, KINDS[cat], arg, None if default is _LIST else default, name))
+    return tuple(items)
+
+
+def _tree(table: "Table", spec: tuple[tuple[Any, ...], ...]) -> list[Any]:
+    """:meth:`Table.tree` in Python: what ``_fbread.c`` reads, through :meth:`Table.get`."""
+    out = table.values(tuple(item[4] for item in spec))
+    for i, (_, kind, sub, _, _) in enumerate(spec):
+        if kind == 6:
+            out[i] = None if out[i] is None else _tree(out[i], sub)
+        elif kind == 7:
+            out[i] = [_tree(t, sub) for t in out[i]]
+    return out
+
+
+_native_tree: Any = None  # fb_tree of the runtime's extension once looked for; False: none
+
+
+def _load_native() -> Any:
+    global _native_tree
+    try:  # a C module that imports nothing (no CUDA): fine on the load path
+        from .runtime._launch import fb_tree
+    except ImportError:
+        _native_tree = False
+    else:
+        _native_tree = fb_tree
+    return _native_tree
+
+
 class Table:
     """One verified table: ``table.get("field")`` returns a Python value by the field's type
     (int, str, bytes, tuple for structs and scalar vectors, Table, list of Table/str).
@@ -180,6 +237,19 @@ class Table:
             else:
                 out.append(_read(buf, pos + voff, cat, reader))
         return out
+
+    def tree(self, spec: tuple[tuple[Any, ...], ...]) -> list[Any]:
+        """The fields ``spec`` names (see :func:`tree_spec`), as :meth:`values` reads them but
+        with every table within read the same way: a table is the list of its spec's fields,
+        a vector of tables a list of such lists. One C call where the extension is built (for
+        a buffer of plain bytes), :func:`_tree` otherwise; the same values either way."""
+        native = _native_tree if _native_tree is not None else _load_native()
+        buf = self.buf
+        if native and (type(buf) is bytes or type(buf) is bytearray or (
+                type(buf) is memoryview and buf.format == "B" and buf.ndim == 1
+                and buf.contiguous)):
+            return native(buf, self.pos, spec)  # type: ignore[no-any-return]
+        return _tree(self, spec)
 
     def byte_views(self, field: str) -> "ByteViews":
         """The ``[ubyte] data`` fields of the tables of vector ``field`` (``Pack.blobs``),

@@ -16,7 +16,7 @@ import weakref
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ._fbread import ByteViews, Table
+from ._fbread import ByteViews
 from .errors import FormatError, IntegrityError
 from .limits import DIGEST_SIZE, MAX_IMAGE_SIZE
 from .compiled import IMAGE_KINDS, Image
@@ -117,11 +117,12 @@ class ImageInfo:
                  "raw_digest", "toolchain", "cuda_version", "ptx_isa", "blob", "_stored",
                  "_data", "_stored_ok")
 
-    def __init__(self, module: str, meta: Table,
+    def __init__(self, module: str, meta: Sequence[Any],
                  blobs: ByteViews | FileBlobs | Sequence[memoryview]) -> None:
+        """``meta``: an ImageMeta table's _IMAGE_FIELDS, as Table.values or .tree read them."""
         self.module = module
         (kind, major, minor, suffix, self.ptx_isa, self.cuda_version, self.toolchain, codec,
-         self.raw_size, digest, raw_digest, blob) = meta.values(_IMAGE_FIELDS)
+         self.raw_size, digest, raw_digest, blob) = meta
         self.kind = IMAGE_KINDS[kind]
         if self.kind != "ptx":  # FORMAT.md §7: a reader ignores ptx_isa on other kinds
             self.ptx_isa = None

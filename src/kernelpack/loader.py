@@ -16,8 +16,9 @@ import stat
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ._fbread import ByteViews, Table
-from ._images import FileBlobs, ImageInfo, PackFile, _decompress  # noqa: F401 - _decompress: kept importable here
+from ._fbread import ByteViews, Table, tree_spec
+from ._images import (_IMAGE_FIELDS, FileBlobs, ImageInfo, PackFile,  # noqa: F401
+                      _decompress)  # _decompress: kept importable here
 from .errors import FormatError, IntegrityError, KernelPackError, SignatureError
 from .limits import DIGEST_SIZE, FILE_IDENTIFIER, MAX_FILE_SIZE
 from ._records import FrozenRecord
@@ -38,13 +39,20 @@ class SignatureInfo(FrozenRecord):
         self._set(key_id=key_id, public_key=public_key, verified=verified)
 
 
+# what kp.load reads of the body in one call (Table.tree): the module index, images included
+_MODULE = ("name", "kernels", ("images", _IMAGE_FIELDS))
+_BODY = tree_spec("Body", ("generator", ("modules", _MODULE)))
+
+
 class ModuleInfo:
     """A module: kernel entry names and images per target."""
 
     __slots__ = ("name", "kernels", "images", "_module")
 
-    def __init__(self, fm: Table, blobs: ByteViews | FileBlobs | Sequence[memoryview]) -> None:
-        self.name, kernels, fimages = fm.values(("name", "kernels", "images"))
+    def __init__(self, fm: Sequence[Any],
+                 blobs: ByteViews | FileBlobs | Sequence[memoryview]) -> None:
+        """``fm``: a Module table read by Table.tree with :data:`_MODULE`."""
+        self.name, kernels, fimages = fm
         if not self.name.isidentifier():
             raise FormatError(f"module name {self.name!r} is not an identifier")
         if kernels != sorted(set(kernels)) or not all(kernels):
@@ -106,12 +114,13 @@ class Pack:
         verify_buffer(body, "Body", identifier=None, what="body")
         self._buf = buf
         fbody = Table.root(body, "Body")
-        self.generator: str = fbody.get("generator")
+        self.generator: str
+        self.generator, fmodules = fbody.tree(_BODY)
         blobs: ByteViews | FileBlobs = fpack.byte_views("blobs")  # made when an image names one
         if file is not None:  # images of a mapped file are read with pread, never via the map
             blobs = FileBlobs(blobs, file)
         self._file = file
-        modules = [ModuleInfo(fm, blobs) for fm in fbody.get("modules")]
+        modules = [ModuleInfo(fm, blobs) for fm in fmodules]
         _sorted_unique([m.name for m in modules], "module")
         self._modules: dict[str, ModuleInfo] = {m.name: m for m in modules}
         self._programs: list[Table] = fbody.get("programs")

@@ -23,6 +23,7 @@ int kp_fastcall_init(PyObject *module);
 
 /* ../_verify.c: adds verify_fast (the artifact verifier's C walker) to the module; -1 on error. */
 int kp_verify_init(PyObject *module);
+int kp_fbread_init(PyObject *module); /* ../_fbread.c: the summary reader's bulk read */
 
 /* ../_zstd.c: adds zstd_open/zstd_content_size/zstd_decompress (libzstd through dlopen). */
 int kp_zstd_init(PyObject *module);
