@@ -9,6 +9,7 @@ graph captured with ``out=``."""
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -135,8 +136,10 @@ def test_default_stream_handle_while_another_is_current(pack, torch) -> None:
 
 def test_cupy_stream_handles_with_scratch(pack) -> None:
     """CuPy arrays with ``stream=`` (another stream, and the default stream while another is
-    current): the general path allocates on that stream and launches there."""
+    current): the general path allocates on that stream and launches there, without CuPy's
+    deprecation warning (CuPy 14 deprecates ExternalStream for Stream.from_external)."""
     cupy = pytest.importorskip("cupy")
+    warnings.filterwarnings("error", ".*ExternalStream", DeprecationWarning)  # restored by pytest
     prog = pack["colstd"]
     x = cupy.random.standard_normal((3000, 100), dtype=cupy.float32)
     ref = x.astype(cupy.float64).std(0)

@@ -211,8 +211,10 @@ def test_numpy_complex_scalar_is_refused_by_a_call(fake) -> None:
 
 # ---- the fast path's parameter blocks -----------------------------------------------------------
 def _array_types(length: int) -> list:
-    return [o for o in gc.get_objects() if isinstance(o, type) and issubclass(o, ctypes.Array)
-            and getattr(o, "_length_", None) == length]
+    # type(o), not isinstance(o, type): gc lists weakref proxies too, and isinstance asks a
+    # proxy's __class__, a ReferenceError once its referent is gone (the flake of notes/flaky)
+    return [o for o in gc.get_objects() if issubclass(type(o), type)
+            and issubclass(o, ctypes.Array) and getattr(o, "_length_", None) == length]
 
 
 def test_thread_state_makes_no_ctypes_array_type() -> None:

@@ -332,12 +332,36 @@ class CupyAdapter(Adapter):
         with contextlib.ExitStack() as scope:
             scope.enter_context(cp.cuda.Device(device))
             scope.enter_context(cp.cuda.Stream.null if stream == 0
-                                else cp.cuda.ExternalStream(stream, device))
+                                else _cupy_stream(cp, stream, device))
             a = cp.empty(shape, dtype=token)
         return a, a.data.ptr
 
     def current_stream(self, device: int) -> int:
         return int(self.cupy.cuda.get_current_stream(device).ptr)
+
+
+class _StreamHandle:
+    """A raw stream handle as the CUDA stream protocol's object (``__cuda_stream__``), what
+    CuPy 14's ``Stream.from_external`` takes."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return 0, self.handle
+
+
+def _cupy_stream(cp: Any, handle: int, device: int) -> Any:
+    """CuPy's object for a raw stream handle of ``device``: ``Stream.from_external`` where
+    CuPy has it (14 deprecates ``ExternalStream``, with a warning at every use), else
+    ``ExternalStream``. The caller has made ``device`` current (from_external records no
+    device)."""
+    from_external = getattr(getattr(cp.cuda, "Stream", None), "from_external", None)
+    if from_external is None:
+        return cp.cuda.ExternalStream(handle, device)
+    return from_external(_StreamHandle(handle))
 
 
 _adapters: dict[type, Adapter] = {}
