@@ -209,7 +209,10 @@ class KernelSummary:
         symbols = _symbols_of_many()
 
         def need(expr: Expr, where: str, extra: frozenset[str] = frozenset()) -> None:
-            missing = symbols(expr) - bound - extra
+            read = symbols(expr)
+            if read <= bound:  # the common case, without making two sets
+                return
+            missing = read - bound - extra
             if missing:
                 raise ValueError(f"program {self.name!r}: {where} reads unbound symbol(s) "
                                  f"{sorted(missing)} (bound: {sorted(bound)})")
@@ -265,6 +268,9 @@ def _symbols_of_many() -> Callable[[Expr], frozenset[str]]:
     empty: frozenset[str] = frozenset()
 
     def symbols(root: Expr) -> frozenset[str]:
+        known = memo.get(id(root))
+        if known is not None:  # a shared node asked again (a constant, a common dim)
+            return known
         stack = [(root, False)]
         while stack:
             node, expanded = stack.pop()
