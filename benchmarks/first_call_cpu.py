@@ -37,12 +37,13 @@ this machine may set PYTHONDONTWRITEBYTECODE.
 
     python benchmarks/first_call_cpu.py [--reps N] [--programs 1,100] [--arrays torch|cai]
         [--driver bindings|libcuda] [--stdlib MODS] [--against OLD_SRC] [--importtime]
-        [--profile] [--json FILE]
+        [--profile] [--stamps] [--json FILE]
 
 ``--against OLD_SRC`` also times the package under another source directory (a copy of
 ``src/`` before a change), interleaved, for a before/after on a noisy machine;
 ``--importtime`` adds a ``python -X importtime`` table of the modules imported inside the
-clock; ``--profile`` a cProfile of load + first call (imports done) by cumulative time.
+clock; ``--profile`` a cProfile of load + first call (imports done) by cumulative time;
+``--stamps`` the same load + first call with timers around its steps (``_stamps.py``).
 """
 
 from __future__ import annotations
@@ -219,8 +220,10 @@ assert result is None and fake.calls, "the fake driver saw no launch"
 launches = [c for c in fake.calls if c[0] == "cuLaunchKernel"]
 assert len(launches) == 1 and launches[0][6][2:] == (A, N), launches
 print(json.dumps({"load_us": (t1 - t0) * 1e6, "first_us": (t2 - t1) * 1e6,
+                  "total_us": (t2 - t0) * 1e6,
                   "driver_us": (SPENT[0] - spent0) * 1e6, "driver_calls": SPENT[1],
-                  "new_modules": sorted(set(sys.modules) - before)}))
+                  "new_modules": sorted(set(sys.modules) - before),
+                  "stamps": globals().get("STAMPED", {})}))
 '''
 
 PROFILED = r'''
@@ -381,6 +384,9 @@ def main() -> int:
                     help="also show -X importtime of the modules imported inside the clock")
     ap.add_argument("--profile", action="store_true",
                     help="also show a cProfile of load + first call (imports done)")
+    ap.add_argument("--stamps", action="store_true",
+                    help="also time the load path's steps (benchmarks/_stamps.py: timers "
+                         "around its main functions, imports done), --reps processes")
     ap.add_argument("--json", help="write the raw runs here")
     args = ap.parse_args()
     counts = sorted({int(c) for c in args.programs.split(",") if c})
@@ -435,6 +441,16 @@ def main() -> int:
                           PROFILED, stdlib, args.driver)
         print()
         print(run_child(code, envs[""])[0])
+    if args.stamps:
+        import _stamps
+
+        code = child_code(paths[first], names[first], args.arrays, notes[label(first)],
+                          _stamps.install_code() + TIMED, stdlib, args.driver)
+        stamped = [result_of(run_child(code, envs[""])[0]) for _ in range(args.reps)]
+        print(f"\nWhere {label(first)}'s load + first call goes (imports done; timers around "
+              f"the steps, medians of {args.reps} processes; the fake driver's time is in the "
+              f"steps that call it):\n")
+        print("\n".join(_stamps.table(stamped, "total_us", "kp.load + first call")))
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": runs, "modules": notes, "how": how,
                                                "stdlib": stdlib, "driver": args.driver}, indent=1))

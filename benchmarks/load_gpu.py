@@ -17,7 +17,10 @@ process, against the driver floor and Triton's warm-cache first launch; and the 
 (b) Wall time of ``python -c "import kernelpack"`` against ``python -c "import
     cuda.bindings.driver"`` (fresh processes, median), target <= 1.5x.
 
-    python benchmarks/load_gpu.py [--quick] [--reps N] [--md FILE] [--no-write]
+    python benchmarks/load_gpu.py [--quick] [--reps N] [--md FILE] [--no-write] [--stamps]
+
+``--stamps`` adds (c): the 1-program run again with timers around the load path's steps
+(``_stamps.py``), where kernelpack's part of the clock goes on that host.
 
 Appends the tables to benchmarks/RESULTS.md (device, driver, date) and writes the same section
 to ``--md`` (default ``$OUT/load_gpu.md`` when ``$OUT`` is set).
@@ -42,6 +45,7 @@ sys.path.insert(0, str(SRC))
 sys.path.insert(0, str(HERE))
 
 import _gpu_timing as gt  # noqa: E402
+import _stamps  # noqa: E402
 
 # y = a*x + y (in place), one thread per element; n as u32 (the README's example kernel).
 AXPY_PTX = (HERE.parent / "examples" / "axpy.ptx").read_text()
@@ -75,7 +79,7 @@ EPILOGUE = f"""
 ok = bool(torch.allclose(y, {A} * x + y0, rtol=1e-6, atol=1e-6))
 new = sorted(set(sys.modules) - before)
 print(json.dumps({{"us": (t1 - t0) * 1e6, "first_us": (tm - t0) * 1e6, "ok": ok,
-                  "new_modules": new}}))
+                  "new_modules": new, "stamps": globals().get("STAMPED", {{}})}}))
 """
 CHILD = {
     "floor": """
@@ -110,6 +114,7 @@ for mod in (sys.argv[3] if len(sys.argv) > 3 else "").split(","):
             importlib.import_module(mod)
         except Exception:
             pass
+# @@stamps@@
 before = set(sys.modules)
 t0 = time.perf_counter()
 pack = kp.load(path)
@@ -242,6 +247,26 @@ def first_result(workdir: Path, art: dict, reps: int,
     return out, notes
 
 
+def stamped_section(art: dict, notes: dict[str, str], reps: int) -> list[str]:
+    """The 1-program load + first result again, imports done, with timers around its steps
+    (``_stamps.py``): where kernelpack's part of the clock goes on this host."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(SRC) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
+                                    else "")
+    code = child_code("kernelpack").replace("# @@stamps@@", _stamps.install_code())
+    mods = ",".join(m for m in notes.get("kernelpack, 1 program", "").split(", ")
+                    if m and not m.startswith("__"))
+    runs = [run_child(code, [str(art["paths"]["1"]), "axpy_000", mods], env)
+            for _ in range(reps)]
+    assert all(r["ok"] for r in runs), "a stamped run computed a wrong result"
+    print("stamps: " + ", ".join(f"{k.strip()} {v:.0f}" for k, v in runs[-1]["stamps"].items()))
+    return [f"(c) Where the 1-program load + first result goes: the same run, imports done, "
+            f"with timers around the load path's steps (`--stamps`, benchmarks/_stamps.py; "
+            f"medians of {len(runs)} fresh processes; each step inclusive, driver calls in the "
+            f"steps that make them; the clock includes the sync).", ""] + \
+        _stamps.table(runs, "us", "kp.load + first result (stamped)") + [""]
+
+
 IMPORTS = {"python -c pass": "pass", "import cuda.bindings.driver": "import cuda.bindings.driver",
            "import kernelpack": "import kernelpack"}
 # kernelpack.runtime is not on the list: ``import kernelpack`` imports the load path (loader and
@@ -281,6 +306,10 @@ def main() -> int:
     parser.add_argument("--md", default=None, help="also write the section to this file "
                         "(default: $OUT/load_gpu.md when $OUT is set)")
     parser.add_argument("--no-write", action="store_true", help="do not append to RESULTS.md")
+    parser.add_argument("--stamps", action="store_true",
+                        help="also time the 1-program load's steps (benchmarks/_stamps.py: "
+                             "timers around the load path's functions, imports done), --reps "
+                             "more processes")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds for (a); fewer repetitions when it runs out")
     args = parser.parse_args()
@@ -350,6 +379,8 @@ def main() -> int:
                  "compiled once before timing (compileall), as an installed package's is. "
                  "Triton cache: "
                  f"{notes.get('triton cache', 'not checked')}.", ""]
+    if args.stamps and art is not None and isinstance(res.get("kernelpack, 1 program"), list):
+        body += stamped_section(art, notes, reps)
     try:
         imp, heavy = import_times(args.import_reps)
         base = imp["python -c pass"]
