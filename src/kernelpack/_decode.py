@@ -121,11 +121,15 @@ _ARG = ("kind", "name", "value", "dtype")
 _PARAM = ("kind", "name", "dtype", "role", "zero_init", "shape", "value")
 _SCRATCH = ("name", "dtype", "shape", "zero_init")
 _LAUNCH = ("kernel", "module", "grid", "block", "shared_mem", "count", "loop", ("args", _ARG))
-# a Program table as one tree (Table.tree: one C call where the extension is built)
-_PROGRAM = tree_spec("Program", (
-    "name", "symbols", "ops", "imms", ("params", _PARAM),
-    ("constraints", ("predicate", "message")),
-    ("variants", ("predicate", ("scratch", _SCRATCH), ("launches", _LAUNCH)))))
+# A Program is read in steps, each checked before the next is read (Table.tree: one C call
+# each where the extension is built): its expression program, parameters and constraints (all
+# bounded by small limits), then each variant's own fields, then each of its launches with its
+# arguments. Reading the whole tree first let a hostile file that fails at its first launch cost
+# reading every launch of every variant (millions of empty ones share one vtable; review 23).
+_HEAD = tree_spec("Program", ("name", "symbols", "ops", "imms", ("params", _PARAM),
+                              ("constraints", ("predicate", "message"))))
+_VARIANT = tree_spec("Variant", ("predicate", ("scratch", _SCRATCH)))
+_LAUNCH_TREE = tree_spec("Launch", _LAUNCH)
 
 
 def _params(c: _Ctx, fparams: list[list[Any]]) -> list[Any]:
@@ -160,16 +164,17 @@ def _launch(c: _Ctx, ln: list[Any], where: str) -> Launch:
         count=c.opt_root(count, where, " count"), loop=loop)
 
 
-def _variants(c: _Ctx, fvariants: list[list[Any]]) -> list[Variant]:
+def _variants(c: _Ctx, fvariants: list[Table]) -> list[Variant]:
     out = []
-    for vi, (predicate, fscratch, flaunches) in enumerate(fvariants):
+    for vi, v in enumerate(fvariants):
+        predicate, fscratch = v.tree(_VARIANT)
         scratch = []
         for name, code, shape, zero in fscratch:
             where = ("variant ", vi, " scratch ", name)
             scratch.append(Scratch(name, c.dtype(code, *where), c.shape(shape, *where),
                                    bool(zero)))
-        launches = [_launch(c, ln, f"variant {vi} launch {li}")
-                    for li, ln in enumerate(flaunches)]
+        launches = [_launch(c, ln.tree(_LAUNCH_TREE), f"variant {vi} launch {li}")
+                    for li, ln in enumerate(v.get("launches"))]
         out.append(Variant(tuple(launches), tuple(scratch),
                            c.opt_root(predicate, "variant ", vi, " predicate")))
     return out
@@ -181,13 +186,13 @@ def decode_program(fp: Table) -> KernelSummary:
     Raises FormatError for a malformed expression program, a bad root index or dtype, or a
     summary that its own dataclasses reject (names, unbound symbols, limits).
     """
-    name, symbols, ops, imms, fparams, fconstraints, fvariants = fp.tree(_PROGRAM)
+    name, symbols, ops, imms, fparams, fconstraints = fp.tree(_HEAD)
     try:
         prog = ExprProgram(EncodedExprs(tuple(symbols), ops, imms))
         c = _Ctx(name, prog)
         constraints = [Constraint(c.root(predicate, "constraint ", i), message)
                        for i, (predicate, message) in enumerate(fconstraints)]
-        params, variants = _params(c, fparams), _variants(c, fvariants)
+        params, variants = _params(c, fparams), _variants(c, fp.get("variants"))
         check_expression_work(c.refs, len(ops),
                               lambda: field_expressions(params, constraints, variants))
         return KernelSummary(name, tuple(params), tuple(variants), tuple(constraints))

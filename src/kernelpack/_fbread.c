@@ -60,15 +60,18 @@ static int rd(const Buf *buf, uint64_t pos, unsigned size, uint64_t *out) {
 /* The size in bytes of a scalar code (the size, negative for a signed type), or 0 with an
  * exception set for anything else (an error converting it included). */
 static unsigned code_size(long code) {
-    unsigned size = (unsigned)(code < 0 ? -code : code);
-    if (code == -1 && PyErr_Occurred())
+    if (code == -1 && PyErr_Occurred()) /* the conversion failed (not an int, too large) */
         return 0;
-    if (size != 1 && size != 2 && size != 4 && size != 8) {
+    switch (code) { /* the whole long: no cast or negation before it is known to be small */
+    case 1: case -1: return 1;
+    case 2: case -2: return 2;
+    case 4: case -4: return 4;
+    case 8: case -8: return 8;
+    default:
         PyErr_Format(PyExc_ValueError, "fb_tree: scalar code %ld is not one of +-1, 2, 4, 8",
                      code);
         return 0;
     }
-    return size;
 }
 
 /* A scalar's Python int (code: see code_size). */

@@ -39,9 +39,10 @@ class SignatureInfo(FrozenRecord):
         self._set(key_id=key_id, public_key=public_key, verified=verified)
 
 
-# what kp.load reads of the body in one call (Table.tree): the module index, images included
-_MODULE = ("name", "kernels", ("images", _IMAGE_FIELDS))
-_BODY = tree_spec("Body", ("generator", ("modules", _MODULE)))
+# what kp.load reads of each module in one call (Table.tree), images included: module by
+# module, each checked before the next is read (a whole index read first let a file whose
+# first module is bad cost reading every image of 100,000 modules; review 23)
+_MODULE = tree_spec("Module", ("name", "kernels", ("images", _IMAGE_FIELDS)))
 
 
 class ModuleInfo:
@@ -114,13 +115,12 @@ class Pack:
         verify_buffer(body, "Body", identifier=None, what="body")
         self._buf = buf
         fbody = Table.root(body, "Body")
-        self.generator: str
-        self.generator, fmodules = fbody.tree(_BODY)
+        self.generator: str = fbody.get("generator")
         blobs: ByteViews | FileBlobs = fpack.byte_views("blobs")  # made when an image names one
         if file is not None:  # images of a mapped file are read with pread, never via the map
             blobs = FileBlobs(blobs, file)
         self._file = file
-        modules = [ModuleInfo(fm, blobs) for fm in fmodules]
+        modules = [ModuleInfo(fm.tree(_MODULE), blobs) for fm in fbody.get("modules")]
         _sorted_unique([m.name for m in modules], "module")
         self._modules: dict[str, ModuleInfo] = {m.name: m for m in modules}
         self._programs: list[Table] = fbody.get("programs")
