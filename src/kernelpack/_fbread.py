@@ -119,6 +119,7 @@ def _tables(buf: Buffer, start: int, offsets: tuple[int, ...], name: str) -> lis
 # bytes, negative for a signed type)
 KINDS = {"n": 0, "S": 1, "s": 2, "b": 3, "v": 4, "vs": 5, "t": 6, "vt": 7}
 _CODES = {"B": 1, "H": 2, "I": 4, "Q": 8, "b": -1, "h": -2, "i": -4, "q": -8}
+_TABLE, _TABLES = KINDS["t"], KINDS["vt"]
 
 
 def tree_spec(table: str, fields: tuple[Any, ...]) -> tuple[tuple[Any, ...], ...]:
@@ -151,9 +152,9 @@ def _tree(table: "Table", spec: tuple[tuple[Any, ...], ...]) -> list[Any]:
     """:meth:`Table.tree` in Python: what ``_fbread.c`` reads, through :meth:`Table.get`."""
     out = table.values(tuple(item[4] for item in spec))
     for i, (_, kind, sub, _, _) in enumerate(spec):
-        if kind == 6:
+        if kind == _TABLE:
             out[i] = None if out[i] is None else _tree(out[i], sub)
-        elif kind == 7:
+        elif kind == _TABLES:
             out[i] = [_tree(t, sub) for t in out[i]]
     return out
 
