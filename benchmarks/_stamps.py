@@ -38,6 +38,7 @@ STAMPED = {}
 
 def _stamp(owner, attr, label):
     original = getattr(owner, attr)
+    static = isinstance(vars(owner).get(attr), staticmethod)
 
     def timed(*args, **kwargs):
         t = _time.perf_counter()
@@ -46,7 +47,7 @@ def _stamp(owner, attr, label):
         finally:
             STAMPED[label] = STAMPED.get(label, 0.0) + (_time.perf_counter() - t) * 1e6
 
-    setattr(owner, attr, timed)
+    setattr(owner, attr, staticmethod(timed) if static else timed)
 
 
 for _module, _path, _label in STAMPS:
@@ -58,28 +59,43 @@ for _module, _path, _label in STAMPS:
 '''
 
 
-def install_code() -> str:
+# A warm start (``warmstart.py --gpu --stamps``): fifty ``kp.compile`` cache hits and first
+# calls in one process, each step summed over them.
+WARM_STAMPS: tuple[tuple[str, str, str], ...] = (
+    ("kernelpack.compile_entry", "fusion_key", "cache keys (trace, canonical bytes, digest)"),
+    ("kernelpack.cache.disk_tier", "DiskTier.entry", "disk hits (read, kp.load, decode, digests)"),
+    ("kernelpack.cache", "Cache._decode", "  kp.load + Pack.compiled of the entries"),
+    ("kernelpack.program", "decode_program", "  decode the summaries"),
+) + STAMPS[2:]
+
+REST = "the rest (file read, argument checks, Python between the steps)"
+
+
+def install_code(stamps: Sequence[tuple[str, str, str]] = STAMPS) -> str:
     """Source for a child (after ``import kernelpack``, before its clock starts)."""
-    return f"STAMPS = {STAMPS!r}\n" + INSTALL
+    return f"STAMPS = {tuple(stamps)!r}\n" + INSTALL
 
 
-def table(runs: Sequence[dict[str, Any]], total_key: str, total_label: str) -> list[str]:
+def table(runs: Sequence[dict[str, Any]], total_key: str, total_label: str,
+          stamps: Sequence[tuple[str, str, str]] = STAMPS, unit: str = "µs",
+          scale: float = 1.0, rest_label: str = REST) -> list[str]:
     """A markdown table of the stamps' medians over ``runs`` (each a child's ``stamps`` dict
-    and its clock, ``total_key``, in µs), with the rest of the clock."""
+    and its clock, ``total_key``, in µs), with the rest of the clock; figures are shown
+    multiplied by ``scale`` (1e-3 for ms) in ``unit``."""
     if not runs:
         return []
-    rows = ["| step | median µs |", "| --- | ---: |"]
-    medians = {label: statistics.median(r["stamps"].get(label, 0.0) for r in runs)
-               for _, _, label in STAMPS}
-    total = statistics.median(r[total_key] for r in runs)
-    for _, _, label in STAMPS:
+    rows = [f"| step | median {unit} |", "| --- | ---: |"]
+    medians = {label: statistics.median(r["stamps"].get(label, 0.0) for r in runs) * scale
+               for _, _, label in stamps}
+    total = statistics.median(r[total_key] for r in runs) * scale
+    digits = 0 if scale == 1.0 else 1
+    for _, _, label in stamps:
         inside = label.startswith("  ")
         rows.append(f"| {'&nbsp;&nbsp;of which: ' + label.strip() if inside else label} | "
-                    f"{medians[label]:.0f} |")
+                    f"{medians[label]:.{digits}f} |")
     # the rest, per run (medians do not add up)
     rest = statistics.median(r[total_key] - sum(v for k, v in r["stamps"].items()
                                                 if not k.startswith("  ")) for r in runs)
-    rows.append(f"| the rest (file read, argument checks, Python between the steps) | "
-                f"{rest:.0f} |")
-    rows.append(f"| **{total_label}** | **{total:.0f}** |")
+    rows.append(f"| {rest_label} | {rest * scale:.{digits}f} |")
+    rows.append(f"| **{total_label}** | **{total:.{digits}f}** |")
     return rows

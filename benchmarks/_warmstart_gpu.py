@@ -21,7 +21,6 @@ After the clock stops, every output is checked against a float64 torch reference
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["SYMBOLIC_N", "ROWS", "TOL", "specs", "make_inputs", "reference", "check",
-           "triton_source", "run_scenarios", "gpu_report"]
+           "triton_source", "run_scenarios", "stamped_runs", "stamped_section", "gpu_report"]
 
 HERE = Path(__file__).resolve().parent
 SYMBOLIC_N = {1: 10_000, 2: 1000}  # n when the fusion's n is symbolic (by rank)
@@ -262,6 +261,7 @@ if cfg["mode"] == "kp":
         finally:
             libload_s[0] += time.perf_counter() - t
     _launcher.load_module = _timed_load_module
+    exec(cfg.get("stamps", ""))  # --stamps: timers around the steps (a run of its own)
     t_imp = time.perf_counter()
     cache = kp.Cache(cfg["disk"], remote=False)
     for (f, static), args in zip(fusion_jobs(cfg["kernels"]), inputs):
@@ -316,6 +316,7 @@ try:  # untimed: versions for the report
 except ImportError:
     triton_version = None
 print(json.dumps({"pre_s": t0 - t_start, "import_s": t_imp - t0, "load_s": load_s,
+                  "stamps": globals().get("STAMPED", {}), "work_us": (t1 - t_imp) * 1e6,
                   "libload_s": libload_s[0],
                   "work_s": t1 - t0, "origins": origins, "max_err": max_err, "bad": bad,
                   "n": len(outs) if cfg["mode"] != "floor" else 0,
@@ -426,6 +427,44 @@ def _export_images(n: int, tmp: Path, disk: str, env: dict[str, str], timeout: f
     if r.returncode != 0:
         raise RuntimeError(f"exporting the images failed: {r.stderr.strip()[-1500:]}")
     return out / "jobs.json"
+
+
+def stamped_runs(n: int, repeat: int, tmp: Path, env: dict[str, str],
+                 log: Callable[[str], None] = print, timeout: float = 300.0) -> list[dict]:
+    """``--stamps``: ``repeat`` more warm kernelpack runs (after :func:`run_scenarios`, whose
+    disk cache they read) with timers around the steps of a warm start
+    (``_stamps.WARM_STAMPS``, summed over the kernels); untimed rows of their own."""
+    import _stamps
+
+    cfg = {"mode": "kp", "kernels": n, "here": str(HERE), "disk": str(tmp / "kp-disk"),
+           "stamps": _stamps.install_code(_stamps.WARM_STAMPS)}
+    kp_env = dict(env, TRITON_CACHE_DIR=str(tmp / "triton-unused"))
+    runs = []
+    for _ in range(repeat):
+        r = _child(cfg, kp_env, timeout)
+        if "error" in r or r["bad"] or r.get("origins") != {"disk": n}:
+            log(f"  stamped run failed or missed the cache: {str(r)[-600:]}")
+            continue
+        log(f"  stamped warm disk: {1000 * r['work_s']:.1f} ms")
+        runs.append(r)
+    return runs
+
+
+def stamped_section(runs: list[dict]) -> str:
+    """Part (c) of the entry: where a warm start's time goes, from :func:`stamped_runs`."""
+    import _stamps
+
+    if not runs:
+        return ""
+    rows = _stamps.table(runs, "work_us", "from `import kernelpack` done to all run (stamped)",
+                         _stamps.WARM_STAMPS, unit="ms", scale=1e-3,
+                         rest_label="the rest (fusion objects, Python between the steps, "
+                                    "the final sync)")
+    return "\n".join(
+        ["", f"(c) Where a warm start goes (`--stamps`: {len(runs)} more warm-disk runs with "
+         f"timers around the steps, benchmarks/_stamps.py WARM_STAMPS; each step summed over "
+         f"the kernels, medians over the runs; the clock starts after `import kernelpack`):",
+         ""] + rows) + "\n"
 
 
 def _ms(r: dict, key: str) -> str:

@@ -11,7 +11,9 @@ Scenarios, each a fresh ``python`` subprocess (CPU side; no GPU is touched):
 tensors, first launch included, and checked against torch: kernelpack cold vs warm disk, and
 Triton kernels for the same math, cold and with a warm TRITON_CACHE_DIR. (No Redis row: the GPU
 hosts have no redis-server.) It prints a markdown entry and writes it to $OUT/warmstart.md when
-$OUT is set; ``--add-results FILE`` adds such an entry to RESULTS.md.
+$OUT is set; ``--add-results FILE`` adds such an entry to RESULTS.md. ``--stamps`` adds part (c):
+REPEAT more warm-disk runs with timers around the steps (``_stamps.WARM_STAMPS``), to show where
+a warm start's time goes.
 
 Workload: the lowering's ``kp.compile`` of ``@kp.fusion`` functions over several shapes and
 dtypes when ``kp.compile`` works here, else ``kp.external`` PTX variants (the output says
@@ -19,7 +21,7 @@ which). Prints the times and ratios and adds a table (machine, date, load) to it
 benchmarks/RESULTS.md, keeping the last five runs.
 
     python benchmarks/warmstart.py [--kernels 50] [--repeat 3] [--workload auto] [--no-results]
-    python benchmarks/warmstart.py --gpu [--kernels 50] [--repeat 3]
+    python benchmarks/warmstart.py --gpu [--kernels 50] [--repeat 3] [--stamps]
     python benchmarks/warmstart.py --add-results warmstart.md
 """
 
@@ -252,7 +254,7 @@ def _triton_warm(n: int, workdir: Path) -> str:
     return "not measured here (Triton needs a GPU to run; see the GPU runs, --gpu)"
 
 
-def _gpu_main(n: int, repeat: int) -> None:
+def _gpu_main(n: int, repeat: int, stamps: bool = False) -> None:
     """``--gpu``: run the GPU scenarios (see ``_warmstart_gpu``), print the markdown entry and
     write it to ``$OUT/warmstart.md`` when ``$OUT`` is set. RESULTS.md is left alone (the GPU
     host's copy of it does not come back; use --add-results here)."""
@@ -272,10 +274,12 @@ def _gpu_main(n: int, repeat: int) -> None:
         print(f"warmstart --gpu: {n} kernels, fastest of {repeat} warm runs", flush=True)
         runs = g.run_scenarios(n, repeat, tmp, _env(),
                                log=lambda m: print(m, flush=True))
+        stamped = (g.stamped_runs(n, repeat, tmp, _env(), log=lambda m: print(m, flush=True))
+                   if stamps and "error" not in runs["kernelpack warm disk"] else [])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    entry = g.gpu_report(runs, n, repeat, stamp)
+    entry = g.gpu_report(runs, n, repeat, stamp) + g.stamped_section(stamped)
     print(entry)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "warmstart.md").write_text(entry)
@@ -291,6 +295,9 @@ def main() -> None:
     ap.add_argument("--workload", choices=("auto", "fusion", "external"), default="auto")
     ap.add_argument("--gpu", action="store_true",
                     help="run each kernel once on the GPU; kernelpack vs Triton (no Redis)")
+    ap.add_argument("--stamps", action="store_true",
+                    help="with --gpu: also REPEAT warm runs with timers around the steps "
+                         "(benchmarks/_stamps.py), part (c) of the entry")
     ap.add_argument("--add-results", metavar="FILE",
                     help="add a --gpu entry (its warmstart.md) to RESULTS.md and exit")
     opts = ap.parse_args()
@@ -298,7 +305,7 @@ def main() -> None:
         _write_section(Path(opts.add_results).read_text())
         return
     if opts.gpu:
-        _gpu_main(opts.kernels, opts.repeat)
+        _gpu_main(opts.kernels, opts.repeat, opts.stamps)
         return
     sys.path.insert(0, str(SRC))
     from kernelpack.signing import write_keypair

@@ -16,13 +16,13 @@ import stat
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ._fbread import ByteViews, Table, tree_spec
-from ._images import (_IMAGE_FIELDS, FileBlobs, ImageInfo, PackFile,  # noqa: F401
-                      _decompress)  # _decompress: kept importable here
+from ._fbread import ByteViews, Table, Tables, tree_spec
+from ._images import (_CODECS, _IMAGE_FIELDS, _SUFFIXES, FileBlobs, ImageInfo,  # noqa: F401
+                      PackFile, _decompress)  # _decompress: kept importable here
 from .errors import FormatError, IntegrityError, KernelPackError, SignatureError
-from .limits import DIGEST_SIZE, FILE_IDENTIFIER, MAX_FILE_SIZE
+from .limits import DIGEST_SIZE, FILE_IDENTIFIER, MAX_FILE_SIZE, MAX_IMAGE_SIZE
 from ._records import FrozenRecord
-from .compiled import Compiled, Module
+from .compiled import IMAGE_KINDS, Compiled, Module
 from .program import Program
 from .verify import read_format_version, verify_buffer
 
@@ -43,16 +43,26 @@ class SignatureInfo(FrozenRecord):
 # module, each checked before the next is read (a whole index read first let a file whose
 # first module is bad cost reading every image of 100,000 modules; review 23)
 _MODULE = tree_spec("Module", ("name", "kernels", ("images", _IMAGE_FIELDS)))
+# every program's name, in one call (kp.load checks them; a Program is decoded on first use)
+_PROGRAM_NAMES = tree_spec("Body", (("programs", ("name",)),))
 
 
 class ModuleInfo:
-    """A module: kernel entry names and images per target."""
+    """A module: kernel entry names and images per target.
 
-    __slots__ = ("name", "kernels", "images", "_module")
+    Every image's metadata is checked at load (docs/FORMAT.md §3, 8). In a pack of many
+    modules read into memory, the :class:`ImageInfo` objects are made when ``images`` is first
+    read: such a pack uses a few of its modules per process, and making two or three ImageInfo
+    per module was about half of what ``kp.load`` spent on a 100-module pack. A memory-mapped
+    file's are made at load (locating a blob reads the map; see :class:`PackFile`)."""
+
+    __slots__ = ("name", "kernels", "_images", "_metas", "_blobs", "_module")
 
     def __init__(self, fm: Sequence[Any],
-                 blobs: ByteViews | FileBlobs | Sequence[memoryview]) -> None:
-        """``fm``: a Module table read by Table.tree with :data:`_MODULE`."""
+                 blobs: ByteViews | FileBlobs | Sequence[memoryview], *,
+                 defer: bool = False) -> None:
+        """``fm``: a Module table read by Table.tree with :data:`_MODULE`; ``defer``: make the
+        ImageInfo objects on first use where the metadata allows (see the class)."""
         self.name, kernels, fimages = fm
         if not self.name.isidentifier():
             raise FormatError(f"module name {self.name!r} is not an identifier")
@@ -60,13 +70,30 @@ class ModuleInfo:
             raise FormatError(f"module {self.name!r}: kernel names must be non-empty, sorted "
                               f"and unique (got {kernels[:8]})")
         self.kernels = tuple(kernels)
-        images = tuple(ImageInfo(self.name, meta, blobs) for meta in fimages)
+        self._module: Module | None = None
+        self._images: tuple[ImageInfo, ...] | None = None
+        self._metas, self._blobs = fimages, blobs
+        # A memory-mapped file's blobs are located through the map (FileBlobs): that must
+        # happen within load, since touching the map later faults if the file was truncated.
+        if not defer or isinstance(blobs, FileBlobs) or not _plain_images(fimages,
+                                                                          len(blobs)):
+            self._images = self._make_images()  # raises the error that names what is wrong
+
+    @property
+    def images(self) -> tuple[ImageInfo, ...]:
+        """The module's images, sorted by target (made on first use: see the class)."""
+        images = self._images
+        if images is None:  # threads racing here make equal tuples; one is kept
+            images = self._images = self._make_images()
+        return images
+
+    def _make_images(self) -> tuple[ImageInfo, ...]:
+        images = tuple(ImageInfo(self.name, meta, self._blobs) for meta in self._metas)
         keys = [i.sort_key() for i in images]
         if not images or keys != sorted(set(keys)):
             raise FormatError(f"module {self.name!r}: images must be non-empty, sorted by "
                               f"target and one per target (got {[i.target for i in images]})")
-        self.images = images
-        self._module: Module | None = None
+        return images
 
     def module(self) -> Module:
         """The :class:`~kernelpack.summary.Module`: every image's stored digest checked now,
@@ -84,6 +111,36 @@ class ModuleInfo:
         raise TypeError(f"a loaded ModuleInfo ({self.name!r}) cannot be pickled or copied: it "
                         f"reads from its pack's buffer; send .module() (a kp.Module) or "
                         f"pack.compiled(name) instead")
+
+
+# A pack of more modules than this makes their ImageInfo objects on first use, and one of
+# more programs their tables: a small pack's are all used (deferring would only add work to
+# its first call), a large pack's mostly not.
+_DEFER_TABLES_FROM = 8
+_KIND_COUNT, _SUFFIX_COUNT, _ZSTD = len(IMAGE_KINDS), len(_SUFFIXES), _CODECS.index("zstd")
+
+
+def _plain_images(metas: Sequence[Sequence[Any]], blob_count: int) -> bool:
+    """Whether ImageInfo would accept every one of a module's image metadata (read with
+    ``_IMAGE_FIELDS``) and they are sorted by target, one per target, without making them:
+    zstd-coded images only (an uncompressed one's stored size is checked against its
+    ``raw_size``, which needs its blob). False sends the module to ImageInfo at once, which
+    then names what is wrong; True only where ImageInfo cannot fail later."""
+    if not metas:
+        return False
+    last: tuple = ()
+    for (kind, major, minor, suffix, _, _, _, codec, raw_size, digest, raw_digest,
+         blob) in metas:
+        if not (0 <= kind < _KIND_COUNT and 0 < major < 100 and 0 <= minor < 10
+                and 0 <= suffix < _SUFFIX_COUNT and codec == _ZSTD
+                and len(digest) == DIGEST_SIZE and len(raw_digest) == DIGEST_SIZE
+                and 0 <= raw_size <= MAX_IMAGE_SIZE and 0 <= blob < blob_count):
+            return False
+        key = (kind, major, minor, suffix)  # ImageInfo.sort_key's order, as numbers
+        if key <= last:
+            return False
+        last = key
+    return True
 
 
 class Pack:
@@ -120,11 +177,20 @@ class Pack:
         if file is not None:  # images of a mapped file are read with pread, never via the map
             blobs = FileBlobs(blobs, file)
         self._file = file
-        modules = [ModuleInfo(fm.tree(_MODULE), blobs) for fm in fbody.get("modules")]
+        fmodules = fbody.tables("modules")
+        defer = len(fmodules) > _DEFER_TABLES_FROM
+        modules = [ModuleInfo(fmodules.tree(i, _MODULE), blobs, defer=defer)
+                   for i in range(len(fmodules))]
         _sorted_unique([m.name for m in modules], "module")
         self._modules: dict[str, ModuleInfo] = {m.name: m for m in modules}
-        self._programs: list[Table] = fbody.get("programs")
-        names = [fp.get("name") for fp in self._programs]
+        programs = fbody.tables("programs")
+        if len(programs) > _DEFER_TABLES_FROM:
+            # each Program's table is made when it is decoded; the names read in one call
+            self._programs: Sequence[Table] = programs
+            names = [name for name, in fbody.tree(_PROGRAM_NAMES)[0]]
+        else:
+            self._programs = list(programs)
+            names = [fp.get("name") for fp in self._programs]
         _sorted_unique(names, "program")
         for name in names:
             if not name.isidentifier():
