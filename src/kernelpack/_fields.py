@@ -29,6 +29,8 @@ def _name(value: object, what: str) -> str:
 
 def _dim(value: object, what: str) -> Expr:
     """One dimension. A bool is refused: ``True`` would silently become 1."""
+    if value.__class__ is Expr:  # what the decoder and the lowering pass
+        return value  # type: ignore[return-value]
     if isinstance(value, bool):
         raise TypeError(f"{what} must be an int, a symbol name or an expression (got {value!r})")
     try:
@@ -51,6 +53,14 @@ def _flag(value: object, what: str) -> bool:
 
 
 def _shape(shape: Iterable[ExprLike], what: str) -> tuple[Expr, ...]:
+    if shape.__class__ is tuple and len(shape) <= MAX_RANK:  # type: ignore[arg-type]
+        # the decoder's and the lowering's form: a tuple of Exprs, each made once; the same
+        # checks as below, without making a message per dim
+        for d in shape:
+            if d.__class__ is not Expr or (d.op == "const" and d.value < 0):  # type: ignore
+                break
+        else:
+            return shape  # type: ignore[return-value]
     if isinstance(shape, (str, bytes, int, Expr)) or not isinstance(shape, Iterable):
         raise TypeError(f"{what}: shape must be a sequence of dims (got {shape!r})")
     dims = tuple(_dim(d, f"{what}: shape[{i}]") for i, d in enumerate(shape))
@@ -82,6 +92,10 @@ def _items(values: object, kinds: type | tuple[type, ...], what: str) -> tuple:
 
 
 def _dim3(values: ExprLike | Sequence[ExprLike], what: str) -> tuple[Expr, Expr, Expr]:
+    if (values.__class__ is tuple and len(values) == 3  # type: ignore[arg-type]
+            and values[0].__class__ is Expr and values[1].__class__ is Expr  # type: ignore
+            and values[2].__class__ is Expr):  # type: ignore[index]
+        return values  # type: ignore[return-value]
     if isinstance(values, (int, str, Expr)):
         values = (values,)
     elif isinstance(values, bytes) or not isinstance(values, Iterable):

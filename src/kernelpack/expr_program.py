@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ._records import FrozenRecord
 from .errors import ExpressionError, FormatError
-from .expr import (INT64_MAX, INT64_MIN, OPERATORS, Expr, ExprEvalError, apply_op, const,
-                   iter_nodes, sym)
+from .expr import (_CONST_CACHE, INT64_MAX, INT64_MIN, OPERATORS, Expr, ExprEvalError,
+                   apply_op, const, iter_nodes, sym)
 from .limits import MAX_EXPR_DEPTH, MAX_EXPR_OPS, MAX_EXPR_ROOTS, MAX_EXPR_STACK, MAX_SYMBOLS
 
 __all__ = ["OPCODES", "EncodedExprs", "ExprEncoder", "ExprProgram"]
@@ -209,6 +209,10 @@ class ExprProgram:
         depths: list[int] = []
         root_depths: list[int] = []
         imm_pos = 0
+        # one node per symbol and per small constant, shared by every root that reads it (the
+        # summary's check walks each distinct node once)
+        syms: list[Expr | None] = [None] * nsym
+        consts = _CONST_CACHE
         for pos, code in enumerate(enc.ops):
             if code in _IMM_OPS:
                 if imm_pos >= len(enc.imms):
@@ -220,12 +224,16 @@ class ExprProgram:
                     raise FormatError(f"expression immediate at {pos} outside int64")
                 depths.append(1)
                 if code == OP_CONST:
-                    stack.append(const(imm))
+                    node = consts.get(imm)
+                    stack.append(node if node is not None else const(imm))
                 elif code == OP_SYM:
                     if not 0 <= imm < nsym:
                         raise FormatError(f"expression SYM index {imm} at {pos} outside "
                                           f"0..{nsym - 1}")
-                    stack.append(sym(enc.symbols[imm]))
+                    node = syms[imm]
+                    if node is None:
+                        node = syms[imm] = sym(enc.symbols[imm])
+                    stack.append(node)
                 else:
                     if not 0 <= imm < len(exprs):
                         raise FormatError(f"expression LOAD {imm} at {pos} refers to a root "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from .dtypes import DType
 from .expr import Expr, canonical_text
@@ -49,6 +49,21 @@ class Node:
     attrs: tuple = ()
 
 
+_value_type: Any = None
+
+
+def value_type() -> Any:
+    """:class:`kernelpack.tracing.Value`, imported on first use and remembered: tracing builds
+    on this module, so a module-level import would be circular, and an import statement run
+    at every node cost ~1 µs of each of a trace's dozens of nodes (a cache key traces)."""
+    global _value_type
+    if _value_type is None:
+        from .tracing import Value
+
+        _value_type = Value
+    return _value_type
+
+
 @dataclass
 class Graph:
     """A traced fusion: nodes in creation (topological) order, parameters, named outputs."""
@@ -61,13 +76,9 @@ class Graph:
     def add(self, op: str, dtype: DType, shape: Sequence[Expr], inputs: Sequence[int] = (),
             attrs: tuple = ()) -> Value:
         """Append a node and return the traced :class:`~kernelpack.tracing.Value` naming it."""
-        # Imported on use: tracing builds on this module, so a module-level import would be
-        # circular (by the time a graph grows, kernelpack.tracing is normally loaded already).
-        from .tracing import Value
-
         node = Node(len(self.nodes), op, dtype, tuple(shape), tuple(inputs), attrs)
         self.nodes.append(node)
-        return Value(self, node.id)
+        return (_value_type or value_type())(self, node.id)
 
     def reachable(self, roots: Iterable[int],
                   through: Callable[[int], bool] | None = None) -> set[int]:

@@ -54,7 +54,7 @@ class Arg:
 
     def __post_init__(self) -> None:
         if self.kind in ("buffer", "scalar"):
-            _name(self.name, f"{self.kind} argument")
+            _name(self.name, "buffer argument" if self.kind == "buffer" else "scalar argument")
             if self.value is not None or self.dtype is not None:
                 raise ValueError(f"{self.kind} argument {self.name!r} takes no value or dtype")
         elif self.kind == "value":
@@ -106,10 +106,15 @@ class Launch:
         _name(self.module, "launch module")
         object.__setattr__(self, "grid", _dim3(self.grid, "grid"))
         object.__setattr__(self, "block", _dim3(self.block, "block"))
-        object.__setattr__(self, "shared_mem",
-                           _dim(self.shared_mem, f"launch {self.kernel!r}: shared_mem"))
-        object.__setattr__(self, "args",
-                           _items(self.args, Arg, f"launch {self.kernel!r}: args"))
+        # (checked only where not already the checked form: a decoded summary makes a few
+        # launches per program, and each message below is a formatted string)
+        if self.shared_mem.__class__ is not Expr:
+            object.__setattr__(self, "shared_mem",
+                               _dim(self.shared_mem, f"launch {self.kernel!r}: shared_mem"))
+        args = self.args
+        if args.__class__ is not tuple or not all(a.__class__ is Arg for a in args):
+            object.__setattr__(self, "args",
+                               _items(self.args, Arg, f"launch {self.kernel!r}: args"))
         if len(self.args) > MAX_ARGS:
             raise ValueError(f"launch {self.kernel!r}: {len(self.args)} arguments exceed {MAX_ARGS}")
         if self.count is not None:

@@ -25,7 +25,7 @@ from .dtypes import (DType, as_dtype, bool_, complex64, complex128, float16, flo
                      int8, int16, int32, int64, uint8, uint16, uint32, uint64)
 from .errors import TraceError
 from .expr import Expr
-from .graph import COMPARE, current_graph
+from .graph import COMPARE, current_graph, value_type
 from .shape_rules import _desc
 
 if TYPE_CHECKING:
@@ -241,9 +241,7 @@ def dim_number_error(e: Expr, what: str) -> TypeError:
 
 def trace_value(graph: Graph, v: object, like: DType | None = None) -> Value:
     """Turn a Python number, an Expr (a dim) or a Value into a traced Value."""
-    from .tracing import Value  # tracing builds on this module (imported on use)
-
-    if isinstance(v, Value):
+    if isinstance(v, value_type()):
         if v.graph is not graph:
             raise TraceError("a traced tensor from another fusion was used")
         return v

@@ -63,7 +63,9 @@ class Tensor:
         object.__setattr__(self, "shape", _shape(self.shape, f"tensor {self.name!r}"))
         if self.role not in ROLES:
             raise ValueError(f"tensor {self.name!r}: role must be one of {ROLES} (got {self.role!r})")
-        object.__setattr__(self, "zero_init", _flag(self.zero_init, f"tensor {self.name!r}: zero_init"))
+        if self.zero_init.__class__ is not bool:
+            object.__setattr__(self, "zero_init",
+                               _flag(self.zero_init, f"tensor {self.name!r}: zero_init"))
         if self.zero_init and self.role != "out":
             raise ValueError(f"tensor {self.name!r}: zero_init applies to role='out' only")
 
@@ -86,8 +88,9 @@ class Scalar:
         object.__setattr__(self, "dtype", as_dtype(self.dtype))
         if self.dtype.is_complex:
             raise ValueError(f"scalar {self.name!r}: complex scalars are not supported")
-        if self.value is not None:
+        if self.value is not None and self.value.__class__ is not Expr:
             object.__setattr__(self, "value", _dim(self.value, f"scalar {self.name!r}: value"))
+        if self.value is not None:
             if not self.dtype.is_integer:
                 raise ValueError(f"scalar {self.name!r}: a computed scalar must have an integer "
                                  f"dtype (got {self.dtype})")
@@ -208,28 +211,30 @@ class KernelSummary:
         bound = set(self.bound_symbols())
         symbols = _symbols_of_many()
 
-        def need(expr: Expr, where: str, extra: frozenset[str] = frozenset()) -> None:
+        def need(expr: Expr, where: tuple, extra: frozenset[str] = frozenset()) -> None:
+            """``where``: the field's name in parts, joined only for a message (a loaded
+            summary asks this of every field, and almost all pass)."""
             read = symbols(expr)
             if read <= bound:  # the common case, without making two sets
                 return
             missing = read - bound - extra
             if missing:
-                raise ValueError(f"program {self.name!r}: {where} reads unbound symbol(s) "
-                                 f"{sorted(missing)} (bound: {sorted(bound)})")
+                raise ValueError(f"program {self.name!r}: {_joined(where)} reads unbound "
+                                 f"symbol(s) {sorted(missing)} (bound: {sorted(bound)})")
 
         for p in self.params:
             if isinstance(p, Tensor):
                 for i, d in enumerate(p.shape):
-                    need(d, f"{p.name}.shape[{i}]")
+                    need(d, (p.name, ".shape[", i, "]"))
             elif p.value is not None:
-                need(p.value, f"scalar {p.name}")
+                need(p.value, ("scalar ", p.name))
         for c in self.constraints:
-            need(c.predicate, "a constraint")
+            need(c.predicate, ("a constraint",))
         tensors = {p.name for p in self.params if isinstance(p, Tensor)}
         scalars = {p.name for p in self.params if isinstance(p, Scalar)}
         for vi, variant in enumerate(self.variants):
             if variant.predicate is not None:
-                need(variant.predicate, f"variant {vi} predicate")
+                need(variant.predicate, ("variant ", vi, " predicate"))
             buffers = set(tensors)
             for s in variant.scratch:
                 if s.name in buffers or s.name in scalars:
@@ -237,26 +242,31 @@ class KernelSummary:
                                      f"another name")
                 buffers.add(s.name)
                 for i, d in enumerate(s.shape):
-                    need(d, f"scratch {s.name}.shape[{i}]")
+                    need(d, ("scratch ", s.name, ".shape[", i, "]"))
             for li, launch in enumerate(variant.launches):
-                where = f"variant {vi} launch {li} ({launch.kernel})"
+                where = ("variant ", vi, " launch ", li, " (", launch.kernel, ")")
                 loop = frozenset([launch.loop]) if launch.loop else frozenset()
                 if launch.loop and launch.loop in bound:
-                    raise ValueError(f"{where}: loop symbol {launch.loop!r} shadows a bound symbol")
+                    raise ValueError(f"{_joined(where)}: loop symbol {launch.loop!r} shadows a "
+                                     f"bound symbol")
                 if launch.loop in scalars:  # computed scalars share the symbols' namespace
-                    raise ValueError(f"{where}: loop symbol {launch.loop!r} is also the name of "
-                                     f"a scalar parameter")
+                    raise ValueError(f"{_joined(where)}: loop symbol {launch.loop!r} is also the "
+                                     f"name of a scalar parameter")
                 if launch.count is not None:
-                    need(launch.count, where + " count")
+                    need(launch.count, (*where, " count"))
                 for expr in launch.expressions():
                     need(expr, where, loop)
                 for arg in launch.args:
                     if arg.kind == "buffer" and arg.name not in buffers:
-                        raise ValueError(f"{where}: buffer argument {arg.name!r} is neither a "
-                                         f"tensor parameter nor a scratch buffer")
+                        raise ValueError(f"{_joined(where)}: buffer argument {arg.name!r} is "
+                                         f"neither a tensor parameter nor a scratch buffer")
                     if arg.kind == "scalar" and arg.name not in scalars:
-                        raise ValueError(f"{where}: scalar argument {arg.name!r} is not a "
-                                         f"scalar parameter")
+                        raise ValueError(f"{_joined(where)}: scalar argument {arg.name!r} is not "
+                                         f"a scalar parameter")
+
+
+def _joined(parts: tuple) -> str:
+    return "".join(map(str, parts))
 
 
 def _symbols_of_many() -> Callable[[Expr], frozenset[str]]:
