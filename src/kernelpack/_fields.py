@@ -57,7 +57,8 @@ def _shape(shape: Iterable[ExprLike], what: str) -> tuple[Expr, ...]:
         # the decoder's and the lowering's form: a tuple of Exprs, each made once; the same
         # checks as below, without making a message per dim
         for d in shape:
-            if d.__class__ is not Expr or (d.op == "const" and d.value < 0):  # type: ignore
+            if d.__class__ is not Expr or (d.op == "const" and (  # type: ignore[attr-defined]
+                    d.value.__class__ is not int or d.value < 0)):  # type: ignore
                 break
         else:
             return shape  # type: ignore[return-value]

@@ -224,7 +224,7 @@ class ExprProgram:
                     raise FormatError(f"expression immediate at {pos} outside int64")
                 depths.append(1)
                 if code == OP_CONST:
-                    node = consts.get(imm)
+                    node = consts.get(imm) if imm.__class__ is int else None
                     stack.append(node if node is not None else const(imm))
                 elif code == OP_SYM:
                     if not 0 <= imm < nsym:

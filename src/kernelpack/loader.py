@@ -13,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import threading
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ._fbread import ByteViews, Table, Tables, tree_spec
+from ._fbread import ByteViews, Table, tree_spec
 from ._images import (_CODECS, _IMAGE_FIELDS, _SUFFIXES, FileBlobs, ImageInfo,  # noqa: F401
                       PackFile, _decompress)  # _decompress: kept importable here
 from .errors import FormatError, IntegrityError, KernelPackError, SignatureError
@@ -83,8 +84,11 @@ class ModuleInfo:
     def images(self) -> tuple[ImageInfo, ...]:
         """The module's images, sorted by target (made on first use: see the class)."""
         images = self._images
-        if images is None:  # threads racing here make equal tuples; one is kept
-            images = self._images = self._make_images()
+        if images is None:
+            with _MAKING_IMAGES:  # threads racing here must share one set (each ImageInfo
+                images = self._images  # caches its checked and decompressed bytes)
+                if images is None:
+                    images = self._images = self._make_images()
         return images
 
     def _make_images(self) -> tuple[ImageInfo, ...]:
@@ -117,6 +121,7 @@ class ModuleInfo:
 # more programs their tables: a small pack's are all used (deferring would only add work to
 # its first call), a large pack's mostly not.
 _DEFER_TABLES_FROM = 8
+_MAKING_IMAGES = threading.Lock()  # a deferred module's first ``images`` (rare, brief)
 _KIND_COUNT, _SUFFIX_COUNT, _ZSTD = len(IMAGE_KINDS), len(_SUFFIXES), _CODECS.index("zstd")
 
 
@@ -178,7 +183,9 @@ class Pack:
             blobs = FileBlobs(blobs, file)
         self._file = file
         fmodules = fbody.tables("modules")
-        defer = len(fmodules) > _DEFER_TABLES_FROM
+        # Deferred images locate their blobs in ``buf`` later: only where it cannot change
+        # (bytes; the caller's read-only view of a bytearray or of its own memory map can)
+        defer = len(fmodules) > _DEFER_TABLES_FROM and isinstance(buf.obj, bytes)
         modules = [ModuleInfo(fmodules.tree(i, _MODULE), blobs, defer=defer)
                    for i in range(len(fmodules))]
         _sorted_unique([m.name for m in modules], "module")
