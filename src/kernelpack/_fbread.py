@@ -173,10 +173,15 @@ def _load_native() -> Any:
     return _native_tree
 
 
-def _plain(buf: Buffer) -> bool:
-    """Whether the C reader takes ``buf``: bytes, a bytearray or a flat byte memoryview."""
-    return type(buf) is bytes or type(buf) is bytearray or (
-        type(buf) is memoryview and buf.format == "B" and buf.ndim == 1 and buf.contiguous)
+def _native_for(buf: Buffer) -> Any:
+    """The C reader (``fb_tree``) where the extension is built and takes ``buf`` (bytes, a
+    bytearray or a flat byte memoryview), else None."""
+    native = _native_tree if _native_tree is not None else _load_native()
+    if native and (type(buf) is bytes or type(buf) is bytearray or (
+            type(buf) is memoryview and buf.format == "B" and buf.ndim == 1
+            and buf.contiguous)):
+        return native
+    return None
 
 
 class Table:
@@ -250,10 +255,9 @@ class Table:
         with every table within read the same way: a table is the list of its spec's fields,
         a vector of tables a list of such lists. One C call where the extension is built (for
         a buffer of plain bytes), :func:`_tree` otherwise; the same values either way."""
-        native = _native_tree if _native_tree is not None else _load_native()
-        buf = self.buf
-        if native and _plain(buf):
-            return native(buf, self.pos, spec)  # type: ignore[no-any-return]
+        native = _native_for(self.buf)
+        if native is not None:
+            return native(self.buf, self.pos, spec)  # type: ignore[no-any-return]
         return _tree(self, spec)
 
     def tables(self, field: str) -> "Tables":
@@ -312,15 +316,13 @@ class Tables:
         return Table(self.buf, self.position(index), self.name)
 
     def __iter__(self) -> Iterator[Table]:
-        for i in range(len(self.offsets)):
-            yield Table(self.buf, self.start + 4 * i + self.offsets[i], self.name)
+        return iter(_tables(self.buf, self.start, self.offsets, self.name))
 
     def tree(self, index: int, spec: tuple[tuple[Any, ...], ...]) -> list[Any]:
         """``self[index].tree(spec)``."""
-        native = _native_tree if _native_tree is not None else _load_native()
-        buf = self.buf
-        if native and _plain(buf):
-            return native(buf, self.position(index), spec)  # type: ignore[no-any-return]
+        native = _native_for(self.buf)
+        if native is not None:
+            return native(self.buf, self.position(index), spec)  # type: ignore[no-any-return]
         return _tree(self[index], spec)
 
 

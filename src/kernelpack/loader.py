@@ -191,13 +191,10 @@ class Pack:
         _sorted_unique([m.name for m in modules], "module")
         self._modules: dict[str, ModuleInfo] = {m.name: m for m in modules}
         programs = fbody.tables("programs")
-        if len(programs) > _DEFER_TABLES_FROM:
-            # each Program's table is made when it is decoded; the names read in one call
-            self._programs: Sequence[Table] = programs
-            names = [name for name, in fbody.tree(_PROGRAM_NAMES)[0]]
-        else:
-            self._programs = list(programs)
-            names = [fp.get("name") for fp in self._programs]
+        # a large pack's Program tables are made when each is decoded
+        self._programs: Sequence[Table] = (programs if len(programs) > _DEFER_TABLES_FROM
+                                           else list(programs))
+        names = [name for name, in fbody.tree(_PROGRAM_NAMES)[0]]
         _sorted_unique(names, "program")
         for name in names:
             if not name.isidentifier():
