@@ -6,7 +6,9 @@ A profiler would multiply the cost of every small call of a cold first call (sev
 unevenly); these timers cost about a microsecond per wrapped call, and a first call makes
 about a dozen such calls, so the parts add up to the clock. Each part is inclusive (a
 function's callees count in it); the ones listed as "of which" are inside the step above them,
-and "the rest" is the clock minus the top-level steps. The children import kernelpack before
+and "the rest" is the clock minus the top-level steps. The garbage collector's passes in the
+clock (``gc.callbacks``, from the timers' installation on) are shown apart: they run inside
+whichever step allocated past a threshold. The children import kernelpack before
 installing the timers (so no import is timed), then run ``kp.load`` and the first call.
 """
 
@@ -49,6 +51,21 @@ def _stamp(owner, attr, label):
 
     setattr(owner, attr, staticmethod(timed) if static else timed)
 
+
+import gc as _gc
+_GC_START = [0.0]
+
+
+def _gc_timed(phase, info):  # the collector's own time, whichever step triggered it
+    if phase == "start":
+        _GC_START[0] = _time.perf_counter()
+        return
+    STAMPED["gc: us"] = STAMPED.get("gc: us", 0.0) + (_time.perf_counter() - _GC_START[0]) * 1e6
+    key = "gc: gen%d" % info["generation"]
+    STAMPED[key] = STAMPED.get(key, 0) + 1
+
+
+_gc.callbacks.append(_gc_timed)
 
 for _module, _path, _label in STAMPS:
     _owner = _il.import_module(_module)
@@ -95,7 +112,16 @@ def table(runs: Sequence[dict[str, Any]], total_key: str, total_label: str,
                     f"{medians[label]:.{digits}f} |")
     # the rest, per run (medians do not add up)
     rest = statistics.median(r[total_key] - sum(v for k, v in r["stamps"].items()
-                                                if not k.startswith("  ")) for r in runs)
+                                                if not k.startswith(("  ", "gc: ")))
+                             for r in runs)
     rows.append(f"| {rest_label} | {rest * scale:.{digits}f} |")
+    # the garbage collector's passes, inside whichever steps allocated past its thresholds: a
+    # first call's figures move by its generation-1 pass (~1 ms after a large import)
+    gc_us = statistics.median(r["stamps"].get("gc: us", 0.0) for r in runs) * scale
+    passes = ", ".join(
+        f"gen{g} {statistics.median(r['stamps'].get(f'gc: gen{g}', 0) for r in runs):g}"
+        for g in range(3))
+    rows.append(f"| (inside the steps: garbage collection, median passes {passes}) | "
+                f"{gc_us:.{digits}f} |")
     rows.append(f"| **{total_label}** | **{total:.{digits}f}** |")
     return rows

@@ -112,12 +112,15 @@ GOOD = [dict(blob=0), dict(kind=1, major=9, blob=1, ptx_isa=(8, 5))]
 
 def build(images: dict[int, list[dict]] | None = None, *, names: dict[int, str] | None = None,
           programs: list[str | None] | None = None, n: int = N_MODULES,
-          extra_blobs: tuple[bytes, ...] = ()) -> bytes:
+          extra_blobs: tuple[bytes, ...] = (),
+          kernels: dict[int, list[str]] | None = None) -> bytes:
     """A pack of ``n`` modules m00.. (module i's images: ``images[i]``, else two good ones
-    naming blobs i % 4 and (i + 1) % 4) and one program p<i> launching kernel k of each;
-    ``programs``: bare programs of these names instead (load-time name checks only)."""
+    naming blobs i % 4 and (i + 1) % 4; its kernels ``kernels[i]``, else ["k"]) and one
+    program p<i> launching kernel k of each; ``programs``: bare programs of these names
+    instead (load-time name checks only)."""
     images = images or {}
     names = names or {}
+    kernels = kernels or {}
     b = flatbuffers.Builder(4096)
     mods = []
     mnames = [names.get(i, f"m{i:02d}") for i in range(n)]
@@ -125,7 +128,7 @@ def build(images: dict[int, list[dict]] | None = None, *, names: dict[int, str] 
         spec = images.get(i, [dict(GOOD[0], blob=i % 4), dict(GOOD[1], blob=(i + 1) % 4)])
         offs = [_image(b, **kw) for kw in spec]
         nm = b.CreateString(mname)
-        kern = _offsets(b, [b.CreateString("k")])
+        kern = _offsets(b, [b.CreateString(k) for k in kernels.get(i, ["k"])])
         iv = _offsets(b, offs)
         b.StartObject(3)
         b.PrependUOffsetTRelativeSlot(0, nm, 0)

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 from ._schema import DEFAULTS, ENUMS, SCALARS, STRUCTS, TABLES
 from .verify import _VOFFS as _VERIFY_VOFFS, Buffer
 
-__all__ = ["Table", "Tables", "ByteViews", "tree_spec", "KINDS"]
+__all__ = ["Table", "Tables", "ByteViews", "tree_spec", "module_index", "KINDS"]
 
 _U16 = struct.Struct("<H").unpack_from
 _U32 = struct.Struct("<I").unpack_from
@@ -171,6 +171,26 @@ def _load_native() -> Any:
     else:
         _native_tree = fb_tree
     return _native_tree
+
+
+_native_index: Any = None  # module_index of the runtime's extension once looked for
+
+
+def module_index(tables: "Tables", spec: tuple[tuple[Any, ...], ...],
+                 limits: tuple[int, ...]) -> list[str] | None:
+    """The names of the Module tables ``tables`` when the C check (``module_index`` in
+    ``_fbread.c``, with kp.load's ``spec`` and ``limits``) finds every module plain, else None:
+    no extension (or a buffer it does not take), or a module the caller's Python path must
+    judge and name."""
+    global _native_index
+    if _native_for(tables.buf) is None:
+        return None
+    if _native_index is None:
+        from .runtime._launch import module_index as native
+
+        _native_index = native
+    return _native_index(tables.buf, tables.start, len(tables.offsets), spec,  # type: ignore
+                         limits)
 
 
 def _native_for(buf: Buffer) -> Any:

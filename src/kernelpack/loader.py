@@ -17,7 +17,7 @@ import threading
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ._fbread import ByteViews, Table, tree_spec
+from ._fbread import ByteViews, Table, Tables, module_index, tree_spec
 from ._images import (_CODECS, _IMAGE_FIELDS, _SUFFIXES, FileBlobs, ImageInfo,  # noqa: F401
                       PackFile, _decompress)  # _decompress: kept importable here
 from .errors import FormatError, IntegrityError, KernelPackError, SignatureError
@@ -54,10 +54,12 @@ class ModuleInfo:
     Every image's metadata is checked at load (docs/FORMAT.md §3, 8). In a pack of many
     modules read into memory, the :class:`ImageInfo` objects are made when ``images`` is first
     read: such a pack uses a few of its modules per process, and making two or three ImageInfo
-    per module was about half of what ``kp.load`` spent on a 100-module pack. A memory-mapped
-    file's are made at load (locating a blob reads the map; see :class:`PackFile`)."""
+    per module was about half of what ``kp.load`` spent on a 100-module pack. Where the C
+    extension checked the whole index at load (``_fbread.module_index``), even the kernel names
+    and image metadata are read on first use. A memory-mapped file's are made at load
+    (locating a blob reads the map; see :class:`PackFile`)."""
 
-    __slots__ = ("name", "kernels", "_images", "_metas", "_blobs", "_module")
+    __slots__ = ("name", "_kernels", "_images", "_metas", "_blobs", "_module", "_source")
 
     def __init__(self, fm: Sequence[Any],
                  blobs: ByteViews | FileBlobs | Sequence[memoryview], *,
@@ -70,15 +72,43 @@ class ModuleInfo:
         if kernels != sorted(set(kernels)) or not all(kernels):
             raise FormatError(f"module {self.name!r}: kernel names must be non-empty, sorted "
                               f"and unique (got {kernels[:8]})")
-        self.kernels = tuple(kernels)
+        self._kernels: tuple[str, ...] | None = tuple(kernels)
         self._module: Module | None = None
         self._images: tuple[ImageInfo, ...] | None = None
         self._metas, self._blobs = fimages, blobs
+        self._source: tuple[Tables, int] | None = None
         # A memory-mapped file's blobs are located through the map (FileBlobs): that must
         # happen within load, since touching the map later faults if the file was truncated.
         if not defer or isinstance(blobs, FileBlobs) or not _plain_images(fimages,
                                                                           len(blobs)):
             self._images = self._make_images()  # raises the error that names what is wrong
+
+    @classmethod
+    def _indexed(cls, name: str, fmodules: Tables, index: int,
+                 blobs: ByteViews | Sequence[memoryview]) -> "ModuleInfo":
+        """Module ``index`` of ``fmodules``, which ``_fbread.module_index`` accepted (so
+        nothing read later can fail): its kernel names and image metadata are read from the
+        (immutable) buffer on first use."""
+        info = object.__new__(cls)
+        info.name, info._blobs, info._source = name, blobs, (fmodules, index)
+        info._kernels = info._images = info._metas = info._module = None
+        return info
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        """The kernel entry names, sorted."""
+        kernels = self._kernels
+        if kernels is None:
+            kernels = self._read()
+        return kernels
+
+    def _read(self) -> tuple[str, ...]:
+        """Read an indexed module's kernels and image metadata (threads racing here read the
+        same values from the same bytes)."""
+        fmodules, index = self._source  # type: ignore[misc]
+        _, kernels, self._metas = fmodules.tree(index, _MODULE)
+        self._kernels = kernels = tuple(kernels)
+        return kernels
 
     @property
     def images(self) -> tuple[ImageInfo, ...]:
@@ -88,6 +118,8 @@ class ModuleInfo:
             with _MAKING_IMAGES:  # threads racing here must share one set (each ImageInfo
                 images = self._images  # caches its checked and decompressed bytes)
                 if images is None:
+                    if self._metas is None:
+                        self._read()
                     images = self._images = self._make_images()
         return images
 
@@ -123,6 +155,9 @@ class ModuleInfo:
 _DEFER_TABLES_FROM = 8
 _MAKING_IMAGES = threading.Lock()  # a deferred module's first ``images`` (rare, brief)
 _KIND_COUNT, _SUFFIX_COUNT, _ZSTD = len(IMAGE_KINDS), len(_SUFFIXES), _CODECS.index("zstd")
+# what module_index (_fbread.c) checks image metadata against, as _plain_images does (the
+# blob count is the pack's)
+_INDEX_LIMITS = (_KIND_COUNT, _SUFFIX_COUNT, _ZSTD, DIGEST_SIZE, MAX_IMAGE_SIZE)
 
 
 def _plain_images(metas: Sequence[Sequence[Any]], blob_count: int) -> bool:
@@ -186,9 +221,18 @@ class Pack:
         # Deferred images locate their blobs in ``buf`` later: only where it cannot change
         # (bytes; the caller's read-only view of a bytearray or of its own memory map can)
         defer = len(fmodules) > _DEFER_TABLES_FROM and isinstance(buf.obj, bytes)
-        modules = [ModuleInfo(fmodules.tree(i, _MODULE), blobs, defer=defer)
-                   for i in range(len(fmodules))]
-        _sorted_unique([m.name for m in modules], "module")
+        # a large pack's index is checked in one C call where the extension is built, which
+        # makes only the names; anything it does not pass takes the path that names the error
+        names = module_index(fmodules, _MODULE, _INDEX_LIMITS + (len(blobs),)) if defer \
+            else None
+        if names is not None:
+            _sorted_unique(names, "module")
+            modules = [ModuleInfo._indexed(name, fmodules, i, blobs)  # type: ignore[arg-type]
+                       for i, name in enumerate(names)]
+        else:
+            modules = [ModuleInfo(fmodules.tree(i, _MODULE), blobs, defer=defer)
+                       for i in range(len(fmodules))]
+            _sorted_unique([m.name for m in modules], "module")
         self._modules: dict[str, ModuleInfo] = {m.name: m for m in modules}
         programs = fbody.tables("programs")
         # a large pack's Program tables are made when each is decoded
