@@ -4,14 +4,17 @@
 integers (``_launch.c``), runs the PyTorch fast path and ``Program.__call__`` in C
 (``_fastcall.c``), and holds the artifact verifier's C walk (``../_verify.c``, asked through
 ``kernelpack/_verify_native.py``), the summary reader's bulk read (``../_fbread.c``, asked by
-``kernelpack/_fbread.py``) and the load path's zstd reader (``../_zstd.c``, the system's
-libzstd opened with dlopen, asked through ``kernelpack/_zstd.py``); see those files for why. It is optional: without a C
-compiler the build skips it, the runtime launches through its Python driver door (ctypes over
-``libcuda.so.1``, or cuda.bindings) and the verifier walks in Python, with the same results. It uses the limited C
+``kernelpack/_fbread.py``) and the load path's zstd reader (``../_zstd.c``, asked through
+``kernelpack/_zstd.py``: kernelpack's own decoder, ``../_zstd_inflate.c``, which spares a first
+load the ~170 µs dlopen of the system's libzstd, and that libzstd opened with dlopen as the
+second choice); see those files for why. It is optional: without a C compiler the build skips
+it, the runtime launches through its Python driver door (ctypes over ``libcuda.so.1``, or
+cuda.bindings) and the verifier walks in Python, with the same results. It uses the limited C
 API (plus two functions CPython exports from 3.11 on, declared in ``_fastcall.c``), so one
 build serves every later Python (built on 3.12 or later, it needs 3.12: that limited API lets
-``Program`` calls skip tp_call); on 3.10 it is not built. It links against nothing but libdl (the
-driver's entry point is handed to it at run time; libzstd is opened on first use).
+``Program`` calls skip tp_call); on 3.10 it is not built. It links against nothing but libdl
+(the driver's entry point is handed to it at run time; libzstd, now a second choice, is opened
+on first use of it).
 """
 
 import sys
@@ -29,8 +32,8 @@ extensions = [
         # _verify.c: the verifier's C walker, a second module of this library (see its top)
         sources=[RUNTIME + f for f in ("_launch.c", "_fastcall.c", "_fastcall_spec.c",
                                          "_callbase.c", "_drvcall.c", "../_verify.c",
-                                         "../_fbread.c", "../_zstd.c")],
-        depends=[RUNTIME + "_launch.h", RUNTIME + "_fastcall.h"],
+                                         "../_fbread.c", "../_zstd.c", "../_zstd_inflate.c")],
+        depends=[RUNTIME + "_launch.h", RUNTIME + "_fastcall.h", "src/kernelpack/_zstd_inflate.h"],
         define_macros=[("Py_LIMITED_API", f"0x03{LIMITED[1]:02X}0000")],
         # dlopen (libzstd, ../_zstd.c; libcuda, _drvcall.c): in libc from glibc 2.34, in
         # libdl before

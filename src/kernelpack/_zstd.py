@@ -1,17 +1,19 @@
-"""Reading zstd frames on the load path, through the system's libzstd when it has one.
+"""Reading zstd frames on the load path: kernelpack's own decoder first, no library to open.
 
-Why not always the ``zstandard`` package: importing it and making a decompression context
-costs ~0.6-1 ms in a fresh process (its Python wrapper, then its C backend), more than loading
-and decompressing a whole small artifact; a process that only loads kernels pays it before its
-first launch. The backends, first usable wins: ``libzstd.so.1`` called from kernelpack's own
-C extension (``_zstd.c``: a dlopen, ~50 µs, nothing per call), the same library through ctypes
-(an extension-less install; ~160-260 µs to open: ctypes builds a call interface per function),
-then ``zstandard``. Where no usable libzstd is found (another OS, a version older than 1.4.0, a
-missing symbol), everything goes through ``zstandard`` as before, so results and errors do not
-depend on the backend: both decode only the first frame of ``data`` (as
-``zstandard``'s one-shot ``decompress`` does) and both fail on anything that does not
-decompress to exactly the expected size. Compression (the serializer) always uses
-``zstandard``.
+Why not the ``zstandard`` package: importing it and making a decompression context costs
+~0.6-1 ms in a fresh process (its Python wrapper, then its C backend), more than loading and
+decompressing a whole small artifact; a process that only loads kernels pays it before its
+first launch. Why not the system's libzstd first: opening it (a dlopen from C) cost ~170 µs
+of a ~2 ms first call on a 2-core CI box, the largest fixed cost left on the load path, and
+the library may be absent or old. The backends, first usable wins: ``"builtin"``, the frame
+decoder compiled into kernelpack's C extension (``_zstd_inflate.c``, written from RFC 8878;
+nothing to open, nothing per call); ``"libzstd"``, ``libzstd.so.1`` called from the same
+extension (``_zstd.c``); ``"libzstd-ctypes"``, that library through ctypes (an extension-less
+install; ~160-260 µs to open: ctypes builds a call interface per function); then
+``"zstandard"``. Results and errors do not depend on the backend: each decodes only the first
+frame of ``data`` (as ``zstandard``'s one-shot ``decompress`` does) into at most the size the
+caller allows, and the loader refuses anything that does not decompress to exactly the
+expected size. Compression (the serializer) always uses ``zstandard``.
 
 Errors are :class:`ZstdFormatError` with the decoder's own words; callers wrap them in an
 ``IntegrityError`` that names the image.
@@ -99,9 +101,9 @@ class _LibZstd:
             return dctx
 
 
-class _NativeZstd:
-    """libzstd through the runtime extension's ``zstd_*`` functions (``_zstd.c``), which raise
-    ValueError with libzstd's own words."""
+class _ExtensionZstd:
+    """A decoder of the runtime extension: a content-size and a decompress function that
+    raise ValueError with the decoder's own words."""
 
     def __init__(self, content_size: Any, decompress: Any) -> None:
         self._content_size = content_size
@@ -118,6 +120,17 @@ class _NativeZstd:
             return self._decompress(data, raw_size)  # type: ignore[no-any-return]
         except ValueError as exc:
             raise ZstdFormatError(str(exc)) from None
+
+
+class _NativeZstd(_ExtensionZstd):
+    """libzstd through the runtime extension's ``zstd_*`` functions (``_zstd.c``), which raise
+    ValueError with libzstd's own words."""
+
+
+class _BuiltinZstd(_ExtensionZstd):
+    """kernelpack's own decoder in the runtime extension (``zstd_builtin_*``, ``_zstd.c`` over
+    ``_zstd_inflate.c``), which raises ValueError with specific words ("frame truncated at
+    offset N", "content checksum mismatch: ...")."""
 
 
 class _Zstandard:
@@ -145,8 +158,17 @@ class _Zstandard:
             raise ZstdFormatError(str(exc)) from None
 
 
-_backend: _NativeZstd | _LibZstd | _Zstandard | None = None
+_backend: _BuiltinZstd | _NativeZstd | _LibZstd | _Zstandard | None = None
 _lock = threading.Lock()
+
+
+def _open_builtin() -> _BuiltinZstd | None:
+    """The extension's own decoder, or None (no extension, or one built before it had one)."""
+    try:
+        from .runtime._launch import zstd_builtin_content_size, zstd_builtin_decompress
+    except ImportError:
+        return None
+    return _BuiltinZstd(zstd_builtin_content_size, zstd_builtin_decompress)
 
 
 def _open_native() -> _NativeZstd | None:
@@ -173,22 +195,23 @@ def _open_libzstd() -> _LibZstd | None:
         return None
 
 
-def _get() -> _NativeZstd | _LibZstd | _Zstandard:
+def _get() -> _BuiltinZstd | _NativeZstd | _LibZstd | _Zstandard:
     """The process's decoder, chosen on first use (not at import: importing this module must
     stay free)."""
     global _backend
     if _backend is None:
         with _lock:
             if _backend is None:
-                _backend = _open_native() or _open_libzstd() or _Zstandard()
+                _backend = _open_builtin() or _open_native() or _open_libzstd() or _Zstandard()
     return _backend
 
 
 def backend() -> str:
-    """Which decoder this process uses: ``"libzstd"`` (from C), ``"libzstd-ctypes"`` or
-    ``"zstandard"``."""
+    """Which decoder this process uses: ``"builtin"`` (kernelpack's own, in C),
+    ``"libzstd"`` (from C), ``"libzstd-ctypes"`` or ``"zstandard"``."""
     chosen = _get()
-    return ("libzstd" if isinstance(chosen, _NativeZstd) else
+    return ("builtin" if isinstance(chosen, _BuiltinZstd) else
+            "libzstd" if isinstance(chosen, _NativeZstd) else
             "libzstd-ctypes" if isinstance(chosen, _LibZstd) else "zstandard")
 
 
