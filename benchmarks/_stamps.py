@@ -60,7 +60,10 @@ def _gc_timed(phase, info):  # the collector's own time, whichever step triggere
     if phase == "start":
         _GC_START[0] = _time.perf_counter()
         return
-    STAMPED["gc: us"] = STAMPED.get("gc: us", 0.0) + (_time.perf_counter() - _GC_START[0]) * 1e6
+    took = (_time.perf_counter() - _GC_START[0]) * 1e6
+    STAMPED["gc: us"] = STAMPED.get("gc: us", 0.0) + took
+    STAMPED["gc: longest us"] = max(STAMPED.get("gc: longest us", 0.0), took)
+    STAMPED["gc: collected"] = STAMPED.get("gc: collected", 0) + info["collected"]
     key = "gc: gen%d" % info["generation"]
     STAMPED[key] = STAMPED.get(key, 0) + 1
 
@@ -121,7 +124,9 @@ def table(runs: Sequence[dict[str, Any]], total_key: str, total_label: str,
     passes = ", ".join(
         f"gen{g} {statistics.median(r['stamps'].get(f'gc: gen{g}', 0) for r in runs):g}"
         for g in range(3))
-    rows.append(f"| (inside the steps: garbage collection, median passes {passes}) | "
-                f"{gc_us:.{digits}f} |")
+    longest = statistics.median(r["stamps"].get("gc: longest us", 0.0) for r in runs)
+    freed = statistics.median(r["stamps"].get("gc: collected", 0) for r in runs)
+    rows.append(f"| (inside the steps: garbage collection, median passes {passes}; longest "
+                f"pass {longest:.0f} µs, {freed:g} objects freed) | {gc_us:.{digits}f} |")
     rows.append(f"| **{total_label}** | **{total:.{digits}f}** |")
     return rows
