@@ -42,6 +42,20 @@ _COMMUTATIVE = frozenset({"add", "mul", "min", "max", "eq", "ne", "and", "or"})
 ExprLike = Union["Expr", int, str]
 
 
+
+def _substitute(e: Expr, mapping: Mapping[str, ExprLike], done: dict[int, Expr]) -> Expr:
+    """:meth:`Expr.substitute` of ``e``; ``done`` maps id(node) -> its substitute (nodes live
+    for the call). A function of its own, not a closure calling itself: such a closure holds
+    itself through its cell, a reference cycle that every call left to the garbage collector."""
+    if e.op == "sym":
+        return as_expr(mapping[e.value]) if e.value in mapping else e  # type: ignore[index]
+    if e.op == "const":
+        return e
+    out = done.get(id(e))
+    if out is None:
+        out = done[id(e)] = _make(e.op, *[_substitute(a, mapping, done) for a in e.args])
+    return out
+
 def _binop(op: str, reflected: bool = False) -> Callable[["Expr", object], "Expr"]:
     """An Expr operator method: ``self op other`` (or ``other op self``). An operand that is no
     int, symbol name or expression gives NotImplemented, except a float or complex number
@@ -236,19 +250,7 @@ class Expr:
         """Replace symbols by expressions (re-simplifying on the way up). Each node is
         rebuilt once: a node shared by several parents (a loaded program's LOADs, or
         ``e = e + e * m`` built in a loop) must not be walked once per path to it."""
-        done: dict[int, Expr] = {}  # id(node) -> its substitute; nodes live for the call
-
-        def sub(e: Expr) -> Expr:
-            if e.op == "sym":
-                return as_expr(mapping[e.value]) if e.value in mapping else e  # type: ignore[index]
-            if e.op == "const":
-                return e
-            out = done.get(id(e))
-            if out is None:
-                out = done[id(e)] = _make(e.op, *(sub(a) for a in e.args))
-            return out
-
-        return sub(self)
+        return _substitute(self, mapping, {})
 
     def evaluate(self, env: Mapping[str, int] | None = None, **symbols: int) -> int:
         """Evaluate with checked int64 arithmetic; raises ExpressionError on overflow etc."""

@@ -107,25 +107,30 @@ class Graph:
                 t = texts[e] = canonical_text(e)
             return t
 
-        def enc(a: object) -> object:
-            if isinstance(a, Expr):
-                return "expr:" + text(a)
-            if isinstance(a, DType):
-                return "dtype:" + a.name
-            if isinstance(a, float):
-                return "float:" + repr(a)
-            if isinstance(a, complex):  # a complex literal (json has no complex numbers)
-                return "complex:" + repr(a)
-            if isinstance(a, tuple):
-                return [enc(x) for x in a]
-            return a
         return {
             "name": self.name,
             "params": [[n, k, d.name, [text(s) for s in shp]] for n, k, d, shp in self.params],
             "nodes": [[n.op, n.dtype.name, [text(s) for s in n.shape], list(n.inputs),
-                       enc(n.attrs)] for n in self.nodes],
+                       _encode_attr(n.attrs, text)] for n in self.nodes],
             "outputs": [[n, i] for n, i in self.outputs],
         }
+
+
+def _encode_attr(a: object, text: Callable[[Expr], str]) -> object:
+    """A node attribute as JSON-ready data (:meth:`Graph.canonical`). A function of its own,
+    not a closure calling itself: such a closure holds itself through its cell, a reference
+    cycle that every trace left to the garbage collector."""
+    if isinstance(a, Expr):
+        return "expr:" + text(a)
+    if isinstance(a, DType):
+        return "dtype:" + a.name
+    if isinstance(a, float):
+        return "float:" + repr(a)
+    if isinstance(a, complex):  # a complex literal (json has no complex numbers)
+        return "complex:" + repr(a)
+    if isinstance(a, tuple):
+        return [_encode_attr(x, text) for x in a]
+    return a
 
 
 # The graphs being traced, innermost last, per thread: ops that create a tensor from nothing but

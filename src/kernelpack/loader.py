@@ -140,7 +140,8 @@ class ModuleInfo:
         return self._module
 
     def __repr__(self) -> str:
-        return f"ModuleInfo({self.name}, kernels={list(self.kernels)}, images={[i.target for i in self.images]})"
+        return (f"ModuleInfo({self.name}, kernels={list(self.kernels)}, "
+                f"images={[i.target for i in self.images]})")
 
     def __reduce__(self) -> Any:
         # (was "cannot pickle memoryview objects": its images read from the pack's buffer)
@@ -280,14 +281,17 @@ class Pack:
     def __getitem__(self, name: str) -> Program:
         handle = self._handles.get(name)
         if handle is None:
-            index = self._index.get(name)
-            if index is None:
-                shown = ", ".join(self._names[:20]) + (" ..." if len(self._names) > 20 else "")
-                raise KeyError(f"no program {name!r} in this pack (has: {shown or 'none'})")
             # setdefault: threads asking at once all get one Program (one binding, one
             # planner), not each its own
-            handle = self._handles.setdefault(name, Program(self, name, index))
+            handle = self._handles.setdefault(name, Program(self, name, self._index_of(name)))
         return handle
+
+    def _index_of(self, name: str) -> int:
+        index = self._index.get(name)
+        if index is None:
+            shown = ", ".join(self._names[:20]) + (" ..." if len(self._names) > 20 else "")
+            raise KeyError(f"no program {name!r} in this pack (has: {shown or 'none'})")
+        return index
 
     def __contains__(self, name: object) -> bool:
         return name in self._index
@@ -318,7 +322,12 @@ class Pack:
         or into another pack. Every image's stored bytes are checked against their digest
         now; an image is decompressed (and checked again) when its ``data`` is first read.
         Raises IntegrityError / FormatError."""
-        program = self[name]
+        program = self._handles.get(name)
+        if program is None:
+            # A handle made here is not kept: it would refer to this pack, which refers to its
+            # handles, a cycle that outlives the call (a cache hit loads a pack, takes its one
+            # program and drops the pack) until the garbage collector finds it.
+            program = Program(self, name, self._index_of(name))
         modules = tuple(info.module() for info in program.modules.values())
         return Compiled(program.summary, modules, origin=origin)
 
