@@ -74,19 +74,52 @@ static unsigned code_size(long code) {
     }
 }
 
-/* A scalar's Python int (code: see code_size). */
-static PyObject *number(const Buf *buf, uint64_t pos, long code) {
+/* A scalar at pos (code: see code_size), sign-extended to 64 bits for a signed type. */
+static int scalar(const Buf *buf, uint64_t pos, long code, uint64_t *out) {
     unsigned size = code_size(code);
     uint64_t v;
-    if (size == 0)
-        return NULL;
-    if (rd(buf, pos, size, &v) < 0)
+    if (size == 0 || rd(buf, pos, size, &v) < 0)
+        return -1;
+    if (code < 0 && size < 8 && (v >> (8 * size - 1)) & 1) /* sign-extend */
+        v |= ~(uint64_t)0 << (8 * size);
+    *out = v;
+    return 0;
+}
+
+/* A scalar's Python int (code: see code_size). */
+static PyObject *number(const Buf *buf, uint64_t pos, long code) {
+    uint64_t v;
+    if (scalar(buf, pos, code, &v) < 0)
         return NULL;
     if (code > 0)
         return PyLong_FromUnsignedLongLong((unsigned long long)v);
-    if (size < 8 && (v >> (8 * size - 1)) & 1) /* sign-extend */
-        v |= ~(uint64_t)0 << (8 * size);
     return PyLong_FromLongLong((long long)v);
+}
+
+/* A table's vtable, read once for all of its fields. */
+typedef struct {
+    uint64_t pos, vt, nslots;
+} Vt;
+
+static int vt_of(const Buf *buf, uint64_t pos, Vt *t) {
+    uint64_t soff, vlen;
+    if (rd(buf, pos, 4, &soff) < 0)
+        return -1;
+    t->pos = pos;
+    t->vt = pos - (uint64_t)(int64_t)(int32_t)(uint32_t)soff; /* wraps past 2^64 if negative */
+    if (rd(buf, t->vt, 2, &vlen) < 0)
+        return -1;
+    t->nslots = vlen >= 4 ? (vlen - 4) / 2 : 0;
+    return 0;
+}
+
+/* Where the field in vtable slot `slot` (>= 0) of the table lies (0: absent). */
+static int slot_at(const Buf *buf, const Vt *t, long slot, uint64_t *fpos) {
+    uint64_t voff = 0;
+    if ((uint64_t)slot < t->nslots && rd(buf, t->vt + 4 + 2 * (uint64_t)slot, 2, &voff) < 0)
+        return -1;
+    *fpos = voff ? t->pos + voff : 0;
+    return 0;
 }
 
 /* Where the vector (or string) that the offset at fpos points to starts, and its count. */
@@ -199,18 +232,14 @@ static PyObject *absent(long kind, PyObject *dflt) {
 
 /* The table at pos: a list of its spec's fields. */
 static PyObject *table(const Buf *buf, uint64_t pos, PyObject *spec, int depth) {
-    uint64_t soff, vt, vlen;
+    Vt t;
     if (depth > MAX_SPEC_DEPTH) {
         PyErr_Format(PyExc_ValueError, "fb_tree: the spec nests more than %d tables deep",
                      MAX_SPEC_DEPTH);
         return NULL;
     }
-    if (rd(buf, pos, 4, &soff) < 0)
+    if (vt_of(buf, pos, &t) < 0)
         return NULL;
-    vt = pos - (uint64_t)(int64_t)(int32_t)(uint32_t)soff; /* wraps past 2^64 if negative */
-    if (rd(buf, vt, 2, &vlen) < 0)
-        return NULL;
-    uint64_t nslots = vlen >= 4 ? (vlen - 4) / 2 : 0;
     if (!PyTuple_Check(spec)) {
         PyErr_SetString(PyExc_TypeError, "fb_tree: a spec is a tuple of field items");
         return NULL;
@@ -233,14 +262,13 @@ static PyObject *table(const Buf *buf, uint64_t pos, PyObject *spec, int depth) 
             Py_CLEAR(out);
             break;
         }
-        uint64_t voff = 0;
-        if (slot < 0) {
+        uint64_t fpos = 0;
+        if (slot < 0)
             PyErr_Format(PyExc_ValueError, "fb_tree: slot %ld is negative", slot);
-        } else if ((uint64_t)slot < nslots) {
-            rd(buf, vt + 4 + 2 * (uint64_t)slot, 2, &voff);
-        }
+        else
+            slot_at(buf, &t, slot, &fpos);
         if (!PyErr_Occurred())
-            value = voff ? field(buf, pos + voff, kind, PyTuple_GetItem(item, 2), depth)
+            value = fpos ? field(buf, fpos, kind, PyTuple_GetItem(item, 2), depth)
                          : absent(kind, PyTuple_GetItem(item, 3));
         if (value == NULL || PyList_SetItem(out, i, value) < 0)
             Py_CLEAR(out);
@@ -328,53 +356,19 @@ static int field_of(PyObject *spec, Py_ssize_t i, long want_kind, Field *f) {
     return 0;
 }
 
-/* A table's vtable, read once for all of its fields. */
-typedef struct {
-    uint64_t pos, vt, nslots;
-} Vt;
-
-static int vt_of(const Buf *buf, uint64_t pos, Vt *t) {
-    uint64_t soff, vlen;
-    if (rd(buf, pos, 4, &soff) < 0)
-        return -1;
-    t->pos = pos;
-    t->vt = pos - (uint64_t)(int64_t)(int32_t)(uint32_t)soff;
-    if (rd(buf, t->vt, 2, &vlen) < 0)
-        return -1;
-    t->nslots = vlen >= 4 ? (vlen - 4) / 2 : 0;
-    return 0;
-}
-
-/* Where field f of the table lies (0: absent). */
-static int at_of(const Buf *buf, const Vt *t, const Field *f, uint64_t *fpos) {
-    uint64_t voff = 0;
-    if ((uint64_t)f->slot < t->nslots && rd(buf, t->vt + 4 + 2 * (uint64_t)f->slot, 2, &voff) < 0)
-        return -1;
-    *fpos = voff ? t->pos + voff : 0;
-    return 0;
-}
-
 /* Numeric field f of the table (its default when absent). */
 static int num_at(const Buf *buf, const Vt *t, const Field *f, Num *out) {
     uint64_t fpos, v;
-    unsigned size = code_size(f->code);
-    if (at_of(buf, t, f, &fpos) < 0)
+    if (slot_at(buf, t, f->slot, &fpos) < 0)
         return -1;
     if (!fpos) {
         *out = f->dflt;
         return 0;
     }
-    if (rd(buf, fpos, size, &v) < 0)
+    if (scalar(buf, fpos, f->code, &v) < 0)
         return -1;
-    out->big = 0;
-    if (f->code > 0) {
-        out->big = v > (uint64_t)INT64_MAX;
-        out->v = (int64_t)(v & (uint64_t)INT64_MAX);
-    } else {
-        if (size < 8 && (v >> (8 * size - 1)) & 1)
-            v |= ~(uint64_t)0 << (8 * size);
-        out->v = (int64_t)v;
-    }
+    out->big = f->code > 0 && v > (uint64_t)INT64_MAX; /* then v is not read */
+    out->v = (int64_t)v;
     return 0;
 }
 
@@ -382,7 +376,7 @@ static int num_at(const Buf *buf, const Vt *t, const Field *f, Num *out) {
 static int vec_at(const Buf *buf, const Vt *t, const Field *f, uint64_t elsize, uint64_t *start,
                   uint64_t *count) {
     uint64_t fpos;
-    if (at_of(buf, t, f, &fpos) < 0)
+    if (slot_at(buf, t, f->slot, &fpos) < 0)
         return -1;
     *start = *count = 0;
     return fpos ? vector(buf, fpos, elsize, start, count) : 0;
@@ -539,7 +533,7 @@ static PyObject *module_index(PyObject *self, PyObject *const *args, Py_ssize_t 
         Vt mt;
         int ok = -1;
         if (rd(&buf, at, 4, &off) < 0 || vt_of(&buf, at + off, &mt) < 0 ||
-            at_of(&buf, &mt, &sp.name, &fpos) < 0)
+            slot_at(&buf, &mt, sp.name.slot, &fpos) < 0)
             goto fail;
         if (!fpos) { /* no name: not an identifier; the Python path says so */
             ok = 0;

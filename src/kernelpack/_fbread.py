@@ -160,20 +160,18 @@ def _tree(table: "Table", spec: tuple[tuple[Any, ...], ...]) -> list[Any]:
 
 
 _native_tree: Any = None  # fb_tree of the runtime's extension once looked for; False: none
+_native_index: Any = None  # its module_index, found with it
 
 
 def _load_native() -> Any:
-    global _native_tree
+    global _native_tree, _native_index
     try:  # a C module that imports nothing (no CUDA): fine on the load path
-        from .runtime._launch import fb_tree
+        from .runtime._launch import fb_tree, module_index as native_index
     except ImportError:
         _native_tree = False
     else:
-        _native_tree = fb_tree
+        _native_tree, _native_index = fb_tree, native_index
     return _native_tree
-
-
-_native_index: Any = None  # module_index of the runtime's extension once looked for
 
 
 def module_index(tables: "Tables", spec: tuple[tuple[Any, ...], ...],
@@ -182,13 +180,8 @@ def module_index(tables: "Tables", spec: tuple[tuple[Any, ...], ...],
     ``_fbread.c``, with kp.load's ``spec`` and ``limits``) finds every module plain, else None:
     no extension (or a buffer it does not take), or a module the caller's Python path must
     judge and name."""
-    global _native_index
-    if _native_for(tables.buf) is None:
+    if _native_for(tables.buf) is None:  # (which looks for both C functions)
         return None
-    if _native_index is None:
-        from .runtime._launch import module_index as native
-
-        _native_index = native
     return _native_index(tables.buf, tables.start, len(tables.offsets), spec,  # type: ignore
                          limits)
 

@@ -934,28 +934,21 @@ static inline void copy_match(uint8_t *op, size_t off, size_t len, const uint8_t
             } while (op < end);
             return;
         }
-        if (off >= 8) {
-            do {
-                memcpy(op, m, 8);
-                op += 8;
-                m += 8;
-            } while (op < end);
-            return;
-        }
-        /* off < 8: the first 8 bytes one at a time, then 8-byte copies from a distance that
-         * is a multiple of off and at least 8 (its pattern, already written) */
-        for (int i = 0; i < 8; i++)
-            op[i] = m[i];
-        if (len > 8) {
-            size_t d = off * ((8 + off - 1) / off);
+        if (off < 8) {
+            /* the first 8 bytes one at a time, then 8-byte copies from a distance that is a
+             * multiple of off and at least 8 (its pattern, already written) */
+            for (int i = 0; i < 8; i++)
+                op[i] = m[i];
+            if (len <= 8)
+                return;
             op += 8;
-            m = op - d;
-            do {
-                memcpy(op, m, 8);
-                op += 8;
-                m += 8;
-            } while (op < end);
+            m = op - off * ((8 + off - 1) / off);
         }
+        do {
+            memcpy(op, m, 8);
+            op += 8;
+            m += 8;
+        } while (op < end);
         return;
     }
     if (off >= len) {
