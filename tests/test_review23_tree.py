@@ -11,6 +11,7 @@ import gc
 import mmap
 import random
 import struct
+import sys
 import tracemalloc
 from typing import Any
 
@@ -30,6 +31,12 @@ from test_verify_c_differential import mutate, strings
 
 fb_tree = pytest.importorskip("kernelpack.runtime._launch").__dict__.get("fb_tree")
 pytestmark = pytest.mark.skipif(fb_tree is None, reason="the extension lacks _fbread.c")
+
+# Python 3.12 and later run the collector only from the interpreter loop (its eval breaker, and
+# PyErr_CheckSignals, which fb_tree never calls), never inside a C function's allocations: there
+# no finalizer can run inside fb_tree at all, and the premise below (one that does) cannot be set
+# up; the reads are still checked against the Python reader's.
+COLLECTS_INSIDE_C = sys.version_info < (3, 12)
 
 
 # ---- the buffer cannot change under the C reader ------------------------------------------------
@@ -80,7 +87,8 @@ def test_a_finalizer_cannot_resize_a_bytearray_while_it_is_read() -> None:
         assert out == expected
         assert all(what == "BufferError" for inside, what in seen if inside), seen
         ran_inside += sum(inside for inside, _ in seen)
-    assert ran_inside > 0  # the finalizer did run inside the call at least once
+    if COLLECTS_INSIDE_C:
+        assert ran_inside > 0  # the finalizer did run inside the call at least once
     buf.extend(b"\0")  # no export left behind
 
 

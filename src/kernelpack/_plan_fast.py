@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 from ._plan_types import (MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, NO_COMPUTED, Allocation,
                           Plan, PlannedLaunch, dtype_range, tensors_first)
 from ._plan_ops import OPS as _OPS
+from .dtypes import is_numpy_bool, strict_index
 from .expr import INT64_MAX, Expr, sym
 from .limits import MAX_EXPR_DEPTH
 from .summary import KernelSummary, Scalar, Tensor
@@ -286,6 +287,8 @@ def _make_run(name: str, ntensors: int, nscalars: int, tensors: tuple, sym_scala
               variants: tuple, bodies: list, build: Callable[[int], Any], bound: tuple,
               template: list) -> FastPlan:
     index = operator.index
+    strict = strict_index
+    numpy_bool = is_numpy_bool
     tnew = tuple.__new__
     errors = _ERRORS
     lmax = INT64_MAX
@@ -302,10 +305,8 @@ def _make_run(name: str, ntensors: int, nscalars: int, tensors: tuple, sym_scala
                 return None
             for (kind, a), d in zip(dims, shape):
                 if d.__class__ is not int:
-                    if d.__class__ is bool:  # refused by the reference (never a shape)
-                        return None
-                    try:
-                        d = index(d)
+                    try:  # a bool (Python's or NumPy's) is refused by the reference
+                        d = strict(d)
                     except TypeError:
                         return None
                 if d < 0 or d > lmax:
@@ -320,6 +321,8 @@ def _make_run(name: str, ntensors: int, nscalars: int, tensors: tuple, sym_scala
         for pos, reg, lo, hi, same in sym_scalars:
             v = scalars[pos]
             if v.__class__ is not int:
+                if numpy_bool(v):  # 0/1 to the reference (its __index__, where NumPy before
+                    return None    # 2.3 has one, warns)
                 try:
                     v = index(v)
                 except TypeError:

@@ -191,13 +191,14 @@ class ReferencePlanner:
         for (pname, idx, src, (lo, hi)), value in zip(self._scalars, scalars):
             if idx < 0:
                 continue
-            try:
-                v = operator.index(value)
-            except TypeError:
-                if not is_numpy_bool(value):  # (a NumPy comparison's flag: 0/1)
+            if is_numpy_bool(value):  # a NumPy comparison's flag: 0/1 (asked first: NumPy
+                v = 1 if value else 0  # before 2.3 gives it a deprecated __index__)
+            else:
+                try:
+                    v = operator.index(value)
+                except TypeError:
                     raise TypeError(f"scalar {pname} must be an integer (got {value!r})") \
                         from None
-                v = 1 if value else 0
             if not lo <= v <= hi:
                 raise ConstraintError(f"scalar {pname} = {v} is outside its dtype range "
                                       f"{lo}..{hi}")

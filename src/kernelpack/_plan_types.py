@@ -6,11 +6,10 @@ reference evaluator (``_plan_ref.py``) build identical objects and word errors i
 
 from __future__ import annotations
 
-import operator
 from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple, Sequence
 
-from .dtypes import DType
+from .dtypes import DType, strict_index
 from .errors import ConstraintError
 from .expr import INT64_MAX, INT64_MIN
 
@@ -128,7 +127,7 @@ def dim(value: Any, where: str) -> int:
     if value.__class__ is bool:
         raise TypeError(f"{where} must be an integer, not a bool (got {value!r})")
     try:
-        d = operator.index(value)
+        d = strict_index(value)  # a NumPy bool too, whatever NumPy's version
     except TypeError:
         raise TypeError(f"{where} must be an integer (got {value!r})") from None
     if d < 0:

@@ -7,6 +7,7 @@ per framework. Complex types are stored interleaved (real, imag), as NumPy and P
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 __all__ = [
@@ -15,7 +16,7 @@ __all__ = [
     "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
     "f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
     "c64", "c128",
-    "ALL_DTYPES", "dtype_from_code", "as_dtype", "is_numpy_bool",
+    "ALL_DTYPES", "dtype_from_code", "as_dtype", "is_numpy_bool", "strict_index",
 ]
 
 
@@ -146,7 +147,18 @@ def as_dtype(value: object) -> DType:
 
 def is_numpy_bool(value: object) -> bool:
     """Whether ``value`` is a ``numpy.bool_`` (what a NumPy comparison gives for a flag),
-    without importing NumPy. It has ``__float__`` but no ``__index__``, unlike Python's bool,
-    so integer checks refuse it; scalars, plans and yes/no fields take it as 0/1."""
+    without importing NumPy. Integer checks refuse it (:func:`strict_index`); scalars, plans
+    and yes/no fields take it as 0/1."""
     cls = value.__class__
     return cls.__name__ in ("bool_", "bool") and cls.__module__ == "numpy"  # NumPy 1 / 2
+
+
+def strict_index(value: object) -> int:
+    """``operator.index(value)`` for a size, an axis, a step or a device: TypeError for a
+    bool, Python's or NumPy's, which is never the number a caller meant (a flag or a mask in
+    the wrong place). NumPy before 2.3 gives ``np.bool_`` a deprecated ``__index__`` (that
+    is every NumPy of Python 3.10), so without this check ``np.True_`` would be a size 1
+    there and a TypeError on a newer NumPy."""
+    if value.__class__ is bool or is_numpy_bool(value):
+        raise TypeError(f"expected an integer, not a bool (got {value!r})")
+    return operator.index(value)  # type: ignore[arg-type]

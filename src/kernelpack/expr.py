@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping, Union
 
+from .dtypes import is_numpy_bool
 from .expr_eval import INT64_MAX, INT64_MIN, ExprEvalError, apply_op, evaluate
 from .expr_text import _PRINT_NODES, _format, canonical_text, iter_nodes
 
@@ -323,8 +324,8 @@ def as_expr(value: ExprLike) -> Expr:
     if isinstance(value, int):
         return const(value)
     index = getattr(value, "__index__", None)
-    if index is not None:  # numpy integers
-        return const(index())
+    if index is not None and not is_numpy_bool(value):  # NumPy integers (not its bool,
+        return const(index())  # whose __index__ NumPy before 2.3 keeps, deprecated)
     raise TypeError(f"expected an int, a symbol name or an expression (got {value!r})")
 
 

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import operator
 import re
 from typing import Any, Callable, Mapping
 
-from .dtypes import DType
+from .dtypes import DType, strict_index
 from .errors import TraceError
 from .expr import Expr, as_expr, const
 from .graph import Graph, Node
@@ -154,9 +153,7 @@ class Fusion:
         out: dict[str, int] = {}
         for k, v in static.items():
             try:
-                if isinstance(v, bool):  # an int to Python, never a size the user meant
-                    raise TypeError
-                n = operator.index(v)
+                n = strict_index(v)  # a bool is an int to Python, never a size meant
             except TypeError:
                 raise TypeError(f"fusion {self.name}: static[{k!r}] must be an int "
                                 f"(got {v!r:.60})") from None

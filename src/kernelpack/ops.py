@@ -16,7 +16,7 @@ import builtins
 import operator
 from typing import Any, Callable, Sequence
 
-from .dtypes import DType, bool_, int64
+from .dtypes import DType, bool_, int64, is_numpy_bool, strict_index
 from ._host_math import host_extremum, host_where, on_host, plain_floats, plain_numbers
 from .errors import TraceError
 from .expr import Expr, as_expr, cdiv, const, emax, emin
@@ -209,9 +209,7 @@ def arange(start: object, stop: object = None, step: object = None,
         start, stop = 0, start
     lo, hi = dim_expr(start), dim_expr(stop)
     try:
-        if isinstance(step, bool):
-            raise TypeError
-        by = 1 if step is None else operator.index(step)
+        by = 1 if step is None else strict_index(step)
     except TypeError:
         raise TraceError(f"kp.arange: step must be a nonzero int (got {step!r:.40})") from None
     if by == 0:
@@ -296,7 +294,7 @@ def dim_expr(v: object) -> Expr:
         if node.op == "pow":
             return _power_of_two(*(Value(v.graph, i) for i in node.inputs))
         raise TraceError(f"size computed by {node.op!r} cannot be expressed symbolically")
-    if isinstance(v, bool):
+    if isinstance(v, bool) or is_numpy_bool(v):
         raise TraceError(f"a size must be an integer (got {v!r})")
     if not isinstance(v, (int, str, Expr)) and hasattr(v, "__index__"):
         v = operator.index(v)  # np.int64(4)
@@ -319,9 +317,7 @@ def iota(shape: Sequence[object] | object, axis: int = 0, dtype: object = int64)
     if negative:
         raise TraceError(f"iota: shape {_fmt(dims)} has a negative size")
     try:
-        if isinstance(axis, bool):
-            raise TypeError
-        ax = operator.index(axis)
+        ax = strict_index(axis)
     except TypeError:
         raise TraceError(f"iota: axis must be an int (got {axis!r:.40})") from None
     if not -len(dims) <= ax < len(dims):

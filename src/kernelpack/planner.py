@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ._plan_types import (MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, Allocation, Plan,
                           PlannedLaunch, merge_inputs)
+from .dtypes import strict_index
 from .summary import KernelSummary, Tensor
 
 if TYPE_CHECKING:  # imported when first needed: `import kernelpack` loads this module
@@ -139,9 +140,7 @@ class Planner:
         for i, d in enumerate(shape):
             if d.__class__ is not int:
                 try:
-                    if d.__class__ is bool:  # see _plan_types.dim
-                        raise TypeError
-                    d = operator.index(d)
+                    d = strict_index(d)  # a bool, Python's or NumPy's, is no dim
                 except TypeError:
                     raise TypeError(f"{name}.shape[{i}] must be an integer "
                                     f"(got {d!r:.60})") from None

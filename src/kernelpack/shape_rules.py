@@ -12,9 +12,9 @@ with ``dtype``, ``shape`` and ``ndim``) and imports no tracing code.
 from __future__ import annotations
 
 import builtins
-import operator
 from typing import TYPE_CHECKING, Any
 
+from .dtypes import strict_index
 from .errors import TraceError
 from .expr import Expr, const
 
@@ -62,9 +62,7 @@ def _axes(op: str, x: Value, axis: object) -> tuple[int, ...]:
     out = []
     for a in items:
         try:  # NumPy integers (axes computed with np.argmax, np.int64(1)) are axes too
-            if isinstance(a, bool):
-                raise TypeError
-            a = operator.index(a)
+            a = strict_index(a)
         except TypeError:
             raise TraceError(f"{op}: axis {a!r} must be an int or a tuple of ints") from None
         if not -x.ndim <= a < x.ndim:  # a 0-d tensor has no axis (NumPy: AxisError)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from ..dtypes import is_numpy_bool
+
 from .selection import PTX_ISA_BY_CUDA, Selection, explain, max_ptx_isa, select_image
 
 __all__ = ["call_program", "warmup", "select_image", "explain", "Selection", "max_ptx_isa",
@@ -136,7 +138,7 @@ def _device_list(devices: Iterable[int] | None) -> list[int] | None:
                         f"(got {type(devices).__name__} {devices!r})")
     out = []
     for d in devices:
-        if isinstance(d, bool) or not hasattr(d, "__index__"):
+        if isinstance(d, bool) or is_numpy_bool(d) or not hasattr(d, "__index__"):
             raise TypeError(f"warmup: devices= holds {d!r} ({type(d).__name__}), expected an "
                             f"int device ordinal")
         out.append(d.__index__())

@@ -14,12 +14,11 @@ with neither get a :class:`~kernelpack.runtime.buffer.DeviceBuffer`.
 from __future__ import annotations
 
 import contextlib
-import operator
 import sys
 import threading
 from typing import Any, Callable
 
-from ..dtypes import DType, as_dtype
+from ..dtypes import DType, as_dtype, strict_index
 from ..errors import LaunchError
 
 __all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "adapter_for",
@@ -127,9 +126,7 @@ def _integer(value: Any, field: str) -> int:
     """``value`` by ``__index__`` (as NumPy reads shapes): ``int()`` would make 2.5 a 2. A
     bool is refused, as ``plan()`` refuses it for a dim and ``stream=`` for a handle."""
     try:
-        if value.__class__ is bool:
-            raise TypeError
-        return operator.index(value)
+        return strict_index(value)
     except TypeError:
         why = "an invalid literal" if isinstance(value, str) else "not an integer"
         raise TypeError(f"{field} is {type(value).__name__} {value!r}, {why}") from None

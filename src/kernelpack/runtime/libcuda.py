@@ -31,6 +31,7 @@ the rest of the runtime.
 from __future__ import annotations
 
 import ctypes
+import os
 from ctypes import byref, c_char_p, c_int, c_void_p
 from typing import Any, Callable
 
@@ -408,8 +409,10 @@ def _missing(name: str, code: int) -> Callable[..., int]:
     return missing
 
 
-def open_driver(per_thread: bool, library: str = "libcuda.so.1") -> LibCuda:
-    """:class:`LibCuda` over the system's driver library.
+def open_driver(per_thread: bool,
+                library: str | bytes | os.PathLike[Any] = "libcuda.so.1") -> LibCuda:
+    """:class:`LibCuda` over the system's driver library (a name or path; bytes and path
+    objects are taken as the file system spells them).
 
     Raises
     ------
@@ -419,16 +422,19 @@ def open_driver(per_thread: bool, library: str = "libcuda.so.1") -> LibCuda:
         The driver has no ``cuGetProcAddress_v2``: it predates CUDA 12.0, which kernelpack's
         context-independent loading needs.
     """
+    # one spelling for both doors: ctypes.CDLL of Python 3.13.0 takes no bytes name (its
+    # ".fwork" check compares them with a str)
+    name = os.fsdecode(library)
     if _native_caller() is not None:
-        address = _symbol(library, "cuGetProcAddress_v2")
+        address = _symbol(name, "cuGetProcAddress_v2")
         if not address:
-            raise _too_old(library)
+            raise _too_old(name)
         return LibCuda(address, per_thread)
-    lib = ctypes.CDLL(library)
+    lib = ctypes.CDLL(name)
     try:
         get = lib.cuGetProcAddress_v2
     except AttributeError:
-        raise _too_old(library) from None
+        raise _too_old(name) from None
     # the library's own function object, typed in place as _ENTRY's pointers are: no ctypes
     # class made for it, no cast to its address
     get.restype, get.argtypes = c_int, _GET_PROC_ADDRESS_ARGS
