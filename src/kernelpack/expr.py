@@ -43,7 +43,6 @@ _COMMUTATIVE = frozenset({"add", "mul", "min", "max", "eq", "ne", "and", "or"})
 ExprLike = Union["Expr", int, str]
 
 
-
 def _substitute(e: Expr, mapping: Mapping[str, ExprLike], done: dict[int, Expr]) -> Expr:
     """:meth:`Expr.substitute` of ``e``; ``done`` maps id(node) -> its substitute (nodes live
     for the call). A function of its own, not a closure calling itself: such a closure holds
@@ -56,6 +55,7 @@ def _substitute(e: Expr, mapping: Mapping[str, ExprLike], done: dict[int, Expr])
     if out is None:
         out = done[id(e)] = _make(e.op, *[_substitute(a, mapping, done) for a in e.args])
     return out
+
 
 def _binop(op: str, reflected: bool = False) -> Callable[["Expr", object], "Expr"]:
     """An Expr operator method: ``self op other`` (or ``other op self``). An operand that is no

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from ..dtypes import is_numpy_bool
+from ..dtypes import strict_index
 
 from .selection import PTX_ISA_BY_CUDA, Selection, explain, max_ptx_isa, select_image
 
@@ -138,10 +138,11 @@ def _device_list(devices: Iterable[int] | None) -> list[int] | None:
                         f"(got {type(devices).__name__} {devices!r})")
     out = []
     for d in devices:
-        if isinstance(d, bool) or is_numpy_bool(d) or not hasattr(d, "__index__"):
+        try:
+            out.append(strict_index(d))  # a bool, Python's or NumPy's, is no ordinal
+        except TypeError:
             raise TypeError(f"warmup: devices= holds {d!r} ({type(d).__name__}), expected an "
-                            f"int device ordinal")
-        out.append(d.__index__())
+                            f"int device ordinal") from None
     return out
 
 
