@@ -245,3 +245,13 @@ def test_symbol_names_are_checked_by_type_then_value() -> None:
         kp.sym(1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="must be a Python identifier"):
         kp.sym("1a")
+
+
+def test_a_constant_equals_and_hashes_as_its_int() -> None:
+    # ``x.shape[1] == 3`` for a literal or static dim (review 27): a constant is its int in
+    # ==, !=, hashing and containers; a symbolic expression equals no int, and bools stay apart
+    three = kp.sym("n") * 0 + 3
+    assert three.op == "const" and three == 3 and not (three != 3) and 3 == three
+    assert hash(three) == hash(3) and three in {3} and {three: "x"}[3] == "x"
+    assert three != 4 and kp.sym("n") != 3 and not (kp.sym("n") == 3)
+    assert (const(1) == True) is False and const(0) != False  # noqa: E712

@@ -56,6 +56,10 @@ def test_rank_int_and_expression_dims() -> None:
     assert p.plan((4, 3), (8,)).launches[0].grid == (4, 1, 1)
     with pytest.raises(ConstraintError, match=r"x has rank 1 \(shape \(4,\)\), expected rank 2"):
         p.plan((4,), (8,))
+    # a call's wrong rank is a LaunchError (README), plan()'s a ConstraintError: one class
+    with pytest.raises(kp.RankError) as info:
+        p.plan((4, 3, 1), (8,))
+    assert isinstance(info.value, kp.LaunchError) and isinstance(info.value, ConstraintError)
     with pytest.raises(ConstraintError, match=r"x.shape\[1\] is 4, expected 3"):
         p.plan((4, 4), (8,))
     with pytest.raises(ConstraintError, match=r"y.shape\[0\] is 9, expected n \* 2 = 8"):

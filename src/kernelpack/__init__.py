@@ -14,7 +14,7 @@ from .dtypes import (DType, bfloat16, bf16, bool_, c64, c128, complex64, complex
                      u8, u16, u32, u64, uint8, uint16, uint32, uint64)
 from .errors import (CacheError, CompatibilityError, CompileError, ConstraintError, DeviceError,
                      ExpressionError, FormatError, IntegrityError, KernelPackError, LaunchError,
-                     SignatureError, TraceError)
+                     RankError, SignatureError, TraceError)
 from .expr import (Expr, cdiv, emax, emin, eq, ge, gt, land, le, lnot, lor, lt, ne, select, shl,
                    shr, sym)
 from .compiled import Compiled, Image, Module
@@ -100,7 +100,7 @@ __all__ = [
     # errors
     "KernelPackError", "FormatError", "IntegrityError", "SignatureError", "CompatibilityError",
     "ConstraintError", "ExpressionError", "CompileError", "TraceError", "LaunchError",
-    "DeviceError", "CacheError",
+    "DeviceError", "RankError", "CacheError",
     # expressions
     "Expr", "sym", "cdiv", "emin", "emax", "shl", "shr", "select", "eq", "ne", "lt", "le", "gt",
     "ge", "land", "lor", "lnot",

@@ -18,7 +18,7 @@ from ._plan_types import (MAX_GRID_X, MAX_GRID_YZ, NO_COMPUTED, Allocation, Plan
                           PlannedLaunch, check_block, check_smem, dim, dim_at, dtype_range,
                           tensors_first)
 from .dtypes import DType, is_numpy_bool
-from .errors import ConstraintError, ExpressionError
+from .errors import ConstraintError, ExpressionError, RankError
 from .expr import INT64_MAX, Expr
 from .expr_program import ExprEncoder, ExprProgram
 from .limits import MAX_LAUNCH_REPEAT, MAX_PLANNED_LAUNCHES
@@ -175,7 +175,7 @@ class ReferencePlanner:
         frame = self._template.copy()  # [symbol values..., root cache...]
         for (pname, dims), shape in zip(self._tensors, shapes):
             if len(shape) != len(dims):
-                raise ConstraintError(f"{pname} has rank {len(shape)} (shape {tuple(shape)}), "
+                raise RankError(f"{pname} has rank {len(shape)} (shape {tuple(shape)}), "
                                       f"expected rank {len(dims)}")
             for i, ((kind, a, src), d) in enumerate(zip(dims, shape)):
                 if d.__class__ is not int or d < 0 or d > INT64_MAX:

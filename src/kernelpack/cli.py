@@ -24,6 +24,7 @@ import re
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
 from .cli_commands import EXTENSIONS  # noqa: F401 - kernelpack.cli.EXTENSIONS, as before
@@ -61,6 +62,19 @@ def _driver(text: str) -> int:
     if not match:
         raise argparse.ArgumentTypeError(f"expected a CUDA version such as 12.4 (got {text!r})")
     return int(match.group(1)) * 1000 + int(match.group(2)) * 10
+
+
+def path_arg(text: str) -> str:
+    """A path option's value; refused when empty: ``-o "$OUT"`` with ``$OUT`` unset must not
+    mean "here" (``Path("")`` is the working directory) nor "the default"."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty path")
+    return text
+
+
+def dir_arg(text: str) -> Path:
+    """A directory option's value as a Path (:func:`path_arg`: never empty)."""
+    return Path(path_arg(text))
 
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -109,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("extract", cmd_extract,
             "write every image, decompressed, as files for cuobjdump / nvdisasm")
     p.add_argument("file", help="a .kpack artifact")
-    p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
+    p.add_argument("-o", "--output", required=True, type=path_arg, metavar="DIR",
+                   help="output directory")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.add_argument("--max-bytes", type=_size, default=EXTRACT_LIMIT, metavar="SIZE",
                    help="refuse to write more than this in total (default 4G; K/M/G/T "
@@ -127,13 +142,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("b", help="the new artifact")
 
     p = add("keygen", cmd_keygen, "create an ed25519 key pair for signing artifacts")
-    p.add_argument("-o", "--output", required=True, metavar="NAME",
-                   help="private key path; the public key goes to NAME.pub")
+    p.add_argument("-o", "--output", required=True, type=path_arg, metavar="NAME",
+                   help="private key path; the public key goes to NAME.pub (so NAME itself "
+                        "may not end in .pub)")
 
     p = add("sign", cmd_sign, "re-save an artifact with an ed25519 signature")
     p.add_argument("file", help="a .kpack artifact")
-    p.add_argument("--key", required=True, help="private key file written by keygen")
-    p.add_argument("-o", "--output", metavar="OUT", help="output path (default: in place)")
+    p.add_argument("--key", required=True, type=path_arg,
+                   help="private key file written by keygen")
+    p.add_argument("-o", "--output", type=path_arg, metavar="OUT",
+                   help="output path (default: in place)")
 
     from . import cli_build
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .cli import dir_arg
 from .cli_commands import CLIError, UsageError
 
 __all__ = ["register", "import_source", "collect_programs"]
@@ -62,7 +63,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache", action="store_true",
                    help="compile through the disk cache ($KERNELPACK_CACHE_DIR, else "
                         "$XDG_CACHE_HOME/kernelpack): unchanged fusions are not recompiled")
-    p.add_argument("--cache-dir", type=Path, default=None, metavar="DIR",
+    p.add_argument("--cache-dir", type=dir_arg, default=None, metavar="DIR",
                    help="compile through the disk cache at DIR (implies --cache)")
     p.add_argument("--sign-with", default=None, metavar="KEY",
                    help="sign the artifact with this ed25519 private key (from keygen)")

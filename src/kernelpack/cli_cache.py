@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import config
-from .cli import _size
+from .cli import _size, dir_arg
 
 __all__ = ["register", "resolve_digest"]
 
@@ -29,7 +29,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     def add(name: str, fn: Any, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
-        p.add_argument("--dir", type=Path, default=None,
+        p.add_argument("--dir", type=dir_arg, default=None,
                        help="cache root (default: $KERNELPACK_CACHE_DIR, else "
                             "$XDG_CACHE_HOME/kernelpack, else ~/.cache/kernelpack)")
         p.set_defaults(func=fn)

@@ -324,7 +324,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
     # never put a signature on bytes that do not verify, nor over a broken signature: that
     # file was changed after it was signed, and `verify` refuses it
     pack = _verified(args.file)
-    target = args.output or args.file
+    target = args.file if args.output is None else args.output
     try:  # `-o /dev/stdout`: the artifact goes to stdout, so the report goes to stderr
         to_stdout = os.path.samestat(os.stat(target), os.fstat(sys.stdout.fileno()))
     except (OSError, ValueError, AttributeError, io.UnsupportedOperation):

@@ -19,6 +19,7 @@ __all__ = [
     "TraceError",
     "LaunchError",
     "DeviceError",
+    "RankError",
     "CacheError",
 ]
 
@@ -72,6 +73,12 @@ class LaunchError(KernelPackError):
 
 class DeviceError(LaunchError):
     """No usable GPU, or the CUDA driver is missing."""
+
+
+class RankError(ConstraintError, LaunchError):
+    """A tensor's rank differs from its parameter's. To ``plan()`` that is a shape the summary
+    does not fit (ConstraintError); to a call, an argument that does not fit (LaunchError, as
+    for a wrong dtype or device): it is both, so either ``except`` catches it."""
 
 
 class CacheError(KernelPackError):

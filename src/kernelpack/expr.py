@@ -111,7 +111,8 @@ class Expr:
         self.op = op
         self.args = args
         self.value = value
-        self._hash = hash((op, args, value))
+        # a constant hashes as its int, which it equals (__eq__)
+        self._hash = hash(value) if op == "const" else hash((op, args, value))
         # nesting: what recurses refuses a tree deeper than MAX_EXPR_DEPTH up front
         self._depth = 1 + max([a._depth for a in args]) if args else 1
 
@@ -120,6 +121,11 @@ class Expr:
         if self is other:
             return True
         if not isinstance(other, Expr):
+            # a constant equals its int (``x.shape[1] == 3`` for a literal or static dim of 3,
+            # as ``<``, ``int()`` and ``range()`` already take it); a symbolic expression
+            # equals no int (structural equality: ``kp.eq`` compares values)
+            if isinstance(other, int) and not isinstance(other, bool):
+                return self.op == "const" and self.value == other
             return NotImplemented
         if self._hash != other._hash or self.op != other.op or self.value != other.value:
             return False

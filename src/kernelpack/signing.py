@@ -206,6 +206,11 @@ def write_keypair(path: str | os.PathLike[str]) -> tuple[str, str]:
     """Write a new key pair: the private seed as hex at ``path`` (mode 0600) and the public
     key as hex at ``path + ".pub"``. Refuses to overwrite an existing private key."""
     path = os.fspath(path)
+    if not path:
+        raise ValueError("write_keypair: the private key's path is empty")
+    if path.endswith(".pub"):  # load_private_key refuses a .pub file: the pair would not sign
+        raise ValueError(f"write_keypair: {path!r} ends in .pub, which names a public key; "
+                         f"give the private key's path (the public key goes to PATH.pub)")
     public_path = path + ".pub"
     if os.path.lexists(public_path):  # a stale .pub would silently stop matching the new key
         raise FileExistsError(errno.EEXIST, "File exists", public_path)

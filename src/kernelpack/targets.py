@@ -47,7 +47,11 @@ def parse_arch(text: str) -> Arch:
     if not match:
         raise ValueError(f"not a GPU architecture: expected sm_XY, sm_XYa, sm_XYf or compute_XY "
                          f"(got {text!r})")
-    return Arch(int(match.group(2)), int(match.group(3)), match.group(4))
+    try:
+        return Arch(int(match.group(2)), int(match.group(3)), match.group(4))
+    except ValueError:  # sm_00, sm_05: the pattern's shape, but no compute capability
+        raise ValueError(f"not a GPU architecture: {text!r} has major version "
+                         f"{int(match.group(2))} (sm_XY needs X of 1 or more)") from None
 
 
 def parse_target_list(targets: Iterable[str]) -> tuple[list[Arch], bool]:

@@ -271,8 +271,8 @@ def _binary(op: str, a: object, b: object) -> Value:
     shape = broadcast_shapes(op, va.shape, vb.shape)
     if op in BITWISE and dt.kind not in "iub":
         raise TraceError(f"{op}: needs integer or bool operands (got {_desc(va)}, {_desc(vb)})")
-    if op in ("shl", "shr") and dt.kind == "b":
-        raise TraceError(f"{op}: needs integer operands (got {_desc(va)}, {_desc(vb)})")
+    if op in ("shl", "shr") and dt.kind == "b":  # NumPy shifts two bools in int8
+        va, vb, dt = astype(va, int8), astype(vb, int8), int8
     if op == "complex":
         if dt.kind != "f" or dt not in (float32, float64):
             raise TraceError(f"complex: needs float32 or float64 parts (got {_desc(va)}, "

@@ -128,9 +128,10 @@ class Cache:
         self._stats_lock = threading.Lock()
         self._disk_tier = DiskTier(self)
         self._remote_tier = RemoteTier(self)
-        if sign_with is not None or (self.remote is not None and self._trusted_arg):
-            # Misconfigured keys are API misuse: fail here, not at the first miss. (This
-            # imports cryptography, which only signing or a remote needs.)
+        if sign_with is not None or self._trusted_arg:
+            # Misconfigured keys are API misuse: fail here, not at the first miss, and with
+            # or without a remote (a program must not start failing when the fleet sets
+            # $KERNELPACK_REMOTE_CACHE). This imports cryptography, which only keys need.
             from ..signing import load_for, load_private_key
 
             if sign_with is not None:

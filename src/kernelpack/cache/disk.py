@@ -187,7 +187,7 @@ class DiskStore:
             # Scanning the directory on every put would be O(entries); evict on the first put
             # of a process and then after every 1/16 of the cap written.
             if self._written_since_evict is None or pending > self.max_bytes // 16:
-                self.evict(self.max_bytes)
+                self.evict(self.max_bytes, keep=check_digest(key))
                 self._written_since_evict = 0
             else:
                 self._written_since_evict = pending
@@ -300,11 +300,16 @@ class DiskStore:
         out.sort(key=lambda e: (e.mtime, e.digest))
         return out
 
-    def evict(self, max_bytes: int) -> tuple[int, int]:
+    def evict(self, max_bytes: int, *, keep: str | None = None) -> tuple[int, int]:
         """Remove least-recently-used entries until the total is at most ``max_bytes`` (to
         ``LOW_WATER`` of it when over). Returns ``(entries removed, bytes freed)``; does
         nothing when another process is already evicting, or when there is no cache there
-        (``kernelpack cache prune`` on a missing directory must not create one)."""
+        (``kernelpack cache prune`` on a missing directory must not create one).
+
+        The most recently used entry that fits the cap by itself, and ``keep`` (the entry a
+        put just wrote), are never removed: with entries near the cap's size the low-water
+        goal lies below one entry, and going down to it would evict what was just written, a
+        cache that never hits."""
         if not (self.root / "entries").is_dir():
             return 0, 0
         if sum(e.size for e in self.entries()) <= max_bytes:
@@ -325,9 +330,12 @@ class DiskStore:
                 return 0, 0
             goal = int(max_bytes * LOW_WATER)
             removed = freed = 0
+            newest = entries[-1] if entries and entries[-1].size <= max_bytes else None
             for e in entries:
                 if total <= goal:
                     break
+                if e.digest == keep or e is newest:
+                    continue
                 with contextlib.suppress(FileNotFoundError):
                     _remove(e.path)  # a directory under an entry's name too
                     removed += 1
