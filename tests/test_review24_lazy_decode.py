@@ -833,10 +833,10 @@ FIELDS: dict[str, tuple[Callable[[], Any], Any]] = {
                            ("ok", const(3))),
     "scalar argument bad name": (lambda: _value(lambda: kp.Arg("scalar", "")),
                                  ("ValueError", "scalar argument must be an identifier of at most "
-                                                "1024 characters (got '')")),
+                                                "1024 UTF-8 bytes (got '')")),
     "buffer argument bad name": (lambda: _value(lambda: kp.Arg("buffer", "1x")),
                                  ("ValueError", "buffer argument must be an identifier of at most "
-                                                "1024 characters (got '1x')")),
+                                                "1024 UTF-8 bytes (got '1x')")),
     "value argument bool": (lambda: _value(lambda: kp.Arg.of(True, kp.i32)),
                             ("TypeError", "value argument must be an int, a symbol name or an "
                                           "expression (got True)")),

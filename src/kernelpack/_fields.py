@@ -17,14 +17,22 @@ from .dtypes import is_numpy_bool
 from .expr import Expr, ExprLike, as_expr, const
 from .limits import MAX_NAME_LENGTH, MAX_RANK
 
-__all__ = ["_name", "_dim", "_flag", "_shape", "_items", "_dim3"]
+__all__ = ["_name", "_dim", "_flag", "_shape", "_items", "_dim3", "fits_name"]
 
 
 def _name(value: object, what: str) -> str:
-    if not isinstance(value, str) or not value.isidentifier() or len(value) > MAX_NAME_LENGTH:
-        raise ValueError(f"{what} must be an identifier of at most {MAX_NAME_LENGTH} characters "
-                         f"(got {value!r})")
+    if not isinstance(value, str) or not value.isidentifier() or not fits_name(value):
+        raise ValueError(f"{what} must be an identifier of at most {MAX_NAME_LENGTH} UTF-8 "
+                         f"bytes (got {value!r:.80})")
     return value
+
+
+def fits_name(text: str) -> bool:
+    """Whether ``text`` fits the format's name limit, which counts UTF-8 bytes (FORMAT.md):
+    a name of 600 ``é`` is 1200 bytes. Encoded only when it could be over (a quarter of the
+    limit in characters), since every decoded name comes through here."""
+    return len(text) <= MAX_NAME_LENGTH // 4 or len(text.encode("utf-8", "surrogatepass")) \
+        <= MAX_NAME_LENGTH
 
 
 def _dim(value: object, what: str) -> Expr:
@@ -97,8 +105,9 @@ def _dim3(values: ExprLike | Sequence[ExprLike], what: str) -> tuple[Expr, Expr,
             and values[0].__class__ is Expr and values[1].__class__ is Expr  # type: ignore
             and values[2].__class__ is Expr):  # type: ignore[index]
         return values  # type: ignore[return-value]
-    if isinstance(values, (int, str, Expr)):
-        values = (values,)
+    if isinstance(values, (int, str, Expr)) or (
+            not isinstance(values, Iterable) and hasattr(type(values), "__index__")):
+        values = (values,)  # one dim: an int, NumPy's included (a bool is refused by _dim)
     elif isinstance(values, bytes) or not isinstance(values, Iterable):
         raise TypeError(f"{what} must be an int, a symbol name, an expression or a tuple of 1 "
                         f"to 3 of them (got {values!r})")

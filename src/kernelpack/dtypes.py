@@ -8,6 +8,7 @@ per framework. Complex types are stored interleaved (real, imag), as NumPy and P
 from __future__ import annotations
 
 import operator
+import sys
 from dataclasses import dataclass
 
 __all__ = [
@@ -127,12 +128,19 @@ def dtype_from_code(code: int) -> DType | None:
     return _BY_CODE.get(code)
 
 
+_SWAPPED = ">" if sys.byteorder == "little" else "<"  # a NumPy dtype's non-native byteorder
+
+
 def as_dtype(value: object) -> DType:
     """Accept a :class:`DType`, a name (``"float32"``, ``"f32"``), or anything whose ``str()``
     or ``.name`` is such a name (NumPy dtypes, ``torch.float32``), or a NumPy scalar type
     (``np.float32``, ``np.bool_``: its ``__name__``)."""
     if isinstance(value, DType):
         return value
+    if getattr(value, "byteorder", "=") == _SWAPPED:  # a NumPy dtype of the other byte order
+        raise TypeError(f"not a kernelpack dtype: {value!r} is byte-swapped (the device reads "
+                        f"native byte order; use the dtype's native form, e.g. "
+                        f"dtype.newbyteorder('='))")
     if isinstance(value, type) and getattr(value, "__module__", None) == "numpy":
         name = value.__name__
         name = "bool" if name == "bool_" else name

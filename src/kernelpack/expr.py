@@ -19,11 +19,13 @@ How an expression is written out (``str``, :func:`canonical_text` for cache keys
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Iterable, Mapping, Union
 
 from .dtypes import is_numpy_bool
 from .expr_eval import INT64_MAX, INT64_MIN, ExprEvalError, apply_op, evaluate
 from .expr_text import _PRINT_NODES, _format, canonical_text, iter_nodes
+from .limits import MAX_NAME_LENGTH
 
 __all__ = [
     "Expr", "ExprLike", "sym", "const", "as_expr",
@@ -76,6 +78,14 @@ def _binop(op: str, reflected: bool = False) -> Callable[["Expr", object], "Expr
 
 
 _DUNDER = {"shl": "lshift", "shr": "rshift"}
+
+
+# NumPy's ufuncs of Expr's operators: ``np.int64(3) + n`` reaches Expr.__array_ufunc__
+_NUMPY_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
+    "add": operator.add, "subtract": operator.sub, "multiply": operator.mul,
+    "floor_divide": operator.floordiv, "remainder": operator.mod, "left_shift": operator.lshift,
+    "right_shift": operator.rshift, "less": operator.lt, "less_equal": operator.le,
+    "greater": operator.gt, "greater_equal": operator.ge}
 
 
 def _traced(self: "Expr", dunder: str, o: object) -> object:
@@ -226,13 +236,22 @@ class Expr:
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         """``np.sqrt(x.shape[-1])`` inside a fusion (the attention scale) is the kp op on
-        the traced size, as ``kp.sqrt`` is; outside a trace NumPy gets NotImplemented (its
-        TypeError, as before: a symbolic size has no value to compute with)."""
+        the traced size, as ``kp.sqrt`` is. Outside a trace, a NumPy integer on the left of an
+        expression operator (``np.int64(3) + n``, ``np.prod(shape) * n``) is the same
+        expression as on the right, where Python calls Expr's method; any other ufunc gets
+        NotImplemented (NumPy's TypeError: a symbolic size has no value to compute with)."""
         from .graph import current_graph  # the graph builds on this module
 
         graph = current_graph()
         if graph is None:
-            return NotImplemented
+            op = _NUMPY_OPERATORS.get(ufunc.__name__)
+            if op is None or method != "__call__" or kwargs or len(inputs) != 2:
+                return NotImplemented
+            try:  # a NumPy integer or 0-d integer array; never a float, bool or array
+                a, b = (as_expr(v) for v in inputs)
+            except TypeError:
+                return NotImplemented
+            return op(a, b)
         from .numpy_interop import array_ufunc
         from .promotion import trace_value
 
@@ -317,7 +336,10 @@ def sym(name: str) -> Expr:
     if not isinstance(name, str):  # misuse of the API: the type is wrong, not the value
         raise TypeError(f"a symbol name must be a str (got {type(name).__name__}: {name!r})")
     if not name or not name.isidentifier():
-        raise ValueError(f"a symbol name must be a Python identifier (got {name!r})")
+        raise ValueError(f"a symbol name must be a Python identifier (got {name!r:.80})")
+    if len(name) > MAX_NAME_LENGTH // 4 and len(name.encode()) > MAX_NAME_LENGTH:
+        raise ValueError(f"a symbol name must be at most {MAX_NAME_LENGTH} UTF-8 bytes, as every "
+                         f"name in an artifact (got {len(name.encode())}: {name!r:.80})")
     return Expr("sym", (), name)
 
 
@@ -332,7 +354,7 @@ def as_expr(value: ExprLike) -> Expr:
     index = getattr(value, "__index__", None)
     if index is not None and not is_numpy_bool(value):  # NumPy integers (not its bool,
         return const(index())  # whose __index__ NumPy before 2.3 keeps, deprecated)
-    raise TypeError(f"expected an int, a symbol name or an expression (got {value!r})")
+    raise TypeError(f"expected an int, a symbol name or an expression (got {value!r:.80})")
 
 
 def cdiv(a: ExprLike, b: ExprLike) -> Expr:

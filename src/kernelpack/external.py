@@ -24,7 +24,7 @@ from .limits import MAX_LAUNCH_REPEAT
 from .errors import CompileError
 from .expr import Expr, ExprLike, as_expr
 from .compiled import Compiled, Module
-from ._plan_types import MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, block_fits
+from ._plan_types import MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, block_fits, dtype_range
 from .summary import (Arg, Constraint, KernelSummary, Launch, Param, Scalar, Scratch, Tensor,
                       Variant)
 from .summary import _name as check_name
@@ -178,9 +178,10 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
             raise TypeError(f"scratch items must be kp.Scratch (got {s!r})")
     bound_args = _bind_args(params, scratch, args)
     launch = Launch(kernel=entry, module=module_name, grid=grid, block=block,  # type: ignore[arg-type]
-                    args=bound_args, shared_mem=as_expr(shared_mem), count=count, loop=loop)
+                    args=bound_args, shared_mem=shared_mem, count=count, loop=loop)
     _check_constant_launch(launch)
     checked = tuple(_constraint(c) for c in _sequence(constraints, "constraints"))
+    _check_constant_values(params, checked)
 
     def summary_of(launch: Launch) -> KernelSummary:
         return KernelSummary(name=name, params=params,
@@ -198,7 +199,7 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
         ptx, ptx_toolchain = ptx_from_llvm_ir(read_source(llvm_ir, "llvm_ir"), targets)
     if cuda is not None:
         images, kernel = images_from_cuda(read_source(cuda, "cuda"), entry, targets,
-                                           nvrtc_flags, program=f"{name}.cu",
+                                           nvrtc_flags, program=f"{module_name}.cu",
                                            headers=header_texts)
         if kernel != entry:  # a C++ name expression: the program launches the mangled name
             summary = summary_of(dataclasses.replace(launch, kernel=kernel))
@@ -258,6 +259,29 @@ def _check_constant_launch(launch: Launch) -> None:
     if count is not None and count.is_const and not (
             0 <= int(count.value) <= MAX_LAUNCH_REPEAT):  # type: ignore[arg-type]
         raise ValueError(f"count = {count.value}: expected 0..{MAX_LAUNCH_REPEAT} repeats")
+    for i, arg in enumerate(launch.args):
+        if arg.kind == "value" and arg.value.is_const:  # type: ignore[union-attr]
+            _check_fits(int(arg.value.value), arg.dtype, f"args[{i}]")  # type: ignore
+
+
+def _check_constant_values(params: tuple[Param, ...], constraints: tuple[Constraint, ...]) -> None:
+    """A constant computed scalar must fit its dtype and a constant constraint must hold: as
+    for constant launch dimensions, every plan would otherwise refuse every call."""
+    for p in params:
+        if isinstance(p, Scalar) and p.value is not None and p.value.is_const and (
+                p.dtype.is_integer or p.dtype.kind == "b"):
+            _check_fits(int(p.value.value), p.dtype,  # type: ignore[arg-type]
+                        f"computed scalar {p.name!r}")
+    for c in constraints:
+        if c.predicate.is_const and not c.predicate.value:
+            raise ValueError(f"constraint {c.message or c.predicate!s:.80} is always false: "
+                             f"every call would be refused")
+
+
+def _check_fits(value: int, dtype: object, what: str) -> None:
+    lo, hi = dtype_range(dtype)  # type: ignore[arg-type]
+    if not lo <= value <= hi:
+        raise ValueError(f"{what} = {value} does not fit {dtype} ({lo}..{hi})")
 
 
 def _bind_args(params: tuple[Param, ...], scratch: tuple[Scratch, ...],
@@ -280,7 +304,7 @@ def _bind_args(params: tuple[Param, ...], scratch: tuple[Scratch, ...],
             elif item in scalars:
                 out.append(Arg.scalar(item))
             else:
-                raise ValueError(f"args[{i}]: {item!r} is neither a parameter nor a scratch buffer "
+                raise ValueError(f"args[{i}]: {item!r:.80} is neither a parameter nor a scratch buffer "
                                  f"(known: {sorted(buffers | scalars)})")
         elif isinstance(item, tuple) and len(item) == 2:
             value, dtype = item

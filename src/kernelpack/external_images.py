@@ -18,7 +18,8 @@ from typing import Mapping, Sequence, Union
 from .code_scan import cubin_arch, cubin_entries, cubin_entry_params, ptx_entries, ptx_entry_params
 from .compiled import Image
 from .errors import CompileError
-from .limits import MAX_IMAGE_SIZE
+from ._fields import fits_name
+from .limits import MAX_IMAGE_SIZE, MAX_NAME_LENGTH
 from .targets import Arch, parse_arch, parse_target_list, portable_lowest
 
 __all__ = ["read_source", "ptx_entries", "ptx_entry_params", "cubin_entries", "cubin_arch",
@@ -168,6 +169,11 @@ def images_from_cuda(source: bytes, entry: str, targets: Sequence[str], options:
                                     name_expression=expression, name=program,
                                     headers=headers)
         name = out.lowered_name or entry
+        if not fits_name(name):  # the cubin reader would not list it: say why here
+            raise CompileError(f"NVRTC lowered {entry!r:.80} to an entry name of "
+                               f"{len(name.encode())} bytes, over the format's limit of "
+                               f"{MAX_NAME_LENGTH} (shorter template arguments, or an "
+                               f"extern \"C\" wrapper kernel)")
         if kernel is not None and name != kernel:  # cannot happen for one source; be explicit
             raise CompileError(f"NVRTC lowered {entry!r} to {kernel!r} and to {name!r} for "
                                f"different targets")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ._fields import _dim, _dim3, _flag, _items, _name, _shape
+from ._fields import _dim, _dim3, _flag, _items, _name, _shape, fits_name
 from .dtypes import DType, as_dtype
 from .expr import Expr, ExprLike, as_expr, const
 from .limits import MAX_ARGS, MAX_LAUNCHES, MAX_NAME_LENGTH, MAX_SCRATCH
@@ -97,9 +97,9 @@ class Launch:
     loop: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kernel, str) or not self.kernel or len(self.kernel) > MAX_NAME_LENGTH:
+        if not isinstance(self.kernel, str) or not self.kernel or not fits_name(self.kernel):
             raise ValueError(f"launch kernel must be a non-empty entry name of at most "
-                             f"{MAX_NAME_LENGTH} characters (got {self.kernel!r:.80})")
+                             f"{MAX_NAME_LENGTH} UTF-8 bytes (got {self.kernel!r:.80})")
         if not isinstance(self.loop, str):  # None would reach the serializer as a string
             raise TypeError(f"launch {self.kernel!r}: loop must be a symbol name or '' "
                             f"(got {self.loop!r})")

@@ -46,7 +46,7 @@ def parse_arch(text: str) -> Arch:
     match = _ARCH_RE.match(text.strip().lower()) if isinstance(text, str) else None
     if not match:
         raise ValueError(f"not a GPU architecture: expected sm_XY, sm_XYa, sm_XYf or compute_XY "
-                         f"(got {text!r})")
+                         f"(got {text!r:.80})")
     try:
         return Arch(int(match.group(2)), int(match.group(3)), match.group(4))
     except ValueError:  # sm_00, sm_05: the pattern's shape, but no compute capability

@@ -440,7 +440,12 @@ def _power(x: object, y: object) -> Value:
     complex pow is otherwise not lowered). An integer base with a negative literal exponent is
     an error, as in NumPy.
     A float base takes NumPy's exact forms: ``** 0.5`` is ``sqrt``, ``** -1`` ``1 / x`` (powf
-    is up to 2 ulp off), ``** 2.0`` a square."""
+    is up to 2 ulp off), ``** 2.0`` a square. A NumPy number as exponent takes the same forms
+    as the Python number of its value (NumPy's own power does: ``x ** np.float32(0.5)`` is
+    its sqrt, so ``-0.0`` stays ``-0.0``)."""
+    if (y.__class__.__module__ == "numpy" and getattr(y, "ndim", None) == 0
+            and getattr(getattr(y, "dtype", None), "kind", "") in ("f", "i", "u")):
+        y = y.item()  # type: ignore[attr-defined]
     if isinstance(x, Value) and x.dtype.kind == "f" and isinstance(y, (int, float)) \
             and not isinstance(y, bool):
         if y == 0.5:

@@ -8,6 +8,7 @@ Transcendentals call libdevice (``__nv_expf`` ...), whose accuracy matches CUDA'
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from llvmlite import ir
@@ -93,8 +94,7 @@ def unary(em: "Emitter", op: str, x: Val, dt: DType, out: DType) -> Val:
             s, c = sincos(em, dt.real, x[1])
             if isinstance(x[0], ir.Constant) and x[0].constant == 0.0:
                 return (c, s)  # exp of an imaginary value: no exp, no multiplies
-            mag = libm(em, "exp", dt.real, x[0])
-            return _cexp_specials(em, x, (b.fmul(mag, c), b.fmul(mag, s)))
+            return _cexp_specials(em, x, _scaled_product(em, dt.real, x[0], c, s))
         raise CompileError(f"{op} of a complex tensor is not supported by the lowering")
     if dt.kind in "iub":
         if op == "neg":
@@ -130,6 +130,26 @@ def unary(em: "Emitter", op: str, x: Val, dt: DType, out: DType) -> Val:
               "floor", "ceil"):
         return libm(em, op, dt, x)
     raise CompileError(f"unsupported unary operator {op!r} for {dt}")
+
+
+# exp(re) overflows past re = 709.78 (float64) / 88.72 (float32), but e^re·cos(im) can still
+# be finite up to ~37 (float32: ~17) more when |cos(im)| is small. Past THRESHOLD the product
+# is taken as (e^(re - S)·cos(im))·e^S, so a part that fits is not inf (C99's cexp scales too).
+_CEXP_SCALE = {"float64": (700.0, 700.0), "float32": (80.0, 80.0)}  # (THRESHOLD, S)
+
+
+def _scaled_product(em: "Emitter", dt: DType, re: ir.Value, c: ir.Value,
+                    s: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """``(e^re·c, e^re·s)`` without overflowing early (see _CEXP_SCALE): one ``exp``, a
+    compare, two selects and two more multiplies."""
+    b = em.b
+    t = re.type
+    threshold, shift = _CEXP_SCALE[dt.name]
+    big = b.fcmp_ordered(">", re, ir.Constant(t, threshold))
+    mag = libm(em, "exp", dt, b.fsub(re, b.select(big, ir.Constant(t, shift),
+                                                   ir.Constant(t, 0.0))))
+    scale = b.select(big, ir.Constant(t, math.exp(shift)), ir.Constant(t, 1.0))
+    return (b.fmul(b.fmul(mag, c), scale), b.fmul(b.fmul(mag, s), scale))
 
 
 def _cexp_specials(em: "Emitter", x: Val, prod: tuple[ir.Value, ir.Value]) -> Val:
