@@ -7,7 +7,6 @@ file (``test_bug_*``) describe behaviour that is wrong today; each says what is 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat

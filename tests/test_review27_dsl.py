@@ -134,7 +134,8 @@ def test_bool_tensor_arithmetic_takes_numpys_types(name):
 
 @pytest.mark.parametrize("name", ["b<<b", "b>>b", "np.left_shift(b,b)"])
 def test_shifts_of_two_bool_tensors_promote_to_int8_like_numpy(name):
-    """Was a bug (review 27, fixed): ``b << b`` is a TraceError ("shl: needs integer operands") while NumPy gives
+    """Was a bug (review 27, fixed): ``b << b`` is a TraceError ("shl: needs integer operands")
+    while NumPy gives
     int8 (``[True] << [True]`` is 2), and while ``b << 1``, ``1 << b`` and ``b // b`` here all
     follow NumPy's integer promotion of bools."""
     op = {"b<<b": lambda b, c: b << c, "b>>b": lambda b, c: b >> c,
@@ -538,7 +539,8 @@ def test_known_dims_behave_as_ints_for_ordering_range_and_int():
 
 
 def test_a_literal_dim_equals_its_int():
-    """Was a bug (review 27, fixed): ``x.shape[1] == 3`` is False (and ``!= 3`` True) for a literal dim of 3,
+    """Was a bug (review 27, fixed): ``x.shape[1] == 3`` is False (and ``!= 3`` True) for a literal
+    dim of 3,
     while ``x.shape[1] >= 3``, ``> 2``, ``int()`` and ``range()`` all see 3."""
     seen: dict = {}
 
@@ -552,7 +554,8 @@ def test_a_literal_dim_equals_its_int():
 
 
 def test_a_static_dim_takes_the_branch_its_size_selects():
-    """Was a bug (review 27, fixed): with ``static={"m": 3}`` the fusion's ``if x.shape[1] == 3`` branch is never
+    """Was a bug (review 27, fixed): with ``static={"m": 3}`` the fusion's ``if x.shape[1] == 3``
+    branch is never
     taken, so the specialized kernel silently computes ``x`` instead of ``x * 3``."""
 
     @kp.fusion

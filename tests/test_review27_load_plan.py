@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 import kernelpack as kp
-from kernelpack import (Arg, Compiled, Constraint, Image, KernelSummary, Launch, Module, Scalar,
+from kernelpack import (Arg, Compiled, Image, KernelSummary, Launch, Module, Scalar,
                         Scratch, Tensor, Variant)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -537,7 +537,8 @@ def test_expression_api_misuse() -> None:
 
 
 def test_numpy_integer_on_the_left_of_an_expression() -> None:
-    """Was a bug (review 27, fixed): ``kp.sym("n") + np.int64(3)`` is ``n + 3``, but ``np.int64(3) + kp.sym("n")``
+    """Was a bug (review 27, fixed): ``kp.sym("n") + np.int64(3)`` is ``n + 3``, but ``np.int64(3) +
+    kp.sym("n")``
     raises NumPy's "operand type(s) all returned NotImplemented from __array_ufunc__"
     TypeError (Expr.__array_ufunc__ returns NotImplemented outside a fusion trace, so Python
     never tries Expr.__radd__). Sizes computed with NumPy (np.prod(shape) * n) hit this."""

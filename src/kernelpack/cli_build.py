@@ -28,7 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .cli import dir_arg
+from .cli import dir_arg, path_arg
 from .cli_commands import CLIError, UsageError
 
 __all__ = ["register", "import_source", "collect_programs"]
@@ -54,7 +54,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*", default=[], metavar="NAME",
                    help="build only these module attributes (default: every public fusion and "
                         "Compiled)")
-    p.add_argument("-o", "--output", required=True, metavar="OUT",
+    p.add_argument("-o", "--output", required=True, type=path_arg, metavar="OUT",
                    help="the artifact to write (replaced if it exists)")
     p.add_argument("--targets", default=DEFAULT_TARGETS, metavar="LIST",
                    help=f"comma-separated architectures for the fusions (default "
@@ -65,7 +65,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                         "$XDG_CACHE_HOME/kernelpack): unchanged fusions are not recompiled")
     p.add_argument("--cache-dir", type=dir_arg, default=None, metavar="DIR",
                    help="compile through the disk cache at DIR (implies --cache)")
-    p.add_argument("--sign-with", default=None, metavar="KEY",
+    p.add_argument("--sign-with", default=None, type=path_arg, metavar="KEY",
                    help="sign the artifact with this ed25519 private key (from keygen)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_build)
@@ -124,7 +124,8 @@ def _import_file(path: Path) -> ModuleType:
     return module
 
 
-def collect_programs(module: ModuleType, names: list[str]) -> list[tuple[str, Any]]:
+def collect_programs(module: ModuleType, names: list[str],
+                     source: str | None = None) -> list[tuple[str, Any]]:
     """``(attribute, Fusion or Compiled)`` pairs to build, in program-name order: the named
     ones, or every public one. One object bound to several names is built once (under the
     name it was defined with, when that is one of them).
@@ -133,19 +134,20 @@ def collect_programs(module: ModuleType, names: list[str]) -> list[tuple[str, An
     from .compiled import Compiled
     from .fusion import Fusion
 
+    label = source or module.__name__  # what the user typed: a file's import name is private
     found = {attr: value for attr, value in vars(module).items()
              if isinstance(value, (Fusion, Compiled))}
     if names:
         missing = [n for n in names if n not in found]
         if missing:
             have = ", ".join(sorted(found)) or "none"
-            raise UsageError(f"{module.__name__} has no fusion or kp.Compiled named "
+            raise UsageError(f"{label} has no fusion or kp.Compiled named "
                              f"{', '.join(missing)} (has: {have})")
         chosen = [(n, found[n]) for n in dict.fromkeys(names)]
     else:
         chosen = sorted((a, v) for a, v in found.items() if not a.startswith("_"))
         if not chosen:
-            raise CLIError(f"{module.__name__} defines no @kp.fusion function or kp.Compiled "
+            raise CLIError(f"{label} defines no @kp.fusion function or kp.Compiled "
                            f"at module level (names starting with '_' count only when named)")
     attrs_of: dict[int, list[str]] = {}  # one object under several names: built once
     for attr, value in chosen:
@@ -166,12 +168,16 @@ def collect_programs(module: ModuleType, names: list[str]) -> list[tuple[str, An
     return sorted(out, key=lambda item: item[1].name)  # the artifact's order
 
 
-def _check_output(output: str) -> None:
+def _check_output(output: str, source: str | None = None) -> None:
     """The artifact's directory must exist and ``output`` must not be a directory: found out
     now, not by :func:`kernelpack.save` after every program has compiled."""
     path = Path(output)
     if path.is_dir():
         raise CLIError(f"{output}: is a directory (give the artifact's file name)")
+    if source is not None and path.exists() and Path(source).exists() and \
+            os.path.samefile(path, source):
+        raise CLIError(f"{output}: is the source file itself (the artifact would overwrite "
+                       f"it; give another -o)")
     parent = path.parent
     if not parent.is_dir():
         raise CLIError(f"{output}: directory {str(parent)!r} does not exist")
@@ -188,9 +194,26 @@ def _kind(exc: BaseException) -> str:
 def _cache(args: argparse.Namespace) -> Any:
     if args.cache_dir is None and not args.cache:
         return None
+    from . import config
     from .cache import Cache
 
+    if config.explain_cache_misses():  # the library logs why a miss missed; show it here
+        _show_cache_explanations()
     return Cache(path=args.cache_dir)
+
+
+def _show_cache_explanations() -> None:
+    """Print the ``kernelpack.cache`` logger's INFO records (the explanations of misses
+    that ``$KERNELPACK_CACHE_EXPLAIN`` asks for) on stderr. Warnings are not: they reach the
+    user as CacheWarnings already."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.addFilter(lambda record: record.levelno < logging.WARNING)
+    logger = logging.getLogger("kernelpack.cache")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -207,9 +230,9 @@ def cmd_build(args: argparse.Namespace) -> int:
         from .signing import load_private_key
 
         sign_key = load_private_key(args.sign_with)
-    _check_output(args.output)  # before minutes of compiling, not after them
+    _check_output(args.output, args.source)  # before minutes of compiling, not after them
     cache = _cache(args)
-    programs = collect_programs(import_source(args.source), list(args.names))
+    programs = collect_programs(import_source(args.source), list(args.names), args.source)
 
     from .compile_entry import compile as compile_fusion
     from .compiled import Compiled

@@ -14,6 +14,7 @@ the list at the bottom), so the registry is complete before anything reads it.
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING, Iterator
 
 from ._records import FrozenRecord
@@ -25,7 +26,7 @@ __all__ = [
     "Knob", "declare", "knob", "knobs", "get", "codegen_env",
     "cache_dir", "default_cache_dir", "cache_max_bytes", "remote_cache_url", "explain_cache_misses",
     "libdevice_override", "cuda_home", "native_launch", "per_thread_default_stream",
-    "driver_api", "torch_exchange_api",
+    "driver_api", "torch_exchange_api", "switch",
 ]
 
 
@@ -132,20 +133,39 @@ def default_cache_dir() -> Path:
     return root
 
 
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
 def cache_max_bytes() -> int | None:
-    """The disk cache size cap in bytes (``$KERNELPACK_CACHE_MAX_BYTES``; ``0`` or ``none``
-    means unbounded). ValueError naming the variable when it is not a number."""
+    """The disk cache size cap in bytes (``$KERNELPACK_CACHE_MAX_BYTES``: ``4096``, ``512M``,
+    ``10G``, powers of 1024 as ``kernelpack cache prune --max-bytes`` takes them; ``0`` or
+    ``none`` means unbounded). ValueError naming the variable when it is not such a size."""
     value = (get("KERNELPACK_CACHE_MAX_BYTES") or "").strip().lower()
     if value in ("", "0", "none"):
         return None
-    try:
-        parsed = int(value)
-    except ValueError:
-        raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be a byte count "
-                         f"(got {value!r})") from None
-    if parsed < 0:
-        raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be >= 0 (got {parsed})")
-    return parsed
+    if value.startswith("-") and value[1:].isdigit():
+        raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be >= 0 (got {value})")
+    match = re.fullmatch(r"(\d+)\s*([kmgt]?)i?b?", value)
+    if not match:
+        raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be a byte count such as 4096, 512M "
+                         f"or 10G (got {value!r})")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)] or None
+
+
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def switch(name: str, default: bool) -> bool:
+    """An on/off variable: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``
+    (any case, spaces ignored), unset or empty for ``default``. Anything else is a ValueError
+    naming the variable: an operator who set a switch to turn something off must learn that
+    it was not understood, not find it still on."""
+    value = (get(name) or "").strip().lower()
+    if not value:
+        return default
+    if value in _ON or value in _OFF:
+        return value in _ON
+    raise ValueError(f"{name} must be 1/true/yes/on or 0/false/no/off (got {value!r})")
 
 
 def remote_cache_url() -> str | None:
@@ -157,7 +177,7 @@ def remote_cache_url() -> str | None:
 def explain_cache_misses() -> bool:
     """``$KERNELPACK_CACHE_EXPLAIN=1``: log why every cache miss missed (the nearest recorded
     key and the parts that differ), without changing code."""
-    return (get("KERNELPACK_CACHE_EXPLAIN") or "").strip().lower() in ("1", "true", "yes", "on")
+    return switch("KERNELPACK_CACHE_EXPLAIN", False)
 
 
 def libdevice_override() -> Path | None:
@@ -182,8 +202,7 @@ def native_launch() -> bool:
     ctypes over ``libcuda.so.1``, or cuda.bindings with ``KERNELPACK_DRIVER=cuda-bindings``;
     the same semantics at about twice the host cost). The verifier's C walk, in the same
     extension, is not affected."""
-    return (get("KERNELPACK_NATIVE_LAUNCH") or "").strip().lower() not in ("0", "false", "no",
-                                                                          "off")
+    return switch("KERNELPACK_NATIVE_LAUNCH", True)
 
 
 def per_thread_default_stream() -> bool:
@@ -212,8 +231,7 @@ def torch_exchange_api() -> bool:
     (``torch.Tensor.__dlpack_c_exchange_api__``, PyTorch 2.10+) where torch has it
     (``$KERNELPACK_TORCH_EXCHANGE_API``, default on; ``0``/``false``/``no``/``off`` read the
     tensors' attributes instead, as with older torch)."""
-    return (get("KERNELPACK_TORCH_EXCHANGE_API") or "").strip().lower() not in (
-        "0", "false", "no", "off")
+    return switch("KERNELPACK_TORCH_EXCHANGE_API", True)
 
 
 # ---- the registry ------------------------------------------------------------------------------

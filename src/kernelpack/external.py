@@ -304,7 +304,8 @@ def _bind_args(params: tuple[Param, ...], scratch: tuple[Scratch, ...],
             elif item in scalars:
                 out.append(Arg.scalar(item))
             else:
-                raise ValueError(f"args[{i}]: {item!r:.80} is neither a parameter nor a scratch buffer "
+                raise ValueError(f"args[{i}]: {item!r:.80} is neither a parameter nor a "
+                                 f"scratch buffer "
                                  f"(known: {sorted(buffers | scalars)})")
         elif isinstance(item, tuple) and len(item) == 2:
             value, dtype = item

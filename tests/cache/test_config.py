@@ -11,7 +11,7 @@ import pytest
 from kernelpack import config
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "kernelpack"
-_ENV_TEXT = re.compile(r"\bos\.environ\b|\bgetenv\b|\benviron\.get\b|\bputenv\b")
+_ENV_TEXT = re.compile(r"\bos\.environb?\b|\bgetenvb?\b|\benvironb?\.get\b|\bputenv\b")
 
 
 def _env_reads(path: Path) -> list[tuple[int, str]]:
@@ -21,11 +21,11 @@ def _env_reads(path: Path) -> list[tuple[int, str]]:
     found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb",
-                                                             "putenv"):
+                                                             "getenvb", "putenv"):
             found.append((node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.ImportFrom) and node.module == "os":
             for alias in node.names:
-                if alias.name in ("environ", "getenv", "environb"):
+                if alias.name in ("environ", "getenv", "environb", "getenvb"):
                     found.append((node.lineno, f"from os import {alias.name}"))
     for lineno, line in enumerate(text.splitlines(), 1):
         code = line.split("#", 1)[0]

@@ -235,7 +235,8 @@ def test_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_bad_trusted_key_is_refused_with_or_without_a_remote(tmp_path: Path) -> None:
-    """Was a bug (review 27, fixed): ``trusted_keys=[5]`` is a ValueError naming trusted_keys when a remote is given,
+    """Was a bug (review 27, fixed): ``trusted_keys=[5]`` is a ValueError naming trusted_keys when a
+    remote is given,
     but accepted silently without one, while ``trusted_keys=5`` is refused either way. The
     cache checks its arguments "whether or not a remote is configured, so a program behaves
     the same with and without one" (kernelpack.cache._args); here the program that works on
@@ -305,7 +306,8 @@ def test_size_cap_evicts_the_least_recently_used(tmp_path: Path) -> None:
 
 
 def test_size_cap_never_evicts_the_entry_just_written(tmp_path: Path) -> None:
-    """Was a bug (review 27, fixed): with a cap that holds one entry but not 1/0.9 of it (the entry is over 90% of
+    """Was a bug (review 27, fixed): with a cap that holds one entry but not 1/0.9 of it (the entry
+    is over 90% of
     max_bytes), writing a second entry evicts down to 90% of the cap, which removes the old
     entry *and the one just written*: every compile of A, B, B, A, ... compiles, silently
     (no warning, unlike an entry over the cap, which put() refuses with a CacheWarning). The

@@ -40,9 +40,15 @@ __all__ = ["Cache", "CacheKey", "CacheWarning", "make_key", "DiskStore", "STAT_N
 
 def _log() -> Any:
     """The ``kernelpack.cache`` logger; ``logging`` (~5 ms) is imported only when something is
-    logged, never on a warm start's hit path."""
+    logged, never on a warm start's hit path. The ``kernelpack`` logger gets a NullHandler (as
+    a library's should): without one, Python's last-resort handler printed every warning a
+    second time beside the CacheWarning; an application that configures logging still gets
+    the records."""
     import logging
 
+    root = logging.getLogger("kernelpack")
+    if not any(isinstance(h, logging.NullHandler) for h in root.handlers):
+        root.addHandler(logging.NullHandler())
     return logging.getLogger("kernelpack.cache")
 
 STAT_NAMES = ("disk_hits", "disk_misses", "remote_hits", "remote_misses", "compiles", "refused",
