@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
 
 import kernelpack as kp
 from kernelpack.cli import main
+
+sys.path.insert(0, str(Path(__file__).parent))
+from kp_cli import run  # noqa: E402
 
 pytest.importorskip("cuda.bindings.nvjitlink", reason="nvJitLink (kernelpack[compile]) missing")
 
@@ -41,17 +45,6 @@ def art(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     kp.save([_axpy()], out["a"])
     kp.save([_axpy(block=128, targets=("sm_80", "sm_86"))], out["b"])
     return out
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    """main's exit status, stdout and stderr; a usage error (argparse's exit 2, its message
-    naming the option) counts as a status like any other."""
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def _one_error_line(err: str) -> str:

@@ -23,7 +23,10 @@ import pytest
 
 import kernelpack as kp
 from kernelpack import config
-from kernelpack.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, main
+from kernelpack.cli import EXIT_INTERRUPTED, EXIT_TERMINATED
+
+sys.path.insert(0, str(Path(__file__).parent))
+from kp_cli import run  # noqa: E402
 
 pytest.importorskip("llvmlite", reason="the lowering (kernelpack[compile]) is not installed")
 pytest.importorskip("cuda.bindings.nvjitlink", reason="nvJitLink (kernelpack[compile]) missing")
@@ -63,17 +66,6 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         if knob.name.startswith("KERNELPACK_"):
             monkeypatch.delenv(knob.name, raising=False)
     monkeypatch.setattr(sys, "path", list(sys.path))
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    """main's exit status, stdout and stderr; a usage error (argparse's exit 2, its message
-    naming the option) counts as a status like any other."""
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def write(directory: Path, text: str, stem: str) -> Path:
