@@ -143,13 +143,18 @@ def test_driver_knob_garbage_names_the_variable_and_choices(monkeypatch, value) 
 
 def test_driver_garbage_is_a_named_error_at_the_first_launch_not_a_traceback(tmp_path) -> None:
     """Checked where the driver is opened (warmup here; no GPU is needed to see it)."""
+    artifact = tmp_path / "axpy.kpack"
+    kp.save([kp.external(
+        "axpy", "axpy",
+        params=[kp.Tensor("x", kp.f32, ["n"]), kp.Tensor("y", kp.f32, ["n"], role="inout"),
+                kp.Scalar("a", kp.f32), kp.Scalar("n32", kp.u32, value="n")],
+        grid=kp.cdiv("n", 256), block=256, ptx=(ROOT / "examples" / "axpy.ptx").read_text(),
+        targets=["sm_80"])], artifact)
     code = ("import kernelpack as kp\n"
-            f"p = kp.load({str(ROOT / 'example.kpack')!r})\n"
+            f"p = kp.load({str(artifact)!r})\n"
             "try:\n    p.warmup()\n"
             "except ValueError as e:\n    print('VALUE', e)\n"
             "except kp.KernelPackError as e:\n    print('KP', type(e).__name__)\n")
-    if not (ROOT / "example.kpack").exists():
-        pytest.skip("example.kpack is built by examples/build_example.py")
     proc = subprocess.run([sys.executable, "-c", code], env=child_env(KERNELPACK_DRIVER="ctypes"),
                           capture_output=True, text=True, timeout=60, cwd=tmp_path,
                           check=False)
