@@ -176,7 +176,7 @@ class ReferencePlanner:
         for (pname, dims), shape in zip(self._tensors, shapes):
             if len(shape) != len(dims):
                 raise RankError(f"{pname} has rank {len(shape)} (shape {tuple(shape)}), "
-                                      f"expected rank {len(dims)}")
+                                f"expected rank {len(dims)}")
             for i, ((kind, a, src), d) in enumerate(zip(dims, shape)):
                 if d.__class__ is not int or d < 0 or d > INT64_MAX:
                     d = dim(d, f"{pname}.shape[{i}]")
