@@ -125,7 +125,7 @@ def test_signed_build_verifies_with_the_public_key(capsys, tmp_path) -> None:
 
 @pytest.mark.parametrize("text, message", [
     ("raise RuntimeError('no GPU budget today')",
-     "importing it failed: RuntimeError: no GPU budget today"),
+     "kp_build_bad.py, line 1): RuntimeError: no GPU budget today"),
     ("import sys\nsys.exit(3)", "called sys.exit(3) while being imported"),
     ("x = 1", "defines no @kp.fusion function or kp.Compiled at module level"),
     (SOURCE + "\n@kp.fusion(name='axpby')\ndef other(x: kp.Tensor[kp.f32, 'n']):\n    return x\n",
@@ -230,3 +230,17 @@ def test_fusions_without_the_lowering_installed(capsys, tmp_path, monkeypatch) -
     assert code == 1
     assert stderr == ("error: compiling fusions needs the lowering (llvmlite, nvJitLink, "
                       "libdevice): pip install 'kernelpack[compile]'\n")
+
+
+def test_a_failure_at_import_names_the_line_in_the_source(capsys, tmp_path) -> None:
+    # the deepest frame in the source's directory, also when the failure is raised inside
+    # kernelpack (a trace error in a module-level kp.compile) or a library it calls
+    text = ("import json\nimport kernelpack as kp\n\n@kp.fusion\n"
+            "def f(x: kp.Tensor[kp.f32, 'n']):\n    return x + 'a'\n\n"
+            "c = kp.compile(f, targets=['sm_80'])\n")
+    src = write(tmp_path, text, "kp_build_line")
+    code, _, stderr = run(capsys, "build", src, "-o", tmp_path / "o.kpack")
+    assert code == 1 and f"importing it failed (at {src}, line 6): TraceError" in stderr, stderr
+    src = write(tmp_path, "import json\nx = 1\ny = json.loads('{')\n", "kp_build_line2")
+    code, _, stderr = run(capsys, "build", src, "-o", tmp_path / "o.kpack")
+    assert code == 1 and f"(at {src}, line 3): JSONDecodeError" in stderr, stderr

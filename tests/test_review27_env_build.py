@@ -411,11 +411,11 @@ def test_a_cache_warning_is_printed_once(tmp_path) -> None:
 @pytest.mark.parametrize("text, message", [
     ("import kernelpack as kp\ndef f(:\n    pass\n", "SyntaxError: invalid syntax ("),
     ("import kernelpack as kp\nimport kp_r27_no_such_module\n",
-     "importing it failed: ModuleNotFoundError: No module named 'kp_r27_no_such_module'"),
+     "line 2): ModuleNotFoundError: No module named 'kp_r27_no_such_module'"),
     ("import kernelpack as kp\nfrom kernelpack import no_such_name\n",
-     "importing it failed: ImportError: cannot import name 'no_such_name'"),
+     "line 2): ImportError: cannot import name 'no_such_name'"),
     ("import kernelpack as kp\nVALUE = 1 / 0\n",
-     "importing it failed: ZeroDivisionError: division by zero"),
+     "line 2): ZeroDivisionError: division by zero"),
 ])
 def test_sources_that_cannot_be_imported(capsys, tmp_path, text, message) -> None:
     src = write(tmp_path, text, f"kp_r27_bad_{abs(hash(text))}")

@@ -85,6 +85,7 @@ def import_source(source: str) -> ModuleType:
         raise CLIError(f"{source}: no such file")
     if not as_file and not all(part.isidentifier() for part in source.split(".")):
         raise UsageError(f"{source!r} is neither a .py file nor a module name")
+    home = os.path.join(os.path.abspath(path.parent if as_file else os.getcwd()), "")
     try:
         if as_file:
             return _import_file(path)
@@ -94,12 +95,37 @@ def import_source(source: str) -> ModuleType:
         if exc.name is not None and (source == exc.name or source.startswith(exc.name + ".")):
             raise CLIError(f"{source}: no such module (looked in the current directory "
                            f"and sys.path)") from None
-        raise CLIError(f"{source}: importing it failed: {type(exc).__name__}: {exc}") from None
+        raise CLIError(f"{source}: importing it failed{_user_line(exc, home)}: "
+                       f"{type(exc).__name__}: {exc}") from None
     except SystemExit as exc:  # a script's sys.exit() at import
         raise CLIError(f"{source}: called sys.exit({exc.code!r}) while being imported "
                        f"(guard its script part with if __name__ == '__main__')") from None
     except Exception as exc:  # noqa: BLE001 - the user's code: any failure is reported
-        raise CLIError(f"{source}: importing it failed: {type(exc).__name__}: {exc}") from None
+        raise CLIError(f"{source}: importing it failed{_user_line(exc, home)}: "
+                       f"{type(exc).__name__}: {exc}") from None
+
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+
+def _user_line(exc: BaseException, home: str) -> str:
+    """`` (at FILE, line N)`` for the deepest frame of the failure in the user's code, so
+    that a failure at import names where it happened: a file under ``home`` (the source's
+    directory) if any frame is there, else any file that is not importlib's or kernelpack's
+    (a library the source called); "" when there is none (a SyntaxError's message names its
+    line already)."""
+    mine = other = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if not filename.startswith("<") and not filename.startswith(_PACKAGE_DIR):
+            where = f" (at {filename}, line {tb.tb_lineno})"
+            if os.path.abspath(filename).startswith(home):
+                mine = where
+            else:
+                other = where
+        tb = tb.tb_next
+    return mine or other
 
 
 def _import_file(path: Path) -> ModuleType:
