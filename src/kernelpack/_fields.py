@@ -15,9 +15,9 @@ from typing import Sequence
 
 from .dtypes import is_numpy_bool
 from .expr import Expr, ExprLike, as_expr, const
-from .limits import MAX_NAME_LENGTH, MAX_RANK
+from .limits import MAX_NAME_LENGTH, MAX_RANK, fits_name
 
-__all__ = ["_name", "_dim", "_flag", "_shape", "_items", "_dim3", "fits_name"]
+__all__ = ["_name", "_dim", "_flag", "_shape", "_items", "_dim3"]
 
 
 def _name(value: object, what: str) -> str:
@@ -25,14 +25,6 @@ def _name(value: object, what: str) -> str:
         raise ValueError(f"{what} must be an identifier of at most {MAX_NAME_LENGTH} UTF-8 "
                          f"bytes (got {value!r:.80})")
     return value
-
-
-def fits_name(text: str) -> bool:
-    """Whether ``text`` fits the format's name limit, which counts UTF-8 bytes (FORMAT.md):
-    a name of 600 ``é`` is 1200 bytes. Encoded only when it could be over (a quarter of the
-    limit in characters), since every decoded name comes through here."""
-    return len(text) <= MAX_NAME_LENGTH // 4 or len(text.encode("utf-8", "surrogatepass")) \
-        <= MAX_NAME_LENGTH
 
 
 def _dim(value: object, what: str) -> Expr:

@@ -77,19 +77,20 @@ def dir_arg(text: str) -> Path:
     return Path(path_arg(text))
 
 
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # `extract` writes every image's raw bytes; a small hostile file can declare thousands of
 # images of MAX_IMAGE_SIZE (1 GiB) each sharing one tiny zstd blob: refused above this total
 EXTRACT_LIMIT = 4 << 30
 
 
 def _size(text: str) -> int:
-    """``4096``, ``512M``, ``4G`` (powers of 1024) -> bytes."""
-    match = re.fullmatch(r"(\d{1,15})\s*([kmgt]?)i?b?", text.strip().lower())
-    if not match:
+    """``4096``, ``512M``, ``4G`` (powers of 1024) -> bytes (:func:`config.parse_size`)."""
+    from .config import parse_size
+
+    size = parse_size(text, max_digits=15)
+    if size is None:
         raise argparse.ArgumentTypeError(f"expected a size in bytes such as 4096, 512M or 4G "
                                          f"(got {text!r})")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    return size
 
 
 # ---- parser --------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ __all__ = [
     "Knob", "declare", "knob", "knobs", "get", "codegen_env",
     "cache_dir", "default_cache_dir", "cache_max_bytes", "remote_cache_url", "explain_cache_misses",
     "libdevice_override", "cuda_home", "native_launch", "per_thread_default_stream",
-    "driver_api", "torch_exchange_api", "switch",
+    "driver_api", "torch_exchange_api", "switch", "parse_size",
 ]
 
 
@@ -136,6 +136,15 @@ def default_cache_dir() -> Path:
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
+def parse_size(text: str, max_digits: int | None = None) -> int | None:
+    """``4096``, ``512M``, ``4G``, ``12 MiB`` (K/M/G/T: powers of 1024, any case) in bytes, or
+    None when ``text`` is no such size (or has more than ``max_digits`` digits): the one
+    spelling of a size for the variables and the command line."""
+    digits = r"\d+" if max_digits is None else rf"\d{{1,{max_digits}}}"
+    match = re.fullmatch(rf"({digits})\s*([kmgt]?)i?b?", text.strip().lower())
+    return None if match is None else int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
 def cache_max_bytes() -> int | None:
     """The disk cache size cap in bytes (``$KERNELPACK_CACHE_MAX_BYTES``: ``4096``, ``512M``,
     ``10G``, powers of 1024 as ``kernelpack cache prune --max-bytes`` takes them; ``0`` or
@@ -145,11 +154,11 @@ def cache_max_bytes() -> int | None:
         return None
     if value.startswith("-") and value[1:].isdigit():
         raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be >= 0 (got {value})")
-    match = re.fullmatch(r"(\d+)\s*([kmgt]?)i?b?", value)
-    if not match:
+    size = parse_size(value)
+    if size is None:
         raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be a byte count such as 4096, 512M "
                          f"or 10G (got {value!r})")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2)] or None
+    return size or None
 
 
 _ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Mapping, Union
 from .dtypes import is_numpy_bool
 from .expr_eval import INT64_MAX, INT64_MIN, ExprEvalError, apply_op, evaluate
 from .expr_text import _PRINT_NODES, _format, canonical_text, iter_nodes
-from .limits import MAX_NAME_LENGTH
+from .limits import MAX_NAME_LENGTH, fits_name
 
 __all__ = [
     "Expr", "ExprLike", "sym", "const", "as_expr",
@@ -337,7 +337,7 @@ def sym(name: str) -> Expr:
         raise TypeError(f"a symbol name must be a str (got {type(name).__name__}: {name!r})")
     if not name or not name.isidentifier():
         raise ValueError(f"a symbol name must be a Python identifier (got {name!r:.80})")
-    if len(name) > MAX_NAME_LENGTH // 4 and len(name.encode()) > MAX_NAME_LENGTH:
+    if not fits_name(name):
         raise ValueError(f"a symbol name must be at most {MAX_NAME_LENGTH} UTF-8 bytes, as every "
                          f"name in an artifact (got {len(name.encode())}: {name!r:.80})")
     return Expr("sym", (), name)

@@ -18,8 +18,7 @@ from typing import Mapping, Sequence, Union
 from .code_scan import cubin_arch, cubin_entries, cubin_entry_params, ptx_entries, ptx_entry_params
 from .compiled import Image
 from .errors import CompileError
-from ._fields import fits_name
-from .limits import MAX_IMAGE_SIZE, MAX_NAME_LENGTH
+from .limits import MAX_IMAGE_SIZE, MAX_NAME_LENGTH, fits_name
 from .targets import Arch, parse_arch, parse_target_list, portable_lowest
 
 __all__ = ["read_source", "ptx_entries", "ptx_entry_params", "cubin_entries", "cubin_arch",

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ._fields import _dim, _dim3, _flag, _items, _name, _shape, fits_name
+from ._fields import _dim, _dim3, _flag, _items, _name, _shape
 from .dtypes import DType, as_dtype
 from .expr import Expr, ExprLike, as_expr, const
-from .limits import MAX_ARGS, MAX_LAUNCHES, MAX_NAME_LENGTH, MAX_SCRATCH
+from .limits import MAX_ARGS, MAX_LAUNCHES, MAX_NAME_LENGTH, MAX_SCRATCH, fits_name
 
 __all__ = ["Scratch", "Arg", "Launch", "Variant"]
 

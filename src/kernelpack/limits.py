@@ -14,7 +14,7 @@ __all__ = [
     "MAX_SCRATCH", "MAX_NAME_LENGTH", "MAX_TEXT_LENGTH", "MAX_SYMBOLS", "MAX_EXPR_OPS",
     "MAX_EXPR_ROOTS", "MAX_EXPR_STACK", "MAX_EXPR_DEPTH", "MAX_EXPR_WORK", "MAX_IMAGE_SIZE",
     "MAX_LAUNCH_REPEAT", "MAX_PLANNED_LAUNCHES",
-    "MAX_TABLE_DEPTH", "MAX_BLOBS", "DIGEST_SIZE",
+    "MAX_TABLE_DEPTH", "MAX_BLOBS", "DIGEST_SIZE", "fits_name",
 ]
 
 FILE_IDENTIFIER = b"KPAK"
@@ -54,3 +54,11 @@ MAX_PLANNED_LAUNCHES = 1 << 20         # launches of one plan, repeats expanded 
 MAX_TABLE_DEPTH = 16                   # nesting of tables the verifier will follow
 MAX_BLOBS = 1 << 20                    # stored image blobs per file
 DIGEST_SIZE = 32                       # SHA-256
+
+
+def fits_name(text: str) -> bool:
+    """Whether ``text`` fits MAX_NAME_LENGTH, which counts UTF-8 bytes as the format does: a
+    name of 600 ``é`` is 1200 bytes. Encoded only when it could be over (a quarter of the
+    limit in characters), since every decoded name comes through here."""
+    return len(text) <= MAX_NAME_LENGTH // 4 or len(text.encode("utf-8", "surrogatepass")) \
+        <= MAX_NAME_LENGTH
