@@ -66,7 +66,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=dir_arg, default=None, metavar="DIR",
                    help="compile through the disk cache at DIR (implies --cache)")
     p.add_argument("--sign-with", default=None, type=path_arg, metavar="KEY",
-                   help="sign the artifact with this ed25519 private key (from keygen)")
+                   help="sign the artifact with this ed25519 private key (from keygen); with "
+                        "a remote cache ($KERNELPACK_REMOTE_CACHE) the entries build writes "
+                        "there are signed with it too, and entries it signed are read back")
+    p.add_argument("--trusted-key", action="append", default=None, type=path_arg,
+                   metavar="PUB",
+                   help="with --cache and $KERNELPACK_REMOTE_CACHE: a public key file (or hex) "
+                        "whose signed remote entries build may load instead of compiling "
+                        "(repeat for several; default: the --sign-with key's own)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_build)
     return p
@@ -217,15 +224,20 @@ def _kind(exc: BaseException) -> str:
     return next(c.__name__ for c in type(exc).__mro__ if not c.__name__.startswith("_"))
 
 
-def _cache(args: argparse.Namespace) -> Any:
+def _cache(args: argparse.Namespace, sign_key: Any) -> Any:
+    """The Cache behind ``--cache``: the disk tier, and the remote one when
+    ``$KERNELPACK_REMOTE_CACHE`` names it, signed and read with the build's keys (without
+    them the remote entries it wrote were unsigned, so no reader, build included, took them)."""
     if args.cache_dir is None and not args.cache:
+        if args.trusted_key:
+            raise UsageError("--trusted-key is for reading a remote cache: give --cache too")
         return None
     from . import config
     from .cache import Cache
 
     if config.explain_cache_misses():  # the library logs why a miss missed; show it here
         _show_cache_explanations()
-    return Cache(path=args.cache_dir)
+    return Cache(path=args.cache_dir, sign_with=sign_key, trusted_keys=args.trusted_key)
 
 
 def _show_cache_explanations() -> None:
@@ -257,7 +269,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
         sign_key = load_private_key(args.sign_with)
     _check_output(args.output, args.source)  # before minutes of compiling, not after them
-    cache = _cache(args)
+    cache = _cache(args, sign_key)
     programs = collect_programs(import_source(args.source), list(args.names), args.source)
 
     from .compile_entry import compile as compile_fusion

@@ -19,8 +19,8 @@ import struct
 from .errors import CompileError
 from .limits import MAX_NAME_LENGTH
 
-__all__ = ["ptx_entries", "ptx_entry_params", "cubin_entries", "cubin_arch",
-           "cubin_entry_params"]
+__all__ = ["ptx_entries", "ptx_entry_params", "ptx_entry_max_threads", "cubin_entries",
+           "cubin_arch", "cubin_entry_params"]
 
 _ENTRY_RE = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)")
 _PTX_COMMENT_RE = re.compile(rb"//[^\n]*|/\*.*?\*/", re.DOTALL)
@@ -81,6 +81,38 @@ def ptx_entry_params(ptx: bytes, entry: str) -> list[tuple[str, int]] | None:
             size *= int(array.group(1))
         params.append((decl, size))
     return params
+
+
+_THREAD_LIMIT_RE = re.compile(r"\.(maxntid|reqntid)\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
+
+
+def ptx_entry_max_threads(ptx: bytes, entry: str) -> tuple[str, int] | None:
+    """The thread limit kernel ``entry`` declares between its parameter list and its body
+    (``.maxntid 256`` or ``.reqntid 16, 16``, e.g. from ``__launch_bounds__``) as
+    ``(directive, threads per block)``; None when it declares none or is not found.
+
+    Why: a launch with more threads per block than that fails on the GPU, at every call; a
+    constant block can be checked against it when the kernel is declared."""
+    code = _PTX_COMMENT_RE.sub(b" ", ptx).decode("utf-8", "replace")
+    match = re.search(r"\.entry\s+" + re.escape(entry) + r"(?![\w$])\s*", code)
+    if match is None:
+        return None
+    start = match.end()
+    if code.startswith("(", start):
+        close = code.find(")", start)
+        if close < 0:
+            return None
+        start = close + 1
+    body = code.find("{", start)
+    if body < 0:
+        return None
+    limit = _THREAD_LIMIT_RE.search(code, start, body)
+    if limit is None:
+        return None
+    threads = 1
+    for dim in limit.groups()[1:]:
+        threads *= int(dim) if dim is not None else 1
+    return f".{limit.group(1)} {limit.group(0).split(None, 1)[1]}", threads
 
 
 # ---- cubins ------------------------------------------------------------------------------------

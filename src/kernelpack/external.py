@@ -212,10 +212,14 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
                 _check_args_fit(declared, f"the kernel {kernel!r} of the {image.kind} for "
                                 f"{image.target}", launch.args, params)
                 break
+        for image in images:
+            if image.kind == "ptx":
+                _check_thread_limit(image.data, kernel, launch)
     elif ptx is not None:
         source = read_source(ptx, "ptx")
         _check_args_fit(ptx_entry_params(source, entry), f"the PTX entry {entry!r}",
                         launch.args, params)
+        _check_thread_limit(source, entry, launch)
         images = images_from_ptx(source, entry, targets, ptx_toolchain)
     else:
         images = images_from_cubins(cubin, entry, targets)  # type: ignore[arg-type]
@@ -262,6 +266,22 @@ def _check_constant_launch(launch: Launch) -> None:
     for i, arg in enumerate(launch.args):
         if arg.kind == "value" and arg.value.is_const:  # type: ignore[union-attr]
             _check_fits(int(arg.value.value), arg.dtype, f"args[{i}]")  # type: ignore
+
+
+def _check_thread_limit(ptx: bytes, kernel: str, launch: Launch) -> None:
+    """A constant block above the kernel's own ``.maxntid``/``.reqntid`` (``__launch_bounds__``)
+    is refused now: the driver would refuse every launch of it."""
+    from .code_scan import ptx_entry_max_threads
+
+    declared = ptx_entry_max_threads(ptx, kernel)
+    if declared is None or not all(d.is_const for d in launch.block):
+        return
+    sizes = tuple(int(d.value) for d in launch.block)  # type: ignore[arg-type]
+    threads = sizes[0] * sizes[1] * sizes[2]
+    if threads > declared[1]:
+        raise ValueError(f"block {sizes} is {threads} threads, but the kernel {kernel!r} "
+                         f"declares {declared[0]} (at most {declared[1]} threads per block): "
+                         f"every launch would fail")
 
 
 def _check_constant_values(params: tuple[Param, ...], constraints: tuple[Constraint, ...]) -> None:
