@@ -216,11 +216,39 @@ def test_load_chain_deeper_than_limit_is_rejected() -> None:
     with pytest.raises(FormatError, match="nested deeper"):
         _program(ops, tuple(imms))
     ops, imms = [OP_CONST, OP_END], [1]
-    for k in range(1, 3000):  # LOAD-only roots nest too
+    for k in range(1, 3000):  # LOAD-only roots: no nesting, but one frame per LOAD
         ops += [OP_LOAD, OP_END]
         imms += [k - 1]
-    with pytest.raises(FormatError, match="nested deeper"):
+    with pytest.raises(FormatError, match="crosses more than 256 LOADs on one path"):
         _program(ops, tuple(imms))
+
+
+def test_loads_do_not_count_as_nesting_and_the_worst_path_evaluates_from_a_deep_stack() -> None:
+    """Review 28: the spec bounds nesting "LOADs followed" (the tree's depth); counting each
+    LOAD as a level too refused shared subexpressions kp.save wrote. The bound on frames
+    (operators and LOADs on one path, 2 * MAX_EXPR_DEPTH) still keeps evaluation far from
+    the recursion limit, even called from a caller already ~300 frames deep."""
+    from kernelpack.limits import MAX_EXPR_DEPTH
+
+    # root k = LOAD(k-1) + 1: an expression n + 1 + ... + 1 of MAX_EXPR_DEPTH levels whose
+    # every level crosses a LOAD: 2 * MAX_EXPR_DEPTH - 1 frames
+    ops, imms = [OP_SYM, OP_END], [0]
+    for k in range(1, MAX_EXPR_DEPTH):
+        ops += [OP_LOAD, OP_CONST, OPCODES["add"], OP_END]
+        imms += [k - 1, 1]
+    prog = ExprProgram(EncodedExprs(("n",), bytes(ops), tuple(imms)))
+    assert prog.exprs[-1]._depth == MAX_EXPR_DEPTH
+
+    def deep(levels: int) -> int:
+        if levels:
+            return deep(levels - 1)
+        return prog.value(prog.new_frame([7]), MAX_EXPR_DEPTH - 1)
+
+    assert deep(300) == 7 + MAX_EXPR_DEPTH - 1
+    with pytest.raises(FormatError, match="nested deeper"):  # one level more: the tree
+        ExprProgram(EncodedExprs(("n",), bytes(ops + [OP_LOAD, OP_CONST, OPCODES["add"],
+                                                      OP_END]),
+                                 tuple(imms + [MAX_EXPR_DEPTH - 1, 1])))
 
 
 def test_nesting_at_the_limit_evaluates() -> None:

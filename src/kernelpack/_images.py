@@ -184,9 +184,10 @@ class ImageInfo:
         return stored if isinstance(stored, memoryview) else stored.read(where)
 
     def _check(self, stored: memoryview | bytes, where: str) -> None:
-        if hashlib.sha256(stored).hexdigest() != self.digest:
+        actual = hashlib.sha256(stored).hexdigest()
+        if actual != self.digest:
             raise IntegrityError(f"{where}: stored bytes do not match their digest "
-                                 f"(expected sha256 {self.digest})")
+                                 f"(expected sha256 {self.digest}, got {actual})")
         if self.codec == "zstd":
             _frame_size(stored, self.raw_size, where)
         self._stored_ok = True
@@ -209,10 +210,12 @@ class ImageInfo:
             # (what check_stored would hash, then the raw check again), with the message of
             # the check that would have failed first.
             data = bytes(self._fetch(where))
-            if hashlib.sha256(data).hexdigest() != self.digest:
+            actual = hashlib.sha256(data).hexdigest()
+            if actual != self.digest:
                 what = "decompressed bytes do not match raw_digest" if self._stored_ok else \
                     "stored bytes do not match their digest"
-                raise IntegrityError(f"{where}: {what} (expected sha256 {self.digest})")
+                raise IntegrityError(f"{where}: {what} (expected sha256 {self.digest}, got "
+                                     f"{actual})")
             self._stored_ok = True
             self._data = data
             return data
@@ -221,9 +224,10 @@ class ImageInfo:
             # bytes read from the file now are checked now: the file may have changed
             self._check(stored, where)
         data = bytes(stored) if self.codec == "none" else _inflate(stored, self.raw_size, where)
-        if hashlib.sha256(data).hexdigest() != self.raw_digest:
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != self.raw_digest:
             raise IntegrityError(f"{where}: decompressed bytes do not match raw_digest "
-                                 f"(expected sha256 {self.raw_digest})")
+                                 f"(expected sha256 {self.raw_digest}, got {actual})")
         self._data = data
         return data
 

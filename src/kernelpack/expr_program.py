@@ -204,8 +204,10 @@ class ExprProgram:
         nsym = self._nsym = len(enc.symbols)
         exprs = self.exprs
         stack: list[Expr] = []
-        # nesting depth of each stack entry and root (LOADs included): evaluation and printing
-        # recurse this deep, so it is bounded here, not left to Python's RecursionError
+        # evaluation depth of each stack entry and root (one frame per operator and per LOAD),
+        # bounded here, not left to Python's RecursionError: the tree's nesting (LOADs
+        # followed, Expr._depth, what printing recurses) <= MAX_EXPR_DEPTH, and the LOADs on
+        # one path <= MAX_EXPR_DEPTH too, so at most _MAX_FRAMES frames
         depths: list[int] = []
         root_depths: list[int] = []
         imm_pos = 0
@@ -240,9 +242,9 @@ class ExprProgram:
                                           f"not yet defined ({len(exprs)} so far)")
                     stack.append(exprs[imm])
                     depths[-1] = root_depths[imm] + 1
-                    if depths[-1] > MAX_EXPR_DEPTH:
-                        raise FormatError(f"expression nested deeper than {MAX_EXPR_DEPTH} "
-                                          f"at {pos}")
+                    if depths[-1] > _MAX_FRAMES:
+                        raise FormatError(f"expression crosses more than {MAX_EXPR_DEPTH} "
+                                          f"LOADs on one path at {pos}")
                 if len(stack) > MAX_EXPR_STACK:
                     raise FormatError(f"expression stack deeper than {MAX_EXPR_STACK} at {pos}")
             elif code == OP_END:
@@ -265,10 +267,14 @@ class ExprProgram:
                 del stack[-arity:]
                 depth = 1 + max(depths[-arity:])
                 del depths[-arity:]
-                if depth > MAX_EXPR_DEPTH:
+                node = Expr(name, operands)
+                if node._depth > MAX_EXPR_DEPTH:  # the tree's nesting, LOADs followed
                     raise FormatError(f"expression nested deeper than {MAX_EXPR_DEPTH} at {pos}")
+                if depth > _MAX_FRAMES:
+                    raise FormatError(f"expression crosses more than {MAX_EXPR_DEPTH} "
+                                      f"LOADs on one path at {pos}")
                 depths.append(depth)
-                stack.append(Expr(name, operands))
+                stack.append(node)
         if imm_pos != len(enc.imms):
             raise FormatError(f"expression program has {len(enc.imms) - imm_pos} unused "
                               f"immediates")
@@ -314,6 +320,9 @@ class ExprProgram:
             return cached
 
         return load
+
+
+_MAX_FRAMES = 2 * MAX_EXPR_DEPTH  # operators and LOADs on one evaluation path
 
 
 def _const_fn(value: int) -> Evaluator:

@@ -205,9 +205,10 @@ class Pack:
         if len(digest) != DIGEST_SIZE:
             raise FormatError(f"file: Pack.body_digest is {len(digest)} bytes, expected "
                               f"{DIGEST_SIZE}")
-        if hashlib.sha256(body).digest() != digest:
+        actual = hashlib.sha256(body).digest()
+        if actual != digest:
             raise IntegrityError(f"file: body does not match body_digest (expected sha256 "
-                                 f"{digest.hex()}): the metadata is corrupt")
+                                 f"{digest.hex()}, got {actual.hex()}): the metadata is corrupt")
         self.body_digest = digest.hex()
         self.signature = self._check_signature(fpack, digest, trusted_keys)
         verify_buffer(body, "Body", identifier=None, what="body")
