@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from .dtypes import strict_index
 from .fusion import Fusion
 from .compiled import Compiled
 from .targets import parse_target_list
@@ -33,10 +34,15 @@ class Options:
         unknown = sorted(set(options) - known)
         if unknown:
             raise TypeError(f"unknown kp.compile option(s) {unknown} (known: {sorted(known)})")
-        opt = options.get("opt", 3)
-        # a bool is an int to Python: opt=True compiled at -O1 and keyed the cache as opt=True
-        if not isinstance(opt, int) or isinstance(opt, bool) or not 0 <= opt <= 3:
-            raise ValueError(f"opt must be 0..3 (got {opt!r})")
+        given = options.get("opt", 3)
+        # a bool is an int to Python: opt=True compiled at -O1 and keyed the cache as opt=True;
+        # a NumPy int is the int it holds (and keys the cache as that int)
+        try:
+            opt = strict_index(given)
+        except TypeError:
+            opt = -1
+        if not 0 <= opt <= 3:
+            raise ValueError(f"opt must be an integer 0..3 (got {given!r})")
         return Options(opt=opt)
 
     def as_dict(self) -> dict[str, object]:

@@ -25,8 +25,10 @@ from typing import Any, Callable, Mapping
 from .dtypes import DType, strict_index
 from .errors import TraceError
 from .expr import Expr, as_expr, const
+from .fusion_signature import (annotations, check_function, check_inlined_arguments,
+                               check_parameter, running)
 from .graph import Graph, Node
-from .limits import MAX_NAME_LENGTH
+from .limits import MAX_NAME_LENGTH, fits_name
 # Kept importable from here (outside __all__, as before the split): the op vocabulary and the
 # broadcasting rule were attributes of this module; new code imports them from graph/tracing.
 from .graph import BINARY, BITWISE, COMPARE, FLOAT_ONLY, REDUCTIONS, UNARY  # noqa: F401
@@ -52,16 +54,12 @@ class Fusion:
 
     def __init__(self, fn: Callable[..., Any], name: str | None = None,
                  localns: Mapping[str, Any] | None = None) -> None:
+        check_function(fn)
         self.fn = fn
-        self.name = _program_name(name or getattr(fn, "__name__", None))
+        self.name = _program_name(getattr(fn, "__name__", None) if name is None else name)
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
         sig = inspect.signature(fn)
-        try:
-            # string annotations (``from __future__ import annotations``) may name locals of
-            # the defining function, e.g. a dtype variable: evaluate them there too
-            hints = inspect.get_annotations(fn, eval_str=True, locals=dict(localns or {}))
-        except Exception as exc:
-            raise TraceError(f"fusion {self.name}: cannot read annotations: {exc}") from exc
+        hints = annotations(fn, self.name, localns)
         self.params: list[tuple[str, object]] = []
         # per parameter, whether it is keyword-only (after a bare *): each trace passes those by
         # name, and reading the signature again per trace cost ~20 µs of a cache hit's key
@@ -70,6 +68,7 @@ class Fusion:
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 raise TraceError(f"fusion {self.name}: parameter {p.name!r} is variadic; every "
                                  f"input needs its own annotated parameter")
+            check_parameter(self.name, p)
             ann = _numpy_scalar_type(hints.get(p.name))
             if not isinstance(ann, (TensorType, DType)):
                 raise TraceError(f"fusion {self.name}: parameter {p.name!r} needs an annotation "
@@ -93,14 +92,16 @@ class Fusion:
             bound = inspect.signature(self.fn).bind(*args, **kwargs)
         except TypeError as exc:
             raise TraceError(f"fusion {self.name} called inside a trace: {exc}") from None
-        for pname, ann in self.params:
-            v = bound.arguments.get(pname)
-            if isinstance(ann, TensorType) and isinstance(v, Value) and (
-                    v.dtype != ann.dtype or v.ndim != len(ann.dims)):
-                raise TraceError(f"fusion {self.name} called inside a trace: {pname} is "
-                                 f"{v.dtype} of rank {v.ndim}, annotated {ann.dtype} of rank "
-                                 f"{len(ann.dims)}")
-        return self.fn(*args, **kwargs)
+        check_inlined_arguments(self, bound.arguments)
+        with running(self):
+            return self.fn(*args, **kwargs)
+
+    def __reduce__(self) -> str:
+        """Pickled by reference, as a function is: ``module.qualname`` is this object (the
+        decorator replaced the function there), so pickle found "not the same object" and
+        ``ProcessPoolExecutor().map(kp.compile, fusions)`` failed. A fusion that is no module
+        attribute still cannot be pickled, with pickle's own error."""
+        return self.__qualname__
 
     def trace(self, static: Mapping[str, int] | None = None) -> Graph:
         """Run the function on symbolic tensors. ``static`` fixes named dims to ints."""
@@ -119,7 +120,7 @@ class Fusion:
         kwonly = self._keyword_only
         pos = [a for a, k in zip(args, kwonly) if not k]
         kw = {n: a for (n, _), a, k in zip(self.params, args, kwonly) if k}
-        with active_graph(g):
+        with active_graph(g), running(self):
             result = self.fn(*pos, **kw)
         items = _outputs(self.name, result)
         pnames = {p[0] for p in g.params}
@@ -248,8 +249,9 @@ def _outputs(name: str, result: object) -> list[tuple[str, object]]:
         if not items:
             raise TraceError(f"fusion {name}: returns no outputs (an empty dict)")
         for k, _ in items:
-            if not isinstance(k, str) or not k.isidentifier():
-                raise TraceError(f"fusion {name}: output names must be identifiers (got {k!r})")
+            if not isinstance(k, str) or not k.isidentifier() or not fits_name(k):
+                raise TraceError(f"fusion {name}: output names must be identifiers of at most "
+                                 f"{MAX_NAME_LENGTH} UTF-8 bytes (got {k!r:.80})")
         return items
     if isinstance(result, (tuple, list)):
         if not result:
@@ -266,9 +268,6 @@ def fusion(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> 
     Returns a :class:`Fusion`; ``kp.compile`` traces and lowers it. Usable as ``@kp.fusion`` or
     ``@kp.fusion(name="...")``.
     """
-    caller = inspect.currentframe()
-    localns = dict(caller.f_back.f_locals) if caller is not None and caller.f_back else {}
-    del caller
     if fn is None:
-        return lambda f: Fusion(f, name, localns)
-    return Fusion(fn, name, localns)
+        return lambda f: Fusion(f, name)
+    return Fusion(fn, name)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Union
 
 from ._fields import _dim, _flag, _items, _name, _shape
-from .dtypes import DType, as_dtype
+from .dtypes import DType, as_dtype, strict_index
 from .expr import Expr, as_expr
 from .launches import Arg, Launch, Scratch, Variant
 from .limits import MAX_CONSTRAINTS, MAX_PARAMS, MAX_VARIANTS
@@ -55,7 +55,7 @@ class Tensor:
         items = item if isinstance(item, tuple) else (item,)
         if not items:
             raise TypeError("kp.Tensor[...] needs a dtype and dims, e.g. kp.Tensor[kp.f32, 'n']")
-        return TensorType(as_dtype(items[0]), tuple(items[1:]))
+        return TensorType(as_dtype(items[0]), tuple(_annotated_dim(d) for d in items[1:]))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", _name(self.name, "tensor name"))
@@ -102,6 +102,17 @@ class Scalar:
 
 
 Param = Union[Tensor, Scalar]
+
+
+def _annotated_dim(d: object) -> object:
+    """A NumPy integer (``kp.Tensor[kp.f32, np.int64(4)]``) is the int it holds; a bool and
+    anything else stay as given, for TensorType's own check to refuse."""
+    if isinstance(d, (str, int)) or not hasattr(d, "__index__"):
+        return d
+    try:
+        return strict_index(d)
+    except TypeError:
+        return d
 
 
 @dataclass(frozen=True)

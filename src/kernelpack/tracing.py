@@ -242,6 +242,11 @@ class Value:
         """Only axis insertion: ``x[:, None]``, ``x[None]``, ``x[..., None]``."""
         return _view(self, index_axes(key, self))
 
+    def __setitem__(self, key: object, value: object) -> None:
+        raise TraceError(f"item assignment is not supported on traced tensors (got "
+                         f"{_desc(self)}[...] = ...): a fusion builds new values; write "
+                         f"kp.where(mask, value, x) and return it")
+
 
 def _unsupported(what: str, *operands: object) -> TraceError:
     got = ", ".join(_desc(v) if isinstance(v, Value) else type(v).__name__ for v in operands)

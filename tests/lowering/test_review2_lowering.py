@@ -93,12 +93,14 @@ def test_a_fusion_must_return_something():
 
 
 def test_generated_names_step_aside_for_the_users():
-    """A parameter named ``out`` made ``return x * 2`` a TraceError ("output 'out' clashes
-    with a parameter"), and an output named like a full reduction's workspace
-    (``f_0_ws0``) one about a name the user never chose."""
+    """A parameter named like a generated output name (``out0``) made ``return a, b`` a
+    TraceError ("output 'out0' clashes with a parameter"), and an output named like a full
+    reduction's workspace (``f_0_ws0``) one about a name the user never chose. (A parameter
+    named ``out`` itself is refused since review 28: the loaded program's ``out=`` keyword
+    would take it.)"""
     @kp.fusion
-    def f(x: T[kp.f32, "n"], out: T[kp.f32, "n"]):
-        return x + out
+    def f(x: T[kp.f32, "n"], out0: T[kp.f32, "n"]):
+        return x + out0, x - out0
 
     @kp.fusion
     def g(x: T[kp.f32, "n"]):
@@ -106,7 +108,7 @@ def test_generated_names_step_aside_for_the_users():
         return {"g_0_ws0": s, "g_0_ws0_": s * 2}
 
     prog = kp.load(kp.save([kp.compile(f, targets=["sm_80"])]))["f"]
-    assert [p.name for p in prog.summary.outputs] == ["out_"]
+    assert [p.name for p in prog.summary.outputs] == ["out0_", "out1"]
     plan = kp.load(kp.save([kp.compile(g, targets=["sm_80"])]))["g"].plan(x=(5,))
     assert sorted(plan.allocations) == ["g_0_ws0", "g_0_ws0_", "g_0_ws0__"]
     assert plan.allocations["g_0_ws0__"].kind == "scratch"
@@ -147,7 +149,7 @@ def test_compile_options_refuse_bools_and_oversized_static_dims():
     def f(x: T[kp.f32, "n"]):
         return x + 1
 
-    with pytest.raises(ValueError, match=r"opt must be 0..3 \(got True\)"):
+    with pytest.raises(ValueError, match=r"opt must be an integer 0..3 \(got True\)"):
         kp.compile(f, targets=["sm_80"], opt=True)
     with pytest.raises(ValueError, match=r"static\['n'\] = 1180591620717411303424 does not "
                                          r"fit int64"):

@@ -1,0 +1,178 @@
+"""What ``@kp.fusion`` accepts as a function, and how it reads the function's signature: the
+checks that run when a fusion is declared or inlined into another one, before any tracing.
+
+Why a module of its own: each rule here answers a way users actually write fusions (review
+28): a default value the compiled program could never honour, a parameter named like the
+loaded program's ``out=``/``stream=`` keywords, annotations written as strings and evaluated
+in the wrong scope, a fusion that calls itself, an inlined fusion called with arguments its
+annotations refuse. Each is a clear error where the user wrote it, not a program that
+misbehaves after it was compiled and shipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+
+from .dtypes import DType
+from .errors import TraceError
+from .limits import MAX_NAME_LENGTH, fits_name
+from .summary import TensorType
+
+if TYPE_CHECKING:
+    from .fusion import Fusion
+
+__all__ = ["check_function", "annotations", "check_parameter", "check_inlined_arguments",
+           "running", "CALL_KEYWORDS"]
+
+# A loaded program's call takes these by name (``program(x, out=y, stream=s)``): an input of
+# that name could be passed only by position.
+CALL_KEYWORDS = ("out", "stream")
+
+# How far up the stack the frame that defined a fusion's function is looked for.
+_DEFINING_FRAME_SEARCH = 16
+
+
+def check_function(fn: object) -> None:
+    """``fn`` must be a function (or a wrapper of one, a staticmethod): a class, a partial or
+    a number got as far as a message about the fusion's name or its annotations."""
+    if isinstance(fn, functools.partial):
+        raise TypeError("kp.fusion needs a function, not a functools.partial: write a small "
+                        "function that calls it (its fixed arguments become constants of the "
+                        "fusion)")
+    if inspect.isclass(fn) or not callable(fn):
+        raise TypeError(f"kp.fusion decorates a function (got {type(fn).__name__} "
+                        f"{fn!r:.60}); write @kp.fusion or @kp.fusion(name='...') above a def")
+
+
+def annotations(fn: Callable[..., Any], name: str,
+                extra_locals: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The parameters' annotations, string ones (``from __future__ import annotations``, or
+    quoted) evaluated where the function was defined: its module's globals, then the locals of
+    the frame that defined it (found on the stack, as a decorator runs right after the def),
+    and its closure. Evaluating them in the frame that called kp.fusion read a registering
+    decorator's locals instead (``def register(fn, dt=kp.f32)`` turned a float64 fusion into
+    a float32 one)."""
+    scope: dict[str, Any] = dict(extra_locals or {})
+    scope.update(_defining_locals(fn))
+    scope.update(_closure_values(fn))
+    try:
+        hints = inspect.get_annotations(fn, eval_str=True, locals=scope)
+        target = inspect.unwrap(fn)
+        for key, value in hints.items():
+            if isinstance(value, str):  # quoted under the future import: a string of a string
+                hints[key] = eval(value, getattr(target, "__globals__", {}), scope)
+    except Exception as exc:
+        raise TraceError(f"fusion {name}: cannot read annotations: {exc}") from exc
+    return hints
+
+
+def _defining_locals(fn: Callable[..., Any]) -> Mapping[str, Any]:
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    if code is None:
+        return {}
+    frame = inspect.currentframe()
+    try:
+        for _ in range(_DEFINING_FRAME_SEARCH):
+            if frame is None:
+                return {}
+            if code in frame.f_code.co_consts:
+                return dict(frame.f_locals)
+            frame = frame.f_back
+        return {}
+    finally:
+        del frame  # a frame held by a local is a reference cycle
+
+
+def _closure_values(fn: Callable[..., Any]) -> dict[str, Any]:
+    target = inspect.unwrap(fn)
+    code, cells = getattr(target, "__code__", None), getattr(target, "__closure__", None)
+    if code is None or not cells:
+        return {}
+    values = {}
+    for var, cell in zip(code.co_freevars, cells):
+        try:
+            values[var] = cell.cell_contents
+        except ValueError:  # a cell not yet filled
+            pass
+    return values
+
+
+def check_parameter(fusion: str, p: inspect.Parameter) -> None:
+    """One parameter of a fusion's signature: what a compiled program can take."""
+    if p.default is not p.empty:
+        raise TraceError(f"fusion {fusion}: parameter {p.name!r} has a default value "
+                         f"({p.default!r:.40}); a compiled program takes every input at each "
+                         f"call, so drop the default (a constant can be a closure variable or "
+                         f"a module constant, a fixed size kp.compile(..., static=...))")
+    if p.name in CALL_KEYWORDS:
+        raise TraceError(f"fusion {fusion}: parameter {p.name!r} is named like the loaded "
+                         f"program's {p.name}= keyword, so it could not be passed by name; "
+                         f"rename it")
+    if not fits_name(p.name):
+        raise TraceError(f"fusion {fusion}: parameter name {p.name!r:.40} is longer than "
+                         f"{MAX_NAME_LENGTH} UTF-8 bytes")
+
+
+def check_inlined_arguments(fusion: Fusion, arguments: Mapping[str, Any]) -> None:
+    """A fusion called inside another one runs its function on the caller's traced values: the
+    values must be what its annotations declare, as a top-level call's would be. Tensors:
+    dtype, rank, literal sizes, and one size per dim name; scalar parameters: no tensors, and
+    a traced scalar of the declared dtype (numbers are weak, as everywhere in a fusion)."""
+    from .tracing import Value
+
+    where = f"fusion {fusion.name} called inside a trace"
+    dims: dict[str, tuple[object, str, int]] = {}
+    for pname, ann in fusion.params:
+        if pname not in arguments:
+            continue
+        v = arguments[pname]
+        if not isinstance(v, Value):
+            continue
+        if isinstance(ann, TensorType):
+            if v.dtype != ann.dtype or v.ndim != len(ann.dims):
+                raise TraceError(f"{where}: {pname} is {v.dtype} of rank {v.ndim}, annotated "
+                                 f"{ann.dtype} of rank {len(ann.dims)}")
+            for i, (want, got) in enumerate(zip(ann.dims, v.shape)):
+                if isinstance(want, int):
+                    if not (got.is_const and int(got.value) == want):
+                        raise TraceError(f"{where}: {pname}.shape[{i}] is {got}, annotated "
+                                         f"{want}")
+                    continue
+                first = dims.setdefault(want, (got, pname, i))
+                if first[0] is not got and not bool(first[0] == got):
+                    raise TraceError(f"{where}: {pname}.shape[{i}] is {got} but {want} = "
+                                     f"{first[0]} from {first[1]}.shape[{first[2]}] (one "
+                                     f"name, one size)")
+        elif isinstance(ann, DType):
+            if v.ndim:
+                raise TraceError(f"{where}: {pname!r} is a scalar parameter ({ann}), got a "
+                                 f"tensor {v.dtype} of rank {v.ndim}")
+            if v.dtype != ann:
+                raise TraceError(f"{where}: {pname!r} is {v.dtype}, annotated {ann}; convert "
+                                 f"it with .astype({ann})")
+
+
+_active = threading.local()
+
+
+@contextlib.contextmanager
+def running(fusion: Fusion) -> Iterator[None]:
+    """Mark ``fusion`` as being traced on this thread: a fusion that calls itself (directly
+    or through others) is a TraceError naming the cycle, not a RecursionError after a
+    thousand frames. Inlining copies the body, so a fusion cannot recurse."""
+    stack: list[Fusion] = _active.__dict__.setdefault("stack", [])
+    if any(f is fusion for f in stack):
+        start = next(i for i, f in enumerate(stack) if f is fusion)
+        cycle = " -> ".join(f.name for f in stack[start:])
+        raise TraceError(f"fusion {fusion.name} calls itself ({cycle} -> {fusion.name}): a "
+                         f"fusion called inside another is inlined, so it cannot recurse; "
+                         f"unroll it with a Python loop over a fixed count")
+    stack.append(fusion)
+    try:
+        yield
+    finally:
+        stack.pop()
