@@ -144,7 +144,7 @@ def test_compile_argument_types_are_checked_before_any_work():
     (lambda x, y: x << 1, r"shl: needs integer"),
     (lambda x, y: x.sum(axis=3), r"sum: axis 3 out of range"),
     (lambda x, y: x[0], r"only ':'"),
-    (lambda x, y: kp.where(x, x, y), r"where: condition must be bool"),
+    (lambda x, y: kp.where(x, x, y), r"where: dtype mismatch float32\[n\] and float64\[m\]"),
 ])
 def test_trace_errors_name_the_op_and_shapes(body, match):
     @kp.fusion

@@ -186,7 +186,6 @@ def test_documented_refusals_of_mixed_widths_and_signedness_name_the_op():
             lambda x, y, i, u: x + y,
         "where: shapes \\(a, b\\) and \\(a, b\\) and \\(c,\\) do not broadcast":
             lambda x, y, i, u: kp.where(x > 0, x, y),
-        "where: condition must be bool": lambda x, y, i, u: kp.where(x, x, 0.0),
         "sum: axis 2 out of range": lambda x, y, i, u: x.sum(axis=2),
         "sum: repeated axis in \\(1, -1\\)": lambda x, y, i, u: x.sum(axis=(1, -1)),
         "shl: needs integer or bool operands": lambda x, y, i, u: x << 1,

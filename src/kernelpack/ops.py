@@ -151,7 +151,8 @@ def where(cond: object, a: object, b: object) -> object:
     if isinstance(cond, Expr):  # kp.where(x.shape[0] > 3, ...): a symbolic comparison is 0/1
         vc = _binary("ne", vc, 0)
     if vc.dtype != bool_:
-        raise TraceError(f"where: condition must be bool (got {_desc(vc)})")
+        # NumPy's truth of a number: non-zero is true (NaN too, -0.0 not), for any dtype
+        vc = _binary("ne", vc, 0)
     like = a.dtype if isinstance(a, Value) else b.dtype if isinstance(b, Value) else None
     va = trace_value(g, a, like)
     vb = trace_value(g, b, va.dtype)

@@ -40,17 +40,29 @@ __all__ = ["dim_number_error", "dsl_dtype", "math_dtype", "trace_value",
 _KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
 
 
-def _check_int_fits(v: int, dt: DType) -> None:
+def _check_int_fits(v: int, dt: DType, given: object = None) -> None:
     """A Python int taking an integer tensor's dtype must fit it, as NumPy 2 requires
     (``int32 + 2**40`` and ``uint32 + -1`` raise OverflowError there): the constant would
-    otherwise wrap silently in the kernel (``int64 + 2**70`` added 0)."""
+    otherwise wrap silently in the kernel (``int64 + 2**70`` added 0). ``given``: the NumPy
+    integer scalar ``v`` came from (weak like a Python int here), for the message."""
     if dt.kind not in "iu":
         return
     bits = 8 * dt.itemsize
     lo, hi = (0, (1 << bits) - 1) if dt.kind == "u" else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
     if not lo <= v <= hi:
-        raise TraceError(f"Python integer {v} is out of bounds for {dt} (range {lo}..{hi}); "
+        what = (f"Python integer {v}" if given is None else
+                f"{type(given).__name__} scalar {v} (a NumPy integer takes the tensor's dtype, "
+                f"as a Python int does)")
+        raise TraceError(f"{what} is out of bounds for {dt} (range {lo}..{hi}); "
                          f"cast the tensor with .astype or use a float")
+
+
+def _numpy_scalar_dtype(v: object) -> DType | None:
+    """The kernelpack dtype of a NumPy float/complex scalar or 0-d array (None: another)."""
+    name = getattr(getattr(v, "dtype", None), "name", None)
+    if name not in ("float16", "float32", "float64", "complex64", "complex128"):
+        return None
+    return as_dtype(name)
 
 
 def _const_dtype(v: Value, like: DType) -> Value:
@@ -269,9 +281,19 @@ def trace_value(graph: Graph, v: object, like: DType | None = None) -> Value:
         return graph.add("const", dt, (), attrs=(v, True))
     # NumPy scalars (np.float32(2), np.int32(3), np.True_) and other registered numbers act as
     # the Python number of their kind; np.float64 is already a float and np.int64 has
-    # __index__; a 0-d array is its element
+    # __index__; a 0-d array is its element. Except that a NumPy float or complex scalar keeps
+    # its own dtype where no float or complex tensor decides (``x_i8 * np.float32(0.5)`` is
+    # float32, ``kp.where(c, np.float32(1.5), 0)`` too, as in NumPy): the README's "typed
+    # constant". Beside a float tensor it takes the tensor's width, as a Python float does.
     if not isinstance(v, (list, tuple)) and getattr(v, "ndim", 0) == 0:
         kind = getattr(getattr(v, "dtype", None), "kind", None)
+        if kind in ("f", "c") and not (like is not None and like.kind in ("f", "c")):
+            own = _numpy_scalar_dtype(v)
+            if own is not None:
+                value = v.item() if hasattr(v, "item") else v  # type: ignore[union-attr]
+                return graph.add("const", own, (), attrs=(value, True))
+        if kind in ("i", "u") and like is not None and like.kind in "iu":
+            _check_int_fits(int(v), like, v)  # type: ignore[call-overload]
         if kind == "b":
             return trace_value(graph, bool(v), like)  # type: ignore[arg-type]
         if kind in ("i", "u", "f", "c") and not isinstance(v, numbers.Number):

@@ -113,10 +113,6 @@ def _invert_float(x: T[kp.f32, "n"]):
     return ~x
 
 
-def _float_condition(x: T[kp.f32, "n"]):
-    return kp.where(x, x, 0)
-
-
 def _complex_order(z: T[kp.c64, "b", "n"]):
     return z.max(-1)
 
@@ -150,7 +146,6 @@ MISUSE = [
     (_shift_by_tensor, "shl", ["float32[b, n]"]),
     (_and_float, "and", ["float64[n]"]),
     (_invert_float, "~", ["float32[n]"]),
-    (_float_condition, "where", ["float32[n]"]),
     (_complex_order, "max", ["complex64[b, n]"]),
     (_pad_axis, "pad", ["axis 1", "float32[n]"]),
     (_pad_shorter, "pad", ["4", "5"]),

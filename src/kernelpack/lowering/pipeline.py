@@ -14,7 +14,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..dtypes import DType, int64
 from ..errors import TraceError
-from ..expr import ge, sym
+from ..expr import Expr, ge, sym
 from ..compile_entry import Options, static_dims
 from ..fusion import Fusion
 from ..graph import Graph
@@ -130,17 +130,35 @@ def _splits(choice: Choice) -> bool:
 
 
 def symbols_of(graph: Graph) -> list[str]:
-    """Dim symbols bound by the input tensors, in binding order (the summary's order)."""
+    """The symbols every kernel takes as int64 arguments, in binding order (the summary's):
+    the dims bound by the input tensors, then the integer scalars some size reads
+    (``kp.arange(1 << q)``). A scalar used only as a value reaches the kernels as its own typed
+    argument: passing it as an int64 expression too limited a ``u64`` scalar to int64's range
+    (review 28: ``x + s`` refused s = 2**63)."""
     names: list[str] = []
     for _, kind, _, shape in graph.params:
         if kind == "tensor":
             for d in shape:
                 if d.is_sym and d.value not in names:
                     names.append(str(d.value))
-    for pname, kind, dt, _ in graph.params:  # integer scalars are symbols too (kp.arange(1 << q))
-        if kind == "scalar" and dt.kind in "iub" and pname not in names:
-            names.append(pname)
+    scalars = [pname for pname, kind, dt, _ in graph.params
+               if kind == "scalar" and dt.kind in "iub" and pname not in names]
+    if scalars:
+        read = _symbols_read(graph)
+        names.extend(pname for pname in scalars if pname in read)
     return names
+
+
+def _symbols_read(graph: Graph) -> set[str]:
+    """Every symbol an expression of the graph reads: node shapes and Expr attributes."""
+    read: set[str] = set()
+    seen: set[Expr] = set()
+    for node in graph.nodes:
+        for e in (*node.shape, *(a for a in node.attrs if isinstance(a, Expr))):
+            if e not in seen:
+                seen.add(e)
+                read |= e.symbols()
+    return read
 
 
 def llvm_ir(b: Build) -> Build:
