@@ -331,10 +331,10 @@ def test_verify_finds_the_same_first_bad_image_as_the_eager_index(
         return str(first.value), str(later.value), facts(pack.modules["m04"].images)
 
     lazy = run()
-    assert lazy[0] == ("module 'm04' image sm_80: stored bytes do not match their digest "
-                       "(expected sha256 " + "01" * 32 + ")")
-    assert lazy[1] == ("module 'm08' image sm_80: decompressed bytes do not match raw_digest "
-                       "(expected sha256 " + "02" * 32 + ")")
+    assert lazy[0].startswith("module 'm04' image sm_80: stored bytes do not match their "
+                              "digest (expected sha256 " + "01" * 32 + ", got ")
+    assert lazy[1].startswith("module 'm08' image sm_80: decompressed bytes do not match "
+                              "raw_digest (expected sha256 " + "02" * 32 + ", got ")
     eager(monkeypatch)
     assert run() == lazy
 

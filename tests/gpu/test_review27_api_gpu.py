@@ -32,6 +32,8 @@ import numpy as np
 import pytest
 
 import kernelpack as kp
+from .torch_checks import check as _check, cuda as _cuda, host as _host
+from .torch_checks import poisoned as _poisoned, targets, untouched as _untouched
 from kernelpack.errors import ConstraintError, DeviceError, KernelPackError, LaunchError
 
 try:
@@ -137,17 +139,10 @@ FUSIONS = [r27_two, r27_affine, r27_softmax, r27_layernorm, r27_sum32, r27_sum64
 NAMES = [f.name for f in FUSIONS]
 
 
-def _targets() -> list:
-    """sm_90 as the brief asks; PTX too when the GPU is not a 9.0 (the tests still run)."""
-    if not _NO_GPU and torch.cuda.get_device_capability() != (9, 0):  # pragma: no cover
-        return ["sm_90", "ptx"]
-    return ["sm_90"]
-
-
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory) -> Path:
     """Every fusion of this file compiled once and saved to one file."""
-    compiled = [kp.compile(f, targets=_targets()) for f in FUSIONS]
+    compiled = [kp.compile(f, targets=targets(_NO_GPU)) for f in FUSIONS]
     path = tmp_path_factory.mktemp("r27") / "r27.kpack"
     kp.save(compiled, path)
     return path
@@ -160,37 +155,6 @@ def pack(artifact):
 
 # --------------------------------------------------------------------------------------------
 # helpers
-
-
-def _cuda(a: np.ndarray):
-    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
-
-
-def _host(t) -> np.ndarray:
-    torch.cuda.synchronize()
-    return t.detach().cpu().numpy()
-
-
-def _check(got: np.ndarray, ref: np.ndarray, tol: float, what: str) -> None:
-    """Normwise relative error, shapes equal, no NaN where the reference has none."""
-    got = np.asarray(got)
-    ref = np.asarray(ref)
-    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
-    if ref.size == 0:
-        return
-    assert not np.isnan(got).any(), f"{what}: NaN in the result"
-    scale = max(float(np.max(np.abs(ref))), 1e-300)
-    err = float(np.max(np.abs(got.astype(ref.dtype) - ref))) / scale
-    assert err <= tol, f"{what}: normwise relative error {err:.3e} > {tol:g}"
-
-
-def _poisoned(shape, dtype=None):
-    return torch.full(shape, float("nan"), dtype=dtype or torch.float32, device="cuda")
-
-
-def _untouched(*ts) -> bool:
-    torch.cuda.synchronize()
-    return all(bool(torch.isnan(t).all()) for t in ts)
 
 
 def _softmax_ref(x: np.ndarray, s: float) -> np.ndarray:

@@ -45,7 +45,8 @@ def _program(name: str, directive: str) -> kp.Compiled:
     tx, ty = kp.sym("tx"), kp.sym("ty")
     return kp.external(name, name, params=[kp.Tensor("x", kp.f32, ("tx", "ty"))],
                        grid=(1,), block=(tx, ty), args=["x"],
-                       ptx=PTX.format(name=name, directive=directive), targets=["sm_80"])
+                       ptx=PTX.format(name=name, directive=directive),
+                       targets=["sm_80", "sm_90", "ptx"])
 
 
 @pytest.fixture(scope="module")

@@ -180,13 +180,23 @@ static int read_array(FastCall *self, PyObject *obj, PyObject *dtype, uint64_t *
         if (r <= 0)
             return r;
     }
-    if ((r = contiguous(self, obj)) <= 0)
+    if ((r = contiguous(self, obj)) < 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear(); /* is_contiguous() raised (a sparse layout): the general path explains */
+        return 0;
+    }
+    if (r <= 0)
         return r;
     if (self->cupy) {
         if (cupy_memory(rd, obj, ptr, device) < 0)
             return -1;
     } else {
-        if ((r = device_of(rd, obj, device)) <= 0 || (r = pointer_of(rd, obj, ptr)) <= 0)
+        if ((r = device_of(rd, obj, device)) <= 0)
+            return r;
+        if ((r = pointer_of(rd, obj, ptr)) < 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
+            PyErr_Clear(); /* data_ptr() raised (a sparse tensor has no storage): the general */
+            return 0;      /* path names the argument and what is wrong with it */
+        }
+        if (r <= 0)
             return r;
     }
     if (shape != NULL && (*shape = read_attr(&rd->shape, obj)) == NULL)

@@ -236,8 +236,14 @@ class TorchAdapter(Adapter):
         self._devices: dict[int, Any] = {}
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self._raw_stream: Callable[[int], int] | None = raw
+        self._strided = getattr(torch, "strided", None)
 
     def read(self, t: Any, what: str, stream: int) -> ArrayFacts:
+        strided = self._strided  # (test doubles of torch may have no layouts at all)
+        if strided is not None and getattr(t, "layout", strided) is not strided:
+            # sparse, mkldnn: no one block of memory (data_ptr() raised torch's own error)
+            raise LaunchError(f"argument {what!r}: a {t.layout} torch tensor; kernels read "
+                              f"dense memory: pass {what}.to_dense()")
         if t.is_conj() or t.is_neg():
             raise LaunchError(_lazy_view_message(t, what))
         return t.data_ptr(), t.shape, t.dtype, t.get_device(), t.is_contiguous()
@@ -260,9 +266,11 @@ class TorchAdapter(Adapter):
             dev = self._devices[device] = torch.device("cuda", device)
         token = self.dtype_token(dtype)
         if stream != self.current_stream(device):
-            # handle 0 is the default stream (another one may be current): torch's own object
-            # for it, as ExternalStream wants a stream it did not make
-            target = (torch.cuda.default_stream(dev) if stream == 0
+            # handle 0 is the default stream (another one may be current), and so is 1,
+            # CU_STREAM_LEGACY, the driver's name for it: torch's own object for it, as
+            # ExternalStream wants a stream it did not make (ExternalStream(1) is torch's
+            # "invalid StreamId1")
+            target = (torch.cuda.default_stream(dev) if stream in (0, 1)
                       else torch.cuda.ExternalStream(stream, device=dev))
             with torch.cuda.stream(target):
                 t = torch.empty(shape, dtype=token, device=dev)

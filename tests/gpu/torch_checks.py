@@ -1,0 +1,63 @@
+"""Helpers the black-box GPU review tests share (reviews 27 and 28): arrays to and from the
+device, a normwise comparison, NaN-poisoned outputs that show whether a refused call wrote
+anything, and the architectures to compile for on the GPU at hand. Imported only where torch
+sees a CUDA device (each function touches torch when called, not at import)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["targets", "cuda", "host", "check", "poisoned", "untouched"]
+
+
+def targets(no_gpu: str) -> list:
+    """sm_90 (the brief's device); PTX too when the GPU is not a 9.0 (the tests still run)."""
+    if no_gpu:
+        return ["sm_90"]
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):  # pragma: no cover
+        return ["sm_90", "ptx"]
+    return ["sm_90"]
+
+
+def cuda(a: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
+
+
+def host(t: Any) -> np.ndarray:
+    import torch
+
+    torch.cuda.synchronize()
+    return t.detach().cpu().numpy()
+
+
+def check(got: Any, ref: Any, tol: float, what: str) -> None:
+    """Normwise relative error (in float64), shapes equal, no NaN where the reference has
+    none."""
+    got = np.asarray(got)
+    ref = np.asarray(ref)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    if ref.size == 0:
+        return
+    assert not np.isnan(got).any(), f"{what}: NaN in the result"
+    scale = max(float(np.max(np.abs(ref))), 1e-300)
+    err = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64)))) / scale
+    assert err <= tol, f"{what}: normwise relative error {err:.3e} > {tol:g}"
+
+
+def poisoned(shape: Any, dtype: Any = None) -> Any:
+    import torch
+
+    return torch.full(shape, float("nan"), dtype=dtype or torch.float32, device="cuda")
+
+
+def untouched(*ts: Any) -> bool:
+    import torch
+
+    torch.cuda.synchronize()
+    return all(bool(torch.isnan(t).all()) for t in ts)
