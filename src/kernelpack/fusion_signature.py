@@ -57,8 +57,10 @@ def annotations(fn: Callable[..., Any], name: str,
     decorator's locals instead (``def register(fn, dt=kp.f32)`` turned a float64 fusion into
     a float32 one)."""
     scope: dict[str, Any] = dict(extra_locals or {})
-    scope.update(_defining_locals(fn))
-    scope.update(_closure_values(fn))
+    raw = getattr(inspect.unwrap(fn), "__annotations__", None) or {}
+    if any(isinstance(v, str) for v in raw.values()):  # else nothing is evaluated: no scope
+        scope.update(_defining_locals(fn))
+        scope.update(_closure_values(fn))
     try:
         hints = inspect.get_annotations(fn, eval_str=True, locals=scope)
         target = inspect.unwrap(fn)
