@@ -219,7 +219,7 @@ def test_load_chain_deeper_than_limit_is_rejected() -> None:
     for k in range(1, 3000):  # LOAD-only roots: no nesting, but one frame per LOAD
         ops += [OP_LOAD, OP_END]
         imms += [k - 1]
-    with pytest.raises(FormatError, match="crosses more than 256 LOADs on one path"):
+    with pytest.raises(FormatError, match="more than 512 operators and LOADs on one path"):
         _program(ops, tuple(imms))
 
 

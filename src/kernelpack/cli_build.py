@@ -73,7 +73,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    metavar="PUB",
                    help="with --cache and $KERNELPACK_REMOTE_CACHE: a public key file (or hex) "
                         "whose signed remote entries build may load instead of compiling "
-                        "(repeat for several; default: the --sign-with key's own)")
+                        "(repeat for several; the --sign-with key's own is always trusted)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_build)
     return p
@@ -237,7 +237,14 @@ def _cache(args: argparse.Namespace, sign_key: Any) -> Any:
 
     if config.explain_cache_misses():  # the library logs why a miss missed; show it here
         _show_cache_explanations()
-    return Cache(path=args.cache_dir, sign_with=sign_key, trusted_keys=args.trusted_key)
+    trusted: list[object] | None = None
+    if args.trusted_key:
+        trusted = list(args.trusted_key)
+        if sign_key is not None:  # its own entries beside the others' (the README's "or")
+            from .signing import public_key_bytes
+
+            trusted.append(public_key_bytes(sign_key))
+    return Cache(path=args.cache_dir, sign_with=sign_key, trusted_keys=trusted)
 
 
 def _show_cache_explanations() -> None:

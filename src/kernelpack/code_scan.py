@@ -20,7 +20,7 @@ from .errors import CompileError
 from .limits import MAX_NAME_LENGTH
 
 __all__ = ["ptx_entries", "ptx_entry_params", "ptx_entry_max_threads", "cubin_entries",
-           "cubin_arch", "cubin_entry_params"]
+           "cubin_arch", "cubin_entry_params", "cubin_entry_max_threads"]
 
 _ENTRY_RE = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)")
 _PTX_COMMENT_RE = re.compile(rb"//[^\n]*|/\*.*?\*/", re.DOTALL)
@@ -83,7 +83,21 @@ def ptx_entry_params(ptx: bytes, entry: str) -> list[tuple[str, int]] | None:
     return params
 
 
-_THREAD_LIMIT_RE = re.compile(r"\.(maxntid|reqntid)\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
+_PTX_INT = r"(0[xX][0-9a-fA-F]+|0[bB][01]+|\d+)[uU]?"
+_THREAD_LIMIT_RE = re.compile(r"\.(maxntid|reqntid)\s+" + _PTX_INT +
+                              r"(?:\s*,\s*" + _PTX_INT + r")?(?:\s*,\s*" + _PTX_INT + r")?")
+
+
+def _ptx_int(text: str) -> int:
+    """A PTX integer literal as ptxas reads it, C's way: 0x hex, 0b binary, a leading 0
+    octal (``.maxntid 0200`` is 128 threads), else decimal."""
+    if text[:2] in ("0x", "0X"):
+        return int(text[2:], 16)
+    if text[:2] in ("0b", "0B"):
+        return int(text[2:], 2)
+    if len(text) > 1 and text[0] == "0":
+        return int(text, 8)
+    return int(text)
 
 
 def ptx_entry_max_threads(ptx: bytes, entry: str) -> tuple[str, int] | None:
@@ -110,8 +124,11 @@ def ptx_entry_max_threads(ptx: bytes, entry: str) -> tuple[str, int] | None:
     if limit is None:
         return None
     threads = 1
-    for dim in limit.groups()[1:]:
-        threads *= int(dim) if dim is not None else 1
+    try:
+        for dim in limit.groups()[1:]:
+            threads *= _ptx_int(dim) if dim is not None else 1
+    except ValueError:  # "089": not a literal ptxas reads either; it will say so
+        return None
     return f".{limit.group(1)} {limit.group(0).split(None, 1)[1]}", threads
 
 
@@ -150,13 +167,10 @@ _EIFMT_SVAL, _EIATTR_KPARAM_INFO = 4, 0x17
 _PARAM_ATTRS = (0x0A, 0x17, 0x19)  # PARAM_CBANK, KPARAM_INFO, CBANK_PARAM_SIZE
 
 
-def cubin_entry_params(data: bytes, entry: str) -> list[tuple[str, int]] | None:
-    """The parameters of kernel ``entry`` in a cubin, from the ``KPARAM_INFO`` attributes of
-    its ``.nv.info.<entry>`` section, as ``(description, bytes)`` pairs by ordinal (``[]``
-    when the section has no parameter attribute at all: a kernel without parameters); None
-    when the section or the attributes are missing or not as expected (nothing is checked).
-
-    Why: as :func:`ptx_entry_params`, so that ``cubin=`` arguments are checked like PTX's."""
+def _nv_info(data: bytes, entry: str) -> list[tuple[int, int, bytes]] | None:
+    """The attributes of kernel ``entry``'s ``.nv.info.<entry>`` section in a cubin as
+    ``(format, attribute, payload)``; None when the section is missing, not unique or not as
+    expected (every offset checked against the file)."""
     try:
         shoff, shentsize, shnum, _ = _elf_header(data, "cubin")
         (shstrndx,) = struct.unpack_from("<H", data, 62)
@@ -172,26 +186,60 @@ def cubin_entry_params(data: bytes, entry: str) -> list[tuple[str, int]] | None:
         if len(found) != 1 or found[0][1] + found[0][2] > len(data):
             return None
         info = data[found[0][1]:found[0][1] + found[0][2]]
-        sizes: dict[int, int] = {}
-        pos, param_attrs = 0, 0
+        attrs: list[tuple[int, int, bytes]] = []
+        pos = 0
         while pos + 4 <= len(info):
             fmt, attr = info[pos], info[pos + 1]
-            param_attrs += attr in _PARAM_ATTRS
             if fmt != _EIFMT_SVAL:  # no value, a byte or a half word: 4 bytes in all
+                attrs.append((fmt, attr, info[pos + 2:pos + 4]))
                 pos += 4
                 continue
             (size,) = struct.unpack_from("<H", info, pos + 2)
-            if attr == _EIATTR_KPARAM_INFO and size >= 12 and pos + 4 + size <= len(info):
-                _, ordinal, _, flags = struct.unpack_from("<IHHI", info, pos + 4)
-                sizes[ordinal] = (flags >> 18) & 0x3FFF
+            attrs.append((fmt, attr, info[pos + 4:pos + 4 + size]))
             pos += 4 + size
+        return attrs
     except (struct.error, CompileError):
         return None
+
+
+def cubin_entry_params(data: bytes, entry: str) -> list[tuple[str, int]] | None:
+    """The parameters of kernel ``entry`` in a cubin, from the ``KPARAM_INFO`` attributes of
+    its ``.nv.info.<entry>`` section, as ``(description, bytes)`` pairs by ordinal (``[]``
+    when the section has no parameter attribute at all: a kernel without parameters); None
+    when the section or the attributes are missing or not as expected (nothing is checked).
+
+    Why: as :func:`ptx_entry_params`, so that ``cubin=`` arguments are checked like PTX's."""
+    attrs = _nv_info(data, entry)
+    if attrs is None:
+        return None
+    sizes: dict[int, int] = {}
+    param_attrs = 0
+    for fmt, attr, payload in attrs:
+        param_attrs += attr in _PARAM_ATTRS
+        if fmt == _EIFMT_SVAL and attr == _EIATTR_KPARAM_INFO and len(payload) >= 12:
+            _, ordinal, _, flags = struct.unpack_from("<IHHI", payload)
+            sizes[ordinal] = (flags >> 18) & 0x3FFF
     if not sizes and not param_attrs:
         return []  # a kernel without parameters has no parameter bank: none to pass
     if not sizes or sorted(sizes) != list(range(len(sizes))):
         return None
     return [(f"parameter {i} ({sizes[i]} bytes)", sizes[i]) for i in range(len(sizes))]
+
+
+# EIATTR_MAX_THREADS (__launch_bounds__, .maxntid) and EIATTR_REQNTID (.reqntid): x, y, z as
+# three u32 (checked against an NVRTC cubin of __launch_bounds__(96): 0x05 = 96, 1, 1)
+_THREAD_ATTRS = {0x05: ".maxntid", 0x10: ".reqntid"}
+
+
+def cubin_entry_max_threads(data: bytes, entry: str) -> tuple[str, int] | None:
+    """As :func:`ptx_entry_max_threads`, from a cubin's ``.nv.info.<entry>`` attributes:
+    ``("__launch_bounds__/.maxntid 96, 1, 1", 96)``; None when it declares none."""
+    for fmt, attr, payload in _nv_info(data, entry) or ():
+        if fmt == _EIFMT_SVAL and attr in _THREAD_ATTRS and len(payload) >= 12:
+            dims = struct.unpack_from("<III", payload)
+            return (f"{_THREAD_ATTRS[attr]} {dims[0]}, {dims[1]}, {dims[2]}",
+                    dims[0] * dims[1] * dims[2])
+    return None
 
 
 def cubin_entries(data: bytes, what: str = "cubin") -> list[str]:

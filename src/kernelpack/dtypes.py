@@ -77,11 +77,10 @@ class DType:
         """Refused with a pointer to what works: ``kp.f32(1e-5)`` reads like NumPy's
         ``np.float32(1e-5)``, but a kernelpack dtype is a type tag, not a scalar type (was
         "'DType' object is not callable")."""
-        typed = ("" if self.name in ("bfloat16", "bool") else
-                 f"np.{self.name}({value!r}) for a typed constant, ")  # NumPy has neither
         raise TypeError(f"kp.{self.name} is a dtype, not a scalar type: write the number "
-                        f"itself ({value!r} takes the dtype of the tensor it meets), {typed}"
-                        f"or x.astype(kp.{self.name}) to convert a tensor")
+                        f"itself ({value!r} takes the dtype of the tensor it meets, as a NumPy "
+                        f"scalar does in a fusion), or x.astype(kp.{self.name}) to convert a "
+                        f"tensor")
 
     def __repr__(self) -> str:
         return f"kp.{self.name}"

@@ -204,10 +204,10 @@ class ExprProgram:
         nsym = self._nsym = len(enc.symbols)
         exprs = self.exprs
         stack: list[Expr] = []
-        # evaluation depth of each stack entry and root (one frame per operator and per LOAD),
-        # bounded here, not left to Python's RecursionError: the tree's nesting (LOADs
-        # followed, Expr._depth, what printing recurses) <= MAX_EXPR_DEPTH, and the LOADs on
-        # one path <= MAX_EXPR_DEPTH too, so at most _MAX_FRAMES frames
+        # evaluation depth of each stack entry and root (one frame per operator, per LOAD and
+        # for the leaf), bounded here, not left to Python's RecursionError: the tree's nesting
+        # (LOADs followed, Expr._depth, what printing recurses) <= MAX_EXPR_DEPTH, and the
+        # operators and LOADs on one path <= _MAX_PATH, so at most _MAX_FRAMES frames
         depths: list[int] = []
         root_depths: list[int] = []
         imm_pos = 0
@@ -243,8 +243,7 @@ class ExprProgram:
                     stack.append(exprs[imm])
                     depths[-1] = root_depths[imm] + 1
                     if depths[-1] > _MAX_FRAMES:
-                        raise FormatError(f"expression crosses more than {MAX_EXPR_DEPTH} "
-                                          f"LOADs on one path at {pos}")
+                        raise FormatError(_too_long_path(pos))
                 if len(stack) > MAX_EXPR_STACK:
                     raise FormatError(f"expression stack deeper than {MAX_EXPR_STACK} at {pos}")
             elif code == OP_END:
@@ -271,8 +270,7 @@ class ExprProgram:
                 if node._depth > MAX_EXPR_DEPTH:  # the tree's nesting, LOADs followed
                     raise FormatError(f"expression nested deeper than {MAX_EXPR_DEPTH} at {pos}")
                 if depth > _MAX_FRAMES:
-                    raise FormatError(f"expression crosses more than {MAX_EXPR_DEPTH} "
-                                      f"LOADs on one path at {pos}")
+                    raise FormatError(_too_long_path(pos))
                 depths.append(depth)
                 stack.append(node)
         if imm_pos != len(enc.imms):
@@ -322,7 +320,15 @@ class ExprProgram:
         return load
 
 
-_MAX_FRAMES = 2 * MAX_EXPR_DEPTH  # operators and LOADs on one evaluation path
+# Operators and LOADs on one evaluation path (FORMAT.md §3.8), plus its leaf: the frames one
+# evaluation of the path nests.
+_MAX_PATH = 2 * MAX_EXPR_DEPTH
+_MAX_FRAMES = _MAX_PATH + 1
+
+
+def _too_long_path(pos: int) -> str:
+    return (f"expression has more than {_MAX_PATH} operators and LOADs on one path at {pos} "
+            f"(2 * MAX_EXPR_DEPTH)")
 
 
 def _const_fn(value: int) -> Evaluator:

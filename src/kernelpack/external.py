@@ -213,8 +213,7 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
                                 f"{image.target}", launch.args, params)
                 break
         for image in images:
-            if image.kind == "ptx":
-                _check_thread_limit(image.data, kernel, launch)
+            _check_thread_limit(image, kernel, launch)
     elif ptx is not None:
         source = read_source(ptx, "ptx")
         _check_args_fit(ptx_entry_params(source, entry), f"the PTX entry {entry!r}",
@@ -227,6 +226,7 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
             _check_args_fit(cubin_entry_params(image.data, entry),
                             f"the kernel {entry!r} of the cubin for {image.arch.sm}",
                             launch.args, params)
+            _check_thread_limit(image, entry, launch)
     mod = Module(name=module_name, kernels=(kernel,), images=tuple(images))
     return Compiled(summary=summary, modules=(mod,), origin="external")
 
@@ -268,20 +268,31 @@ def _check_constant_launch(launch: Launch) -> None:
             _check_fits(int(arg.value.value), arg.dtype, f"args[{i}]")  # type: ignore
 
 
-def _check_thread_limit(ptx: bytes, kernel: str, launch: Launch) -> None:
-    """A constant block above the kernel's own ``.maxntid``/``.reqntid`` (``__launch_bounds__``)
-    is refused now: the driver would refuse every launch of it."""
-    from .code_scan import ptx_entry_max_threads
+def _check_thread_limit(code: object, kernel: str, launch: Launch) -> None:
+    """A constant block above the kernel's own thread limit (``.maxntid``/``.reqntid`` in PTX,
+    ``__launch_bounds__``, read from PTX text or an image: PTX or cubin) is refused now: the
+    driver would refuse every launch of it."""
+    from .code_scan import cubin_entry_max_threads, ptx_entry_max_threads
 
-    declared = ptx_entry_max_threads(ptx, kernel)
-    if declared is None or not all(d.is_const for d in launch.block):
+    if not all(d.is_const for d in launch.block):
+        return
+    if isinstance(code, (bytes, bytearray)):
+        declared, where = ptx_entry_max_threads(bytes(code), kernel), "PTX"
+    elif getattr(code, "kind", None) == "ptx":
+        declared, where = ptx_entry_max_threads(code.data, kernel), "PTX"  # type: ignore
+    elif getattr(code, "kind", None) == "cubin":
+        declared = cubin_entry_max_threads(code.data, kernel)  # type: ignore[attr-defined]
+        where = f"cubin for {code.arch.sm}"  # type: ignore[attr-defined]
+    else:
+        return
+    if declared is None:
         return
     sizes = tuple(int(d.value) for d in launch.block)  # type: ignore[arg-type]
     threads = sizes[0] * sizes[1] * sizes[2]
     if threads > declared[1]:
         raise ValueError(f"block {sizes} is {threads} threads, but the kernel {kernel!r} "
-                         f"declares {declared[0]} (at most {declared[1]} threads per block): "
-                         f"every launch would fail")
+                         f"declares {declared[0]} in its {where} (at most {declared[1]} "
+                         f"threads per block): every launch would fail")
 
 
 def _check_constant_values(params: tuple[Param, ...], constraints: tuple[Constraint, ...]) -> None:

@@ -133,6 +133,7 @@ class Fusion:
             v = trace_value(g, value)
             g.outputs.append((oname, v.id))
         _check_bound(g)
+        _check_constant_sizes(g)
         return g
 
     def static_dims(self, static: Mapping[str, int] | None) -> dict[str, int]:
@@ -213,6 +214,39 @@ def _check_bound(g: Graph) -> None:
                 raise TraceError(f"fusion {g.name}: {node.op} uses dim(s) {sorted(missing)} that "
                                  f"no input shape or integer scalar binds (bound: {sorted(bound)}); "
                                  f"unbound symbol")
+
+
+def _check_constant_sizes(g: Graph) -> None:
+    """A size that reads no symbol must exist: ``1 << 64`` (``kp.arange(1 << n)`` with
+    ``static={"n": 64}``) cannot be evaluated, and an output of constant shape may need more
+    bytes than int64 holds. Either would make every plan of the program fail, so the trace
+    refuses it, as kp.external refuses constant launch sizes that CUDA cannot run."""
+    from .errors import ExpressionError
+    from .expr import INT64_MAX
+    from .expr_eval import evaluate
+
+    checked: set[Expr] = set()
+    for nid in g.reachable(nid for _, nid in g.outputs):
+        node = g.nodes[nid]
+        for e in node.shape:
+            if e in checked or e.is_const or e.symbols():
+                continue
+            checked.add(e)
+            try:
+                evaluate(e, {})
+            except ExpressionError as exc:
+                raise TraceError(f"fusion {g.name}: {node.op} has a size {e} that no call can "
+                                 f"have ({exc})") from None
+    for oname, nid in g.outputs:
+        node = g.nodes[nid]
+        if all(d.is_const for d in node.shape):
+            nbytes = node.dtype.itemsize
+            for d in node.shape:
+                nbytes *= int(d.value)  # type: ignore[arg-type]
+            if nbytes > INT64_MAX:
+                dims = ", ".join(str(d) for d in node.shape)
+                raise TraceError(f"fusion {g.name}: output {oname!r} of shape ({dims}) needs "
+                                 f"{nbytes} bytes, more than int64 can hold")
 
 
 # Kernel names are the program name plus a suffix ("_0_rowblock256x32"): the name must be a PTX

@@ -43,7 +43,9 @@ def check_function(fn: object) -> None:
         raise TypeError("kp.fusion needs a function, not a functools.partial: write a small "
                         "function that calls it (its fixed arguments become constants of the "
                         "fusion)")
-    if inspect.isclass(fn) or not callable(fn):
+    target = inspect.unwrap(fn.__func__ if isinstance(fn, staticmethod) else fn)  # type: ignore
+    if not (inspect.isfunction(target) or inspect.ismethod(target)):
+        # a class, a number, an object with __call__: its signature is not its inputs'
         raise TypeError(f"kp.fusion decorates a function (got {type(fn).__name__} "
                         f"{fn!r:.60}); write @kp.fusion or @kp.fusion(name='...') above a def")
 
@@ -73,18 +75,25 @@ def annotations(fn: Callable[..., Any], name: str,
 
 
 def _defining_locals(fn: Callable[..., Any]) -> Mapping[str, Any]:
+    """The locals visible where ``fn`` was defined: of the frame running the code that holds
+    ``fn``'s code, and of the frames enclosing that one in turn (a class body inside a
+    function sees the function's locals, as annotations evaluated at the def would), inner
+    names first; up to the module, whose names are the function's globals anyway."""
     code = getattr(inspect.unwrap(fn), "__code__", None)
     if code is None:
         return {}
+    scope: dict[str, Any] = {}
     frame = inspect.currentframe()
     try:
         for _ in range(_DEFINING_FRAME_SEARCH):
-            if frame is None:
-                return {}
+            if frame is None or frame.f_code.co_name == "<module>":
+                break
             if code in frame.f_code.co_consts:
-                return dict(frame.f_locals)
+                for name, value in frame.f_locals.items():
+                    scope.setdefault(name, value)  # an inner scope's name wins
+                code = frame.f_code  # next: the frame that defined this one's code
             frame = frame.f_back
-        return {}
+        return scope
     finally:
         del frame  # a frame held by a local is a reference cycle
 
@@ -132,6 +141,9 @@ def check_inlined_arguments(fusion: Fusion, arguments: Mapping[str, Any]) -> Non
         if pname not in arguments:
             continue
         v = arguments[pname]
+        if isinstance(ann, DType) and not isinstance(v, Value):
+            _check_inlined_number(where, pname, ann, v)
+            continue
         if not isinstance(v, Value):
             continue
         if isinstance(ann, TensorType):
@@ -156,6 +168,36 @@ def check_inlined_arguments(fusion: Fusion, arguments: Mapping[str, Any]) -> Non
             if v.dtype != ann:
                 raise TraceError(f"{where}: {pname!r} is {v.dtype}, annotated {ann}; convert "
                                  f"it with .astype({ann})")
+
+
+def _check_inlined_number(where: str, pname: str, ann: DType, v: object) -> None:
+    """A number (or a size) for an inlined fusion's scalar parameter: of the parameter's kind
+    and within an integer dtype's range, as a call's would have to be. It stays weak, as
+    numbers are everywhere in a fusion: only what a call would refuse is refused."""
+    import numbers
+
+    from .dtypes import is_numpy_bool
+    from .expr import Expr
+    from .promotion import plain_int
+
+    v = plain_int(v)
+    is_bool = v.__class__ is bool or is_numpy_bool(v)
+    if ann.kind == "b":
+        ok = is_bool
+    elif ann.kind in "iu":
+        ok = isinstance(v, Expr) or (isinstance(v, int) and not is_bool)
+        if ok and isinstance(v, int):
+            bits = 8 * ann.itemsize
+            lo, hi = ((0, (1 << bits) - 1) if ann.kind == "u"
+                      else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1))
+            if not lo <= v <= hi:
+                raise TraceError(f"{where}: {pname!r} = {v} is outside {ann}'s range "
+                                 f"{lo}..{hi}")
+    else:  # a float parameter takes any real number (a call converts it)
+        ok = isinstance(v, (Expr, numbers.Real)) and not is_bool
+    if not ok:
+        raise TraceError(f"{where}: {pname!r} is a {ann} parameter, got {v!r:.40} "
+                         f"({type(v).__name__})")
 
 
 _active = threading.local()

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 else:
     Value = Any
 
-__all__ = ["dim_number_error", "dsl_dtype", "math_dtype", "trace_value",
+__all__ = ["plain_int", "dim_number_error", "dsl_dtype", "math_dtype", "trace_value",
            "widen_for_comparison", "known_comparison", "from_sizes"]
 
 _KIND_RANK = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
@@ -55,14 +55,6 @@ def _check_int_fits(v: int, dt: DType, given: object = None) -> None:
                 f"as a Python int does)")
         raise TraceError(f"{what} is out of bounds for {dt} (range {lo}..{hi}); "
                          f"cast the tensor with .astype or use a float")
-
-
-def _numpy_scalar_dtype(v: object) -> DType | None:
-    """The kernelpack dtype of a NumPy float/complex scalar or 0-d array (None: another)."""
-    name = getattr(getattr(v, "dtype", None), "name", None)
-    if name not in ("float16", "float32", "float64", "complex64", "complex128"):
-        return None
-    return as_dtype(name)
 
 
 def _const_dtype(v: Value, like: DType) -> Value:
@@ -280,18 +272,12 @@ def trace_value(graph: Graph, v: object, like: DType | None = None) -> Value:
             dt = complex128
         return graph.add("const", dt, (), attrs=(v, True))
     # NumPy scalars (np.float32(2), np.int32(3), np.True_) and other registered numbers act as
-    # the Python number of their kind; np.float64 is already a float and np.int64 has
-    # __index__; a 0-d array is its element. Except that a NumPy float or complex scalar keeps
-    # its own dtype where no float or complex tensor decides (``x_i8 * np.float32(0.5)`` is
-    # float32, ``kp.where(c, np.float32(1.5), 0)`` too, as in NumPy): the README's "typed
-    # constant". Beside a float tensor it takes the tensor's width, as a Python float does.
+    # the Python number of their kind (weak: NumPy 2 types them, torch does not; review 28
+    # tried typing NumPy floats and found every rule built on weak numbers disagreeing with
+    # it: sizes, pow, kp.where's branches); np.float64 is already a float and np.int64 has
+    # __index__; a 0-d array is its element
     if not isinstance(v, (list, tuple)) and getattr(v, "ndim", 0) == 0:
         kind = getattr(getattr(v, "dtype", None), "kind", None)
-        if kind in ("f", "c") and not (like is not None and like.kind in ("f", "c")):
-            own = _numpy_scalar_dtype(v)
-            if own is not None:
-                value = v.item() if hasattr(v, "item") else v  # type: ignore[union-attr]
-                return graph.add("const", own, (), attrs=(value, True))
         if kind in ("i", "u") and like is not None and like.kind in "iu":
             _check_int_fits(int(v), like, v)  # type: ignore[call-overload]
         if kind == "b":
@@ -309,6 +295,18 @@ def trace_value(graph: Graph, v: object, like: DType | None = None) -> Value:
             return trace_value(graph, builtins.complex(v), like)
     raise TraceError(f"cannot use {v!r} ({type(v).__name__}) in a fusion: expected a traced "
                      f"tensor, a number or a dim")
+
+
+def plain_int(v: object) -> object:
+    """A NumPy integer scalar (or 0-d integer array) as the Python int it holds, so that it
+    compares exactly as a Python int does (``x_i8 < np.int16(1000)`` was an out-of-bounds
+    TraceError where ``x_i8 < 1000`` is all True); anything else unchanged."""
+    if v.__class__ is int or isinstance(v, (bool, Expr)) or hasattr(v, "graph"):
+        return v
+    kind = getattr(getattr(v, "dtype", None), "kind", None)
+    if kind in ("i", "u") and getattr(v, "ndim", 0) == 0:
+        return operator.index(v)  # type: ignore[arg-type]
+    return v
 
 
 def widen_for_comparison(t: object, lit: object) -> object:

@@ -82,7 +82,10 @@ def index_axes(key: object, x: Value) -> tuple[int | None, ...]:
         raise TraceError(f"index {key!r}: at most one '...'")
     explicit = sum(1 for k in items if k is not None and k is not Ellipsis)
     for k in items:
-        if not (k is None or k is Ellipsis or (isinstance(k, slice) and k == slice(None))):
+        # a slice's parts by identity: ``k == slice(None)`` compared a traced bound with None
+        # (``x[:, :n]`` was "cannot use None in a fusion")
+        if not (k is None or k is Ellipsis or (isinstance(k, slice) and k.start is None
+                                               and k.stop is None and k.step is None)):
             from .numpy_interop import numpy_hint  # it builds on this module: imported on use
 
             raise TraceError(f"index {key!r} on {x!r}: only ':', '...' and None "

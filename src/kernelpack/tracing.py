@@ -23,7 +23,7 @@ from .errors import TraceError
 from .expr import Expr, const, select
 from .graph import BITWISE, COMPARE, Graph, Node, active_graph, current_graph
 from .promotion import (_from_dims, _promote, dsl_dtype, from_sizes, known_comparison,
-                        math_dtype, trace_value, widen_for_comparison)
+                        math_dtype, plain_int, trace_value, widen_for_comparison)
 from .shape_rules import _axes, _desc, _fmt, broadcast_shapes, index_axes
 
 __all__ = ["Value", "trace_value", "broadcast_shapes", "astype", "pow", "conj", "active_graph",
@@ -264,6 +264,7 @@ def _graph_of(*values: object) -> Graph:
 def _binary(op: str, a: object, b: object) -> Value:
     g = _graph_of(a, b)
     if op in COMPARE:
+        a, b = plain_int(a), plain_int(b)
         known = known_comparison(op, a, b)
         if known is not None:  # u64 > -1, i64 < 2**63: the same for every element
             t = a if isinstance(a, Value) else b
