@@ -46,7 +46,8 @@ def check(got: Any, ref: Any, tol: float, what: str) -> None:
         return
     assert not np.isnan(got).any(), f"{what}: NaN in the result"
     scale = max(float(np.max(np.abs(ref))), 1e-300)
-    err = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64)))) / scale
+    wide = np.complex128 if np.iscomplexobj(got) or np.iscomplexobj(ref) else np.float64
+    err = float(np.max(np.abs(got.astype(wide) - ref.astype(wide)))) / scale
     assert err <= tol, f"{what}: normwise relative error {err:.3e} > {tol:g}"
 
 
