@@ -179,6 +179,14 @@ def test_the_code_generators_source_is_a_key_part(tmp_path: Path) -> None:
     runtime_only = _codegen_tree(tmp_path / "e")
     (runtime_only / "runtime" / "launcher.py").write_bytes(b"# changed\n")
     assert keys.codegen_digest(root=runtime_only) == base  # the runtime makes no code
+    # the package's own modules shape artifacts too (review 28: an edited expr.py, whose cdiv
+    # makes grids, was served the old artifact)
+    top = _codegen_tree(tmp_path / "f")
+    (top / "expr.py").write_bytes(b"def cdiv(a, b): ...\n")
+    with_expr = keys.codegen_digest(root=top)
+    assert with_expr != base and with_expr.endswith("(4 files)")
+    (top / "expr.py").write_bytes(b"def cdiv(a, b): return 1\n")
+    assert keys.codegen_digest(root=top) != with_expr
     assert keys.codegen_digest(root=tmp_path / "empty") == "unavailable:no source"
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import threading
 import warnings
@@ -34,6 +35,11 @@ from .disk import DiskStore, check_digest
 from .disk_tier import DiskTier
 from .keys import CacheKey, make_key
 from .remote_tier import RemoteTier
+
+# Failures of the cache directory as a whole, not of one key's file: a read-only or foreign
+# directory, a full disk or quota. One warning, then the disk tier stops writing for a while.
+_DIRECTORY_WIDE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
+                             errno.EDQUOT, errno.EFBIG})
 
 __all__ = ["Cache", "CacheKey", "CacheWarning", "make_key", "DiskStore", "STAT_NAMES"]
 
@@ -197,7 +203,10 @@ class Cache:
         return self._trusted
 
     @staticmethod
-    def _decode(data: bytes, trusted_keys: list[bytes] | None, origin: str) -> Compiled:
+    def _decode(data: bytes, trusted_keys: list[bytes] | None, origin: str,
+                signer: list | None = None) -> Compiled:
+        """The entry's one program; ``signer`` (a list) gets the public key (hex) that signed
+        the entry, or None for an unsigned one."""
         from ..loader import load
 
         pack = load(bytes(data), trusted_keys=trusted_keys)
@@ -205,6 +214,8 @@ class Cache:
         if len(names) != 1:
             raise KernelPackError(f"a cache entry must hold exactly 1 program (holds "
                                   f"{len(names)}: {names[:5]})")
+        if signer is not None:
+            signer.append(pack.signature.public_key if pack.signature is not None else None)
         return pack.compiled(names[0], origin=origin)
 
     def _encode(self, compiled: Compiled) -> bytes:
@@ -308,11 +319,16 @@ class Cache:
                 return hit
         with contextlib.ExitStack() as stack:
             try:
-                stack.enter_context(self.disk.lock(digest))
+                if self._disk_tier.writable():  # else warned already: compile without it
+                    stack.enter_context(self.disk.lock(digest))
             except (OSError, KernelPackError) as exc:
                 self._count("errors")
-                self._warn(f"cannot take the disk lock for {digest[:16]} ({exc}); compiling "
-                           f"without single-flight")
+                if getattr(exc, "errno", None) in _DIRECTORY_WIDE:  # no writing there at all
+                    self._disk_tier.write_failed(f"taking the disk lock for {digest[:16]} "
+                                                 f"(compiling without single-flight)", exc)
+                else:
+                    self._warn(f"cannot take the disk lock for {digest[:16]} ({exc}); "
+                               f"compiling without single-flight")
             hit = self._from_disk(key, count_miss=False, name=name)  # filled while we waited?
             if hit is not None:
                 return hit

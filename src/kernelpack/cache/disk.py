@@ -52,6 +52,8 @@ __all__ = ["DiskStore", "EntryInfo", "check_digest", "TOUCH_INTERVAL_S", "LOW_WA
            "MAX_QUARANTINED"]
 
 TOUCH_INTERVAL_S = 60.0
+# An entry's mtime further ahead of this machine's clock than this is taken as unknown (oldest).
+FUTURE_SLACK_S = 300.0
 _MAX_USED = 1 << 16  # hit times a store remembers
 MAX_QUARANTINED = 32
 LOW_WATER = 0.9
@@ -147,7 +149,7 @@ class DiskStore:
             with open(fd, "rb", closefd=False) as f:
                 data = f.read()  # a regular file of at most MAX_FILE_SIZE bytes
             now = time.time()
-            if touch and now - st.st_mtime > TOUCH_INTERVAL_S:
+            if touch and not 0 <= now - st.st_mtime <= TOUCH_INTERVAL_S:  # old, or future-dated
                 # Through the descriptor, and the identity taken again after it: the
                 # identity is the file as it is now, so a quarantine after a failed
                 # verification moves it instead of taking our own touch for another
@@ -282,6 +284,7 @@ class DiskStore:
         base = self.root / "entries"
         if not base.is_dir():
             return out
+        now = time.time()
         for shard in os.scandir(base):
             if not shard.is_dir():
                 continue
@@ -295,8 +298,14 @@ class DiskStore:
                 except FileNotFoundError:
                     continue
                 used = self._used.get(stem, 0.0)
-                out.append(EntryInfo(stem, st.st_size, used if used > st.st_mtime
-                                     else st.st_mtime, Path(item.path)))
+                mtime = st.st_mtime
+                if mtime > now + FUTURE_SLACK_S:
+                    # dated in the future (clock skew on a shared filesystem, a cache copied
+                    # from another machine): when it was used is unknown, so it goes first;
+                    # as "newest" it pinned the cache and the working set was evicted instead
+                    mtime = 0.0
+                out.append(EntryInfo(stem, st.st_size, used if used > mtime else mtime,
+                                     Path(item.path)))
         out.sort(key=lambda e: (e.mtime, e.digest))
         return out
 

@@ -16,6 +16,7 @@ a patched ``Cache._decode`` are the same whichever tier did the work.
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,11 @@ from .keys import CacheKey
 if TYPE_CHECKING:
     from . import Cache
 
-__all__ = ["DiskTier"]
+__all__ = ["DiskTier", "DISK_WRITE_BACKOFF_S"]
+
+# After a failed write (a full disk, a read-only or foreign-owned directory), how long writes
+# and locks are skipped: one warning for the condition, not one per compiled kernel.
+DISK_WRITE_BACKOFF_S = 30.0
 
 
 class DiskTier:
@@ -44,6 +49,7 @@ class DiskTier:
         # A weak proxy, as RemoteTier's: the Cache owns its tier, and a reference cycle would
         # keep a dropped Cache alive until the next garbage collection.
         self._cache = weakref.proxy(cache)
+        self._writes_down_until = 0.0
 
     def entry(self, key: CacheKey | str, count_miss: bool = True,
               name: str | None = None) -> tuple[bytes, Compiled] | None:
@@ -64,8 +70,9 @@ class DiskTier:
                 cache._count("disk_misses")
             return None
         data, seen = found
+        signer: list = []
         try:
-            compiled = cache._decode(data, None, "disk")
+            compiled = cache._decode(data, None, "disk", signer)
             check_binding(compiled, key, name)
         except KernelPackError as exc:  # the bytes are bad (the loader's promise)
             try:
@@ -83,8 +90,27 @@ class DiskTier:
             cache._warn(f"loading disk cache entry {digest[:16]} failed "
                         f"({type(exc).__name__}: {exc}); recompiling")
             return None
+        if signer[0] is not None and not self._still_trusted(signer[0]):
+            cache._count("refused")
+            cache._warn(f"disk cache entry {digest[:16]} is signed by a key this cache no "
+                        f"longer trusts ({signer[0][:16]}); recompiling")
+            return None
         cache._count("disk_hits")
         return data, compiled
+
+    def _still_trusted(self, public_key_hex: str) -> bool:
+        """A signed disk entry came from the remote (or a signing node): with trusted keys
+        configured, its signer must still be one of them. A revoked key's entries were served
+        from every disk that had pulled them, and since those machines never missed, the
+        fleet's remote entry was never re-signed. Unsigned entries (compiled here by a cache
+        without ``sign_with``) and caches that trust no key are not affected."""
+        cache = self._cache
+        if not cache.require_signed_remote:
+            return True
+        trusted = cache.trusted_keys
+        if not trusted:
+            return True
+        return bytes.fromhex(public_key_hex) in trusted
 
     def put(self, key: CacheKey | str, data: bytes, sync: bool = True,
             record: bool = True) -> None:
@@ -92,6 +118,9 @@ class DiskTier:
         a failure is counted and warned about. ``sync=False`` for entries that can be fetched
         again (a remote hit put through): no fsync."""
         cache = self._cache
+        if not self.writable():
+            cache._count("errors")  # skipped: the failure was warned about already
+            return
         try:
             cache.disk.put(key, data, sync=sync)
             if record and isinstance(key, CacheKey):
@@ -99,4 +128,17 @@ class DiskTier:
             cache._count("puts")
         except (OSError, KernelPackError) as exc:
             cache._count("errors")
-            cache._warn(f"disk cache write of {check_digest(key)[:16]} failed: {exc}")
+            self.write_failed(f"disk cache write of {check_digest(key)[:16]}", exc)
+
+    def writable(self) -> bool:
+        """Not backing off after a failed write (see :meth:`write_failed`)."""
+        return time.monotonic() >= self._writes_down_until
+
+    def write_failed(self, what: str, exc: BaseException) -> None:
+        """Warn once, naming the directory, and skip writes and locks for
+        :data:`DISK_WRITE_BACKOFF_S`: a full disk or a directory this user cannot write gave
+        one warning per compiled kernel, none of which said where."""
+        cache = self._cache
+        self._writes_down_until = time.monotonic() + DISK_WRITE_BACKOFF_S
+        cache._warn(f"{what} failed: {exc} (cache directory {cache.disk.root}); not writing "
+                    f"to it for {DISK_WRITE_BACKOFF_S:.0f} s")

@@ -3,7 +3,8 @@
 The key is SHA-256 over length-prefixed, labelled parts, in a fixed order:
 
 ``format`` (artifact major.minor), ``kernelpack`` (version), ``codegen`` (digest of the source
-of the packages that generate code: ``lowering/`` and ``toolchain/``), ``kind``, ``source``
+of what makes an artifact: the package's own modules, ``lowering/`` and ``toolchain/``; not
+``runtime/`` or ``cache/``), ``kind``, ``source``
 (digest of the canonical source bytes: the lowering's canonical fusion serialization, or the
 PTX/cubin bytes of an external kernel), ``options`` (canonical, type-tagged, sorted),
 ``targets`` (normalized, sorted), ``llvm``, ``nvjitlink``, ``libdevice`` (toolchain identity),
@@ -47,7 +48,10 @@ __all__ = ["CacheKey", "make_key", "canonical_options", "toolchain_identity", "c
 KEY_LABELS = ("format", "kernelpack", "codegen", "kind", "source", "options", "targets", "llvm",
               "nvjitlink", "libdevice", "ptxas-guard", "env")
 #: kernelpack's subpackages whose source decides the code an artifact holds
-CODEGEN_PACKAGES = ("lowering", "toolchain")
+# "" is the package's own modules: the tracer, expressions (cdiv's meaning: a grid), the
+# summary, the serializer also shape an artifact; only runtime/ and cache/ make no code
+# (review 28: an edited expr.py was served the old artifact's grids).
+CODEGEN_PACKAGES = ("", "lowering", "toolchain")
 _DOMAIN = b"kernelpack-cache-key/1\0"
 
 
@@ -279,7 +283,8 @@ def _codegen_of(root: Path) -> str:
     for package in CODEGEN_PACKAGES:
         for path in sorted((root / package).glob("*.py")):
             data = path.read_bytes()
-            h.update(f"{package}/{path.name}\0{len(data)}\0".encode())
+            h.update(f"{package + '/' if package else ''}{path.name}\0{len(data)}\0"
+                     .encode())
             h.update(data)
             count += 1
     return f"sha256:{h.hexdigest()} ({count} files)" if count else "unavailable:no source"

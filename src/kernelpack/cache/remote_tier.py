@@ -47,6 +47,7 @@ class RemoteTier:
         # Cache (and its Redis socket) alive until the next garbage collection.
         self._cache = weakref.proxy(cache)
         self._down_until = 0.0
+        self._writes_down_until = 0.0
 
     def ok(self) -> bool:
         """A remote is configured and not backing off after a failure."""
@@ -59,6 +60,25 @@ class RemoteTier:
         self._down_until = time.monotonic() + REMOTE_BACKOFF_S
         cache._warn(f"remote cache {what} failed ({type(exc).__name__}: {exc}); using the "
                     f"local cache and compiler for {REMOTE_BACKOFF_S:.0f} s")
+
+    def writable(self) -> bool:
+        """Reachable and not backing off after Redis refused a write (below)."""
+        return self.ok() and time.monotonic() >= self._writes_down_until
+
+    def refused(self, what: str, exc: BaseException) -> bool:
+        """Redis *answered* a write or lock with an error (``OOM`` at ``maxmemory`` with
+        ``noeviction``, ``READONLY`` on a replica): the remote still serves reads, so only
+        writes are skipped for a while, with one warning. Before, this backed the whole remote
+        off, and a full Redis made every machine compile entries it held. False when ``exc``
+        is not such a reply (the caller treats it as an outage)."""
+        if not _is_error_reply(exc):
+            return False
+        cache = self._cache
+        cache._count("remote_errors")
+        self._writes_down_until = time.monotonic() + REMOTE_BACKOFF_S
+        cache._warn(f"remote cache refused a {what} ({type(exc).__name__}: {exc}); reading "
+                    f"it still, writing nothing to it for {REMOTE_BACKOFF_S:.0f} s")
+        return True
 
     def readable(self) -> bool:
         """Reachable, and with a trusted key to check entries against (unless unsigned
@@ -121,7 +141,7 @@ class RemoteTier:
     def put(self, key: CacheKey | str, data: bytes) -> None:
         """Put ``data`` in a signed envelope (and the key's parts, for ``explain``); a failure
         is a warning and a back-off."""
-        if not self.ok():
+        if not self.writable():
             return
         from .remote import BadEntryValue, signed_entry, wrap_entry
 
@@ -144,7 +164,8 @@ class RemoteTier:
                 cache.remote.put_parts(key, json.dumps({"parts": key.parts}).encode())
             cache._count("remote_puts")
         except Exception as exc:
-            self.failed("write", exc)
+            if not self.refused("write", exc):
+                self.failed("write", exc)
 
     # ---- fleet-wide single flight --------------------------------------------------------------
     def lock(self, key: CacheKey | str,
@@ -154,7 +175,7 @@ class RemoteTier:
         cache = self._cache
         digest = check_digest(key)
         remote = cache.remote
-        if not hasattr(remote, "try_lock"):
+        if not hasattr(remote, "try_lock") or not self.writable():
             return None, None
         ttl_ms = int(cache.lock_ttl_s * 1000)
         deadline = time.monotonic() + cache.wait_s
@@ -187,7 +208,8 @@ class RemoteTier:
                                 f"{digest[:16]}; compiling here")
                     return None, None
         except Exception as exc:
-            self.failed("lock", exc)
+            if not self.refused("lock", exc):
+                self.failed("lock", exc)
             return None, None
 
     def unlock(self, digest: str, token: str) -> None:
@@ -195,4 +217,16 @@ class RemoteTier:
         try:
             self._cache.remote.unlock(digest, token)
         except Exception as exc:
-            self.failed("unlock", exc)
+            if not self.refused("unlock", exc):
+                self.failed("unlock", exc)
+
+
+def _is_error_reply(exc: BaseException) -> bool:
+    """An error *reply* of Redis (the server answered): kernelpack's RESP client's
+    ``RespError`` (a reply over the size limit aside: that is one bad entry), or the ``redis``
+    package's ``ResponseError`` family (OutOfMemoryError, ReadOnlyError)."""
+    from .resp import ReplyTooLarge, RespError
+
+    if isinstance(exc, RespError):
+        return not isinstance(exc, ReplyTooLarge)
+    return any(c.__name__ == "ResponseError" for c in type(exc).__mro__)

@@ -256,15 +256,31 @@ class RespClient:
                 self._sock, self._buf = None, b""
 
     def execute(self, *args: object) -> object:
-        """Send one command, return its reply (bytes, int, str, list or None)."""
+        """Send one command, return its reply (bytes, int, str, list or None).
+
+        A connection that was open before this command and turns out closed (Redis's idle
+        ``timeout``, a proxy's, a Redis restart) is opened again and the command sent once
+        more: that is no outage, and treating it as one cost a local compile and 30 s without
+        the remote. A failure on a fresh connection, or a timeout, is raised."""
         with self._lock:
-            if self._sock is None or self._pid != os.getpid():
+            reused = self._sock is not None and self._pid == os.getpid()
+            if not reused:
                 self._sock = None  # a forked child must not share its parent's socket
                 self._connect()
             try:
                 return self._roundtrip(list(args))
+            except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
+                self.close()  # the stream position is unknown now: start over
+                if not reused:
+                    raise
             except BaseException:
                 self.close()  # the stream position is unknown now: start over next time
+                raise
+            self._connect()
+            try:
+                return self._roundtrip(list(args))
+            except BaseException:
+                self.close()
                 raise
 
     def _roundtrip(self, args: list) -> object:
