@@ -48,18 +48,22 @@ line 'error: <message>' on stderr, never mixed into the JSON of --json on stdout
 
 # ---- argument types -----------------------------------------------------------------------------
 def _arch(text: str) -> str:
+    """A device's compute capability as ``sm_XY``: an ``a``/``f`` suffix qualifies compile
+    targets, not devices, so ``sm_100f`` is the device ``sm_100`` (as ``compute_103`` is
+    ``sm_103``); it was echoed as the device, beside "loads cubin sm_100a"."""
     from .targets import parse_arch
 
     try:
-        return parse_arch(text).sm
+        arch = parse_arch(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    return f"sm_{arch.major}{arch.minor}"
 
 
 def _driver(text: str) -> int:
     """``12.4`` -> 12040, the ``cuDriverGetVersion`` encoding."""
-    match = re.fullmatch(r"(\d{1,3})\.(\d{1,2})", text.strip())
-    if not match:
+    match = re.fullmatch(r"(\d{1,3})\.(\d)", text.strip())  # CUDA minors are 0..9
+    if not match or int(match.group(1)) == 0:
         raise argparse.ArgumentTypeError(f"expected a CUDA version such as 12.4 (got {text!r})")
     return int(match.group(1)) * 1000 + int(match.group(2)) * 10
 

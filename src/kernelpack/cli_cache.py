@@ -113,7 +113,9 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     rows = []
     for e in store.entries():
         record = store.read_parts(e.digest)
-        rows.append({"key": e.digest, "bytes": e.size, "age_s": round(time.time() - e.mtime, 1),
+        # mtime 0: dated in the future (see DiskStore.entries): its age is unknown (None)
+        age = round(max(0.0, time.time() - e.mtime), 1) if e.mtime else None
+        rows.append({"key": e.digest, "bytes": e.size, "age_s": age,
                      "kind": record.part("kind") if record else "?",
                      "program": _program_name(store, e.digest)})
     if args.json:
@@ -129,7 +131,9 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def _age(seconds: float) -> str:
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "future"  # dated ahead of this machine's clock: evicted first
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds / size:.1f}{unit}"

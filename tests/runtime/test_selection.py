@@ -73,7 +73,10 @@ def test_ptx_from_a_newer_toolkit_is_gated_by_its_isa_alone() -> None:
     (13.x): a CUDA 12 driver with no matching cubin used to be refused it."""
     ptx = img("ptx", "sm_80", cuda=13050, isa=(8, 0))
     assert chosen([img("cubin", "sm_90", cuda=13050), ptx], "sm_100", 12080) == "ptx compute_80"
-    with pytest.raises(CompatibilityError, match="PTX ISA 8.0 is newer than the driver"):
+    with pytest.raises(CompatibilityError, match="PTX ISA 8.1 is newer than the driver"):
+        select_image([img("ptx", "sm_80", cuda=13050, isa=(8, 1))], "sm_90", 12000)
+    # an 11.x driver loads nothing: cuLibraryLoadData is CUDA 12.0's (review 28)
+    with pytest.raises(CompatibilityError, match="CUDA 11.8 predates cuLibraryLoadData"):
         select_image([ptx], "sm_90", 11080)
     # without a recorded ISA the toolkit's major still decides
     with pytest.raises(CompatibilityError, match="built by CUDA 13.5, newer major"):
@@ -83,8 +86,9 @@ def test_ptx_from_a_newer_toolkit_is_gated_by_its_isa_alone() -> None:
 def test_ptx_isa_gate() -> None:
     assert max_ptx_isa(13000) == (9, 0)
     assert max_ptx_isa(12040) == (8, 4)
-    assert max_ptx_isa(12070) == (8, 5)   # no 12.7 row: the last one not newer
-    assert max_ptx_isa(99000) == (9, 1)   # unknown future driver: conservative
+    assert max_ptx_isa(12070) == (8, 6)   # 12.7: ISA 8.6 (cuda-bindings' own table)
+    assert max_ptx_isa(13050) == (9, 5)   # review 28: 13.2..13.5 were capped at 9.1
+    assert max_ptx_isa(99000) == (9, 5)   # unknown future driver: conservative
     assert max_ptx_isa(9000) is None
     newer = img("ptx", "sm_80", cuda=0, isa=(9, 1))
     with pytest.raises(CompatibilityError, match="PTX ISA 9.1 is newer than the driver accepts"):

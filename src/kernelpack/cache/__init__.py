@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import os
 import threading
 import warnings
@@ -35,11 +34,6 @@ from .disk import DiskStore, check_digest
 from .disk_tier import DiskTier
 from .keys import CacheKey, make_key
 from .remote_tier import RemoteTier
-
-# Failures of the cache directory as a whole, not of one key's file: a read-only or foreign
-# directory, a full disk or quota. One warning, then the disk tier stops writing for a while.
-_DIRECTORY_WIDE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
-                             errno.EDQUOT, errno.EFBIG})
 
 __all__ = ["Cache", "CacheKey", "CacheWarning", "make_key", "DiskStore", "STAT_NAMES"]
 
@@ -323,7 +317,7 @@ class Cache:
                     stack.enter_context(self.disk.lock(digest))
             except (OSError, KernelPackError) as exc:
                 self._count("errors")
-                if getattr(exc, "errno", None) in _DIRECTORY_WIDE:  # no writing there at all
+                if self._disk_tier.tier_wide(exc):  # no writing there at all
                     self._disk_tier.write_failed(f"taking the disk lock for {digest[:16]} "
                                                  f"(compiling without single-flight)", exc)
                 else:

@@ -16,6 +16,8 @@ a patched ``Cache._decode`` are the same whichever tier did the work.
 
 from __future__ import annotations
 
+import errno
+import os
 import time
 import weakref
 from typing import TYPE_CHECKING
@@ -34,6 +36,7 @@ __all__ = ["DiskTier", "DISK_WRITE_BACKOFF_S"]
 # After a failed write (a full disk, a read-only or foreign-owned directory), how long writes
 # and locks are skipped: one warning for the condition, not one per compiled kernel.
 DISK_WRITE_BACKOFF_S = 30.0
+_TIER_WIDE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 
 
 class DiskTier:
@@ -91,9 +94,10 @@ class DiskTier:
                         f"({type(exc).__name__}: {exc}); recompiling")
             return None
         if signer[0] is not None and not self._still_trusted(signer[0]):
-            cache._count("refused")
-            cache._warn(f"disk cache entry {digest[:16]} is signed by a key this cache no "
-                        f"longer trusts ({signer[0][:16]}); recompiling")
+            if count_miss:  # the look after taking the lock (count_miss=False) says nothing
+                cache._count("refused")
+                cache._warn(f"disk cache entry {digest[:16]} is signed by a key this cache no "
+                            f"longer trusts ({signer[0][:16]}); recompiling")
             return None
         cache._count("disk_hits")
         return data, compiled
@@ -128,11 +132,30 @@ class DiskTier:
             cache._count("puts")
         except (OSError, KernelPackError) as exc:
             cache._count("errors")
-            self.write_failed(f"disk cache write of {check_digest(key)[:16]}", exc)
+            what = f"disk cache write of {check_digest(key)[:16]}"
+            if self.tier_wide(exc):
+                self.write_failed(what, exc)
+            else:  # one key's path (a foreign shard, a stale file): that key alone is lost
+                cache._warn(f"{what} failed: {exc}")
 
     def writable(self) -> bool:
         """Not backing off after a failed write (see :meth:`write_failed`)."""
         return time.monotonic() >= self._writes_down_until
+
+    def tier_wide(self, exc: BaseException) -> bool:
+        """Whether a failed write means the whole directory cannot be written: a full disk or
+        quota, a read-only filesystem, a file size limit; a permission error only when the
+        entries directory itself (or the root, before it exists) is not writable. A
+        permission error on one key's shard or lock file costs that key alone (review 28:
+        pausing the tier for it lost every other entry compiled in the next 30 s)."""
+        code = getattr(exc, "errno", None)
+        if code in _TIER_WIDE:
+            return True
+        if code in (errno.EACCES, errno.EPERM):
+            root = self._cache.disk.root
+            target = root / "entries" if (root / "entries").is_dir() else root
+            return not os.access(target, os.W_OK | os.X_OK)
+        return False
 
     def write_failed(self, what: str, exc: BaseException) -> None:
         """Warn once, naming the directory, and skip writes and locks for

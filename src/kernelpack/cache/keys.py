@@ -49,9 +49,9 @@ KEY_LABELS = ("format", "kernelpack", "codegen", "kind", "source", "options", "t
               "nvjitlink", "libdevice", "ptxas-guard", "env")
 #: kernelpack's subpackages whose source decides the code an artifact holds
 # "" is the package's own modules: the tracer, expressions (cdiv's meaning: a grid), the
-# summary, the serializer also shape an artifact; only runtime/ and cache/ make no code
-# (review 28: an edited expr.py was served the old artifact's grids).
-CODEGEN_PACKAGES = ("", "lowering", "toolchain")
+# summary, the serializer and its generated FlatBuffers writers also shape an artifact; only
+# runtime/ and cache/ make no code (review 28: an edited expr.py was served the old grids).
+CODEGEN_PACKAGES = ("", "_generated", "lowering", "toolchain")
 _DOMAIN = b"kernelpack-cache-key/1\0"
 
 
@@ -282,6 +282,8 @@ def _codegen_of(root: Path) -> str:
     count = 0
     for package in CODEGEN_PACKAGES:
         for path in sorted((root / package).glob("*.py")):
+            if path.name.startswith(".") or not path.is_file():
+                continue  # an editor's lock (.#expr.py), macOS's ._expr.py: not modules
             data = path.read_bytes()
             h.update(f"{package + '/' if package else ''}{path.name}\0{len(data)}\0"
                      .encode())

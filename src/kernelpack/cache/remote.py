@@ -322,6 +322,15 @@ class RedisStore:
         name = self._name("lock", key)
         if self.client.set(name, token, nx=True, px=int(ttl_ms)):
             return token
+        # The RESP client sends a command again after a connection reset: when the first SET
+        # took the lock and only its reply was lost, the second finds our own token there
+        # (review 28: the process then waited wait_s for itself).
+        try:
+            if self.client.get(name) == token.encode():
+                return token
+        except Exception as exc:  # WRONGTYPE: a stale value of another type, taken over below
+            if "WRONGTYPE" not in str(exc):
+                raise
         taken = self.client.eval(_TAKE_STALE, 1, name, token, int(ttl_ms))
         return token if int(taken) == 1 else None  # type: ignore[call-overload]
 

@@ -26,22 +26,32 @@ from .._records import FrozenRecord
 from ..errors import CompatibilityError
 from ..targets import Arch, parse_arch
 
-__all__ = ["PTX_ISA_BY_CUDA", "Selection", "select_image", "explain", "max_ptx_isa",
+__all__ = ["PTX_ISA_BY_CUDA", "MIN_DRIVER_VERSION", "Selection", "select_image", "explain", "max_ptx_isa",
            "format_cuda_version", "image_label"]
 
 # CUDA toolkit/driver version (major, minor) -> the newest PTX ISA it accepts. From the PTX ISA
-# release notes; a driver newer than the last row is assumed to accept at least that row's ISA
-# (conservative: a newer PTX is rejected with a reason rather than failing inside the driver).
+# release notes, and for 12.x/13.x cuda-bindings 13.5's
+# ``cuda.bindings.utils.get_minimal_required_cuda_ver_from_ptx_ver`` (8.6 -> 12.7, 9.2..9.5 ->
+# 13.2..13.5; review 28 found ISA 9.2-9.5 PTX, which this machine's nvJitLink 13.5 writes,
+# refused on every driver from 13.2 up). A driver newer than the last row is assumed to accept
+# at least that row's ISA (conservative: a newer PTX is rejected with a reason rather than
+# failing inside the driver).
 PTX_ISA_BY_CUDA: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (
     ((10, 0), (6, 4)), ((10, 1), (6, 4)), ((10, 2), (6, 5)),
     ((11, 0), (7, 0)), ((11, 1), (7, 1)), ((11, 2), (7, 2)), ((11, 3), (7, 3)),
     ((11, 4), (7, 4)), ((11, 5), (7, 5)), ((11, 6), (7, 6)), ((11, 7), (7, 7)),
     ((11, 8), (7, 8)),
     ((12, 0), (8, 0)), ((12, 1), (8, 1)), ((12, 2), (8, 2)), ((12, 3), (8, 3)),
-    ((12, 4), (8, 4)), ((12, 5), (8, 5)), ((12, 6), (8, 5)), ((12, 8), (8, 7)),
-    ((12, 9), (8, 8)),
-    ((13, 0), (9, 0)), ((13, 1), (9, 1)),
+    ((12, 4), (8, 4)), ((12, 5), (8, 5)), ((12, 6), (8, 5)), ((12, 7), (8, 6)),
+    ((12, 8), (8, 7)), ((12, 9), (8, 8)),
+    ((13, 0), (9, 0)), ((13, 1), (9, 1)), ((13, 2), (9, 2)), ((13, 3), (9, 3)),
+    ((13, 4), (9, 4)), ((13, 5), (9, 5)),
 )
+
+
+# The oldest driver the runtime can load anything with: cuLibraryLoadData is CUDA 12.0's
+# (cuda-loading.md (a)); an 11.x driver lacks the symbol, so every image is rejected there.
+MIN_DRIVER_VERSION = 12000
 
 
 def format_cuda_version(version: int) -> str:
@@ -114,6 +124,9 @@ def _rank(image: Any, dev: Arch, driver_version: int | None) -> tuple[tuple | No
         return None, "host object code, not GPU code"
     if kind not in ("cubin", "ptx"):
         return None, f"unknown image kind {kind!r}"
+    if driver_version is not None and driver_version < MIN_DRIVER_VERSION:
+        return None, (f"the driver's CUDA {format_cuda_version(driver_version)} predates "
+                      f"cuLibraryLoadData (CUDA 12.0), which the runtime loads images with")
     # A cubin needs a driver of its toolkit's major. PTX is compiled here, by this machine's
     # nvJitLink: what it needs of the driver is its ISA (below), whatever toolkit wrote it
     # (kp.compile records nvJitLink's version on LLVM's ISA 8.x PTX, which a CUDA 12 driver
