@@ -26,7 +26,8 @@ from .._records import FrozenRecord
 from ..errors import CompatibilityError
 from ..targets import Arch, parse_arch
 
-__all__ = ["PTX_ISA_BY_CUDA", "MIN_DRIVER_VERSION", "Selection", "select_image", "explain", "max_ptx_isa",
+__all__ = ["PTX_ISA_BY_CUDA", "MIN_DRIVER_VERSION", "Selection", "select_image", "explain",
+           "max_ptx_isa",
            "format_cuda_version", "image_label"]
 
 # CUDA toolkit/driver version (major, minor) -> the newest PTX ISA it accepts. From the PTX ISA
