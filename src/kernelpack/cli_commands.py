@@ -184,15 +184,19 @@ def cmd_extract(args: argparse.Namespace) -> int:
         raise CLIError(f"{out}: exists and is not a directory")
     plan: list[tuple[Path, Any]] = []
     seen: dict[Path, str] = {}
+    renamed: dict[Path, str] = {}  # files whose name is not the module's: say whose they are
     for module in pack.modules.values():
+        stem = _module_stem(module.name)
         for image in module.images:
             ext = EXTENSIONS.get(image.kind, "bin")
-            name = f"{_module_stem(module.name)}.{safe_filename(image.target)}.{ext}"
+            name = f"{stem}.{safe_filename(image.target)}.{ext}"
             path = out / name
             label = f"{module.name}/{image.target}"
             if path in seen:
                 raise CLIError(f"images {seen[path]} and {label} map to one file name {name}")
             seen[path] = label
+            if stem != module.name:
+                renamed[path] = module.name
             plan.append((path, image))
     total = sum(image.raw_size for _, image in plan)  # raw sizes are checked when read
     if total > args.max_bytes:
@@ -213,6 +217,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
                 image.read(keep=False)  # decompressed and digest-checked
                 checked.add(image.check_key)
     out.mkdir(parents=True, exist_ok=True)
+    from .cli_facts import printable
     from .filewrite import write_atomic
 
     reader_gone = False
@@ -224,7 +229,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
         write_atomic(path, raw)
         if not reader_gone:
             try:
-                print(f"{path}  ({len(raw)} bytes)")
+                whose = f", module {printable(renamed[path])}" if path in renamed else ""
+                print(f"{path}  ({len(raw)} bytes{whose})")
             except BrokenPipeError:  # `extract ... | head -1`: the files are what was asked
                 reader_gone = True   # for, so all of them are written (and the status is 0)
     if not plan:
