@@ -36,7 +36,8 @@ __all__ = ["DiskTier", "DISK_WRITE_BACKOFF_S"]
 # After a failed write (a full disk, a read-only or foreign-owned directory), how long writes
 # and locks are skipped: one warning for the condition, not one per compiled kernel.
 DISK_WRITE_BACKOFF_S = 30.0
-_TIER_WIDE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+# ENOTDIR: the cache root lies below a regular file, so nothing under it exists or can
+_TIER_WIDE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.ENOTDIR})
 
 
 class DiskTier:
@@ -66,7 +67,10 @@ class DiskTier:
             found = cache.disk.read(digest)
         except OSError as exc:
             cache._count("errors")
-            cache._warn(f"disk cache read of {digest[:16]} failed: {exc}")
+            if not self.tier_wide(exc):
+                cache._warn(f"disk cache read of {digest[:16]} failed: {exc}")
+            elif self.writable():  # the directory as a whole: one warning, then quiet
+                self.write_failed(f"disk cache read of {digest[:16]}", exc)
             return None
         if found is None:
             if count_miss:
