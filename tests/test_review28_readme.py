@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 KP = str(ROOT / ".venv" / "bin" / "kernelpack")
 T = kp.Tensor
-sys.path.insert(0, str(ROOT / "tests" / "lowering"))
 
 
 def _out_dtypes(f: kp.fusion) -> list[str]:
@@ -76,7 +75,7 @@ def test_numpy_scalars_are_weak_in_the_dsl() -> None:
     with pytest.raises(kp.TraceError):
         d.trace()
 
-    from simt import run_fusion
+    from lowering.simt import run_fusion
 
     @kp.fusion
     def e(x: T[kp.i8, "n"]):
@@ -88,7 +87,7 @@ def test_numpy_scalars_are_weak_in_the_dsl() -> None:
 
 # ---- kp.where / kp.pad (231-237) ---------------------------------------------------------------
 def test_where_condition_of_any_dtype_nonzero_is_true() -> None:
-    from simt import run_fusion
+    from lowering.simt import run_fusion
 
     @kp.fusion
     def w(c: T[kp.f32, "n"], x: T[kp.f32, "n"], y: T[kp.f32, "n"]):
@@ -109,7 +108,7 @@ def test_where_condition_of_any_dtype_nonzero_is_true() -> None:
 
 
 def test_pad_appends_zeros_and_short_size_is_constraint_error_at_plan(tmp_path) -> None:
-    from simt import run_fusion
+    from lowering.simt import run_fusion
 
     @kp.fusion
     def p(x: T[kp.f32, "n"], k: T[kp.f32, "k"]):

@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import math
 import re
+import sys
 import threading
 from functools import lru_cache
 
@@ -34,6 +35,18 @@ _CT = {"bool": ctypes.c_bool, "int8": ctypes.c_int8, "int16": ctypes.c_int16,
        "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint8": ctypes.c_uint8,
        "uint16": ctypes.c_uint16, "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64,
        "float32": ctypes.c_float, "float64": ctypes.c_double}
+
+# The emulator's callbacks are registered with LLVM process-wide (llvm.add_symbol) and read
+# this module's thread-local state: a second copy of the module (imported under another name,
+# e.g. ``simt`` beside ``lowering.simt``) re-registers them, and kernels run by the first copy
+# then read registers nobody set: a stride of 0, threads spinning forever (session 28's CI
+# hang). Refuse a second copy instead.
+for _other in list(sys.modules.values()):
+    if (getattr(_other, "__file__", None) == __file__ and _other.__name__ != __name__
+            and hasattr(_other, "_state")):
+        raise ImportError(f"tests/lowering/simt.py is already imported as {_other.__name__!r}; "
+                          f"import it under that name (not {__name__!r}): its LLVM callbacks "
+                          f"are process-wide")
 
 _state = threading.local()
 _I32 = ctypes.CFUNCTYPE(ctypes.c_int32)
