@@ -45,6 +45,22 @@ _PARAM_ARRAY_RE = re.compile(r"\[\s*(\d+)\s*\]\s*$")
 _PARAM_WORD_RE = re.compile(r"\.([A-Za-z]\w*)")
 
 
+def _ptx_entry(ptx: bytes, entry: str) -> tuple[str, int, int] | None:
+    """Kernel ``entry``'s declaration in PTX text (comments blanked): ``(code, start, close)``
+    with ``start`` just after the name and ``close`` the position of the parameter list's
+    ``)`` (``close == start`` when there is no list); None when the entry is not found or its
+    list is not closed."""
+    code = _PTX_COMMENT_RE.sub(b" ", ptx).decode("utf-8", "replace")
+    match = re.search(r"\.entry\s+" + re.escape(entry) + r"(?![\w$])\s*", code)
+    if match is None:
+        return None
+    start = match.end()
+    if not code.startswith("(", start):
+        return code, start, start
+    close = code.find(")", start)
+    return None if close < 0 else (code, start, close)
+
+
 def ptx_entry_params(ptx: bytes, entry: str) -> list[tuple[str, int]] | None:
     """The ``.param`` list of kernel ``entry`` in PTX text as ``(declaration, bytes)`` pairs,
     in order (``[]`` for a kernel without parameters); None when the entry is not found or a
@@ -53,16 +69,13 @@ def ptx_entry_params(ptx: bytes, entry: str) -> list[tuple[str, int]] | None:
     Why: the runtime passes one pointer per summary argument to cuLaunchKernel, which reads
     as many parameters, of the sizes the kernel declares, as the kernel has. An argument list
     of another length or width is read out of bounds on the GPU, not reported."""
-    code = _PTX_COMMENT_RE.sub(b" ", ptx).decode("utf-8", "replace")
-    match = re.search(r"\.entry\s+" + re.escape(entry) + r"(?![\w$])\s*", code)
-    if match is None:
+    found = _ptx_entry(ptx, entry)
+    if found is None:
         return None
-    if not code.startswith("(", match.end()):
+    code, start, close = found
+    if close == start:
         return []  # ".entry k {": no parameters
-    close = code.find(")", match.end())
-    if close < 0:
-        return None
-    body = code[match.end() + 1:close].strip()
+    body = code[start + 1:close].strip()
     if not body:
         return []
     params: list[tuple[str, int]] = []
@@ -107,16 +120,11 @@ def ptx_entry_max_threads(ptx: bytes, entry: str) -> tuple[str, int] | None:
 
     Why: a launch with more threads per block than that fails on the GPU, at every call; a
     constant block can be checked against it when the kernel is declared."""
-    code = _PTX_COMMENT_RE.sub(b" ", ptx).decode("utf-8", "replace")
-    match = re.search(r"\.entry\s+" + re.escape(entry) + r"(?![\w$])\s*", code)
-    if match is None:
+    found = _ptx_entry(ptx, entry)
+    if found is None:
         return None
-    start = match.end()
-    if code.startswith("(", start):
-        close = code.find(")", start)
-        if close < 0:
-            return None
-        start = close + 1
+    code, start, close = found
+    start = close + 1 if close > start else start  # after the parameter list, if any
     body = code.find("{", start)
     if body < 0:
         return None

@@ -202,18 +202,12 @@ def _check_bound(g: Graph) -> None:
             bound.update(str(d.value) for d in shape if d.is_sym)
         elif dt.kind in "iub":
             bound.add(pname)
-    checked: set[Expr] = set()  # nodes share their shapes' expressions: each checked once
-    for node in g.nodes:
-        exprs = list(node.shape) + [a for a in node.attrs if isinstance(a, Expr)]
-        for e in exprs:
-            if e in checked:
-                continue
-            checked.add(e)
-            missing = e.symbols() - bound
-            if missing:
-                raise TraceError(f"fusion {g.name}: {node.op} uses dim(s) {sorted(missing)} that "
-                                 f"no input shape or integer scalar binds (bound: {sorted(bound)}); "
-                                 f"unbound symbol")
+    for node, e in g.expressions():
+        missing = e.symbols() - bound
+        if missing:
+            raise TraceError(f"fusion {g.name}: {node.op} uses dim(s) {sorted(missing)} that "
+                             f"no input shape or integer scalar binds (bound: {sorted(bound)}); "
+                             f"unbound symbol")
 
 
 def _check_constant_sizes(g: Graph) -> None:

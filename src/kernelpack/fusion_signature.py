@@ -176,6 +176,7 @@ def _check_inlined_number(where: str, pname: str, ann: DType, v: object) -> None
     numbers are everywhere in a fusion: only what a call would refuse is refused."""
     import numbers
 
+    from ._plan_types import dtype_range
     from .dtypes import is_numpy_bool
     from .expr import Expr
     from .promotion import plain_int
@@ -187,9 +188,7 @@ def _check_inlined_number(where: str, pname: str, ann: DType, v: object) -> None
     elif ann.kind in "iu":
         ok = isinstance(v, Expr) or (isinstance(v, int) and not is_bool)
         if ok and isinstance(v, int):
-            bits = 8 * ann.itemsize
-            lo, hi = ((0, (1 << bits) - 1) if ann.kind == "u"
-                      else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1))
+            lo, hi = dtype_range(ann)
             if not lo <= v <= hi:
                 raise TraceError(f"{where}: {pname!r} = {v} is outside {ann}'s range "
                                  f"{lo}..{hi}")

@@ -94,6 +94,17 @@ class Graph:
                 stack.extend(self.nodes[nid].inputs)
         return seen
 
+    def expressions(self) -> Iterator[tuple[Node, Expr]]:
+        """Every distinct expression of the graph (node shapes and ``Expr`` attributes), once,
+        with the first node that holds it: nodes share their shapes' expressions, and the
+        checks that walk them (bound symbols, symbols a size reads) need each only once."""
+        seen: set[Expr] = set()
+        for node in self.nodes:
+            for e in (*node.shape, *(a for a in node.attrs if isinstance(a, Expr))):
+                if e not in seen:
+                    seen.add(e)
+                    yield node, e
+
     def canonical(self) -> dict:
         """A JSON-ready description with no ids of Python objects: stable across processes.
         Expressions are written in full (:func:`~kernelpack.expr.canonical_text`), never as

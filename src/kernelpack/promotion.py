@@ -21,6 +21,7 @@ import numbers
 import operator
 from typing import TYPE_CHECKING, Any
 
+from ._plan_types import dtype_range
 from .dtypes import (DType, as_dtype, bool_, complex64, complex128, float16, float32, float64,
                      int8, int16, int32, int64, uint8, uint16, uint32, uint64)
 from .errors import TraceError
@@ -47,8 +48,7 @@ def _check_int_fits(v: int, dt: DType, given: object = None) -> None:
     integer scalar ``v`` came from (weak like a Python int here), for the message."""
     if dt.kind not in "iu":
         return
-    bits = 8 * dt.itemsize
-    lo, hi = (0, (1 << bits) - 1) if dt.kind == "u" else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+    lo, hi = dtype_range(dt)
     if not lo <= v <= hi:
         what = (f"Python integer {v}" if given is None else
                 f"{type(given).__name__} scalar {v} (a NumPy integer takes the tensor's dtype, "

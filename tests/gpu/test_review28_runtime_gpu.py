@@ -34,24 +34,8 @@ import pytest
 import kernelpack as kp
 from .torch_checks import check as _check, cuda as _cuda, host as _host
 from .torch_checks import poisoned as _poisoned, targets, untouched as _untouched
+from .torch_checks import NO_GPU as _NO_GPU, on_gpu, torch
 from kernelpack.errors import ConstraintError, KernelPackError, LaunchError
-
-try:
-    import torch
-except ImportError:  # pragma: no cover - depends on the machine
-    torch = None
-
-if torch is None:
-    _NO_GPU = "torch is not installed (the GPU tests launch through torch tensors)"
-elif not torch.cuda.is_available():
-    _NO_GPU = "no CUDA GPU visible to torch"
-else:
-    _NO_GPU = ""
-
-
-def on_gpu(fn):
-    """Mark ``fn`` as a GPU test, skipped with a reason where there is none."""
-    return pytest.mark.gpu(pytest.mark.skipif(bool(_NO_GPU), reason=_NO_GPU or "-")(fn))
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,15 +1,35 @@
-"""Helpers the black-box GPU review tests share (reviews 27 and 28): arrays to and from the
-device, a normwise comparison, NaN-poisoned outputs that show whether a refused call wrote
-anything, and the architectures to compile for on the GPU at hand. Imported only where torch
-sees a CUDA device (each function touches torch when called, not at import)."""
+"""Helpers the black-box GPU review tests share (reviews 27 and 28): whether there is a GPU
+to test on (``NO_GPU``, ``on_gpu``), arrays to and from the device, a normwise comparison,
+NaN-poisoned outputs that show whether a refused call wrote anything, and the architectures
+to compile for on the GPU at hand. Importable without torch (``torch`` is then None, and
+every ``on_gpu`` test skips with the reason)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+import pytest
 
-__all__ = ["targets", "cuda", "host", "check", "poisoned", "untouched"]
+try:
+    import torch
+except ImportError:  # pragma: no cover - depends on the machine
+    torch = None
+
+__all__ = ["torch", "NO_GPU", "on_gpu", "targets", "cuda", "host", "check", "poisoned",
+           "untouched"]
+
+if torch is None:
+    NO_GPU = "torch is not installed (the GPU tests launch through torch tensors)"
+elif not torch.cuda.is_available():
+    NO_GPU = "no CUDA GPU visible to torch"
+else:
+    NO_GPU = ""
+
+
+def on_gpu(fn: Any) -> Any:
+    """Mark ``fn`` as a GPU test, skipped with a reason where there is none."""
+    return pytest.mark.gpu(pytest.mark.skipif(bool(NO_GPU), reason=NO_GPU or "-")(fn))
 
 
 def targets(no_gpu: str) -> list:

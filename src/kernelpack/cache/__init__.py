@@ -218,10 +218,11 @@ class Cache:
         return save(compiled, sign_with=self.sign_with)
 
     # ---- the tiers: disk (self._disk_tier) and remote (self._remote_tier) ----------------------
-    def _warn(self, message: str) -> None:
-        """Log and warn; ``stacklevel`` names the caller of the tier method that failed."""
+    def _warn(self, message: str, depth: int = 0) -> None:
+        """Log and warn; ``stacklevel`` names the caller of the tier method that failed
+        (``depth``: how many helper frames of the tier lie between that method and here)."""
         _log().warning(message)
-        warnings.warn(message, CacheWarning, stacklevel=3)
+        warnings.warn(message, CacheWarning, stacklevel=3 + depth)
 
     def _from_disk(self, key: CacheKey | str, count_miss: bool = True,
                    name: str | None = None) -> Compiled | None:
@@ -317,12 +318,10 @@ class Cache:
                     stack.enter_context(self.disk.lock(digest))
             except (OSError, KernelPackError) as exc:
                 self._count("errors")
-                if self._disk_tier.tier_wide(exc):  # no writing there at all
-                    self._disk_tier.write_failed(f"taking the disk lock for {digest[:16]} "
-                                                 f"(compiling without single-flight)", exc)
-                else:
-                    self._warn(f"cannot take the disk lock for {digest[:16]} ({exc}); "
-                               f"compiling without single-flight")
+                self._disk_tier.failed(
+                    f"taking the disk lock for {digest[:16]} (compiling without single-flight)",
+                    exc, f"cannot take the disk lock for {digest[:16]} ({exc}); compiling "
+                         f"without single-flight")
             hit = self._from_disk(key, count_miss=False, name=name)  # filled while we waited?
             if hit is not None:
                 return hit

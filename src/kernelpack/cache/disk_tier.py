@@ -67,10 +67,7 @@ class DiskTier:
             found = cache.disk.read(digest)
         except OSError as exc:
             cache._count("errors")
-            if not self.tier_wide(exc):
-                cache._warn(f"disk cache read of {digest[:16]} failed: {exc}")
-            elif self.writable():  # the directory as a whole: one warning, then quiet
-                self.write_failed(f"disk cache read of {digest[:16]}", exc)
+            self.failed(f"disk cache read of {digest[:16]}", exc)
             return None
         if found is None:
             if count_miss:
@@ -136,14 +133,20 @@ class DiskTier:
             cache._count("puts")
         except (OSError, KernelPackError) as exc:
             cache._count("errors")
-            what = f"disk cache write of {check_digest(key)[:16]}"
-            if self.tier_wide(exc):
-                self.write_failed(what, exc)
-            else:  # one key's path (a foreign shard, a stale file): that key alone is lost
-                cache._warn(f"{what} failed: {exc}")
+            self.failed(f"disk cache write of {check_digest(key)[:16]}", exc)
+
+    def failed(self, what: str, exc: BaseException, message: str | None = None) -> None:
+        """Report a failed read, write or lock: a failure of one key's path (a foreign shard,
+        a stale file) is warned about as it is (``message``, else ``"<what> failed: <exc>"``)
+        and costs that key alone; one of the whole directory (:meth:`tier_wide`) warns once
+        and pauses writes (:meth:`_write_failed`), and is quiet while they are paused."""
+        if not self.tier_wide(exc):
+            self._cache._warn(message or f"{what} failed: {exc}", depth=1)
+        elif self.writable():
+            self._write_failed(what, exc)
 
     def writable(self) -> bool:
-        """Not backing off after a failed write (see :meth:`write_failed`)."""
+        """Not backing off after a failed write (see :meth:`_write_failed`)."""
         return time.monotonic() >= self._writes_down_until
 
     def tier_wide(self, exc: BaseException) -> bool:
@@ -161,11 +164,11 @@ class DiskTier:
             return not os.access(target, os.W_OK | os.X_OK)
         return False
 
-    def write_failed(self, what: str, exc: BaseException) -> None:
+    def _write_failed(self, what: str, exc: BaseException) -> None:
         """Warn once, naming the directory, and skip writes and locks for
         :data:`DISK_WRITE_BACKOFF_S`: a full disk or a directory this user cannot write gave
         one warning per compiled kernel, none of which said where."""
         cache = self._cache
         self._writes_down_until = time.monotonic() + DISK_WRITE_BACKOFF_S
         cache._warn(f"{what} failed: {exc} (cache directory {cache.disk.root}); not writing "
-                    f"to it for {DISK_WRITE_BACKOFF_S:.0f} s")
+                    f"to it for {DISK_WRITE_BACKOFF_S:.0f} s", depth=2)  # via failed()

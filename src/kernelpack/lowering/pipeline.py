@@ -14,7 +14,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..dtypes import DType, int64
 from ..errors import TraceError
-from ..expr import Expr, ge, sym
+from ..expr import ge, sym
 from ..compile_entry import Options, static_dims
 from ..fusion import Fusion
 from ..graph import Graph
@@ -152,12 +152,8 @@ def symbols_of(graph: Graph) -> list[str]:
 def _symbols_read(graph: Graph) -> set[str]:
     """Every symbol an expression of the graph reads: node shapes and Expr attributes."""
     read: set[str] = set()
-    seen: set[Expr] = set()
-    for node in graph.nodes:
-        for e in (*node.shape, *(a for a in node.attrs if isinstance(a, Expr))):
-            if e not in seen:
-                seen.add(e)
-                read |= e.symbols()
+    for _, e in graph.expressions():
+        read |= e.symbols()
     return read
 
 
