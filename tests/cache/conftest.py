@@ -83,18 +83,20 @@ def free_port() -> int:
 
 class RedisServer:
     """A redis-server child on 127.0.0.1:<free port>, no persistence (optionally with a
-    password: ``requirepass``)."""
+    password: ``requirepass``, and more options: ``extra_args``)."""
 
     START_ATTEMPTS = 5
     START_TIMEOUT_S = 30.0  # a loaded 2-core CI box; normally it answers in milliseconds
 
-    def __init__(self, workdir: Path, password: str | None = None) -> None:
+    def __init__(self, workdir: Path, password: str | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run "
                         "installs it)")
         pytest.importorskip("redis", reason="the redis package is not installed")
         self.binary, self.workdir, self.password = binary, workdir, password
+        self.extra_args = extra_args  # more redis-server options, e.g. a rename-command
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.start()
@@ -122,6 +124,7 @@ class RedisServer:
                 "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no"]
         if self.password is not None:
             args += ["--requirepass", self.password]
+        args += list(self.extra_args)
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + self.START_TIMEOUT_S
         while self.proc.poll() is None:

@@ -410,7 +410,7 @@ def test_a_fixed_generated_module_is_not_served_the_old_code(tmp_path: Path,
 # ==== what works: the remote tier ===============================================================
 class _BadServer:
     """``reset``: reads a command, then closes with RST. ``one``: answers one command per
-    connection (nil to GET, +OK otherwise), then closes."""
+    connection (nil to GET or GETEX, +OK otherwise), then closes."""
 
     def __init__(self, mode: str) -> None:
         self.mode, self.connections = mode, 0
@@ -433,8 +433,8 @@ class _BadServer:
         try:
             data = conn.recv(65536)
             if data and self.mode == "one":
-                conn.sendall(b"$-1\r\n" if data.split(b"\r\n")[2].upper() == b"GET"
-                             else b"+OK\r\n")
+                command = data.split(b"\r\n")[2].upper()
+                conn.sendall(b"$-1\r\n" if command in (b"GET", b"GETEX") else b"+OK\r\n")
                 conn.recv(65536)
             elif data:
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")

@@ -81,8 +81,8 @@ class Cache:
         When True (the default) a remote entry without a trusted signature is refused and
         counted; with no trusted key at all the remote is only written, never read.
     ttl_s, max_entry_bytes, timeout_s:
-        Redis entry lifetime (whole seconds), the largest entry put there (bytes), and the
-        socket timeout (seconds, > 0).
+        Redis entry lifetime (whole seconds, counted from the entry's last read), the
+        largest entry put there (bytes), and the socket timeout (seconds, > 0).
     lock_ttl_s, wait_s:
         Fleet-wide compile lock lifetime (at least 1 ms), and how long a process waits for
         another machine's compile before compiling itself (>= 0). Every number is checked

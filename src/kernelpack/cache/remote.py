@@ -9,7 +9,8 @@ The ed25519 signature covers ``"kernelpack-cache-entry-v1\\0" + key digest + sha
 so a trusted signed artifact cannot be replayed under another key, and the artifact inside
 carries its own kernelpack signature, checked again by ``kp.load(trusted_keys=...)``.
 
-``redis://`` URLs are served by :mod:`kernelpack.cache.resp` (six commands, no heavy import);
+``redis://`` URLs are served by :mod:`kernelpack.cache.resp` (seven commands, no heavy
+import);
 ``rediss://`` and ``unix://`` by the ``redis`` package, imported on first use. Every call has a
 socket timeout; the cache above turns any failure into a warning and a local compile (see
 :class:`kernelpack.cache.remote_tier.RemoteTier`). The name lookup is bounded by
@@ -236,6 +237,7 @@ class RedisStore:
             raise ValueError(f"client must be 'resp' or 'redis-py' (got {client!r})")
         self.client_kind = client
         self._client: Any = None
+        self._getex = True  # False once the server said it has no GETEX (before Redis 6.2)
 
     def __repr__(self) -> str:
         return f"RedisStore({redact_url(self.url)!r})"
@@ -283,7 +285,7 @@ class RedisStore:
         after the fact by redis-py, which has no reply limit)."""
         limit = self.max_entry_bytes + _HEADER.size
         try:
-            value = self.client.get(self._name("entry", key))
+            value = self._get_refreshing(self._name("entry", key))
         except Exception as exc:  # RespError, or the redis package's ResponseError
             if isinstance(exc, ReplyTooLarge):
                 raise BadEntryValue(f"remote entry {check_digest(key)[:16]}: {exc} "
@@ -299,6 +301,22 @@ class RedisStore:
                                 f"exceed the limit {limit} (max_entry_bytes "
                                 f"{self.max_entry_bytes} + envelope header)")
         return None if value is None else bytes(value)
+
+    def _get_refreshing(self, name: str) -> Any:
+        """GET ``name`` and restart its TTL (``GETEX ... EX ttl_s``): ``ttl_s`` counts from an
+        entry's last use, so the entries a fleet keeps reading never expire under it (which
+        made every machine miss, and one recompile, each ``ttl_s``), while unused ones still
+        go. A server older than Redis 6.2 has no GETEX: plain GET from then on (the TTL then
+        counts from the entry's write)."""
+        client = self.client
+        if self._getex:
+            try:
+                return client.getex(name, ex=self.ttl_s)
+            except Exception as exc:  # RespError, or the redis package's ResponseError
+                if "unknown command" not in str(exc).lower():
+                    raise
+                self._getex = False
+        return client.get(name)
 
     def put(self, key: str | CacheKey, data: bytes) -> bool:
         """Store with the TTL; False (nothing stored) when over ``max_entry_bytes``."""

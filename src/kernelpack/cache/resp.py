@@ -2,9 +2,10 @@
 
 Why not only the ``redis`` package: ``import redis`` also imports ``redis.asyncio`` and
 ``asyncio``, ~130 ms on a CI-class machine — longer than a whole warm start from disk
-(benchmarks/warmstart.py). The cache needs six commands (GET, SET with EX/PX/NX, EXISTS, DEL,
-EVAL, PING) with hard timeouts, so this module speaks them directly. ``rediss://`` (TLS) and
-``unix://`` URLs go through the ``redis`` package instead (see :class:`RedisStore`).
+(benchmarks/warmstart.py). The cache needs seven commands (GET, GETEX, SET with EX/PX/NX,
+EXISTS, DEL, EVAL, PING) with hard timeouts, so this module speaks them directly.
+``rediss://`` (TLS) and ``unix://`` URLs go through the ``redis`` package instead (see
+:class:`RedisStore`).
 
 Every failure is an ``OSError`` (connection refused, timeout, reset) or :class:`RespError`
 (a protocol violation or an error reply); the cache above turns either into a warning. After
@@ -369,6 +370,13 @@ class RespClient:
         value = self.execute("GET", name)
         if value is not None and not isinstance(value, bytes):
             raise RespError(f"GET returned {type(value).__name__}, expected a bulk string")
+        return value
+
+    def getex(self, name: str, ex: int) -> bytes | None:
+        """GET that also sets the key's expiry to ``ex`` seconds (Redis 6.2+)."""
+        value = self.execute("GETEX", name, "EX", int(ex))
+        if value is not None and not isinstance(value, bytes):
+            raise RespError(f"GETEX returned {type(value).__name__}, expected a bulk string")
         return value
 
     def set(self, name: str, value: bytes, ex: int | None = None, px: int | None = None,
