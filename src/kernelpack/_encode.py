@@ -26,7 +26,7 @@ from .compiled import IMAGE_KINDS, Image
 from .summary import ROLES, KernelSummary, Tensor
 
 __all__ = ["program_table", "image_table", "byte_vector", "u32_vector", "i64_vector",
-           "offset_vector", "string_vector", "ARG_KINDS", "ARCH_SUFFIXES"]
+           "offset_vector", "string_vector", "text", "ARG_KINDS", "ARCH_SUFFIXES"]
 
 # Stored enum values are indices into these (schema enums ArgKind and ArchSuffix).
 ARG_KINDS = ("buffer", "scalar", "value")
@@ -64,8 +64,21 @@ def offset_vector(b: flatbuffers.Builder, offsets: list[int]) -> int:
     return b.EndVector()
 
 
-def string_vector(b: flatbuffers.Builder, names: Iterable[str]) -> int:
-    return offset_vector(b, [b.CreateString(n) for n in names])
+def text(b: flatbuffers.Builder, value: str, what: str) -> int:
+    """A string of the file: ``value`` as UTF-8, or ValueError naming ``what`` holds text
+    that is not (a lone surrogate, as ``os.fsdecode`` makes of a file name's stray byte)
+    instead of a bare UnicodeEncodeError that names no field."""
+    try:
+        data = value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} {value!r} is not valid UTF-8 text: {exc.reason} at "
+                         f"character {exc.start}") from None
+    return b.CreateString(data)
+
+
+def string_vector(b: flatbuffers.Builder, names: Iterable[str], what: str) -> int:
+    """A vector of strings; ``what`` names them in an error (:func:`text`)."""
+    return offset_vector(b, [text(b, n, what) for n in names])
 
 
 class _Roots:
@@ -116,7 +129,7 @@ def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
 
     params = []
     for p, (dims, value) in zip(s.params, param_roots):
-        name = b.CreateString(p.name)
+        name = text(b, p.name, f"program {s.name!r}: parameter name")
         shape = u32_vector(b, [r[d] for d in dims]) if isinstance(p, Tensor) else None
         FParam.Start(b)
         FParam.AddKind(b, 0 if isinstance(p, Tensor) else 1)
@@ -131,7 +144,7 @@ def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
         params.append(FParam.End(b))
     constraints = []
     for c, root in zip(s.constraints, constraint_roots):
-        message = b.CreateString(c.message)
+        message = text(b, c.message, f"program {s.name!r}: constraint message")
         FConstraint.Start(b)
         FConstraint.AddPredicate(b, r[root])
         FConstraint.AddMessage(b, message)
@@ -140,7 +153,8 @@ def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
     for v, (pred, scratch_roots, launch_roots) in zip(s.variants, variant_roots):
         scratch = []
         for sc, dims in zip(v.scratch, scratch_roots):
-            name, shape = b.CreateString(sc.name), u32_vector(b, [r[d] for d in dims])
+            name = text(b, sc.name, f"program {s.name!r}: scratch name")
+            shape = u32_vector(b, [r[d] for d in dims])
             FScratch.Start(b)
             FScratch.AddName(b, name)
             FScratch.AddDtype(b, sc.dtype.code)
@@ -151,7 +165,7 @@ def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
         for ln, (grid, block, smem, count, arg_roots) in zip(v.launches, launch_roots):
             args = []
             for a, root in zip(ln.args, arg_roots):
-                name = b.CreateString(a.name)
+                name = text(b, a.name, f"program {s.name!r}: launch argument name")
                 FArg.Start(b)
                 FArg.AddKind(b, ARG_KINDS.index(a.kind))
                 FArg.AddName(b, name)
@@ -159,8 +173,10 @@ def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
                     FArg.AddValue(b, r[root])
                     FArg.AddDtype(b, a.dtype.code)  # type: ignore[union-attr]
                 args.append(FArg.End(b))
-            kernel, module = b.CreateString(ln.kernel), b.CreateString(ln.module)
-            loop, args_vec = b.CreateString(ln.loop), offset_vector(b, args)
+            where = f"program {s.name!r}: launch"
+            kernel = text(b, ln.kernel, f"{where} kernel")
+            module = text(b, ln.module, f"{where} module")
+            loop, args_vec = text(b, ln.loop, f"{where} loop symbol"), offset_vector(b, args)
             FLaunch.Start(b)
             FLaunch.AddKernel(b, kernel)
             FLaunch.AddModule(b, module)
@@ -181,7 +197,8 @@ def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
         variants.append(FVariant.End(b))
 
     enc = r.encoded
-    name, symbols = b.CreateString(s.name), string_vector(b, enc.symbols)
+    name = text(b, s.name, "program name")
+    symbols = string_vector(b, enc.symbols, f"program {s.name!r}: symbol")
     ops, imms = byte_vector(b, enc.ops), i64_vector(b, enc.imms)
     vecs = [offset_vector(b, params), offset_vector(b, constraints), offset_vector(b, variants)]
     FProgram.Start(b)
@@ -198,7 +215,7 @@ def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
 def image_table(b: flatbuffers.Builder, image: Image, blob: int, codec: int, stored: bytes) -> int:
     """The ``ImageMeta`` of ``image``, whose ``stored`` bytes (compressed with ``codec``) are
     blob number ``blob``."""
-    toolchain = b.CreateString(image.toolchain)
+    toolchain = text(b, image.toolchain, f"image {image.target}: toolchain")
     digest = byte_vector(b, hashlib.sha256(stored).digest())
     raw_digest = byte_vector(b, hashlib.sha256(image.data).digest())
     FImage.Start(b)

@@ -84,16 +84,24 @@ def safe_filename(text: str) -> str:
     return name or "_"
 
 
+# The longest stem kept as it is: a file name is at most 255 bytes on Linux and macOS, and
+# the stem gets ``.<target>.<ext>`` and, while written, write_atomic's temporary ``.<name>.
+# XXXXXXXX.tmp`` around it. A module name may be 1024 bytes (FORMAT.md section 6).
+_MAX_STEM = 160
+
+
 def _module_stem(name: str) -> str:
     """A module's file name stem: the name itself when it is safe as it stands, else the safe
     form plus a hash of the name, so that module names differing only in characters that
-    :func:`safe_filename` replaces (``mé`` and ``mè``) still get one file each."""
-    safe = safe_filename(name)
-    if safe == name:
+    :func:`safe_filename` replaces (``mé`` and ``mè``) still get one file each; a stem longer
+    than a file name may be is cut to :data:`_MAX_STEM` characters, the hash included."""
+    safe = safe_filename(name)  # plain ASCII: its characters are its bytes
+    if safe == name and len(safe) <= _MAX_STEM:
         return safe
     import hashlib
 
-    return f"{safe}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+    digest = hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:8]
+    return f"{safe[:_MAX_STEM - len(digest) - 1]}-{digest}"
 
 
 def parse_assignment(text: str, kinds: dict[str, str]) -> tuple[str, Any]:

@@ -28,6 +28,7 @@ from ._plan_types import MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, block_fits,
 from .summary import (Arg, Constraint, KernelSummary, Launch, Param, Scalar, Scratch, Tensor,
                       Variant)
 from .summary import _name as check_name
+from .targets import parse_target_list
 
 if TYPE_CHECKING:
     from .external_images import PtxSource
@@ -38,6 +39,8 @@ __all__ = ["external", "read_source", "ptx_entries", "cubin_entries", "cubin_arc
 # expressions are ~1.5 ms of ``import kernelpack``, which imports this module for kp.external
 # but needs none of it to load and launch.
 _FROM_IMAGES = frozenset(("read_source", "ptx_entries", "cubin_entries", "cubin_arch"))
+# targets= when none is given (a cubin dict's keys are its targets instead)
+DEFAULT_TARGETS = ("sm_80", "sm_90")
 
 
 def __getattr__(name: str) -> object:
@@ -60,7 +63,7 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
              cubin: bytes | Mapping[str, bytes] | None = None,
              llvm_ir: PtxSource | None = None, cuda: PtxSource | None = None,
              nvrtc_options: Sequence[str] = (), headers: Mapping[str, str | bytes] | None = None,
-             targets: Sequence[str] = ("sm_80", "sm_90"), args: Sequence[ArgLike] | None = None,
+             targets: Sequence[str] | None = None, args: Sequence[ArgLike] | None = None,
              module: str | None = None, constraints: Iterable[object] = (),
              scratch: Sequence[Scratch] = (), count: ExprLike | None = None,
              loop: str = "") -> Compiled:
@@ -86,7 +89,8 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
         ``cuda_version=0``: no toolkit of ours produced it.
     cubin:
         Instead of ``ptx``: cubin bytes (``targets`` must then name exactly one ``sm_XY``) or a
-        dict ``{"sm_90": bytes, ...}`` (``targets`` is ignored).
+        dict ``{"sm_90": bytes, ...}``, whose keys are the targets (a ``targets=`` given with
+        it must name the same architectures and no PTX: a ValueError says what differs).
     llvm_ir:
         Instead of ``ptx``: LLVM IR text or a path, for the ``nvptx64-nvidia-cuda`` triple with
         the kernel marked in ``!nvvm.annotations``. Emitted as PTX for the lowest ``sm_XY`` of
@@ -113,6 +117,9 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
     headers:
         For ``cuda=``: ``{"defs.h": text, ...}``, files that ``#include "defs.h"`` finds
         without ``-I`` (the source's headers given as text: nothing is read from disk).
+    targets:
+        What to build: ``sm_XY[a|f]`` cubins, ``"ptx"``, ``compute_XY`` (see ``ptx`` and
+        ``cuda``); default ``["sm_80", "sm_90"]``.
     args:
         The kernel's arguments in order. Default: every parameter in order (a tensor binds its
         device pointer, a scalar its value). Items are :class:`~kernelpack.Arg`, a parameter or
@@ -154,7 +161,8 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
         raise TypeError("kp.external needs exactly one kernel source: ptx=, cubin=, llvm_ir= or "
                         f"cuda= (got {', '.join(given) or 'none'})")
     # Read once, here: a generator would be exhausted by the first of the several passes below.
-    targets = _sequence(targets, "targets")
+    targets_given = targets is not None
+    targets = _sequence(DEFAULT_TARGETS if targets is None else targets, "targets")
     nvrtc_flags: tuple[str, ...] = ()
     header_texts: tuple[tuple[str, bytes], ...] = ()
     if cuda is not None:
@@ -179,8 +187,9 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
     bound_args = _bind_args(params, scratch, args)
     launch = Launch(kernel=entry, module=module_name, grid=grid, block=block,  # type: ignore[arg-type]
                     args=bound_args, shared_mem=shared_mem, count=count, loop=loop)
-    _check_constant_launch(launch)
     checked = tuple(_constraint(c) for c in _sequence(constraints, "constraints"))
+    _check_evaluable(launch, params, checked, scratch)
+    _check_constant_launch(launch)
     _check_constant_values(params, checked)
 
     def summary_of(launch: Launch) -> KernelSummary:
@@ -222,6 +231,8 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
         images = images_from_ptx(source, entry, targets, ptx_toolchain)
     else:
         images = images_from_cubins(cubin, entry, targets)  # type: ignore[arg-type]
+        if targets_given and isinstance(cubin, Mapping):
+            _check_dict_targets([image.arch for image in images], targets)
         for image in images:
             _check_args_fit(cubin_entry_params(image.data, entry),
                             f"the kernel {entry!r} of the cubin for {image.arch.sm}",
@@ -229,6 +240,21 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
             _check_thread_limit(image, entry, launch)
     mod = Module(name=module_name, kernels=(kernel,), images=tuple(images))
     return Compiled(summary=summary, modules=(mod,), origin="external")
+
+
+def _check_dict_targets(held: list, targets: tuple) -> None:
+    """``targets=`` beside ``cubin={...}`` (whose architectures are ``held``) must ask for
+    what the dict holds: a target left out would be silently missing from the artifact (a
+    CompatibilityError on that device, much later), and the dict has no PTX to keep."""
+    archs, want_ptx = parse_target_list(targets)
+    missing = sorted(str(a) for a in set(archs) - set(held))
+    extra = sorted(str(a) for a in set(held) - set(archs))
+    if want_ptx or missing or extra:
+        parts = ([f"asks for {', '.join(missing)}, which the dict has no cubin for"] * bool(missing)
+                 + [f"leaves out {', '.join(extra)}, which the dict holds"] * bool(extra)
+                 + ["asks for PTX, which a cubin dict cannot give"] * want_ptx)
+        raise ValueError(f"targets={list(targets)!r} {'; '.join(parts)}: with cubin={{...}} "
+                         f"the dict's keys are the targets (leave targets= out)")
 
 
 # ---- summary pieces ----------------------------------------------------------------------------
@@ -242,6 +268,36 @@ def _sequence(value: object, what: str) -> tuple:
         return tuple(value)  # type: ignore[call-overload]
     except TypeError:
         raise TypeError(f"{what} must be a list (got {value!r:.80})") from None
+
+
+def _check_evaluable(launch: Launch, params: tuple[Param, ...],
+                     constraints: tuple[Constraint, ...], scratch: tuple[Scratch, ...]) -> None:
+    """An expression that reads no symbol but was not folded to a number cannot be evaluated
+    (``kp.shl(1, 64)``, ``kp.cdiv(1, 0)``: folding keeps what would fail): ValueError naming
+    its field now, instead of an ExpressionError from every plan."""
+    from .errors import ExpressionError
+    from .expr_eval import evaluate
+
+    fields: list[tuple[str, Expr]] = [*zip(("grid.x", "grid.y", "grid.z"), launch.grid),
+                                      *zip(("block.x", "block.y", "block.z"), launch.block),
+                                      ("shared_mem", launch.shared_mem)]
+    if launch.count is not None:
+        fields.append(("count", launch.count))
+    fields += [(f"args[{i}]", a.value) for i, a in enumerate(launch.args)
+               if a.value is not None]
+    fields += [(f"computed scalar {p.name!r}", p.value) for p in params
+               if isinstance(p, Scalar) and p.value is not None]
+    fields += [(f"constraint {c.message or ''!r:.60}", c.predicate) for c in constraints]
+    fields += [(f"scratch {sc.name!r} shape[{i}]", d) for sc in scratch
+               for i, d in enumerate(sc.shape)]
+    for what, e in fields:
+        if e.is_const or e.symbols():
+            continue
+        try:
+            evaluate(e, {})
+        except ExpressionError as exc:
+            raise ValueError(f"{what} = {e} reads no symbol but cannot be evaluated ({exc}): "
+                             f"every call would be refused") from None
 
 
 def _check_constant_launch(launch: Launch) -> None:

@@ -44,16 +44,28 @@ def _new_file_mode() -> int:
 def write_file_object(file: object, data: bytes) -> None:
     """Write all of ``data`` to a binary file object. A text file is a TypeError naming the
     parameter (not io's "string argument expected"); a raw, unbuffered file may write only
-    part of the bytes per call, so it is written until done."""
+    part of the bytes per call, so it is written until done. A raw file's ``write`` answering
+    None wrote nothing (a non-blocking stream that cannot take more now): BlockingIOError
+    with the count written, never a truncated artifact reported as saved. Any other object's
+    None is taken as "all written", as a duck-typed ``write(self, b)`` that returns nothing
+    means it."""
     if isinstance(file, io.TextIOBase):
         raise TypeError("kp.save: path_or_file is a text file; open it in binary mode "
                         "('wb') to write an artifact")
     written = file.write(data)  # type: ignore[attr-defined]
     view = memoryview(data)
-    while isinstance(written, int) and not isinstance(written, bool) and written < len(view):
+    done = 0
+    while True:
+        if written is None and isinstance(file, io.RawIOBase):
+            raise BlockingIOError(errno.EAGAIN, f"kp.save: the file object would block "
+                                                f"(non-blocking?) after {done} of {len(data)} "
+                                                f"bytes; the artifact is incomplete")
+        if not isinstance(written, int) or isinstance(written, bool) or written >= len(view):
+            return
         if written <= 0:
             raise OSError(errno.EIO, f"kp.save: the file object wrote {written} of "
                                      f"{len(view)} bytes")
+        done += written
         view = view[written:]
         written = file.write(view)  # type: ignore[attr-defined]
 

@@ -211,9 +211,9 @@ def _check_bound(g: Graph) -> None:
 
 
 def _check_constant_sizes(g: Graph) -> None:
-    """A size that reads no symbol must exist: ``1 << 64`` (``kp.arange(1 << n)`` with
-    ``static={"n": 64}``) cannot be evaluated, and an output of constant shape may need more
-    bytes than int64 holds. Either would make every plan of the program fail, so the trace
+    """A size that reads no symbol must exist: it cannot be negative, ``1 << 64``
+    (``kp.arange(1 << n)`` with ``static={"n": 64}``) cannot be evaluated, and an output of
+    constant shape may need more bytes than int64 holds. Either would make every plan of the program fail, so the trace
     refuses it, as kp.external refuses constant launch sizes that CUDA cannot run."""
     from .errors import ExpressionError
     from .expr import INT64_MAX
@@ -223,6 +223,8 @@ def _check_constant_sizes(g: Graph) -> None:
     for nid in g.reachable(nid for _, nid in g.outputs):
         node = g.nodes[nid]
         for e in node.shape:
+            if e.is_const and e.value < 0:  # type: ignore[operator]
+                raise TraceError(f"fusion {g.name}: {node.op} has a negative size {e}")
             if e in checked or e.is_const or e.symbols():
                 continue
             checked.add(e)

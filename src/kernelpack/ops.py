@@ -130,6 +130,7 @@ def _reduction(kind: str) -> Callable[..., Value]:
             raise TraceError(f"kp.{kind}: expects a traced tensor (got {x!r:.60})")
         return reduce_api(kind, x, axis, dtype, out, keepdims)
     fn.__name__ = kind
+    fn.__qualname__ = f"kp.{kind}"  # a misspelled keyword: "kp.sum() got an unexpected ..."
     fn.__doc__ = (f"``np.{kind}(x, axis, dtype, keepdims=...)`` of a traced tensor: the same "
                   f"as ``x.{kind}(...)``.")
     return fn
@@ -337,6 +338,8 @@ def pad(x: Value, size: object, axis: int = -1) -> Value:
     (ax,) = _axes("pad", x, axis)
     shape = list(x.shape)
     shape[ax] = dim_expr(size)
+    if shape[ax].is_const and shape[ax].value < 0:  # type: ignore[operator]
+        raise TraceError(f"pad: size {shape[ax]} of axis {ax} of {_desc(x)} is negative")
     if shape[ax].is_const and x.shape[ax].is_const and shape[ax].value < x.shape[ax].value:
         raise TraceError(f"pad: size {shape[ax]} is below the length {x.shape[ax]} of axis {ax} "
                          f"of {_desc(x)} (pad only adds zeros at the end)")

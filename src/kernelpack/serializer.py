@@ -23,7 +23,7 @@ import flatbuffers
 
 from . import _generated as _fbpkg  # noqa: F401  (the generated package must be importable)
 from ._encode import (ARCH_SUFFIXES, ARG_KINDS, byte_vector, image_table, offset_vector,
-                      program_table, string_vector)
+                      program_table, string_vector, text)
 from ._generated import (Blob as FBlob, Body as FBody, Module as FModule, Pack as FPack,
                          Signature as FSignature)
 from ._schema import BODY_ALIGNMENT
@@ -154,8 +154,9 @@ def encode(compiled: list[Compiled]) -> tuple[bytes, list[bytes]]:
                 blob_index[key] = len(blobs)
                 blobs.append(stored)
             images.append(image_table(b, image, blob_index[key], codec, stored))
-        name, kernels, images_vec = (b.CreateString(mname), string_vector(b, module.kernels),
-                                     offset_vector(b, images))
+        name = text(b, mname, "module name")
+        kernels = string_vector(b, module.kernels, f"module {mname!r}: kernel name")
+        images_vec = offset_vector(b, images)
         FModule.Start(b)
         FModule.AddName(b, name)
         FModule.AddKernels(b, kernels)
