@@ -607,3 +607,16 @@ def test_save_to_a_duck_typed_writer_returning_none() -> None:
 
     sink = Sink()
     assert bytes(sink.data) == b"" and kp.save([axpy()], sink) == bytes(sink.data)
+
+
+@pytest.mark.parametrize("value", ["abc", b"1", 1j, 10 ** 400])
+def test_plan_checks_a_float_scalar_it_is_given(art, value) -> None:
+    """plan() may leave out a float scalar (it cannot change a plan), but one it is given is
+    checked as a call (and `kernelpack eval`) checks it: a string or a complex is a
+    TypeError naming it, a value past float32 a ConstraintError."""
+    pack = kp.load(art)
+    with pytest.raises((TypeError, kp.ConstraintError), match="'a'"):
+        pack["axpy"].plan(x=(10,), y=(10,), a=value)
+    for ok in (0.5, 2, True, float("nan"), None):
+        assert pack["axpy"].plan(x=(10,), y=(10,), a=ok).launches
+    assert pack["axpy"].plan(x=(10,), y=(10,)).launches
