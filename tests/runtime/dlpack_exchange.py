@@ -78,8 +78,8 @@ class FakeExchange:
     def _describe(self, obj_address: int, out: Any) -> int:
         t = ctypes.cast(obj_address, ctypes.py_object).value
         self.described.append(t)
-        if self.refuse:
-            return -1
+        if self.refuse or getattr(t, "layout", "strided") != "strided":
+            return -1  # torch's answer for a sparse/mkldnn tensor: no DLPack view of it
         code, bits = DL[t.dtype.name]
         ndim = len(t.shape)
         shape = (c_int64 * max(ndim, 1))(*t.shape)

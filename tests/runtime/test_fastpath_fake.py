@@ -50,13 +50,20 @@ class Tensor:
     def is_neg(self) -> bool:
         return self._neg
 
+    # torch's sparse/mkldnn layouts: no strides, no data pointer (torch raises RuntimeError)
+    layout = "strided"
+
     def data_ptr(self) -> int:
+        if self.layout != "strided":
+            raise RuntimeError("Cannot access data pointer of Tensor that doesn't have storage")
         return ctypes.addressof(self._buf)
 
     def get_device(self) -> int:
         return self._device
 
     def is_contiguous(self) -> bool:
+        if self.layout != "strided":
+            raise RuntimeError(f"is_contiguous is not implemented for {self.layout} tensors")
         return self._contiguous
 
     def record_stream(self, stream: object) -> None:
@@ -130,6 +137,7 @@ def torch(monkeypatch):
             mod.current_stream = before
 
     mod.empty = empty
+    mod.strided = "strided"  # the layout of a dense tensor (Tensor.layout)
     mod.empty_like = lambda t: Tensor([0] * (_prod(t.shape) * t.dtype.itemsize // 4), t.dtype,
                                       t.shape, device=t._device)
     mod.device = lambda kind, index: (kind, index)
@@ -264,6 +272,28 @@ def _install_cupy(monkeypatch):
                                          getDevice=lambda: mod.current.device),
                                      Device=device)
     return install_framework(monkeypatch, "cupy", mod)
+
+
+def test_a_sparse_tensor_on_a_warm_fast_path_is_the_general_paths_launch_error(
+        fake, torch, launch_path) -> None:
+    """A tensor whose is_contiguous() / data_ptr() raise (torch's sparse and mkldnn layouts),
+    as an input or as out=, is handed to the general path on every fast path (C and the
+    closure alike), which names the parameter; nothing is launched."""
+    prog = axpby()
+    x, y = Tensor([1.0, 2.0], torch.float32), Tensor([1.0, 1.0], torch.float32)
+    for _ in range(2):  # the general path, then the warm one
+        call_program(prog, x, y, 1.0)
+    launched = len(fake.calls)
+    sparse = Tensor([1.0, 2.0], torch.float32)
+    sparse.layout = "sparse_coo"
+    with pytest.raises(LaunchError, match="'x': a sparse_coo torch tensor"):
+        call_program(prog, sparse, y, 1.0)
+    with pytest.raises(LaunchError, match="'y': a sparse_coo torch tensor"):
+        call_program(prog, x, sparse, 1.0)
+    with pytest.raises(LaunchError, match="a sparse_coo torch tensor"):
+        call_program(prog, x, y, 1.0, out=sparse)
+    assert not [c for c in fake.calls[launched:] if c[0] == "cuLaunchKernel"]
+    assert call_program(prog, x, y, 1.0).values() == [2.0, 3.0]  # and the fast path still works
 
 
 def test_cupy_fast_path(fake, cupy, launch_path) -> None:

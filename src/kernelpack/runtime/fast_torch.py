@@ -76,18 +76,22 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
             return slow(args, out, stream)  # outputs for another stream: general path
         vals = [0] * nvals
         t = args[first_i]
-        if t.__class__ is not Tensor or t.dtype is not first_dt or not t.is_contiguous():
-            return slow(args, out, stream)
-        device = t.get_device()  # host tensors (-1) have no state: see ``st`` below
-        key = [t.shape]
-        vals[first_slot] = t.data_ptr()
-        for i, slot, dt in rest:
-            t = args[i]
-            if (t.__class__ is not Tensor or t.dtype is not dt or not t.is_contiguous()
-                    or t.get_device() != device):
+        try:  # a sparse or mkldnn tensor raises in is_contiguous() / data_ptr(): no strides
+            if t.__class__ is not Tensor or t.dtype is not first_dt or not t.is_contiguous():
                 return slow(args, out, stream)
-            key.append(t.shape)
-            vals[slot] = t.data_ptr()
+            device = t.get_device()  # host tensors (-1) have no state: see ``st`` below
+            key = [t.shape]
+            vals[first_slot] = t.data_ptr()
+            for i, slot, dt in rest:
+                t = args[i]
+                if (t.__class__ is not Tensor or t.dtype is not dt or not t.is_contiguous()
+                        or t.get_device() != device):
+                    return slow(args, out, stream)
+                key.append(t.shape)
+                vals[slot] = t.data_ptr()
+        except Exception:  # noqa: BLE001 - the general path meets it again and names the
+            # parameter (a LaunchError), as FastCall (C) hands such an array over
+            return slow(args, out, stream)
         for i, pos, f32 in floats:
             v = args[i]
             if v.__class__ is not float or f32 and FLOAT32_OVERFLOW <= abs(v) < INF:
@@ -130,11 +134,14 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
                 ret = tuple(made) if made else None
             sh = raw_stream(device)
         elif single_out and out.__class__ is Tensor:
-            if (out.dtype is not out_dt or not out.is_contiguous() or out.shape != shapes[0]
-                    or out.get_device() != device
-                    or view_out and (out.is_conj() or out.is_neg())):
+            try:  # a sparse out= raises as a sparse input does (above)
+                if (out.dtype is not out_dt or not out.is_contiguous() or out.shape != shapes[0]
+                        or out.get_device() != device
+                        or view_out and (out.is_conj() or out.is_neg())):
+                    return slow(args, out, stream)
+                o = vals[out_slot] = out.data_ptr()
+            except Exception:  # noqa: BLE001
                 return slow(args, out, stream)
-            o = vals[out_slot] = out.data_ptr()
             if out_overlaps_input(vals, o, overlap):  # the general path refuses it
                 return slow(args, out, stream)
             ret = out
