@@ -620,3 +620,18 @@ def test_plan_checks_a_float_scalar_it_is_given(art, value) -> None:
     for ok in (0.5, 2, True, float("nan"), None):
         assert pack["axpy"].plan(x=(10,), y=(10,), a=ok).launches
     assert pack["axpy"].plan(x=(10,), y=(10,)).launches
+
+
+@pytest.mark.parametrize("call", [lambda x: x.mean(dim=-1, keepdim=True),
+                                  lambda x: x.sum(keepdim=True), lambda x: x.max(dim=0),
+                                  lambda x: kp.max(x, dim=1), lambda x: kp.mean(x, dim=1)])
+def test_torch_reduction_keywords_get_numpys_names(call) -> None:
+    """Review 29 (models): torch's dim=/keepdim= on a reduction named the internal class
+    ("Value.mean() got an unexpected keyword argument 'dim'"); the TypeError now names the
+    call as the user wrote it and says which names kernelpack reads."""
+    def f(x: kp.Tensor[kp.f32, "b", "n"]):  # type: ignore[valid-type]
+        return call(x)
+
+    with pytest.raises(TypeError, match=r"^(x|kp)\.(mean|sum|max)\(\) got an unexpected keyword "
+                                        r"argument '(dim|keepdim)'.*NumPy's axis= and keepdims="):
+        kp.compile(kp.fusion(f), targets=["sm_80"])

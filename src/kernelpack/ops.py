@@ -25,7 +25,7 @@ from .promotion import dsl_dtype
 # so the rules and the public entry points each stay readable.
 from .tracing import (Value, _axes, _binary, _desc, _fmt, _graph_of, _promote, _reduce,
                       _unary, astype, broadcast_shapes, conj, current_graph, pow, reduce_api,
-                      trace_value)
+                      reduction_keywords, trace_value)
 
 __all__ = [
     "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
@@ -107,16 +107,20 @@ def _two_operands(name: str, axis: object, keepdims: object) -> None:
                          f"axis={axis!r}, keepdims={keepdims!r})")
 
 
-def max(a: object, b: object = None, *, axis=None, keepdims=False) -> object:  # noqa: A001
+def max(a: object, b: object = None, *, axis=None, keepdims=False,  # noqa: A001
+        **unknown: object) -> object:
     """``kp.max(x, axis=...)`` reduces; ``kp.max(a, b)`` is the elementwise maximum."""
+    reduction_keywords("max", unknown, "kp")
     if b is None:
         return _reduce("max", a, axis, keepdims) if isinstance(a, Value) else a
     _two_operands("max", axis, keepdims)
     return maximum(a, b)
 
 
-def min(a: object, b: object = None, *, axis=None, keepdims=False) -> object:  # noqa: A001
+def min(a: object, b: object = None, *, axis=None, keepdims=False,  # noqa: A001
+        **unknown: object) -> object:
     """``kp.min(x, axis=...)`` reduces; ``kp.min(a, b)`` is the elementwise minimum."""
+    reduction_keywords("min", unknown, "kp")
     if b is None:
         return _reduce("min", a, axis, keepdims) if isinstance(a, Value) else a
     _two_operands("min", axis, keepdims)
@@ -125,7 +129,8 @@ def min(a: object, b: object = None, *, axis=None, keepdims=False) -> object:  #
 
 def _reduction(kind: str) -> Callable[..., Value]:
     def fn(x: object, axis: object = None, dtype: object = None, out: object = None,
-           keepdims: object = False) -> Value:
+           keepdims: object = False, **unknown: object) -> Value:
+        reduction_keywords(kind, unknown, "kp")
         if not isinstance(x, Value):
             raise TraceError(f"kp.{kind}: expects a traced tensor (got {x!r:.60})")
         return reduce_api(kind, x, axis, dtype, out, keepdims)

@@ -27,7 +27,7 @@ from .promotion import (_from_dims, _promote, dsl_dtype, from_sizes, known_compa
 from .shape_rules import _axes, _desc, _fmt, broadcast_shapes, index_axes
 
 __all__ = ["Value", "trace_value", "broadcast_shapes", "astype", "pow", "conj", "active_graph",
-           "current_graph"]
+           "current_graph", "reduce_api", "reduction_keywords"]
 
 # ---- traced values ----------------------------------------------------------------------------
 class _NoAttribute(TraceError, AttributeError):
@@ -195,19 +195,24 @@ class Value:
     conjugate = conj
 
     # NumPy's signatures: x.sum(0, np.float64) passes a dtype, x.max(0, None, True) keepdims
-    def sum(self, axis=None, dtype=None, out=None, keepdims=False):
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False, **unknown):
+        reduction_keywords("sum", unknown)
         return reduce_api("sum", self, axis, dtype, out, keepdims)
 
-    def prod(self, axis=None, dtype=None, out=None, keepdims=False):
+    def prod(self, axis=None, dtype=None, out=None, keepdims=False, **unknown):
+        reduction_keywords("prod", unknown)
         return reduce_api("prod", self, axis, dtype, out, keepdims)
 
-    def mean(self, axis=None, dtype=None, out=None, keepdims=False):
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False, **unknown):
+        reduction_keywords("mean", unknown)
         return reduce_api("mean", self, axis, dtype, out, keepdims)
 
-    def max(self, axis=None, out=None, keepdims=False):
+    def max(self, axis=None, out=None, keepdims=False, **unknown):
+        reduction_keywords("max", unknown)
         return reduce_api("max", self, axis, None, out, keepdims)
 
-    def min(self, axis=None, out=None, keepdims=False):
+    def min(self, axis=None, out=None, keepdims=False, **unknown):
+        reduction_keywords("min", unknown)
         return reduce_api("min", self, axis, None, out, keepdims)
 
     # NumPy functions (np.exp(x), np.maximum(x, 0)) on traced tensors: kernelpack.numpy_interop
@@ -383,6 +388,19 @@ def _reduce(kind: str, x: Value, axis: object, keepdims: bool) -> Value:
     if keepdims or not axes:
         return red
     return _view(red, tuple(i for i in range(x.ndim) if i not in axes))
+
+
+def reduction_keywords(kind: str, unknown: dict, owner: str = "x") -> None:
+    """TypeError for keywords a reduction does not take, as Python words it, with a hint
+    for torch's spellings (``x.mean(dim=-1, keepdim=True)``, the commonest port of a torch
+    kernel): kernelpack reads NumPy's ``axis=``/``keepdims=``. ``owner``: "x" for the method,
+    "kp" for the function."""
+    if not unknown:
+        return
+    key = next(iter(unknown))
+    hint = (": kernelpack takes NumPy's axis= and keepdims=, not torch's dim= and keepdim="
+            if key in ("dim", "keepdim") else "")
+    raise TypeError(f"{owner}.{kind}() got an unexpected keyword argument {key!r}{hint}")
 
 
 def reduce_api(kind: str, x: Value, axis: object, dtype: object, out: object,
