@@ -67,3 +67,34 @@ def test_a_replaced_file_keeps_its_permissions(tmp_path: Path) -> None:
     os.chmod(target, 0o600)
     write_atomic(target, b"new")
     assert target.read_bytes() == b"new" and (target.stat().st_mode & 0o777) == 0o600
+
+
+def test_a_write_removes_temporaries_of_killed_writers_only(tmp_path) -> None:
+    """Temporaries named as write_atomic names them and not locked (their writer is gone) are
+    removed by the next write of that name; a live writer's (locked), another name's, a
+    symlink and a directory are left alone."""
+    import fcntl
+
+    target = tmp_path / "model.kpack"
+    orphan = tmp_path / ".model.kpack.abcd1234.tmp"
+    live = tmp_path / ".model.kpack.live5678.tmp"
+    other = tmp_path / ".other.kpack.abcd1234.tmp"
+    odd = tmp_path / ".model.kpack.abcd1234.tmp.bak"
+    link = tmp_path / ".model.kpack.link0000.tmp"
+    folder = tmp_path / ".model.kpack.dir00000.tmp"
+    for p in (orphan, live, other, odd):
+        p.write_bytes(b"partial")
+    link.symlink_to(other)
+    folder.mkdir()
+    holder = os.open(live, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # a writer still at work
+        write_atomic(target, b"new")
+        assert target.read_bytes() == b"new"
+        assert not orphan.exists()
+        assert live.exists() and other.exists() and odd.exists() and folder.is_dir()
+        assert link.is_symlink()
+    finally:
+        os.close(holder)
+    write_atomic(target, b"newer")  # the writer is gone now
+    assert not live.exists() and target.read_bytes() == b"newer"

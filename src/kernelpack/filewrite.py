@@ -4,7 +4,8 @@
 :func:`write_atomic`: all or nothing under the final name, the directory fsynced after the
 rename, an existing file's permissions kept (a new one gets what ``open()`` would give it), a
 symbolic link followed, a FIFO or device written directly. Errors name the path asked for,
-not a temporary name.
+not a temporary name. A writer killed mid-write leaves its temporary (``.NAME.XXXXXXXX.tmp``)
+beside the file; the next successful write of that name removes it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import stat
 import tempfile
 
@@ -94,6 +96,71 @@ def _write_target(path: str) -> tuple[str, bool]:
     return path, True  # a link no path resolves to (/proc/self/fd/N of a deleted file)
 
 
+def _try_lock(fd: int) -> bool | None:
+    """``flock`` ``fd`` without waiting: True, False when someone else holds it, None where
+    the platform or filesystem has no flock."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as exc:
+        return False if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
+
+
+def _names_it(fd: int, path: str) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.lstat(path))
+    except OSError:
+        return False
+
+
+def _locked_temporary(directory: str, base: str) -> tuple[int, str]:
+    """A new temporary for ``base``, locked (``flock``) until the writer is done with it: a
+    writer killed meanwhile (SIGKILL, the OOM killer) leaves it unlocked, which is how a
+    later write of ``base`` knows it may remove it (:func:`_remove_orphans`). Between the
+    file's creation and the lock, a sweep may take the lock first and remove it: the writer
+    then sees the lock held, or the name gone, and makes another."""
+    for _ in range(16):
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{base}.", suffix=".tmp")
+        locked = _try_lock(fd)
+        if locked is None or locked and _names_it(fd, tmp):
+            return fd, tmp
+        os.close(fd)  # a sweep holds it (and removes it), or removed it already
+    return tempfile.mkstemp(dir=directory, prefix=f".{base}.", suffix=".tmp")  # unlocked
+
+
+def _remove_orphans(directory: str, base: str) -> int:
+    """Remove the temporaries of earlier writes of ``base`` whose writers are gone: named as
+    :func:`write_atomic` names them and not locked (a live writer holds its lock until the
+    rename). Each killed ``kp.save`` left one beside the artifact, for ever. Returns how many
+    were removed; never raises (a cleanup, not part of the write)."""
+    pattern = re.compile(re.escape(f".{base}.") + r"[A-Za-z0-9_]{8}\.tmp")
+    removed = 0
+    try:
+        names = [e.name for e in os.scandir(directory) if pattern.fullmatch(e.name)]
+    except OSError:
+        return 0
+    for name in names:
+        candidate = os.path.join(directory, name)
+        try:
+            fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:  # locked by us, so no writer holds it; and still the file of that name
+            if (stat.S_ISREG(os.fstat(fd).st_mode) and _try_lock(fd)
+                    and _names_it(fd, candidate)):
+                os.unlink(candidate)
+                removed += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)  # (releases the lock after the unlink: see _locked_temporary)
+    return removed
+
+
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Temp file in the same directory, fsync, os.replace: all or nothing under ``path``
     (see :func:`_write_target` for links, devices and FIFOs, which are written directly)."""
@@ -106,22 +173,25 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
             write_file_object(f, data)
         return
     directory = os.path.dirname(os.path.abspath(path))
+    base = os.path.basename(path)
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
-                                   suffix=".tmp")
+        fd, tmp = _locked_temporary(directory, base)
     except OSError as exc:
         raise _renamed(exc, asked) from None
     try:
-        with os.fdopen(fd, "wb") as f:
+        f = os.fdopen(fd, "wb")
+        try:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        try:  # replacing a file keeps its permissions (a 0600 artifact stays private)
-            mode = os.stat(path).st_mode & 0o7777
-        except OSError:  # a new file: what open() would give it (mkstemp's is 0600)
-            mode = _new_file_mode()
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+            try:  # replacing a file keeps its permissions (a 0600 artifact stays private)
+                mode = os.stat(path).st_mode & 0o7777
+            except OSError:  # a new file: what open() would give it (mkstemp's is 0600)
+                mode = _new_file_mode()
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+        finally:
+            f.close()
     except BaseException as exc:
         try:
             os.unlink(tmp)
@@ -130,6 +200,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         if isinstance(exc, OSError):
             raise _renamed(exc, asked) from None
         raise
+    _remove_orphans(directory, base)
     try:  # make the rename itself durable; not every platform can open a directory
         dir_fd = os.open(directory, os.O_RDONLY)
     except OSError:

@@ -16,7 +16,8 @@ Guarantees, and how:
 - **Many processes.** Readers never lock; an entry disappearing under a reader (eviction,
   ``clear``) is a miss, never an exception.
 - **Single-flight.** :meth:`DiskStore.lock` takes ``flock`` on a per-key lock file; the kernel
-  releases it if the holder dies. The file is unlinked by the holder before releasing, and an
+  releases it if the holder dies, and a forked child neither keeps nor waits for its parent's
+  (:mod:`._flock`). The file is unlinked by the holder before releasing, and an
   acquirer re-checks that the path still names the inode it locked, so deleting lock files
   cannot let two holders in.
 - **Bounded.** With ``max_bytes``, least-recently-used entries (by mtime, refreshed on a hit at
@@ -46,6 +47,7 @@ from typing import Iterator
 from ..limits import MAX_FILE_SIZE
 from ._files import read_record as _read_record, remove_file as _remove
 from ._files import write_atomic as _write_atomic
+from ._flock import hold, release
 from .keys import CacheKey
 
 __all__ = ["DiskStore", "EntryInfo", "check_digest", "TOUCH_INTERVAL_S", "LOW_WATER",
@@ -246,14 +248,15 @@ class DiskStore:
                 os.close(fd)
                 raise
             if same:
+                hold(fd)
                 break
-            os.close(fd)  # the holder before us unlinked it: lock the new file instead
+            release(fd)  # the holder before us unlinked it: lock the new file instead
         try:
             yield
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-            os.close(fd)  # closing releases the flock
+            release(fd)  # LOCK_UN: a child forked meanwhile must not keep it (_flock.py)
 
     # ---- maintenance ---------------------------------------------------------------------------
     def quarantine(self, key: str | CacheKey, seen: tuple[int, int] | None = None) -> Path | None:
@@ -333,6 +336,7 @@ class DiskStore:
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                     return 0, 0
                 raise
+            hold(fd)
             entries = self.entries()
             total = sum(e.size for e in entries)
             if total <= max_bytes:
@@ -356,7 +360,7 @@ class DiskStore:
             self.evicted += removed
             return removed, freed
         finally:
-            os.close(fd)
+            release(fd)  # (not locked: LOCK_UN of a lock not held does nothing)
 
     def prune_temps(self, older_than_s: float = 3600.0) -> int:
         """Remove temporary files left by killed writers (older than ``older_than_s``)."""

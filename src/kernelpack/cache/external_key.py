@@ -151,17 +151,22 @@ def include_digests(options: Any) -> list[str]:
 def external_key(args: tuple, kwargs: dict[str, Any]) -> tuple[CacheKey, Callable[[], Compiled]]:
     """The key of ``kp.external(*args, **kwargs)`` and a build function calling it with the
     source already read. Misuse (no source, two sources) is left to ``kp.external``."""
-    from ..external import _sequence, external
+    from ..external import DEFAULT_TARGETS, _sequence, external
 
     kwargs = dict(kwargs)
+    asked = kwargs.pop("targets", None)
     # checked as kp.external checks it: a bare "sm_80" is not a list of characters
-    targets = list(_sequence(kwargs.pop("targets", ("sm_80", "sm_90")), "targets"))
+    targets = list(_sequence(DEFAULT_TARGETS if asked is None else asked, "targets"))
     given = [k for k in _SOURCES if kwargs.get(k) is not None]
     if len(given) != 1:
         external(*args, targets=targets, **kwargs)  # raises the TypeError naming the problem
         raise TypeError(f"kp.external needs exactly one of {_SOURCES} (got {given})")
     kind = given[0]
     value = kwargs.pop(kind)
+    if asked is None and kind == "cubin" and isinstance(value, dict):
+        targets = sorted(str(t) for t in value)  # the dict's keys are its targets
+    # kp.external checks targets= beside a cubin dict only when given: passed on as given
+    passed = {} if asked is None else {"targets": targets}
     if kind == "cubin" and isinstance(value, dict):
         source = b"".join(len(t).to_bytes(8, "big") + t.encode() + len(d).to_bytes(8, "big")
                           + bytes(d) for t, d in sorted(value.items()))
@@ -179,4 +184,4 @@ def external_key(args: tuple, kwargs: dict[str, Any]) -> tuple[CacheKey, Callabl
 
         options["nvrtc"] = nvrtc.key_identity()
     key = make_key("external", source, options, targets)
-    return key, lambda: external(*args, targets=targets, **{kind: value}, **kwargs)
+    return key, lambda: external(*args, **passed, **{kind: value}, **kwargs)

@@ -22,6 +22,7 @@ an IP literal or ``localhost`` never reaches the resolver, and costs no thread.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import socket
@@ -266,7 +267,10 @@ class RespClient:
         with self._lock:
             reused = self._sock is not None and self._pid == os.getpid()
             if not reused:
-                self._sock = None  # a forked child must not share its parent's socket
+                if self._sock is not None:  # a forked child must not share its parent's
+                    inherited, self._sock = self._sock, None  # socket: close its copy (a
+                    with contextlib.suppress(OSError):  # plain close, no shutdown: the
+                        inherited.close()  # parent's connection stays up)
                 self._connect()
             try:
                 return self._roundtrip(list(args))
