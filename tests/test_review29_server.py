@@ -1062,3 +1062,16 @@ def test_fork_before_any_launch_from_a_mapped_pack(fake, files) -> None:
         return repr(y.values())
 
     assert _in_child(child) == "[4.0, 7.0]"
+
+
+def test_a_cai_array_in_a_child_forked_after_cuda_use_is_the_fork_error(monkeypatch) -> None:
+    """On the GPU (tests/gpu/test_review29_server_gpu.py), a forked child's driver answers
+    nothing, so every __cuda_array_interface__ pointer read as host memory: "argument 'x' is
+    in host memory", instead of the README's DeviceError about fork. The pointer query now
+    says it first."""
+    from kernelpack.errors import DeviceError
+    from kernelpack.runtime import arrays, device
+
+    monkeypatch.setattr(device, "_forked_after_init", True)
+    with pytest.raises(DeviceError, match="fork"):
+        arrays._pointer_device(0x7000_0000)

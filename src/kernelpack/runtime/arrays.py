@@ -19,7 +19,7 @@ import threading
 from typing import Any, Callable
 
 from ..dtypes import DType, as_dtype, strict_index
-from ..errors import LaunchError
+from ..errors import DeviceError, LaunchError
 
 __all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "adapter_for",
            "stream_handle", "stream_device", "check_stream_device", "GENERIC", "hold",
@@ -113,9 +113,13 @@ def _contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsiz
 
 
 def _pointer_device(ptr: int) -> int:
-    """The device ordinal owning ``ptr`` (-1 when it is not device memory)."""
-    from . import driver as _drv
+    """The device ordinal owning ``ptr`` (-1 when it is not device memory). DeviceError in
+    a child forked after the parent initialized CUDA: the driver answers nothing there, and
+    every pointer read as host memory ("move it to a CUDA device first")."""
+    from . import device as _dev, driver as _drv
 
+    if _dev._forked_after_init:
+        raise DeviceError(_dev.FORK_MESSAGE)
     drv = _drv.init()
     attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
     err, value = drv.cuPointerGetAttribute(attr, ptr)
