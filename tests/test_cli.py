@@ -79,7 +79,8 @@ def test_inspect_json(files, capsys) -> None:
     code, out, _ = run(capsys, "inspect", files["a"], "--json")
     facts = json.loads(out)
     assert code == 0 and facts["format_version"] == "1.0"
-    assert facts["signature"] == {"signed": False, "key_id": None, "verified": None}
+    assert facts["signature"] == {"signed": False, "key_id": None, "verified": None,
+                                  "intact": None}
     axpy = {p["name"]: p for p in facts["programs"]}["axpy"]
     assert [p["name"] for p in axpy["params"]] == ["x", "y", "a", "n32"]
     assert axpy["params"][3] == {"name": "n32", "kind": "scalar", "role": "computed",

@@ -1075,3 +1075,25 @@ def test_a_cai_array_in_a_child_forked_after_cuda_use_is_the_fork_error(monkeypa
     monkeypatch.setattr(device, "_forked_after_init", True)
     with pytest.raises(DeviceError, match="fork"):
         arrays._pointer_device(0x7000_0000)
+
+
+def test_a_memory_error_inside_cuinit_is_not_remembered_as_no_driver(monkeypatch) -> None:
+    """Review 29: a MemoryError raised inside cuInit became the remembered DeviceError "no
+    CUDA driver found" for the rest of the process. It is the process's trouble: it
+    propagates as itself, and the next call initializes the driver."""
+    from kernelpack.runtime import driver
+
+    fake = install(monkeypatch, FakeDriver())
+    real, calls = fake.cuInit, []
+
+    def flaky(flags: int) -> tuple:
+        calls.append(flags)
+        if len(calls) == 1:
+            raise MemoryError("out of memory in cuInit")
+        return real(flags)
+
+    monkeypatch.setattr(fake, "cuInit", flaky)
+    monkeypatch.setattr(driver, "_initialized", threading.Event())
+    with pytest.raises(MemoryError):
+        driver.init()
+    assert driver.init() is not None and len(calls) == 2

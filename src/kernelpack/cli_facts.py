@@ -180,11 +180,24 @@ def module_facts(module: Any, device: str | None = None,
 
 
 def _signature_facts(pack: Any) -> dict[str, Any]:
+    """``signed``, ``key_id``, ``verified`` (against a trusted key) and ``intact``: whether
+    the signature verifies under the key it names (None when unsigned). Without ``intact``
+    anyone could write the team's public key beside a forged signature and be shown as
+    signed by the team (review 29); the check costs about 0.1 ms."""
     sig = getattr(pack, "signature", None)
     if sig is None:
-        return {"signed": False, "key_id": None, "verified": None}
+        return {"signed": False, "key_id": None, "verified": None, "intact": None}
+    intact = True
+    check = getattr(pack, "check_signature_intact", None)
+    if check is not None:
+        from .errors import SignatureError
+
+        try:
+            check()
+        except SignatureError:
+            intact = False
     return {"signed": True, "key_id": getattr(sig, "key_id", None),
-            "verified": getattr(sig, "verified", None)}
+            "verified": getattr(sig, "verified", None), "intact": intact}
 
 
 def _version(value: Any) -> str:

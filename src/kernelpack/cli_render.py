@@ -90,6 +90,9 @@ def _repeat(count: str | None, loop: str | None) -> str:
 def signature_text(sig: dict[str, Any]) -> str:
     if not sig["signed"]:
         return "unsigned"
+    if sig.get("intact") is False:
+        return (f"signed, key {sig['key_id']}: DOES NOT VERIFY (changed after signing, or "
+                f"not signed by that key)")
     # the loader checks a signature only against trusted keys (verify --trusted-key)
     state = "verified" if sig["verified"] else "not checked against a trusted key"
     return f"signed, key {sig['key_id']}: {state}"

@@ -34,7 +34,7 @@ def _fleet(tmp_path: Path, redis_server, axpy_cubin: bytes, client: str,  # type
     from .conftest import from_cubin
 
     private = generate_private_key()
-    artifact = kp.save(from_cubin("good", axpy_cubin))
+    artifact = kp.save(from_cubin("good", axpy_cubin), sign_with=private)  # as Cache writes
     limit = len(artifact) + 1024
     raw = redis_server.client()
     raw.set(f"kernelpack:1:entry:{GOOD}", wrap_entry(GOOD, artifact, private))

@@ -105,8 +105,8 @@ def test_a_trusted_remote_entry_holding_another_program_is_refused(tmp_path: Pat
     private = generate_private_key()
     store = MemoryStore()
     digest = "cd" * 32
-    store.entries[digest] = wrap_entry(digest, kp.save(from_cubin("other", axpy_cubin)),
-                                       private)
+    store.entries[digest] = wrap_entry(digest, kp.save(from_cubin("other", axpy_cubin),
+                                                       sign_with=private), private)
     cache = Cache(tmp_path, remote=store, sign_with=private)  # type: ignore[arg-type]
     with pytest.warns(CacheWarning, match="refused"):
         got = cache.fetch_or_compile(digest, lambda: from_cubin("mine", axpy_cubin),

@@ -64,9 +64,16 @@ def test_get_and_put_cover_both_tiers(tmp_path: Path, signing_keys: tuple[Path, 
     a = Cache(tmp_path / "a", remote=redis_server.url, sign_with=str(private))
     assert a.get(key_for(2)) is None
     a.put(key_for(2), data)
-    assert a.get(key_for(2)) == data and a.stats()["disk_hits"] == 1
+    # stored signed with sign_with, as the cache signs what it compiles (remote readers take
+    # an artifact only with a trusted signature of its own): the same program and images
+    stored = a.get(key_for(2))
+    assert stored != data and a.stats()["disk_hits"] == 1
+    assert kp.load(stored, trusted_keys=[str(public)]).compiled("k2") == \
+        kp.load(data).compiled("k2")
     b = Cache(tmp_path / "b", remote=redis_server.url, trusted_keys=[str(public)])
-    assert b.get(key_for(2)) == data and b.stats()["remote_hits"] == 1
+    assert b.get(key_for(2)) == stored and b.stats()["remote_hits"] == 1
+    a.put(key_for(2), stored)  # signed by sign_with already: kept byte for byte
+    assert a.get(key_for(2)) == stored
     assert b.fetch_or_compile(key_for(2), lambda: pytest.fail("compiled")).origin == "disk"
     with pytest.raises(TypeError, match="data must be artifact bytes"):
         a.put(key_for(3), "text")  # type: ignore[arg-type]

@@ -259,17 +259,30 @@ class Cache:
 
     def put(self, key: CacheKey | str, data: bytes) -> None:
         """Store artifact bytes (from ``kp.save`` of one program) under ``key`` on disk and on
-        the remote (signed with ``sign_with``). TypeError/ValueError for data that is not such
-        an artifact: signing and sharing garbage would only make every reader refuse it."""
+        the remote, signed with ``sign_with`` when it is given (the artifact itself is
+        re-signed unless that key signed it already; its body and images are unchanged).
+        TypeError/ValueError for data that is not such an artifact: signing and sharing
+        garbage would only make every reader refuse it."""
         check_digest(key)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data must be artifact bytes (got {type(data).__name__})")
         data = bytes(data)
+        signer: list = []
         try:
-            self._decode(data, None, "disk")
+            self._decode(data, None, "disk", signer)
         except KernelPackError as exc:
             raise ValueError(f"data is not a single-program kernelpack artifact "
                              f"({type(exc).__name__}: {exc})") from None
+        if self.sign_with is not None:
+            from ..signing import public_key_bytes
+
+            if signer[0] != public_key_bytes(self.sign_with).hex():
+                # signed as the cache signs what it compiles: readers of the remote take an
+                # artifact only with a trusted signature of its own (not only the envelope's)
+                from ..loader import load
+                from ..serializer import resign
+
+                data = resign(load(data), self.sign_with)
         self._put_disk(key, data)
         if self.remote is not None:
             self._remote_tier.put(key, data)

@@ -124,9 +124,11 @@ class RemoteTier:
             from .remote import unwrap_entry
 
             artifact = unwrap_entry(digest, data, trusted)
-            # The envelope signature (a trusted key, over this key and the artifact's SHA-256)
-            # already vouches for every byte: the loader checks digests, not the signer again.
-            compiled = cache._decode(artifact, None, "remote")
+            # The artifact must carry a trusted signature of its own too, not only the
+            # envelope: its copy on disk is all that later processes see, and an unsigned one
+            # would pass there for this machine's own compile, out of reach of revoking the
+            # envelope's key (review 29). Kernelpack's writers sign both with sign_with.
+            compiled = cache._decode(artifact, trusted, "remote")
             check_binding(compiled, key, name)
         except Exception as exc:
             cache._count("refused")

@@ -193,6 +193,8 @@ def init() -> Any:
             drv = bindings()
             try:
                 result = drv.cuInit(0)
+            except (MemoryError, RecursionError):
+                raise  # this process's trouble, not the driver's: the next call tries again
             except Exception as exc:  # the driver library itself is missing (no libcuda.so)
                 raise DeviceError(_NO_DRIVER) from exc
             check(result, "cuInit (initializing the CUDA driver)")
