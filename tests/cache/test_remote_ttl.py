@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import redis
 
 from kernelpack.cache.remote import RedisStore
 
@@ -14,6 +13,7 @@ from .conftest import RedisServer
 from .worker import key_for
 
 pytestmark = pytest.mark.redis
+redis = pytest.importorskip("redis", reason="the redis package is not installed")
 
 TTL_S = 1000
 
