@@ -213,8 +213,9 @@ def _check_bound(g: Graph) -> None:
 def _check_constant_sizes(g: Graph) -> None:
     """A size that reads no symbol must exist: it cannot be negative, ``1 << 64``
     (``kp.arange(1 << n)`` with ``static={"n": 64}``) cannot be evaluated, and an output of
-    constant shape may need more bytes than int64 holds. Either would make every plan of the program fail, so the trace
-    refuses it, as kp.external refuses constant launch sizes that CUDA cannot run."""
+    constant shape may need more bytes than int64 holds. Each would make every plan of the
+    program fail, so the trace refuses it, as kp.external refuses constant launch sizes that
+    CUDA cannot run."""
     from .errors import ExpressionError
     from .expr import INT64_MAX
     from .expr_eval import evaluate
