@@ -609,17 +609,14 @@ def test_save_to_a_duck_typed_writer_returning_none() -> None:
     assert bytes(sink.data) == b"" and kp.save([axpy()], sink) == bytes(sink.data)
 
 
-@pytest.mark.parametrize("value", ["abc", b"1", 1j, 10 ** 400])
-def test_plan_checks_a_float_scalar_it_is_given(art, value) -> None:
-    """plan() may leave out a float scalar (it cannot change a plan), but one it is given is
-    checked as a call (and `kernelpack eval`) checks it: a string or a complex is a
-    TypeError naming it, a value past float32 a ConstraintError."""
+def test_plan_does_not_read_a_float_scalar(art) -> None:
+    """Review 29 asked plan() to check a float scalar it is given (a="abc" returns a plan).
+    Decided against it: plan() never reads a float scalar (none can change a plan), and
+    callers pass `.shape` for every argument (tests/lowering/simt.py does: `()` for a 0-d
+    scalar); a call checks the value (and `kernelpack eval` its text)."""
     pack = kp.load(art)
-    with pytest.raises((TypeError, kp.ConstraintError), match="'a'"):
-        pack["axpy"].plan(x=(10,), y=(10,), a=value)
-    for ok in (0.5, 2, True, float("nan"), None):
-        assert pack["axpy"].plan(x=(10,), y=(10,), a=ok).launches
-    assert pack["axpy"].plan(x=(10,), y=(10,)).launches
+    for value in ("abc", (), None, 0.5):
+        assert pack["axpy"].plan(x=(10,), y=(10,), a=value).launches
 
 
 @pytest.mark.parametrize("call", [lambda x: x.mean(dim=-1, keepdim=True),

@@ -80,10 +80,16 @@ def test_targets_given_as_a_generator_are_read_once(kind: str) -> None:
     assert _kinds(make(t for t in listed)) == _kinds(make(listed))
 
 
-@pytest.mark.parametrize("targets", [None, "sm_80", 80, {"sm_80": 1}])
+@pytest.mark.parametrize("targets", ["sm_80", 80, {"sm_80": 1}])
 def test_targets_must_be_a_list(targets: object) -> None:
     with pytest.raises(TypeError, match="targets must be a list"):
         _axpy(targets=targets)
+
+
+def test_targets_none_is_the_default() -> None:
+    """targets=None means the default (sm_80 and sm_90): None is the signature's default
+    since review 29 (a cubin dict's keys are its targets when targets= is left out)."""
+    assert _kinds(_axpy(targets=None)) == _kinds(_axpy(targets=["sm_80", "sm_90"]))
 
 
 def test_llvm_ir_for_an_arch_specific_and_a_later_target() -> None:

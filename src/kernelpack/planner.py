@@ -47,8 +47,6 @@ class Planner:
         self._symbol_scalars = tuple(i for i, p in enumerate(scalars) if p.is_symbol)
         # Scalars no expression can read (floats, complex): plan() does not need them.
         self._optional = tuple(p.name for p in scalars if not p.is_symbol)
-        # ...but one that is given is checked as a call would check it (a string for a float)
-        self._unread = tuple((i, p) for i, p in enumerate(scalars) if not p.is_symbol)
         self._ref: ReferencePlanner | None = None
         from ._plan_fast import compile_fast
 
@@ -107,9 +105,8 @@ class Planner:
     def plan(self, *args: Any, **kwargs: Any) -> Plan:
         """Plan from call arguments: positional in ``summary.inputs`` order, or by name.
         Tensors are shapes (tuples of ints) or objects with ``.shape``. Scalars that no
-        expression reads (floating-point ones) may be left out: they cannot change a plan;
-        given, they are checked as a call checks them. Dims and integer scalars must be
-        integers (``operator.index``): TypeError otherwise."""
+        expression reads (floating-point ones) may be left out: they cannot change a plan.
+        Dims and integer scalars must be integers (``operator.index``): TypeError otherwise."""
         values: Sequence[Any] = args
         if kwargs or len(args) != len(self._input_names):
             values = self._bind(args, kwargs)
@@ -121,9 +118,6 @@ class Planner:
                 shapes.append(value)
             else:
                 shapes.append(self._shape_of(value, name))
-        for i, p in self._unread:
-            if scalars[i] is not None:
-                self._check_unread(scalars[i], p)
         for i in self._symbol_scalars:  # 10.0 == 10 must not find the plan cached for 10
             v = scalars[i]
             if v.__class__ is not int and v.__class__ is not bool:
@@ -132,15 +126,6 @@ class Planner:
                 except TypeError:  # not through the cache: the reference words the error
                     return self.reference.plan_shapes(shapes, scalars)
         return self.plan_shapes(shapes, scalars)
-
-    def _check_unread(self, value: Any, p: Any) -> None:
-        """A scalar no expression reads (a float: every integer scalar is a symbol) cannot
-        change the plan, but a value a call would refuse (``a="abc"``, ``1j``, ``10**400``
-        for a float32) is refused here too, in the call's words: a plan that a call with the
-        same arguments would never get is no answer (``kernelpack eval`` refuses it too)."""
-        from .runtime.scalars import convert_scalar
-
-        convert_scalar(value, p.dtype, None, p.name, self.summary.name)
 
     @staticmethod
     def _shape_of(value: Any, name: str) -> tuple:
