@@ -72,6 +72,29 @@ def _collect(items: object) -> list[Compiled]:
     return out
 
 
+def _check_signatures_intact(items: object) -> None:
+    """Before signing what loaded packs hold: a pack whose own signature does not verify
+    was changed after signing, or carries a forged one; signing its content would launder
+    it (``kernelpack sign`` refuses such a file too). SignatureError naming it."""
+    from .errors import SignatureError
+    from .program import Program
+
+    if isinstance(items, Program):
+        items = items.pack
+    packs = [items] if hasattr(items, "check_signature_intact") else (
+        [getattr(i, "pack", i) for i in items] if isinstance(items, (list, tuple)) else [])
+    for pack in packs:
+        check = getattr(pack, "check_signature_intact", None)
+        if check is None:
+            continue
+        try:
+            check()
+        except SignatureError as exc:
+            raise SignatureError(f"kp.save(sign_with=...): a pack to save carries a signature "
+                                 f"that does not verify ({exc}); not signing its content") \
+                from None
+
+
 def _store(data: bytes) -> tuple[int, bytes]:
     """(codec index, stored bytes): zstd when it makes the image smaller."""
     if not data:
@@ -289,6 +312,7 @@ def save(items: object, path_or_file: PathOrFile = None, *, sign_with: object = 
         from .signing import load_for, load_private_key, sign_digest
 
         key = load_for("sign_with", load_private_key, sign_with)
+        _check_signatures_intact(items)
         signature = sign_digest(key, hashlib.sha256(body).digest())
     data = assemble(body, blobs, signature)
     check_readable(data, sorted({c.name for c in compiled}),
