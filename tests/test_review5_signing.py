@@ -95,4 +95,4 @@ def test_verify_digest_takes_one_bare_key(key) -> None:
     signing.verify_digest(public, sig, digest, key.public_key())
     signing.verify_digest(public, sig, digest, [public])
     with pytest.raises(kp.SignatureError, match="not trusted"):
-        signing.verify_digest(public, sig, digest, bytes(32))
+        signing.verify_digest(public, sig, digest, bytes(range(1, 33)))

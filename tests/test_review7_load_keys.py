@@ -19,7 +19,7 @@ def test_a_missing_key_file_is_named_before_the_artifact_is_read(tmp_path: Path)
     with pytest.raises(ValueError, match="typo.pub: no such public key file"):
         kp.load(data, trusted_keys=[str(tmp_path / "typo.pub")])
     with pytest.raises(SignatureError, match="artifact is unsigned"):
-        kp.load(data, trusted_keys=[bytes(32)])  # a well-formed key: the file decides
+        kp.load(data, trusted_keys=[bytes(range(1, 33))])  # a well-formed key: the file decides
 
 
 def test_cache_prune_takes_sizes_with_suffixes(tmp_path: Path) -> None:

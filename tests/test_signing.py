@@ -128,3 +128,51 @@ def test_write_keypair_never_replaces_a_public_key(tmp_path: Path) -> None:
         signing.write_keypair(tmp_path / "kp")
     assert not (tmp_path / "kp").exists()
     assert (tmp_path / "kp.pub").read_text() == "someone else's\n"
+
+
+# ---- small-order public keys ----------------------------------------------------------------
+def _small_order_points() -> dict[str, bytes]:
+    """Encodings of points of order 1, 2, 4 and 8, computed here from the curve equation
+    (-x^2 + y^2 = 1 + d x^2 y^2 over GF(2^255 - 19)), not copied from a list."""
+    p = 2 ** 255 - 19
+    d = -121665 * pow(121666, p - 2, p) % p
+
+    def sqrt(a: int) -> int | None:
+        x = pow(a, (p + 3) // 8, p)
+        if (x * x - a) % p:
+            x = x * pow(2, (p - 1) // 4, p) % p
+        return x if (x * x - a) % p == 0 else None
+
+    def enc(y: int, sign: int = 0) -> bytes:
+        return (y | sign << 255).to_bytes(32, "little")
+
+    r = sqrt((1 + d) % p)
+    # a point of order 8 doubles to (±sqrt(-1), 0): x^2 = -y^2, so d y^4 + 2 y^2 - 1 = 0
+    y8 = next(y for y in (sqrt((-1 + r) * pow(d, p - 2, p) % p),
+                          sqrt((-1 - r) * pow(d, p - 2, p) % p)) if y is not None)
+    return {"identity": enc(1), "identity with the sign bit": enc(1, 1), "order 2": enc(p - 1),
+            "order 4": enc(0), "order 8": enc(y8), "order 8, other x": enc(y8, 1),
+            "y >= p (not canonical)": enc(p + 1)}
+
+
+@pytest.mark.parametrize("name", list(_small_order_points()))
+def test_small_order_public_keys_are_never_trusted(name: str, tmp_path) -> None:
+    """With the identity point as the trusted key, R = identity and S = 0 verify every
+    message (review 29): such keys, however given, are a ValueError, and kp.load names
+    trusted_keys."""
+    raw = _small_order_points()[name]
+    assert signing.small_order(raw)
+    path = tmp_path / "planted.pub"
+    path.write_text(raw.hex() + "\n")
+    for given in (raw, raw.hex(), str(path)):
+        with pytest.raises(ValueError, match="small order"):
+            signing.load_public_key(given)
+    with pytest.raises(ValueError, match="trusted_keys"):
+        kp.load(kp.save([kp_samples.axpy()]), trusted_keys=[raw])
+
+
+def test_ordinary_public_keys_are_not_small_order() -> None:
+    for _ in range(20):
+        raw = signing.public_key_bytes(signing.generate_private_key())
+        assert not signing.small_order(raw)
+        assert signing.load_public_key(raw) == raw

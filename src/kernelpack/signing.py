@@ -12,6 +12,7 @@ loading unsigned artifacts never pays for it.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import stat
@@ -20,6 +21,7 @@ from typing import Any, Callable, Iterable
 from .errors import SignatureError
 
 __all__ = ["generate_private_key", "public_key_bytes", "load_private_key", "load_public_key",
+           "small_order",
            "write_keypair", "sign_digest", "verify_digest", "key_id", "signed_message",
            "load_for", "SIGNATURE_DOMAIN"]
 
@@ -164,7 +166,55 @@ def _public_from_text(data: bytes, where: str) -> bytes | None:
 def load_public_key(key: object) -> bytes:
     """Raw 32 public-key bytes from an ``Ed25519PublicKey``, 32 bytes, 64 hex characters, a
     key file's contents as bytes (PEM or an OpenSSH ``ssh-ed25519`` line), or a path to a
-    ``.pub`` file (hex, PEM or OpenSSH)."""
+    ``.pub`` file (hex, PEM or OpenSSH). ValueError for a key of small order: no one holds
+    its private key, and signatures under it can be made for any message (with the
+    identity point as the key, R = identity and S = 0 verify everything), so trusting one,
+    by mistake or by a planted key file, would trust every file."""
+    raw = _public_key_bytes_of(key)
+    if small_order(raw):
+        raise ValueError(f"public key {raw.hex()} is a point of small order: signatures "
+                         f"under it prove nothing (anyone can make them); not trusted")
+    return raw
+
+
+# Ed25519's curve: -x^2 + y^2 = 1 + d x^2 y^2 over GF(2^255 - 19)
+_P = 2 ** 255 - 19
+_D = -121665 * pow(121666, _P - 2, _P) % _P
+_SQRT_M1 = pow(2, (_P - 1) // 4, _P)
+
+
+@functools.lru_cache(maxsize=256)  # kp.load(trusted_keys=...) asks per load
+def small_order(raw: bytes) -> bool:
+    """Whether the 32-byte encoding is a point whose order divides 8 (8P is the identity),
+    or not a canonical encoding of any point of the curve at all (y >= p). Encodings that
+    are no point (no x for that y) answer False: the signature library refuses those."""
+    y = int.from_bytes(raw, "little") & ((1 << 255) - 1)
+    if y >= _P:
+        return True
+    yy = y * y % _P
+    u, v = (yy - 1) % _P, (_D * yy + 1) % _P  # x^2 = u / v, one exponentiation (RFC 8032)
+    v3 = v * v * v % _P
+    x = u * v3 * pow(u * v3 * v3 * v % _P, (_P - 5) // 8, _P) % _P
+    if (v * x * x - u) % _P:
+        x = x * _SQRT_M1 % _P
+    if (v * x * x - u) % _P:
+        return False
+    if x & 1 != raw[31] >> 7:
+        x = (_P - x) % _P
+    # three doublings in projective coordinates (X:Y:Z), no inversion (a = -1)
+    big_x, big_y, big_z = x, y, 1
+    for _ in range(3):
+        b = (big_x + big_y) ** 2 % _P
+        c, d, h = big_x * big_x % _P, big_y * big_y % _P, big_z * big_z % _P
+        e = -c % _P
+        f = (e + d) % _P
+        j = (f - 2 * h) % _P
+        big_x, big_y, big_z = (b - c - d) * j % _P, f * (e - d) % _P, f * j % _P
+    return big_x == 0 and big_y == big_z
+
+
+def _public_key_bytes_of(key: object) -> bytes:
+    """:func:`load_public_key` before its check of the point."""
     if isinstance(key, _BYTES_LIKE):
         data = bytes(key)
         if len(data) == 32:
