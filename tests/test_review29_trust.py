@@ -530,14 +530,16 @@ def test_save_does_not_sign_the_content_of_a_pack_whose_signature_is_broken(
         team: tuple[str, str, bytes]) -> None:
     """Review 29: ``kernelpack sign`` refuses a file whose signature does not verify, but
     ``kp.save(pack, sign_with=...)`` signed its content anyway (laundering a forged or stale
-    signature into a good one). Now a SignatureError, for the pack, a program of it, or a
-    list holding either; an intact pack is re-signed as before."""
+    signature into a good one). Now a SignatureError, for the pack, a program of it, or any
+    iterable holding either (a generator too); an intact pack is re-signed as
+    before."""
     private, _, pub = team
     pk, sig = _signed_hw(private)
     broken = bytearray(sig)
     broken[3] ^= 1
     bad = kp.load(_pack(pk, bytes(broken)))
-    for items in (bad, bad[bad.programs[0]], [bad], [bad[bad.programs[0]]]):
+    name = bad.programs[0]
+    for items in (bad, bad[name], [bad], [bad[name]], (p for p in [bad])):
         with pytest.raises(SignatureError, match="does not verify"):
             kp.save(items, sign_with=private)
     assert kp.save(bad)  # unsigned re-save: nothing vouched for

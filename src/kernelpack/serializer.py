@@ -48,16 +48,21 @@ def _generator() -> str:
     return f"kernelpack {__version__}"
 
 
-def _collect(items: object) -> list[Compiled]:
+def _collect(items: object, packs: list | None = None) -> list[Compiled]:
     """Flatten a Compiled, a Pack, a loaded program (``pack["name"]``), or an iterable of
     them into Compiled objects. A loaded program is accepted because ``kp.save([pack["a"]],
-    ...)`` is how a user copies one program out of a pack (it is ``pack.compiled("a")``)."""
+    ...)`` is how a user copies one program out of a pack (it is ``pack.compiled("a")``).
+    ``packs``, when given, gets every loaded pack a program was taken from."""
     if isinstance(items, Compiled):
         return [items]
     if hasattr(items, "compiled") and hasattr(items, "programs"):  # a loaded Pack
+        if packs is not None:
+            packs.append(items)
         return [items.compiled(name) for name in items.programs]  # type: ignore[attr-defined]
     from .program import Program
     if isinstance(items, Program):
+        if packs is not None:
+            packs.append(items.pack)
         return [items.pack.compiled(items.name)]
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
         raise TypeError(f"kp.save takes a Compiled, a Pack, a loaded program or an iterable "
@@ -65,24 +70,20 @@ def _collect(items: object) -> list[Compiled]:
     out: list[Compiled] = []
     for item in items:
         if isinstance(item, (Compiled, Program)) or hasattr(item, "compiled"):
-            out.extend(_collect(item))
+            out.extend(_collect(item, packs))
         else:
             raise TypeError(f"kp.save takes Compiled, Pack or loaded program items "
                             f"(got {type(item).__name__})")
     return out
 
 
-def _check_signatures_intact(items: object) -> None:
-    """Before signing what loaded packs hold: a pack whose own signature does not verify
-    was changed after signing, or carries a forged one; signing its content would launder
-    it (``kernelpack sign`` refuses such a file too). SignatureError naming it."""
+def _check_signatures_intact(packs: list) -> None:
+    """Before signing what loaded packs hold (``packs``, from :func:`_collect`): a pack whose
+    own signature does not verify was changed after signing, or carries a forged one;
+    signing its content would launder it (``kernelpack sign`` refuses such a file too).
+    SignatureError naming it."""
     from .errors import SignatureError
-    from .program import Program
 
-    if isinstance(items, Program):
-        items = items.pack
-    packs = [items] if hasattr(items, "check_signature_intact") else (
-        [getattr(i, "pack", i) for i in items] if isinstance(items, (list, tuple)) else [])
     for pack in packs:
         check = getattr(pack, "check_signature_intact", None)
         if check is None:
@@ -305,14 +306,15 @@ def save(items: object, path_or_file: PathOrFile = None, *, sign_with: object = 
         nothing a reader would refuse is written).
     TypeError: items of the wrong type, or a ``path_or_file`` that is none of the above.
     """
-    compiled = _collect(items)
+    packs: list = []
+    compiled = _collect(items, packs)
     body, blobs = encode(compiled)
     signature = None
     if sign_with is not None:
         from .signing import load_for, load_private_key, sign_digest
 
         key = load_for("sign_with", load_private_key, sign_with)
-        _check_signatures_intact(items)
+        _check_signatures_intact(packs)
         signature = sign_digest(key, hashlib.sha256(body).digest())
     data = assemble(body, blobs, signature)
     check_readable(data, sorted({c.name for c in compiled}),
