@@ -429,14 +429,12 @@ def test_save_over_a_path_while_processes_load_it(tmp_path) -> None:
         while time.monotonic() < deadline:
             kp.save(a if saves % 2 else b, path)
             saves += 1
-        results = [p.communicate(timeout=60) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for p, (out, err) in zip(procs, results):
-        assert p.returncode == 0, err[-2000:]
+        from cache.conftest import finish_workers
+
+        results = finish_workers(procs, 60)  # the readers stop by themselves after 2 s
+    for code, out, err in results:
+        assert code == 0, err[-2000:]
         got = json.loads(out.strip().splitlines()[-1])
         assert not got["errors"], got["errors"][:5]
         assert got["loads"] > 0
@@ -590,15 +588,10 @@ def test_cache_processes_and_threads_compile_each_key_once(tmp_path) -> None:
                                str(marker), str(HERE), str(seed)], env=_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for seed in range(3)]
-    try:
-        results = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for p, (out, err) in zip(procs, results):
-        assert p.returncode == 0, err[-2000:]
+    from cache.conftest import finish_workers
+
+    for code, out, err in finish_workers(procs, 120):
+        assert code == 0, err[-2000:]
         assert json.loads(out.strip().splitlines()[-1]) == {"errors": []}, err[-2000:]
     built = collections.Counter(int(x) for x in marker.read_text().split())
     assert built == {i: 1 for i in range(12)}, built
