@@ -188,8 +188,11 @@ def _big(tag: str, programs: int = 2, image_bytes: int = 600 << 10) -> list:
 def door(request, monkeypatch) -> FakeDriver:
     """The fake driver behind either door: as cuda.bindings (``install`` alone), or behind
     kernelpack's own ctypes/C door (``LibCuda`` over the C-level fake), the one a Linux
-    install uses by default."""
-    fake = FakeDriver(kernels={"axpby": ("QQQfI", _axpby_impl), "axpy": ("QQfI", _axpy_impl)})
+    install uses by default. Each thread has its own current context and context stack, as
+    with a real driver: the fake's single shared stack raced between threads that push and
+    pop (a lost push, then IndexError on a pop, under load)."""
+    fake = FakeDriver(kernels={"axpby": ("QQQfI", _axpby_impl), "axpy": ("QQfI", _axpy_impl)},
+                      thread_contexts=True)
     if request.param == "libcuda":
         from kernelpack.runtime.libcuda import LibCuda
 
