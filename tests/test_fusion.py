@@ -266,3 +266,15 @@ def test_canonical_bytes_write_long_size_expressions_in_full():
 
     assert make(1).canonical_bytes() != make(2).canonical_bytes()
     assert make(1).canonical_bytes() == make(1).canonical_bytes()
+
+
+def test_torch_style_size_call_names_shape():
+    """``x.size`` is NumPy's element count (an expression); torch's ``x.size(0)`` used to fail
+    with Python's bare "'Expr' object is not callable". The error now points at x.shape[i]."""
+    @kp.fusion
+    def scaled(x: kp.Tensor[kp.f32, "n"]):
+        return x * x.size(0)
+
+    with pytest.raises(TypeError, match=r"not callable .*write x\.shape\[i\].*x\.size is the "
+                                         r"element count"):
+        kp.compile(scaled, targets=["sm_80"])

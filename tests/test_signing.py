@@ -176,3 +176,27 @@ def test_ordinary_public_keys_are_not_small_order() -> None:
         raw = signing.public_key_bytes(signing.generate_private_key())
         assert not signing.small_order(raw)
         assert signing.load_public_key(raw) == raw
+
+
+def test_a_key_file_of_several_public_keys_is_refused(tmp_path: Path) -> None:
+    """PEM and OpenSSH parsers read a file's first key and ignore the rest: a list of keys in
+    one file (authorized_keys style) would have trusted only its first key, silently. Such a
+    file is refused, naming it and the count; a file of one key still loads."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    first, second = (Ed25519PrivateKey.generate().public_key() for _ in range(2))
+    forms = {"pem": (ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo),
+             "ssh": (ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH)}
+    for name, (encoding, fmt) in forms.items():
+        one, two = (k.public_bytes(encoding, fmt) for k in (first, second))
+        both = tmp_path / f"both.{name}"
+        both.write_bytes(one + b"\n" + two + b"\n")
+        with pytest.raises(ValueError, match=rf"both\.{name}: holds 2 .* keys"):
+            signing.load_public_key(str(both))
+        with pytest.raises(ValueError, match="holds 2"):
+            kp.load(kp.save(kp_samples.axpy()), trusted_keys=[str(both)])
+        single = tmp_path / f"one.{name}"
+        single.write_bytes(one + b"\n")
+        assert signing.load_public_key(str(single)) == first.public_bytes(
+            ser.Encoding.Raw, ser.PublicFormat.Raw)

@@ -105,6 +105,10 @@ def cache_dir() -> Path:
 
     explicit = get("KERNELPACK_CACHE_DIR")
     if explicit:
+        if explicit != explicit.strip():  # e.g. "$(cat file)" with its newline: a directory
+            # named "kernelpack\n", or " /x" relative to wherever the process runs
+            raise ValueError(f"KERNELPACK_CACHE_DIR has leading or trailing whitespace "
+                             f"(got {explicit!r}); remove it")
         return Path(explicit).expanduser()
     xdg = get("XDG_CACHE_HOME")
     if xdg and os.path.isabs(xdg):  # the XDG spec says relative values are to be ignored

@@ -168,6 +168,14 @@ class Expr:
         worker unequal to the worker's own ``kp.sym("n")``."""
         return (Expr, (self.op, self.args, self.value))
 
+    def __call__(self, *args: object, **kwargs: object) -> "Expr":
+        """Never callable; this only words the error. A traced tensor's ``size`` is NumPy's
+        element count (an expression), so torch's ``x.size(0)`` lands here: Python's own
+        "'Expr' object is not callable" would leave that user guessing."""
+        raise TypeError(f"an integer expression is not callable (got a call on {self}): for "
+                        f"a dimension write x.shape[i]; x.size is the element count, as in "
+                        f"NumPy, not torch's x.size(i) method")
+
     def __copy__(self) -> "Expr":
         return self  # immutable
 

@@ -151,6 +151,13 @@ def _public_from_text(data: bytes, where: str) -> bytes | None:
         from cryptography.hazmat.primitives import serialization
 
         kind = "OpenSSH" if openssh else "PEM"
+        # the parsers read the first key and ignore the rest: a file of several keys (an
+        # authorized_keys-like list) would trust only its first one, silently
+        count = (sum(1 for line in text.splitlines() if line.strip().startswith(b"ssh-"))
+                 if openssh else text.count(b"-----BEGIN"))
+        if count > 1:
+            raise ValueError(f"{where}: holds {count} {kind} keys; a key file must hold one "
+                             f"(give each key its own file or value)")
         try:
             loaded = (serialization.load_ssh_public_key(text) if openssh
                       else serialization.load_pem_public_key(text))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import kernelpack as kp
 from kernelpack import config
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "kernelpack"
@@ -85,6 +86,15 @@ def test_cache_dir_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     assert config.cache_dir() == Path.home() / ".cache" / "kernelpack"
     monkeypatch.setenv("KERNELPACK_CACHE_DIR", str(tmp_path / "explicit"))
     assert config.cache_dir() == tmp_path / "explicit"
+    # "$(cat file)"'s newline, a stray space: a cache under "explicit\n" or under the working
+    # directory was what these gave; now an error naming the variable and the value
+    for bad in (f"{tmp_path}/explicit\n", f" {tmp_path}/explicit"):
+        monkeypatch.setenv("KERNELPACK_CACHE_DIR", bad)
+        with pytest.raises(ValueError, match=r"KERNELPACK_CACHE_DIR has leading or trailing "
+                                             r"whitespace \(got '.*explicit"):
+            config.cache_dir()
+        with pytest.raises(ValueError, match="KERNELPACK_CACHE_DIR"):
+            kp.Cache()
 
 
 def test_max_bytes_knob(monkeypatch: pytest.MonkeyPatch) -> None:
