@@ -373,3 +373,46 @@ def test_both_frameworks_dispatch(fake, torch, cupy, launch_path) -> None:
         done = cupy_fast.fast_calls
         assert call_program(prog, NDArray([3.0]), NDArray([2.0]), 1.0).values() == [5.0]
         assert cupy_fast.fast_calls == done + 1
+
+
+class _NoStorage(Tensor):
+    """A torch Tensor subclass whose data pointer torch will not give: vmap's batched
+    tensors ("Cannot access data pointer of Tensor that doesn't have storage")."""
+
+    def data_ptr(self) -> int:
+        raise RuntimeError("Cannot access data pointer of Tensor that doesn't have storage")
+
+
+class _FakeStorage(Tensor):
+    """A FakeTensor (torch.compile / export tracing): device cuda, storage meta, pointer 0."""
+
+    def data_ptr(self) -> int:
+        return 0
+
+
+def test_tensors_without_device_memory_are_refused_naming_the_parameter(
+        fake, torch, launch_path) -> None:
+    """Found on the H200 (review 30): a FakeTensor was launched on its NULL pointer (an illegal
+    address that poisoned the process's context) and vmap's batched tensor escaped as torch's
+    RuntimeError. Both are now the general path's LaunchError naming the parameter, on every
+    fast path, as inputs and as out=; nothing is launched; an empty one is still fine."""
+    prog = axpby()
+    x, y = Tensor([1.0, 2.0], torch.float32), Tensor([1.0, 1.0], torch.float32)
+    for _ in range(2):
+        call_program(prog, x, y, 1.0)
+    launched = len(fake.calls)
+    cases = ((_NoStorage, r"'{}': torch gives no data pointer for this _NoStorage"),
+             (_FakeStorage, r"'{}': data pointer is NULL for a non-empty _FakeStorage of "
+                            r"shape \(2,\)"))
+    for cls, message in cases:
+        bad = cls([1.0, 2.0], torch.float32)
+        with pytest.raises(LaunchError, match=message.format("x")):
+            call_program(prog, bad, y, 1.0)
+        with pytest.raises(LaunchError, match=message.format("y")):
+            call_program(prog, x, bad, 1.0)
+        with pytest.raises(LaunchError, match=message.format("z")):
+            call_program(prog, x, y, 1.0, out=bad)
+    assert not [c for c in fake.calls[launched:] if c[0] == "cuLaunchKernel"]
+    empty = _FakeStorage([], torch.float32, (0,))
+    assert call_program(prog, empty, Tensor([], torch.float32, (0,)), 1.0).shape == (0,)
+    assert call_program(prog, x, y, 1.0).values() == [2.0, 3.0]

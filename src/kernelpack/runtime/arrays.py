@@ -250,7 +250,19 @@ class TorchAdapter(Adapter):
                               f"dense memory: pass {what}.to_dense()")
         if t.is_conj() or t.is_neg():
             raise LaunchError(_lazy_view_message(t, what))
-        return t.data_ptr(), t.shape, t.dtype, t.get_device(), t.is_contiguous()
+        try:
+            ptr = t.data_ptr()
+        except RuntimeError as exc:  # vmap's batched tensors, functional wrappers: no storage
+            raise LaunchError(f"argument {what!r}: torch gives no data pointer for this "
+                              f"{type(t).__name__} ({exc}); a kernel needs a tensor with device "
+                              f"memory of its own") from exc
+        shape = t.shape
+        if not ptr and all(shape):  # a FakeTensor (torch.compile / export tracing) says cuda
+            # but its storage is meta: launching on NULL would fault and poison the context
+            raise LaunchError(f"argument {what!r}: data pointer is NULL for a non-empty "
+                              f"{type(t).__name__} of shape {tuple(shape)} (a fake or meta "
+                              f"tensor has no device memory to launch on)")
+        return ptr, shape, t.dtype, t.get_device(), t.is_contiguous()
 
     def dtype_token(self, dtype: DType) -> Any:
         return getattr(self.torch, dtype.name, None)
