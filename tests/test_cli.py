@@ -447,3 +447,44 @@ def test_artifact_text_cannot_drive_the_terminal(capsys, tmp_path) -> None:
     assert json.loads(out)["programs"][0]["constraints"][0]["message"] == hostile
     for text in (out, err, diff_out):
         assert "\x1b" not in text and "\u202e" not in text and "\b" not in text
+
+
+def _wide_axpy(changed_leaf: int | None, tmp_path: Path) -> Path:
+    """axpy with a computed scalar ``max`` over 256 leaves ``n + i`` (one leaf changed): ~1000
+    nodes, past the few hundred that str() prints."""
+    import dataclasses
+
+    import kp_samples
+    from kernelpack.summary import Scalar
+
+    leaves = [kp.sym("n") + (i * 1000 if i == changed_leaf else i) for i in range(256)]
+    while len(leaves) > 1:
+        leaves = [kp.emax(a, b) for a, b in zip(leaves[::2], leaves[1::2])]
+    c = kp_samples.axpy()
+    params = tuple(Scalar("n32", kp.u32, value=leaves[0]) if p.name == "n32" else p
+                   for p in c.summary.params)
+    path = tmp_path / f"wide{changed_leaf}.kpack"
+    save([dataclasses.replace(c, summary=dataclasses.replace(c.summary, params=params))], path)
+    return path
+
+
+def test_diff_and_json_see_expressions_past_the_short_printed_form(tmp_path, capsys,
+                                                                   monkeypatch) -> None:
+    """Review 30: inspect's facts printed expressions as str() does, cut after a few hundred
+    nodes, so ``diff`` called two programs identical (exit 0) when they differed only past
+    that point, and ``--json`` gave machines a truncated expression. Facts now print each
+    expression whole (up to ExprText.WHOLE_NODES nodes), and diff compares the summaries
+    themselves where the printed facts agree."""
+    from kernelpack.cli_facts import ExprText
+
+    a, b = _wide_axpy(None, tmp_path), _wide_axpy(250, tmp_path)
+    code, out, _ = run(capsys, "inspect", a, "--json")
+    value = next(p for p in json.loads(out)["programs"][0]["params"] if p["name"] == "n32")
+    assert code == 0 and "..." not in value["value"] and "n + 255" in value["value"]
+    code, out, _ = run(capsys, "diff", a, b)
+    assert code == 1 and "n + 250000" in out
+    # past what facts print whole (a huge or hostile expression): still not "identical"
+    monkeypatch.setattr(ExprText, "WHOLE_NODES", 16)
+    code, out, _ = run(capsys, "diff", a, b)
+    assert code == 1 and "expressions differ past their printed part" in out, out
+    assert run(capsys, "diff", a, _wide_axpy(None, tmp_path))[0] == 0

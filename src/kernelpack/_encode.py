@@ -82,27 +82,47 @@ def string_vector(b: flatbuffers.Builder, names: Iterable[str], what: str) -> in
 
 
 class _Roots:
-    """Registers a program's expressions with one ExprEncoder, in a fixed order."""
+    """Registers a program's expressions with one ExprEncoder, in a fixed order, each with
+    the field it fills (a tuple of parts, joined only for an error message)."""
 
     def __init__(self, summary: KernelSummary) -> None:
         loops = [s for s in summary.loop_symbols() if s not in summary.bound_symbols()]
-        self.enc = ExprEncoder([*summary.bound_symbols(), *loops])
+        self.name = summary.name
+        self.symbols = [*summary.bound_symbols(), *loops]
+        self.enc = ExprEncoder(self.symbols)
         self.positions: list[int] = []
         self.exprs: list[object] = []
+        self.fields: list[tuple] = []
 
-    def add(self, expr: object) -> int:
+    def add(self, expr: object, *field: object) -> int:
         self.exprs.append(expr)
+        self.fields.append(field)
         return self.enc.add(expr)  # type: ignore[arg-type]
 
     def finish(self) -> None:
         """Encode; ValueError when readers would refuse the result (writers refuse what
-        readers refuse): the expression program's limits, or MAX_EXPR_WORK."""
-        self.encoded, self.positions = self.enc.finish()
+        readers refuse): the expression program's limits, or MAX_EXPR_WORK. The message
+        names the program and, where one expression alone is past a limit, its field."""
         try:
+            self.encoded, self.positions = self.enc.finish()
             check_expression_work(len(self.exprs), len(self.encoded.ops),
                                   lambda: self.exprs)  # type: ignore[arg-type,return-value]
-        except FormatError as exc:
-            raise ValueError(f"expressions exceed the format's limits: {exc}") from None
+        except (FormatError, ValueError) as exc:
+            reason = str(exc).removeprefix("expressions exceed the format's limits: ")
+            raise ValueError(f"program {self.name!r}: {self._culprit()}expressions exceed "
+                             f"the format's limits: {reason}") from None
+
+    def _culprit(self) -> str:
+        """``"FIELD: "`` for the first expression that is past a limit on its own, else ""
+        (the program's expressions are past it only together)."""
+        for expr, field in zip(self.exprs, self.fields):
+            alone = ExprEncoder(self.symbols)
+            alone.add(expr)  # type: ignore[arg-type]
+            try:
+                alone.finish()
+            except (FormatError, ValueError):
+                return f"{' '.join(map(str, field))}: "
+        return ""
 
     def __getitem__(self, handle: int) -> int:
         return self.positions[handle]
@@ -112,18 +132,26 @@ def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
     """The ``Program`` table of ``s``: every expression is registered first, in a fixed
     order, so that the shared expression program and its root indices are deterministic."""
     r = _Roots(s)
-    param_roots = [([r.add(d) for d in p.shape], -1) if isinstance(p, Tensor)
-                   else ([], r.add(p.value) if p.value is not None else -1) for p in s.params]
-    constraint_roots = [r.add(c.predicate) for c in s.constraints]
+    param_roots = [([r.add(d, "tensor", p.name, f"shape[{k}]") for k, d in enumerate(p.shape)],
+                    -1) if isinstance(p, Tensor)
+                   else ([], r.add(p.value, "scalar", p.name, "value")
+                         if p.value is not None else -1) for p in s.params]
+    constraint_roots = [r.add(c.predicate, f"constraint {k}")
+                        for k, c in enumerate(s.constraints)]
     variant_roots = []
-    for v in s.variants:
-        pred = r.add(v.predicate) if v.predicate is not None else -1
-        scratch = [[r.add(d) for d in sc.shape] for sc in v.scratch]
+    for i, v in enumerate(s.variants):
+        pred = r.add(v.predicate, f"variant {i}", "predicate") if v.predicate is not None else -1
+        scratch = [[r.add(d, f"variant {i}", "scratch", sc.name, f"shape[{k}]")
+                    for k, d in enumerate(sc.shape)] for sc in v.scratch]
         launches = []
-        for ln in v.launches:
-            launches.append(([r.add(e) for e in ln.grid], [r.add(e) for e in ln.block],
-                             r.add(ln.shared_mem), r.add(ln.count) if ln.count is not None else -1,
-                             [r.add(a.value) if a.value is not None else 0 for a in ln.args]))
+        for j, ln in enumerate(v.launches):
+            at = (f"variant {i}", f"launch {j}")
+            launches.append(([r.add(e, *at, f"grid[{k}]") for k, e in enumerate(ln.grid)],
+                             [r.add(e, *at, f"block[{k}]") for k, e in enumerate(ln.block)],
+                             r.add(ln.shared_mem, *at, "shared_mem"),
+                             r.add(ln.count, *at, "count") if ln.count is not None else -1,
+                             [r.add(a.value, *at, f"arg {k}") if a.value is not None else 0
+                              for k, a in enumerate(ln.args)]))
         variant_roots.append((pred, scratch, launches))
     r.finish()
 

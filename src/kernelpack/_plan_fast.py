@@ -248,7 +248,7 @@ def compile_fast(summary: KernelSummary) -> FastPlan | None:
         dones = []
         for v in s.variants:
             pred_steps: list[Step] = []
-            pred = r.emit(v.predicate if v.predicate is not None else Expr("const", (), 1),
+            pred = r.emit(v.predicate if v.predicate is not None else Expr._node("const", (), 1),
                           done, pred_steps)
             variants.append((tuple(pred_steps), pred))
             dones.append(frozenset(done))

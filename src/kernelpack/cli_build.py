@@ -96,7 +96,7 @@ def import_source(source: str) -> ModuleType:
     try:
         if as_file:
             return _import_file(path)
-        sys.path.insert(0, os.getcwd())
+        _path_first(os.getcwd())
         return importlib.import_module(source)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (source == exc.name or source.startswith(exc.name + ".")):
@@ -135,19 +135,33 @@ def _user_line(exc: BaseException, home: str) -> str:
     return mine or other
 
 
+def _path_first(directory: str) -> None:
+    """``directory`` first on ``sys.path``, once: a service calling ``main(["build", ...])``
+    per request grew ``sys.path`` by one entry per build (review 30)."""
+    if not sys.path or sys.path[0] != directory:
+        if directory in sys.path:
+            sys.path.remove(directory)
+        sys.path.insert(0, directory)
+
+
 def _import_file(path: Path) -> ModuleType:
     """A ``.py`` file as a module under its own stem (or a private name when that is taken,
     as for a file called ``json.py``), registered in ``sys.modules`` so that what it defines
-    can be pickled and its dataclasses work, as for any imported module."""
+    can be pickled and its dataclasses work, as for any imported module. The file is run
+    afresh at each build (it may have changed); a name an earlier build gave this same file
+    is used again, so builds in one process do not leave a module behind each."""
+    resolved = path.resolve()
     name, n = path.stem, 0
-    while not name.isidentifier() or name in sys.modules:
+    while not name.isidentifier() or (name in sys.modules
+                                      and not _is_build_of(sys.modules[name], resolved)):
         n += 1
         name = f"_kernelpack_build_source_{n}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise CLIError(f"{path}: cannot be imported as Python source")
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.resolve().parent))
+    module.__kernelpack_build_source__ = str(resolved)  # type: ignore[attr-defined]
+    _path_first(str(resolved.parent))
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
@@ -155,6 +169,11 @@ def _import_file(path: Path) -> ModuleType:
         sys.modules.pop(name, None)
         raise
     return module
+
+
+def _is_build_of(module: ModuleType, resolved: Path) -> bool:
+    """Whether ``module`` is what an earlier build made of the file at ``resolved``."""
+    return getattr(module, "__kernelpack_build_source__", None) == str(resolved)
 
 
 def collect_programs(module: ModuleType, names: list[str],

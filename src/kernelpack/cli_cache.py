@@ -39,14 +39,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p = add("stats", _cmd_stats, "entry count, bytes, cap, quarantined and leftover files")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    p = add("prune", _cmd_prune, "evict least-recently-used entries down to the cap and remove "
-                                 "temporary files left by killed writers")
+    p = add("prune", _cmd_prune, "evict least-recently-used entries (and cubins the runtime "
+                                 "made from PTX) down to the cap, and remove temporary and "
+                                 "lock files left by killed processes")
     p.add_argument("--max-bytes", type=_size, default=None, metavar="SIZE",
                    help="size to evict down to (default: $KERNELPACK_CACHE_MAX_BYTES; K/M/G/T "
                         "suffixes are powers of 1024, as for extract --max-bytes)")
     p.add_argument("--temp-age", type=_non_negative(float), default=3600.0, metavar="SECONDS",
                    help="remove temporary files older than this (default 3600)")
-    add("clear", _cmd_clear, "remove every entry, key record and quarantined file")
+    add("clear", _cmd_clear, "remove every entry, runtime cubin, key record and quarantined "
+                             "file")
     p = add("explain", _cmd_explain, "show the parts a key was computed from")
     p.add_argument("key", help="a key digest, or a unique prefix of one (8+ hex digits)")
     p.add_argument("--remote", default=None, help="redis:// URL to ask for the key's parts")
@@ -143,10 +145,12 @@ def _age(seconds: float | None) -> str:
 def _cmd_stats(args: argparse.Namespace) -> int:
     store = _store(args)
     entries = store.entries()
+    cubins = store.runtime_cubins()
     facts = {"root": str(store.root), "entries": len(entries),
              "bytes": sum(e.size for e in entries), "max_bytes": store.max_bytes,
              "quarantined": len(store.quarantined()),
              "temporary_files": len(list(store.root.glob("*/??/.*.tmp"))),
+             "runtime_ptx_cubins": len(cubins), "runtime_ptx_bytes": sum(e.size for e in cubins),
              "key_records": len(list(store.root.glob("keys/??/*.json")))}
     if args.json:
         print(json.dumps(facts, indent=1))
@@ -161,7 +165,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     temps = store.prune_temps(args.temp_age)
     cap = args.max_bytes if args.max_bytes is not None else store.max_bytes
     removed, freed = store.evict(cap) if cap is not None else (0, 0)
-    print(f"removed {removed} entries ({freed} bytes) and {temps} temporary files")
+    print(f"removed {removed} entries ({freed} bytes) and {temps} temporary or lock files")
     return 0
 
 

@@ -296,7 +296,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from .cli_facts import diff_facts, pack_facts, printable
+    from .cli_facts import diff_facts, pack_facts, printable, unprinted_changes
 
     a, b = _load(args.a), _load(args.b)
     # Images are compared by their recorded digests, so first prove that the bytes match
@@ -308,6 +308,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         b.verify()
         fb = pack_facts(b)
     lines = diff_facts(fa, fb)
+    lines += unprinted_changes(a, b, lines)
     args.answer = 1 if lines else 0  # main's exit status if the reader leaves (`| head -1`)
     from .cli_render import signature_text
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from .expr import Expr
+from .expr_text import whole_text
 from .summary import Arg, KernelSummary, Launch, Scalar, Tensor
 
-__all__ = ["summary_facts", "launch_facts", "arg_text", "image_facts", "module_facts",
-           "pack_facts", "plan_facts", "selection_facts", "diff_facts", "ratio", "printable",
+__all__ = ["ExprText", "summary_facts", "unprinted_changes", "launch_facts", "arg_text",
+           "image_facts", "module_facts", "pack_facts", "plan_facts", "selection_facts", "diff_facts", "ratio", "printable",
            "printable_facts"]
 
 
@@ -46,57 +47,80 @@ def printable_facts(value: Any) -> Any:
     return value
 
 
-def _x(expr: Expr | None) -> str | None:
-    return None if expr is None else str(expr)
+class ExprText:
+    """Prints the expressions of one ``inspect``/``diff``: each whole up to
+    :data:`WHOLE_NODES` nodes (a machine reading ``--json``, or ``diff``, must see all of it;
+    ``str()`` stops after a message's few hundred), within a budget of :data:`TOTAL_NODES`
+    for the whole artifact, after which ``str()``'s short form is used: a hostile file's
+    shared nodes can make each of thousands of fields print as a huge tree."""
+
+    WHOLE_NODES = 1 << 16
+    TOTAL_NODES = 1 << 20
+
+    def __init__(self) -> None:
+        self.left = self.TOTAL_NODES
+
+    def __call__(self, expr: Expr) -> str:
+        if self.left <= 0:
+            return str(expr)
+        text, visited = whole_text(expr, min(self.WHOLE_NODES, self.left))
+        self.left -= visited
+        return str(expr) if text is None else text
+
+    def optional(self, expr: Expr | None) -> str | None:
+        return None if expr is None else self(expr)
 
 
-def arg_text(arg: Arg) -> str:
+def arg_text(arg: Arg, text: ExprText | None = None) -> str:
     """``x`` for a buffer or scalar, ``uint32(1 << s)`` for a computed value."""
     if arg.kind == "value":
-        return f"{arg.dtype}({arg.value})"
+        return f"{arg.dtype}({(text or ExprText())(arg.value)})"
     return arg.name
 
 
-def launch_facts(launch: Launch) -> dict[str, Any]:
+def launch_facts(launch: Launch, text: ExprText | None = None) -> dict[str, Any]:
+    x = text or ExprText()
     return {
         "kernel": launch.kernel,
         "module": launch.module,
-        "grid": [str(d) for d in launch.grid],
-        "block": [str(d) for d in launch.block],
-        "shared_mem": str(launch.shared_mem),
-        "count": _x(launch.count),
+        "grid": [x(d) for d in launch.grid],
+        "block": [x(d) for d in launch.block],
+        "shared_mem": x(launch.shared_mem),
+        "count": x.optional(launch.count),
         "loop": launch.loop or None,
-        "args": [{"kind": a.kind, "text": arg_text(a)} for a in launch.args],
+        "args": [{"kind": a.kind, "text": arg_text(a, x)} for a in launch.args],
     }
 
 
-def summary_facts(summary: KernelSummary) -> dict[str, Any]:
-    """Parameters, constraints and variants of one program, expressions printed."""
+def summary_facts(summary: KernelSummary, text: ExprText | None = None) -> dict[str, Any]:
+    """Parameters, constraints and variants of one program, expressions printed (whole, as
+    :class:`ExprText` says; ``text`` shares one budget across an artifact's programs)."""
+    x = text or ExprText()
     params: list[dict[str, Any]] = []
     for p in summary.params:
         if isinstance(p, Tensor):
             params.append({"name": p.name, "kind": "tensor", "role": p.role,
-                           "dtype": p.dtype.name, "shape": [str(d) for d in p.shape],
+                           "dtype": p.dtype.name, "shape": [x(d) for d in p.shape],
                            "zero_init": p.zero_init})
         else:
             assert isinstance(p, Scalar)
             params.append({"name": p.name, "kind": "scalar",
                            "role": "computed" if p.value is not None else "in",
-                           "dtype": p.dtype.name, "value": _x(p.value)})
+                           "dtype": p.dtype.name, "value": x.optional(p.value)})
     variants = []
     for v in summary.variants:
         variants.append({
-            "predicate": _x(v.predicate),
+            "predicate": x.optional(v.predicate),
             "scratch": [{"name": s.name, "dtype": s.dtype.name,
-                         "shape": [str(d) for d in s.shape], "zero_init": s.zero_init}
+                         "shape": [x(d) for d in s.shape], "zero_init": s.zero_init}
                         for s in v.scratch],
-            "launches": [launch_facts(launch) for launch in v.launches],
+            "launches": [launch_facts(launch, x) for launch in v.launches],
         })
     return {
         "name": summary.name,
         "params": params,
         "symbols": summary.bound_symbols(),
-        "constraints": [{"predicate": str(c.predicate), "message": c.message}
+        "constraints": [{"predicate": x(c.predicate), "message": c.message}
                         for c in summary.constraints],
         "outputs": [p.name for p in summary.outputs],
         "variants": variants,
@@ -211,11 +235,12 @@ def pack_facts(pack: Any, device: str | None = None,
     """Everything ``inspect`` shows about a loaded artifact."""
     modules = pack.modules
     items: Iterable[Any] = modules.values() if isinstance(modules, Mapping) else modules
+    text = ExprText()
     return {
         "format_version": _version(pack.format_version),
         "generator": getattr(pack, "generator", ""),
         "signature": _signature_facts(pack),
-        "programs": [summary_facts(pack[name].summary) for name in pack.programs],
+        "programs": [summary_facts(pack[name].summary, text) for name in pack.programs],
         "modules": [module_facts(m, device, driver_version)
                     for m in sorted(items, key=lambda m: m.name)],
     }
@@ -285,6 +310,20 @@ def diff_facts(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
             lines.append(f"~ module {name}")
             lines.extend(f"    {c}" for c in changes)
     return lines
+
+
+def unprinted_changes(a: Any, b: Any, lines: list[str]) -> list[str]:
+    """Lines for the programs of packs ``a`` and ``b`` whose summaries differ although their
+    facts print alike (:func:`diff_facts` found nothing): an expression too long to print
+    whole (:class:`ExprText`) that differs only past its printed part. ``diff`` must never
+    call such programs identical."""
+    shown = {line[len("~ program "):] for line in lines if line.startswith("~ program ")}
+    out: list[str] = []
+    for name in sorted(set(a.programs) & set(b.programs)):
+        if name not in shown and a[name].summary != b[name].summary:
+            out += [f"~ program {name}",
+                    "    expressions differ past their printed part (too long to print whole)"]
+    return out
 
 
 def _module_changes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

@@ -11,6 +11,8 @@ only when the cache misses (or when there is no cache).
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -80,6 +82,35 @@ def fusion_key(f: Fusion, targets: Sequence[str], static: Mapping[str, int] | No
                     options=opts.as_dict(), targets=list(targets))
 
 
+# What this process compiled last, by cache key (frozen results, shared): LLVM's pass pipeline
+# (through llvmlite) keeps ~70-200 KB of native memory per compile that nothing gives back, so
+# a service calling kp.compile(f) per request grew without bound; a repeat is now a lookup.
+_RECENT: "OrderedDict[str, Compiled]" = OrderedDict()
+_RECENT_SIZE = 32
+_RECENT_LOCK = threading.Lock()
+
+
+def _compile_once(f: Fusion, targets: Any, static: Mapping[str, int] | None,
+                  options: Mapping[str, object]) -> Compiled:
+    """``compile_fusion`` unless this process compiled the same key (fusion, static dims,
+    options, targets, toolchain, codegen environment: everything the disk cache keys on)
+    among its last :data:`_RECENT_SIZE` compiles."""
+    key = fusion_key(f, targets, static, options).digest
+    with _RECENT_LOCK:
+        done = _RECENT.get(key)
+        if done is not None:
+            _RECENT.move_to_end(key)
+            return done
+    from .lowering import compile_fusion
+
+    done = compile_fusion(f, targets, static=static, **options)
+    with _RECENT_LOCK:
+        _RECENT[key] = done
+        while len(_RECENT) > _RECENT_SIZE:
+            _RECENT.popitem(last=False)
+    return done
+
+
 def compile(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,  # noqa: A001
             static: Mapping[str, int] | None = None, cache: Any = None,
             **options: object) -> Compiled:
@@ -89,9 +120,7 @@ def compile(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,  #
                         f"kp.Cache(path) uses a directory")
     targets = _target_items(targets)
     if cache is None:
-        from .lowering import compile_fusion
-
-        return compile_fusion(f, targets, static=static, **options)
+        return _compile_once(f, targets, static, options)
     key = fusion_key(f, targets, static, options)
 
     def build() -> Compiled:

@@ -7,6 +7,10 @@ loader evaluates them with checked arithmetic. Nothing here ever builds or evals
 
 Building folds constants and applies a few identities (``x + 0``, ``x * 1``, ``cdiv(x, 1)``...)
 so that printed summaries stay readable: ``cdiv(n, 256)`` rather than ``((n + 255) // 256)``.
+The identities are exact over the integers, and what is stored and evaluated is the folded
+expression: ``-(-a)`` is ``a``, so no intermediate of the form as written (``-a`` for
+``a = INT64_MIN``) is computed or can overflow. ``Expr(op, args, value)`` makes one node as
+given, unfolded.
 
 Python operators build expressions: ``+ - * // % << >>``, unary ``-`` and the orderings
 ``< <= > >=``. ``==`` and ``!=`` keep their structural meaning (expressions are dict keys);
@@ -118,6 +122,24 @@ class Expr:
     __slots__ = ("op", "args", "value", "_hash", "_depth")
 
     def __init__(self, op: str, args: tuple["Expr", ...] = (), value: int | str | None = None):
+        """A node checked as the builders (:func:`const`, :func:`sym`, the operators) check
+        theirs: an unchecked public constructor let ``Expr("const", (), 1.5)`` print as 1.5
+        and evaluate as 1, and ``Expr("add", (a, b, c))`` drop ``c``. TypeError for a wrong
+        type, ValueError for a wrong value. (kernelpack's own builders and the format reader,
+        which have checked their nodes, make them with :meth:`_node`.)"""
+        _check_node(op, args, value)
+        self._set(op, args, value)
+
+    @classmethod
+    def _node(cls, op: str, args: tuple["Expr", ...] = (),
+              value: int | str | None = None) -> "Expr":
+        """A node whose parts the caller has checked (no :func:`_check_node`: decoding and
+        simplifying make many)."""
+        node = object.__new__(cls)
+        node._set(op, args, value)
+        return node
+
+    def _set(self, op: str, args: tuple["Expr", ...], value: int | str | None) -> None:
         self.op = op
         self.args = args
         self.value = value
@@ -320,6 +342,42 @@ class Expr:
 
 
 # ---- construction ------------------------------------------------------------------------------
+def _check_node(op: object, args: object, value: object) -> None:
+    """What :class:`Expr`'s public constructor refuses: an unknown operator, a wrong operand
+    count, an operand that is no Expr, a constant that is no int64 int, a symbol name that
+    :func:`sym` would refuse, and a value beside an operator."""
+    if not isinstance(op, str):
+        raise TypeError(f"an expression's op must be a str (got {type(op).__name__})")
+    if not isinstance(args, tuple):
+        raise TypeError(f"an expression's args must be a tuple (got {type(args).__name__})")
+    if op in ("const", "sym"):
+        if args:
+            raise ValueError(f"a {op} expression has no operands (got {len(args)})")
+        if op == "sym":
+            if not isinstance(value, str):
+                raise TypeError(f"a sym expression's value is its name, a str (got "
+                                f"{type(value).__name__})")
+            sym(value)  # the name's own checks
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"a const expression's value must be an int (got {value!r:.80})")
+        elif not INT64_MIN <= value <= INT64_MAX:
+            raise ValueError(f"expression constant outside int64 (got {value})")
+        return
+    arity = OPERATORS.get(op)
+    if arity is None:
+        raise ValueError(f"unknown expression operator {op!r} (known: const, sym, "
+                         f"{', '.join(OPERATORS)})")
+    if len(args) != arity:
+        raise ValueError(f"operator {op!r} takes {arity} operand{'s' if arity > 1 else ''} "
+                         f"(got {len(args)})")
+    for a in args:
+        if not isinstance(a, Expr):
+            raise TypeError(f"operator {op!r}: operands must be Exprs (got "
+                            f"{type(a).__name__}: {a!r:.80})")
+    if value is not None:
+        raise ValueError(f"operator {op!r} takes no value (got {value!r:.80})")
+
+
 _CONST_CACHE: dict[int, Expr] = {}
 
 
@@ -333,7 +391,7 @@ def const(value: int) -> Expr:
         raise ValueError(f"expression constant outside int64 (got {value})")
     node = _CONST_CACHE.get(value)
     if node is None:
-        node = Expr("const", (), value)
+        node = Expr._node("const", (), value)
         if -1024 <= value <= 1024:
             _CONST_CACHE[value] = node
     return node
@@ -348,7 +406,7 @@ def sym(name: str) -> Expr:
     if not fits_name(name):
         raise ValueError(f"a symbol name must be at most {MAX_NAME_LENGTH} UTF-8 bytes, as every "
                          f"name in an artifact (got {len(name.encode())}: {name!r:.80})")
-    return Expr("sym", (), name)
+    return Expr._node("sym", (), name)
 
 
 def as_expr(value: ExprLike) -> Expr:
@@ -411,16 +469,16 @@ def _make(op: str, *args: Expr) -> Expr:
             return t if c.value else f
         if t == f and _cannot_fail(c):  # a condition that can fail must still be evaluated
             return t
-        return Expr(op, args)
+        return Expr._node(op, args)
     if all(a.is_const for a in args):
         try:
             return const(apply_op(op, *(int(a.value) for a in args)))  # type: ignore[arg-type]
         except ExprEvalError:
-            return Expr(op, args)  # keep it: evaluation reports the error with context
+            return Expr._node(op, args)  # keep it: evaluation reports the error with context
     if op in _COMMUTATIVE and args[0].is_const and not args[1].is_const:
         args = (args[1], args[0])
     simplified = _identity(op, args)
-    return simplified if simplified is not None else Expr(op, args)
+    return simplified if simplified is not None else Expr._node(op, args)
 
 
 _FALLIBLE = frozenset({"add", "sub", "mul", "floordiv", "ceildiv", "mod", "neg", "shl", "shr"})

@@ -98,9 +98,12 @@ def _eval(e: Expr, env: Mapping[str, int], done: dict[int, int]) -> int:
         except KeyError:
             raise ExprEvalError(f"symbol {e.value!r} has no value") from None
         try:  # int() would take 2.5 or "3"
-            return _checked(operator.index(value), "symbol")
+            number = operator.index(value)
         except TypeError:
             raise ExprEvalError(f"symbol {e.value!r} is {value!r}, not an integer") from None
+        if not INT64_MIN <= number <= INT64_MAX:
+            raise ExprEvalError(f"symbol {e.value!r} is {number}, outside int64")
+        return number
     result = done.get(id(e))
     if result is None:
         if e.op == "select":

@@ -266,7 +266,7 @@ class ExprProgram:
                 del stack[-arity:]
                 depth = 1 + max(depths[-arity:])
                 del depths[-arity:]
-                node = Expr(name, operands)
+                node = Expr._node(name, operands)
                 if node._depth > MAX_EXPR_DEPTH:  # the tree's nesting, LOADs followed
                     raise FormatError(f"expression nested deeper than {MAX_EXPR_DEPTH} at {pos}")
                 if depth > _MAX_FRAMES:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterable
 if TYPE_CHECKING:
     from .expr import Expr
 
-__all__ = ["canonical_text", "iter_nodes"]
+__all__ = ["canonical_text", "iter_nodes", "whole_text"]
 
 # operator name -> (printed sign, precedence) of the operators printed infix
 _INFIX = {"add": ("+", 5), "sub": ("-", 5), "mul": ("*", 6), "floordiv": ("//", 6),
@@ -57,6 +57,17 @@ def _format(e: Expr, parent_prec: int, budget: list[int]) -> str:
         return f"({text})" if prec < parent_prec else text
     name = {"ceildiv": "cdiv"}.get(e.op, e.op)
     return f"{name}({', '.join(_format(a, -1, budget) for a in e.args)})"
+
+
+def whole_text(e: Expr, max_nodes: int) -> tuple[str | None, int]:
+    """``str(e)`` complete, or None when printing it takes more than ``max_nodes`` nodes (a
+    shared node counts at each use); and the nodes the attempt visited. For the CLI's facts
+    (``inspect``, its JSON, ``diff``), which print expressions whole where they can."""
+    budget = [max_nodes]
+    text = _format(e, -1, budget)
+    if budget[0] < 0:
+        return None, max_nodes
+    return text, max_nodes - budget[0]
 
 
 def canonical_text(e: Expr) -> str:

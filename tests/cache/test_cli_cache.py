@@ -70,7 +70,7 @@ def test_prune_and_clear(filled: Path, capsys: pytest.CaptureFixture[str]) -> No
     cap = int(size / 0.9) + 2  # eviction goes down to 90% of the cap: room for one entry
     assert main(["cache", "prune", "--dir", str(filled), "--max-bytes", str(cap)]) == 0
     out = capsys.readouterr().out
-    assert "removed 2 entries" in out and "1 temporary files" in out
+    assert "removed 2 entries" in out and "1 temporary or lock files" in out
     assert len(store.entries()) == 1 and not stale.exists()
     assert main(["cache", "clear", "--dir", str(filled)]) == 0
     assert store.entries() == [] and "removed 1 entries" in capsys.readouterr().out

@@ -173,6 +173,22 @@ class _Warp:
         self.barrier = threading.Barrier(32)
 
 
+# x86 instructions that convert float to bfloat16 in hardware (AVX512-BF16's VCVTNEPS2BF16,
+# AVX-NE-CONVERT's VCVTNEPS2BF16) flush subnormal inputs and results to zero, which a GPU's
+# cvt.rn.bf16.f32 does not: with them (an AMD EPYC host has AVX512-BF16) the emulator gave 0
+# for bfloat16 subnormals. LLVM's software conversion rounds them as the GPU does.
+_FLUSHING_FEATURES = ("avx512bf16", "avxneconvert", "amx-bf16")
+
+
+def _host_features() -> str:
+    """The host CPU's features for the JIT, without the flushing bfloat16 conversions."""
+    features = llvm.get_host_cpu_features()
+    for name in _FLUSHING_FEATURES:
+        if name in features:
+            features[name] = False
+    return features.flatten()
+
+
 class Kernels:
     """The kernels of one compiled fusion, JIT-compiled for the host."""
 
@@ -183,7 +199,7 @@ class Kernels:
         _host()
         # the engine owns its target machine; host features (F16C) convert halves inline
         tm = llvm.Target.from_default_triple().create_target_machine(
-            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten())
+            cpu=llvm.get_host_cpu_name(), features=_host_features())
         module = llvm.parse_assembly(_to_host(build.ir))
         module.verify()
         self.engine = llvm.create_mcjit_compiler(module, tm)

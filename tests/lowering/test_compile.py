@@ -403,3 +403,36 @@ def test_bfloat16_rounds_with_the_devices_conversion_from_sm_80():
     assert "cvt.rn.bf16.f32" in new and "bfe.u32" not in new
     old = ptx(["sm_75", "ptx"])
     assert "cvt.rn.bf16.f32" not in old and "bfe.u32" in old
+
+
+def test_a_repeated_compile_is_a_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LLVM keeps native memory per compile (README, "Compile services"; review 30 measured
+    ~200 KB per kp.compile of one fusion, for ever): a repeat of one of the process's last
+    compiles returns that result, frozen and equal, without compiling; anything in the key
+    (targets, options, static=) compiles afresh; at most _RECENT_SIZE are kept."""
+    from kernelpack import compile_entry
+    from kernelpack import lowering
+
+    calls = []
+    real = lowering.compile_fusion
+
+    def counted(*args, **kwargs):
+        calls.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lowering, "compile_fusion", counted)
+    monkeypatch.setattr(compile_entry, "_RECENT", compile_entry.OrderedDict())
+    monkeypatch.setattr(compile_entry, "_RECENT_SIZE", 2)
+
+    @kp.fusion
+    def triple(x: T[kp.f32, "n"]):
+        return x * 3.0
+
+    first = kp.compile(triple, targets=["sm_80"])
+    assert kp.compile(triple, targets=("sm_80",)) is first and len(calls) == 1
+    assert kp.compile(triple, targets=["sm_90"]) is not first and len(calls) == 2
+    kp.compile(triple, targets=["sm_80"], opt=2)  # another key (its code may be the same)
+    assert len(calls) == 3
+    assert kp.compile(triple, targets=["sm_80"]) == first and len(calls) == 4  # evicted (2 kept)
+    with pytest.raises(ValueError, match="opt must be an integer"):
+        kp.compile(triple, targets=["sm_80"], opt=7)

@@ -21,7 +21,7 @@ import fcntl
 import os
 import threading
 
-__all__ = ["hold", "release"]
+__all__ = ["hold", "release", "remove_if_unheld"]
 
 _held: set[int] = set()  # descriptors this process holds a flock through
 _guard = threading.Lock()
@@ -41,6 +41,33 @@ def release(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def remove_if_unheld(path: str | os.PathLike[str]) -> bool:
+    """Unlink the per-key lock file at ``path`` when no process holds it (one left by a
+    compile that was killed: only a later request for that very key removed it, so a
+    server's killed compiles left one file each for ever). By the holders' own protocol:
+    lock it without waiting, check the path still names that inode, unlink, unlock; an
+    acquirer that opened the file before the unlink re-checks the inode after its flock
+    and retries (``DiskStore.lock``), so no two holders can result. True when removed."""
+    try:
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: a compile in progress
+        os.close(fd)
+        return False
+    try:
+        if os.stat(path).st_ino != os.fstat(fd).st_ino:
+            return False
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        release(fd)
 
 
 def _after_fork_in_child() -> None:

@@ -47,7 +47,7 @@ from typing import Iterator
 from ..limits import MAX_FILE_SIZE
 from ._files import read_record as _read_record, remove_file as _remove
 from ._files import write_atomic as _write_atomic
-from ._flock import hold, release
+from ._flock import hold, release, remove_if_unheld
 from .keys import CacheKey
 
 __all__ = ["DiskStore", "EntryInfo", "check_digest", "TOUCH_INTERVAL_S", "LOW_WATER",
@@ -191,6 +191,10 @@ class DiskStore:
             # Scanning the directory on every put would be O(entries); evict on the first put
             # of a process and then after every 1/16 of the cap written.
             if self._written_since_evict is None or pending > self.max_bytes // 16:
+                # what killed writers left counts against no cap: removed here too, or each
+                # killed put kept up to an entry's size beyond it for ever (review 30)
+                with contextlib.suppress(OSError):
+                    self.prune_temps()
                 self.evict(self.max_bytes, keep=check_digest(key))
                 self._written_since_evict = 0
             else:
@@ -312,6 +316,12 @@ class DiskStore:
         out.sort(key=lambda e: (e.mtime, e.digest))
         return out
 
+    def _evictable(self) -> list[EntryInfo]:
+        """Entries and runtime cubins together, least recently used first."""
+        both = self.entries() + self.runtime_cubins()
+        both.sort(key=lambda e: (e.mtime, e.digest))
+        return both
+
     def evict(self, max_bytes: int, *, keep: str | None = None) -> tuple[int, int]:
         """Remove least-recently-used entries until the total is at most ``max_bytes`` (to
         ``LOW_WATER`` of it when over). Returns ``(entries removed, bytes freed)``; does
@@ -322,9 +332,9 @@ class DiskStore:
         put just wrote), are never removed: with entries near the cap's size the low-water
         goal lies below one entry, and going down to it would evict what was just written, a
         cache that never hits."""
-        if not (self.root / "entries").is_dir():
+        if not (self.root / "entries").is_dir() and not (self.root / "runtime-ptx").is_dir():
             return 0, 0
-        if sum(e.size for e in self.entries()) <= max_bytes:
+        if sum(e.size for e in self._evictable()) <= max_bytes:
             return 0, 0  # nothing to evict: no lock file either (a read-only cache stays usable)
         lock_dir = self.root / "locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
@@ -337,7 +347,7 @@ class DiskStore:
                     return 0, 0
                 raise
             hold(fd)
-            entries = self.entries()
+            entries = self._evictable()
             total = sum(e.size for e in entries)
             if total <= max_bytes:
                 return 0, 0
@@ -363,7 +373,8 @@ class DiskStore:
             release(fd)  # (not locked: LOCK_UN of a lock not held does nothing)
 
     def prune_temps(self, older_than_s: float = 3600.0) -> int:
-        """Remove temporary files left by killed writers (older than ``older_than_s``)."""
+        """Remove what killed processes left: temporary files of writers (older than
+        ``older_than_s``) and per-key lock files that no process holds. Returns how many."""
         removed = 0
         cutoff = time.time() - older_than_s
         for path in self.root.glob("*/??/.*.tmp"):
@@ -371,7 +382,23 @@ class DiskStore:
                 if path.stat().st_mtime < cutoff:
                     path.unlink()
                     removed += 1
+        for path in self.root.glob("locks/*.lock"):
+            removed += remove_if_unheld(path)
         return removed
+
+    def runtime_cubins(self) -> list[EntryInfo]:
+        """Cubins the runtime assembled from PTX (``runtime-ptx/``, runtime/_ptx_load.py), as
+        entries: eviction, ``clear`` and ``stats`` count them, or a server loading ever new
+        PTX-only artifacts grew that directory past any cap. Oldest first."""
+        out = []
+        for path in self.root.glob("runtime-ptx/??/*.cubin"):
+            with contextlib.suppress(OSError):
+                st = path.lstat()
+                if stat.S_ISREG(st.st_mode):
+                    out.append(EntryInfo(path.parent.name + path.stem, st.st_size, st.st_mtime,
+                                         path))
+        out.sort(key=lambda e: (e.mtime, e.digest))
+        return out
 
     def quarantined(self) -> list[Path]:
         """Quarantined files, oldest first."""
@@ -379,12 +406,18 @@ class DiskStore:
         return sorted(paths, key=_quarantine_order)
 
     def clear(self) -> int:
-        """Remove every entry, key record and quarantined file; returns the entries removed."""
+        """Remove every entry, runtime cubin, key record, quarantined file and unheld lock
+        file; returns the entries removed."""
         count = 0
         for e in self.entries():
             with contextlib.suppress(FileNotFoundError):
                 _remove(e.path)
                 count += 1
+        for e in self.runtime_cubins():
+            with contextlib.suppress(FileNotFoundError):
+                _remove(e.path)
+        for path in self.root.glob("locks/*.lock"):
+            remove_if_unheld(path)
         for pattern in ("keys/??/*.json", "quarantine/*" + _SUFFIX):
             for path in self.root.glob(pattern):
                 with contextlib.suppress(FileNotFoundError):
