@@ -488,3 +488,18 @@ def test_diff_and_json_see_expressions_past_the_short_printed_form(tmp_path, cap
     code, out, _ = run(capsys, "diff", a, b)
     assert code == 1 and "expressions differ past their printed part" in out, out
     assert run(capsys, "diff", a, _wide_axpy(None, tmp_path))[0] == 0
+
+
+def test_ctrl_c_during_set_up_or_parsing_is_exit_130(capsys, monkeypatch) -> None:
+    """Review 30: a KeyboardInterrupt before the command ran (building the parser, guarding
+    stdout) escaped main() as an exception instead of the README's exit status 130; main()
+    also restores sys.stdout whatever happens."""
+    import kernelpack.cli as cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    stdout = sys.stdout
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["inspect", "x.kpack"]) == 130
+    assert capsys.readouterr().err == "error: interrupted\n" and sys.stdout is stdout

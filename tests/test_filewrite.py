@@ -98,3 +98,34 @@ def test_a_write_removes_temporaries_of_killed_writers_only(tmp_path) -> None:
         os.close(holder)
     write_atomic(target, b"newer")  # the writer is gone now
     assert not live.exists() and target.read_bytes() == b"newer"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_ctrl_c_before_the_file_object_owns_the_temporary_closes_it(tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """Review 30: a KeyboardInterrupt between the locked temporary's creation and the file
+    object taking its descriptor left the descriptor open, holding the temporary's lock, so
+    no later save of the name could sweep it. Now it is closed and the temporary removed;
+    the old file stays whole and the next write works."""
+    import types
+
+    target = tmp_path / "a.kpack"
+    target.write_bytes(b"old")
+
+    def fdopen(fd: int, mode: str):
+        raise KeyboardInterrupt
+
+    fake_os = types.SimpleNamespace(**{k: getattr(os, k) for k in dir(os)
+                                       if not k.startswith("__")})
+    fake_os.fdopen = fdopen
+    monkeypatch.setattr(filewrite, "os", fake_os)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(target, b"new")
+    monkeypatch.setattr(filewrite, "os", os)
+    links = {os.readlink(f"/proc/self/fd/{n}") for n in os.listdir("/proc/self/fd")
+             if os.path.islink(f"/proc/self/fd/{n}")}
+    assert not [p for p in links if ".a.kpack." in p]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.kpack"]
+    assert target.read_bytes() == b"old"
+    write_atomic(target, b"new")
+    assert target.read_bytes() == b"new"

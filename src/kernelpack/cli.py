@@ -270,12 +270,18 @@ def _catch_sigterm() -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kernelpack`` console script; returns the exit status."""
-    _tolerant_output()
-    stdout = sys.stdout
-    sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
-    previous = _catch_sigterm()
-    try:
+    stdout, previous = sys.stdout, None
+    try:  # a Ctrl-C or SIGTERM anywhere, set-up and parsing included, is the same exit status
+        _tolerant_output()
+        sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
+        previous = _catch_sigterm()
         return _main(argv)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except _Terminated:
+        print("error: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -10,6 +10,7 @@ beside the file; the next successful write of that name removes it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -125,9 +126,15 @@ def _locked_temporary(directory: str, base: str) -> tuple[int, str]:
     then sees the lock held, or the name gone, and makes another."""
     for _ in range(16):
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{base}.", suffix=".tmp")
-        locked = _try_lock(fd)
-        if locked is None or locked and _names_it(fd, tmp):
-            return fd, tmp
+        try:
+            locked = _try_lock(fd)
+            if locked is None or locked and _names_it(fd, tmp):
+                return fd, tmp
+        except BaseException:  # Ctrl-C: neither the descriptor nor the file may stay
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         os.close(fd)  # a sweep holds it (and removes it), or removed it already
     return tempfile.mkstemp(dir=directory, prefix=f".{base}.", suffix=".tmp")  # unlocked
 
@@ -174,29 +181,32 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         return
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
-    try:
-        fd, tmp = _locked_temporary(directory, base)
-    except OSError as exc:
-        raise _renamed(exc, asked) from None
-    try:
-        f = os.fdopen(fd, "wb")
+    fd, tmp, f = -1, "", None
+    try:  # from here on, whatever is raised (Ctrl-C included) leaves no descriptor or temp
         try:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-            try:  # replacing a file keeps its permissions (a 0600 artifact stays private)
-                mode = os.stat(path).st_mode & 0o7777
-            except OSError:  # a new file: what open() would give it (mkstemp's is 0600)
-                mode = _new_file_mode()
-            os.chmod(tmp, mode)
-            os.replace(tmp, path)
-        finally:
-            f.close()
+            fd, tmp = _locked_temporary(directory, base)
+        except OSError as exc:
+            raise _renamed(exc, asked) from None
+        f, fd = os.fdopen(fd, "wb"), -1  # the file object owns the descriptor now
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+        try:  # replacing a file keeps its permissions (a 0600 artifact stays private)
+            mode = os.stat(path).st_mode & 0o7777
+        except OSError:  # a new file: what open() would give it (mkstemp's is 0600)
+            mode = _new_file_mode()
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+        closing, f = f, None
+        closing.close()
     except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        for close in ((f.close,) if f is not None else ()) + (
+                (lambda: os.close(fd),) if fd >= 0 else ()):
+            with contextlib.suppress(OSError):
+                close()
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         if isinstance(exc, OSError):
             raise _renamed(exc, asked) from None
         raise

@@ -11,6 +11,7 @@ loading unsigned artifacts never pays for it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import hashlib
@@ -55,11 +56,19 @@ def _read_key_file(path: str) -> bytes:
     """At most 64 KiB of a regular file (O_NONBLOCK: a FIFO named as a key must not wait
     forever for a writer)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path}: not a regular file (a key file is expected)")
+        chunks, left = [], 1 << 16
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
         os.close(fd)
-        raise ValueError(f"{path}: not a regular file (a key file is expected)")
-    with open(fd, "rb") as f:
-        return f.read(1 << 16)
 
 
 _BYTES_LIKE = (bytes, bytearray, memoryview)
@@ -272,22 +281,29 @@ def write_keypair(path: str | os.PathLike[str]) -> tuple[str, str]:
     if os.path.lexists(public_path):  # a stale .pub would silently stop matching the new key
         raise FileExistsError(errno.EEXIST, "File exists", public_path)
     seed = generate_private_key()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    created = [path]
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(seed.hex() + "\n")
-        with open(public_path, "x") as f:
-            created.append(public_path)
-            f.write(public_key_bytes(seed).hex() + "\n")
+    created: list[str] = []
+    try:  # whatever is raised (Ctrl-C included) leaves no half pair and no open descriptor
+        _write_new(path, seed.hex() + "\n", 0o600, created)
+        _write_new(public_path, public_key_bytes(seed).hex() + "\n", 0o644, created)
     except BaseException:
         for leftover in created:  # no half-written pair
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(leftover)
-            except OSError:
-                pass
         raise
     return path, public_path
+
+
+def _write_new(path: str, text: str, mode: int, created: list[str]) -> None:
+    """Create ``path`` (never over an existing file) holding ``text``; ``created`` gets the
+    path as soon as the file exists, for the caller's cleanup."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        created.append(path)
+        data = memoryview(text.encode())
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
 
 
 def load_for(param: str, load: Callable[[Any], Any], value: object) -> Any:

@@ -61,27 +61,33 @@ def write_atomic(path: Path, data: bytes, sync: bool = True) -> None:
     quarantined) or that is advisory (key records).
     """
     tmp = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileNotFoundError:  # first entry of its shard: create the folder (rarely needed)
+    fd, made = -1, False
+    try:  # whatever is raised from here on (Ctrl-C included) leaves no descriptor or temp
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CacheError(f"cache directory {str(path.parent)!r} cannot be created: "
-                             f"{exc.strerror}") from exc
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:  # first entry of its shard: create the folder (rarely)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CacheError(f"cache directory {str(path.parent)!r} cannot be created: "
+                                 f"{exc.strerror}") from exc
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        made = True
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
         if sync:
             os.fsync(fd)
-        os.close(fd)
-        fd = -1
+        # -1 first: a Ctrl-C between a close and the assignment closed it twice, and the
+        # second close's EBADF replaced the KeyboardInterrupt (a "write failed" warning)
+        closing, fd = fd, -1
+        os.close(closing)
         os.replace(tmp, path)
     except BaseException:
         if fd >= 0:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if made or fd >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise

@@ -233,34 +233,36 @@ class DiskStore:
         lock_dir = self.root / "locks"
         path = lock_dir / (digest + ".lock")
         made_dir = False
-        while True:
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-            except FileNotFoundError:
-                if made_dir:  # still missing (a dangling symlink as the lock): not a loop
-                    raise
-                lock_dir.mkdir(parents=True, exist_ok=True)
-                made_dir = True
-                continue
-            try:
+        fd, held = -1, False
+        try:  # from the open on, any exception (Ctrl-C included) closes the descriptor: one
+            # left open kept the key locked for as long as the process lived (review 30)
+            while True:
+                try:
+                    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+                except FileNotFoundError:
+                    if made_dir:  # still missing (a dangling symlink as the lock): no loop
+                        raise
+                    lock_dir.mkdir(parents=True, exist_ok=True)
+                    made_dir = True
+                    continue
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 try:
                     same = os.stat(path).st_ino == os.fstat(fd).st_ino
                 except FileNotFoundError:
                     same = False
-            except BaseException:
-                os.close(fd)
-                raise
-            if same:
-                hold(fd)
-                break
-            release(fd)  # the holder before us unlinked it: lock the new file instead
-        try:
+                if same:
+                    hold(fd)
+                    held = True
+                    break
+                closing, fd = fd, -1
+                release(closing)  # the holder before us unlinked it: lock the new file
             yield
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            release(fd)  # LOCK_UN: a child forked meanwhile must not keep it (_flock.py)
+            if fd >= 0:
+                if held:  # only the holder unlinks (the protocol: see remove_if_unheld)
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                release(fd)  # LOCK_UN: a child forked meanwhile must not keep it (_flock.py)
 
     # ---- maintenance ---------------------------------------------------------------------------
     def quarantine(self, key: str | CacheKey, seen: tuple[int, int] | None = None) -> Path | None:
