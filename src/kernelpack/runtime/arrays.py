@@ -182,16 +182,18 @@ def readonly_why(obj: Any) -> str | None:
     return None
 
 
-def _check_data(ptr: int, shape: tuple[int, ...], what: str, dtype: DType | None) -> None:
+def _check_data(ptr: int, shape: tuple[int, ...], what: str, dtype: DType | None,
+                kind: str = "array") -> None:
     """A NULL data pointer is valid only for an empty array, and a pointer must be aligned to
     its elements (a complex one to its parts; torch and cupy see to both, a generic producer's
     pointer or DLPack ``byte_offset`` can be anything): otherwise the kernel faults on the
-    device, which poisons the CUDA context for the whole process. Refused, naming the argument."""
+    device, which poisons the CUDA context for the whole process. Refused, naming the argument
+    (and ``kind``, what it is: a torch FakeTensor says cuda over meta storage, pointer 0)."""
     for d in shape:
         if d == 0:
             return
     if not ptr:
-        raise LaunchError(f"argument {what!r}: data pointer is NULL for a non-empty array of "
+        raise LaunchError(f"argument {what!r}: data pointer is NULL for a non-empty {kind} of "
                           f"shape {shape}")
     if dtype is not None:
         align = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
@@ -257,11 +259,9 @@ class TorchAdapter(Adapter):
                               f"{type(t).__name__} ({exc}); a kernel needs a tensor with device "
                               f"memory of its own") from exc
         shape = t.shape
-        if not ptr and all(shape):  # a FakeTensor (torch.compile / export tracing) says cuda
-            # but its storage is meta: launching on NULL would fault and poison the context
-            raise LaunchError(f"argument {what!r}: data pointer is NULL for a non-empty "
-                              f"{type(t).__name__} of shape {tuple(shape)} (a fake or meta "
-                              f"tensor has no device memory to launch on)")
+        if not ptr:  # torch sees to pointers, but a FakeTensor (torch.compile / export
+            # tracing) says cuda over meta storage: launching on NULL would poison the context
+            _check_data(ptr, tuple(shape), what, None, type(t).__name__)
         return ptr, shape, t.dtype, t.get_device(), t.is_contiguous()
 
     def dtype_token(self, dtype: DType) -> Any:
