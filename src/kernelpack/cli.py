@@ -276,10 +276,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
         previous = _catch_sigterm()
         return _main(argv)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; extract leaves no partial file
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except _Terminated:
+    except _Terminated:  # SIGTERM: the same, with the status a shell gives a killed command
         print("error: terminated", file=sys.stderr)
         return EXIT_TERMINATED
     finally:
@@ -319,12 +319,6 @@ def _main(argv: Sequence[str] | None) -> int:
         _discard_stdout()
         print(f"error: cannot write to standard output: {exc.strerror}", file=sys.stderr)
         return 2 if getattr(args, "command", None) == "diff" else 1
-    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; extract leaves no partial file
-        print("error: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except _Terminated:  # SIGTERM: the same, with the status a shell gives a killed command
-        print("error: terminated", file=sys.stderr)
-        return EXIT_TERMINATED
     except (KernelPackError, CLIError, OSError, ValueError) as exc:
         message = str(exc)
         if isinstance(exc, OSError) and exc.filename is not None:
