@@ -200,10 +200,11 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         closing, f = f, None
         closing.close()
     except BaseException as exc:
-        for close in ((f.close,) if f is not None else ()) + (
-                (lambda: os.close(fd),) if fd >= 0 else ()):
-            with contextlib.suppress(OSError):
-                close()
+        with contextlib.suppress(OSError):  # f or fd owns the descriptor, never both
+            if f is not None:
+                f.close()
+            elif fd >= 0:
+                os.close(fd)
         if tmp:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
