@@ -360,8 +360,8 @@ def _check_node(op: object, args: object, value: object) -> None:
             sym(value)  # the name's own checks
         elif isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"a const expression's value must be an int (got {value!r:.80})")
-        elif not INT64_MIN <= value <= INT64_MAX:
-            raise ValueError(f"expression constant outside int64 (got {value})")
+        else:
+            const(value)  # the int64 range, as const() checks it
         return
     arity = OPERATORS.get(op)
     if arity is None:

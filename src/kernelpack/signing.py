@@ -59,14 +59,8 @@ def _read_key_file(path: str) -> bytes:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError(f"{path}: not a regular file (a key file is expected)")
-        chunks, left = [], 1 << 16
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
+        with open(fd, "rb", closefd=False) as f:
+            return f.read(1 << 16)
     finally:
         os.close(fd)
 
