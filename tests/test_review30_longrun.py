@@ -248,23 +248,30 @@ _PUT_LOOP = textwrap.dedent("""
 """)
 
 
+@contextlib.contextmanager
+def _killed_child(script: str, *args: str, ready: bytes) -> Iterator[None]:
+    """Run ``script`` in a child, wait for its ``ready`` line, let the caller's block run,
+    then SIGKILL it (and reap it, whatever the block raised)."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], env=_child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == ready
+        yield
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 def _kill_a_writer_mid_put(root: Path, big: Path) -> list[Path]:
     """SIGKILL a process while its ``put`` has a temporary file open; the temporaries left."""
     for _ in range(8):
-        proc = subprocess.Popen([sys.executable, "-c", _PUT_LOOP, str(root), str(big)],
-                                env=_child_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL)
-        try:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        with _killed_child(_PUT_LOOP, str(root), str(big), ready=b"ready"):
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and not list(root.rglob("*.tmp")):
                 time.sleep(0.001)
-            proc.send_signal(signal.SIGKILL)
-        finally:
-            proc.kill()
-            proc.wait(10)
-            if proc.stdout is not None:
-                proc.stdout.close()
         left = sorted(root.rglob("*.tmp"))
         if left:
             return left
@@ -328,17 +335,8 @@ def test_lock_files_of_killed_compiles_do_not_pile_up(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     keys = [KEY(0xdead0 + i) for i in range(2)]
     for key in keys:
-        proc = subprocess.Popen([sys.executable, "-c", _COMPILE_AND_HANG, str(root), key],
-                                env=_child_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL)
-        try:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == b"building"
-            proc.send_signal(signal.SIGKILL)
-        finally:
-            proc.kill()
-            proc.wait(10)
-            if proc.stdout is not None:
-                proc.stdout.close()
+        with _killed_child(_COMPILE_AND_HANG, str(root), key, ready=b"building"):
+            pass
 
     def lock_files() -> list[str]:
         return sorted(p.name for p in root.rglob("*.lock") if any(k in p.name for k in keys))
