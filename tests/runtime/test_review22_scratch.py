@@ -655,11 +655,16 @@ def test_cupy_scratch_calls(monkeypatch, cupy, cupy_made, launch_path) -> None:
     assert {c[5] for c in _launches(fake)} == {0x55}
     if fast is not None:
         assert _fast_calls(prog, launch_path) == fast + 2
-    # stream=: the general path (each buffer apart)
+    # stream=: the general path (each buffer apart), in stream-ordered memory of the driver's
+    # (review 31: CuPy's pool is not capture-aware; the driver's is recorded in a graph)
     cupy_made.clear()
     fake.calls.clear()
     assert call_program(prog, x, out=out, stream=9) is out and out.values() == _expected(xs)
-    assert cupy_made == [((20,), "uint8", 9), ((4,), "uint8", 9)]
+    assert cupy_made == []
+    allocs = [c for c in fake.calls if c[0] == "cuMemAllocAsync"]
+    assert [(c[1], c[2]) for c in allocs] == [(20, 9), (4, 9)]
+    frees = [c for c in fake.calls if c[0] == "cuMemFreeAsync"]
+    assert len(frees) == 2 and {c[2] for c in frees} == {9}  # each freed, stream-ordered
     assert {c[5] for c in _launches(fake)} == {9}
     # n == 3: the zeroed accumulator, the general path's, every time
     x3 = NDArray([1.0, 2.0, 3.0])

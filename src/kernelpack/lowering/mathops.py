@@ -178,9 +178,9 @@ def _hypot(em: "Emitter", dt: DType, re: ir.Value, im: ir.Value) -> ir.Value:
     """``|re + i·im|``. complex64 in float64 (exact squares, no overflow, one IEEE square
     root, then rounded to float32): libdevice's ``__nv_hypotf`` takes ``sqrt.approx.f32``
     (its ``__CUDA_PREC_SQRT`` reflects to 0, as for ``kp.sqrt``). An infinite part gives
-    inf, even beside a NaN (C's and NumPy's hypot)."""
+    inf, even beside a NaN (C's and NumPy's hypot). complex128: :func:`_hypot64`."""
     if dt.real.itemsize == 8:
-        return libm(em, "hypot", dt.real, re, im)
+        return _hypot64(em, re, im)
     b = em.b
     f64 = ir.DoubleType()
     a, c = b.fpext(re, f64), b.fpext(im, f64)
@@ -190,6 +190,36 @@ def _hypot(em: "Emitter", dt: DType, re: ir.Value, im: ir.Value) -> ir.Value:
     absc = call_function(b, "llvm.fabs.f64", f64, [c])
     either = b.or_(b.fcmp_ordered("==", absa, inf), b.fcmp_ordered("==", absc, inf))
     return b.fptrunc(b.select(either, inf, root), re.type)
+
+
+def _hypot64(em: "Emitter", re: ir.Value, im: ir.Value) -> ir.Value:
+    """``|re + i·im|`` in float64: the larger part scaled by 2^-600 above 2^500 (2^600 below
+    2^-500), where its square neither overflows nor underflows, the squares summed with one
+    fma and an IEEE square root (``sqrt.rn``), scaled back exactly. libdevice's ``__nv_hypot``
+    takes ``rsqrt.approx`` and a Newton step, whose last-ulp error turned |DBL_MAX + 1j|
+    into inf (NumPy: DBL_MAX). With a correctly rounded square root, sqrt(fl(t²)) is t, so a
+    part beside a negligible one comes back exactly. An infinite part gives inf, even beside
+    a NaN; a NaN otherwise."""
+    b = em.b
+    f64 = re.type
+    fabs = "llvm.fabs.f64"
+    a = call_function(b, fabs, f64, [re])
+    c = call_function(b, fabs, f64, [im])
+    larger = b.fcmp_unordered("<", a, c)  # c is the larger (or a NaN is there: either way)
+    t, s = b.select(larger, c, a), b.select(larger, a, c)
+
+    def const(v: float) -> ir.Constant:
+        return ir.Constant(f64, v)
+
+    huge = b.fcmp_ordered(">", t, const(2.0 ** 500))
+    tiny = b.fcmp_ordered("<", t, const(2.0 ** -500))
+    down = b.select(huge, const(2.0 ** -600), b.select(tiny, const(2.0 ** 600), const(1.0)))
+    up = b.select(huge, const(2.0 ** 600), b.select(tiny, const(2.0 ** -600), const(1.0)))
+    ts, ss = b.fmul(t, down), b.fmul(s, down)
+    root = call_function(b, "llvm.sqrt.f64", f64, [b.fma(ts, ts, b.fmul(ss, ss))])
+    inf = const(float("inf"))
+    either = b.or_(b.fcmp_ordered("==", a, inf), b.fcmp_ordered("==", c, inf))
+    return b.select(either, inf, b.fmul(root, up))
 
 
 def binary(em: "Emitter", op: str, x: Val, y: Val, dt: DType,

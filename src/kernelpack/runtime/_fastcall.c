@@ -163,8 +163,8 @@ static int cupy_memory(const Reader *rd, PyObject *obj, uint64_t *ptr, long *dev
 /* What the call needs of one array: of this path's exact type, with this dtype, contiguous;
  * its pointer into *ptr, its device into *device and (shape not NULL) its shape, a new
  * reference, into *shape. 1: read; 0: the general path takes the call; -1: error. */
-static int read_array(FastCall *self, PyObject *obj, PyObject *dtype, uint64_t *ptr,
-                      long *device, PyObject **shape) {
+static int read_array(FastCall *self, PyObject *obj, PyObject *dtype, uint64_t misaligned,
+                      uint64_t *ptr, long *device, PyObject **shape) {
     const Reader *rd = &self->rd;
     int r;
     if ((PyObject *)Py_TYPE(obj) != self->tensor_type)
@@ -189,6 +189,8 @@ static int read_array(FastCall *self, PyObject *obj, PyObject *dtype, uint64_t *
     if (self->cupy) {
         if (cupy_memory(rd, obj, ptr, device) < 0)
             return -1;
+        if (*ptr & misaligned)
+            return 0; /* the general path refuses it, naming the argument */
     } else {
         if ((r = device_of(rd, obj, device)) <= 0)
             return r;
@@ -722,7 +724,8 @@ static int read_arguments(FastCall *self, PyObject *args, Value *vals, PyObject 
             }
         } else {
             PyObject *shape = NULL;
-            r = read_array(self, obj, ti->dtype, &vals[ti->slot].u, &d, &shape);
+            r = read_array(self, obj, ti->dtype, ti->misaligned, &vals[ti->slot].u, &d,
+                           &shape);
             if (shape != NULL)
                 PyTuple_SetItem(key, nk++, shape); /* steals */
         }
@@ -887,7 +890,8 @@ static int check_out(FastCall *self, const Entry *e, PyObject *out, long device,
         if (r > 0)
             r = dl_shape_is(&t, PyTuple_GetItem(e->shapes, 0));
     } else {
-        r = read_array(self, out, self->outs[0].dtype, &ptr, &d, &shape);
+        r = read_array(self, out, self->outs[0].dtype, self->outs[0].misaligned, &ptr, &d,
+                       &shape);
         if (r > 0)
             r = PyObject_RichCompareBool(shape, PyTuple_GetItem(e->shapes, 0), Py_EQ);
         Py_XDECREF(shape);

@@ -92,6 +92,7 @@ typedef struct {
     int slot;       /* value slot */
     PyObject *dtype;
     KpDLDataType dl; /* the dtype as DLPack names it (exchange-API path) */
+    uint64_t misaligned; /* pointer bits that must be 0 (cupy views can be misaligned) */
 } TensorIn;
 
 typedef struct {
@@ -111,6 +112,7 @@ typedef struct {
     int slot;
     PyObject *dtype;
     KpDLDataType dl;
+    uint64_t misaligned; /* as TensorIn's */
 } OutSpec;
 
 typedef struct {

@@ -74,6 +74,47 @@ static void reader_clear(Reader *rd) {
     access_clear(&rd->is_neg);
 }
 
+/* The pointer bits an array of `dtype` (a NumPy or torch dtype) must have clear: its
+ * element's alignment (a complex one's part's), less one. A cupy `view` can make a pointer
+ * that is not (a float64 view at offset 4): the kernel would fault on the misaligned address,
+ * which poisons the context, so such an array takes the general path, which refuses it.
+ * 0 (no check) for a dtype that does not say its size. */
+static int misaligned_bits(PyObject *dtype, uint64_t *bits) {
+    PyObject *v = PyObject_GetAttrString(dtype, "itemsize");
+    long size, complex_ = 0;
+    *bits = 0;
+    if (v == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    size = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (size <= 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    v = PyObject_GetAttrString(dtype, "kind"); /* NumPy: 'c' */
+    if (v != NULL) {
+        complex_ = PyUnicode_Check(v) && PyUnicode_CompareWithASCIIString(v, "c") == 0;
+        Py_DECREF(v);
+    } else {
+        PyErr_Clear();
+        v = PyObject_GetAttrString(dtype, "is_complex"); /* torch */
+        if (v == NULL)
+            PyErr_Clear();
+        else {
+            complex_ = v == Py_True;
+            Py_DECREF(v);
+        }
+    }
+    if (complex_)
+        size /= 2;
+    if (size & (size - 1)) /* not a power of two: no such element type */
+        return 0;
+    *bits = (uint64_t)size - 1;
+    return 0;
+}
+
 static Py_ssize_t code_size(char code) {
     switch (code) {
     case 'Q': case 'q': case 'd': return 8;
@@ -180,6 +221,8 @@ static int read_inputs(FastCall *self, PyObject *tensors, PyObject *floats, PyOb
             return -1;
         self->tensors[k].dtype = PyTuple_GetItem(row, 2);
         Py_INCREF(self->tensors[k].dtype);
+        if (misaligned_bits(self->tensors[k].dtype, &self->tensors[k].misaligned) < 0)
+            return -1;
     }
     for (k = 0; k < self->nfloats; k++) {
         if (arg_and_slot(self, PyTuple_GetItem(floats, k), kinds, KIND_FLOAT,
@@ -213,6 +256,8 @@ static int read_inputs(FastCall *self, PyObject *tensors, PyObject *floats, PyOb
         self->outs[k].slot = (int)s;
         self->outs[k].dtype = PyTuple_GetItem(row, 1);
         Py_INCREF(self->outs[k].dtype);
+        if (misaligned_bits(self->outs[k].dtype, &self->outs[k].misaligned) < 0)
+            return -1;
     }
     return 0;
 }

@@ -182,13 +182,14 @@ def readonly_why(obj: Any) -> str | None:
     return None
 
 
-def _check_data(ptr: int, shape: tuple[int, ...], what: str, dtype: DType | None,
+def _check_data(ptr: int, shape: tuple[int, ...], what: str, dtype: Any,
                 kind: str = "array") -> None:
     """A NULL data pointer is valid only for an empty array, and a pointer must be aligned to
     its elements (a complex one to its parts; torch and cupy see to both, a generic producer's
     pointer or DLPack ``byte_offset`` can be anything): otherwise the kernel faults on the
     device, which poisons the CUDA context for the whole process. Refused, naming the argument
-    (and ``kind``, what it is: a torch FakeTensor says cuda over meta storage, pointer 0)."""
+    (and ``kind``, what it is: a torch FakeTensor says cuda over meta storage, pointer 0).
+    ``dtype``: a kernelpack or NumPy dtype (both have ``itemsize`` and ``kind``), or None."""
     for d in shape:
         if d == 0:
             return
@@ -326,7 +327,10 @@ class CupyAdapter(Adapter):
 
     def read(self, a: Any, what: str, stream: int) -> ArrayFacts:
         data = a.data
-        return data.ptr, a.shape, a.dtype, data.device_id, a.flags.c_contiguous
+        ptr, dtype = data.ptr, a.dtype
+        if ptr & (dtype.itemsize - 1):  # a view can be misaligned: `x[1:].view(float64)`
+            _check_data(ptr, a.shape, what, dtype)  # refused unless empty or a complex's parts
+        return ptr, a.shape, dtype, data.device_id, a.flags.c_contiguous
 
     def dtype_token(self, dtype: DType) -> Any:
         import numpy
@@ -417,7 +421,8 @@ def stream_device(stream: Any) -> int | None:
     for attr in ("device_index", "device_id"):
         value = getattr(stream, attr, None)
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
+            # cupy's null, per-thread and external streams say -1: no device of their own
+            return value if value >= 0 else None
     return None
 
 

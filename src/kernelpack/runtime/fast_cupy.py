@@ -27,6 +27,49 @@ INF = float("inf")
 __all__ = ["cupy_path"]
 
 
+class _FreedInOrder:
+    """Frees stream-ordered memory of the driver's on its stream when the array over it dies
+    (the owner that CuPy's ``UnownedMemory`` keeps)."""
+
+    __slots__ = ("ptr", "stream")
+
+    def __init__(self, ptr: int, stream: Any) -> None:
+        self.ptr, self.stream = ptr, stream
+
+    def __del__(self) -> None:
+        from . import driver as _drv
+
+        _drv.bindings().cuMemFreeAsync(self.ptr, self.stream)
+
+
+def _graph_scratch(cupy: Any, nbytes: int, stream: int) -> Any:
+    """Scratch for a call captured into a CUDA graph, as a uint8 cupy array: stream-ordered
+    memory of the driver's, whose allocation and free the capture records as graph nodes, so
+    that every replay has its own. Memory of CuPy's pool went back to the pool when the
+    captured call returned, and the next array allocated on that stream got it while every
+    replay of the graph still wrote its partial sums there."""
+    from . import driver as _drv
+    from .execute import cu_stream
+
+    cs = cu_stream(stream)
+    size = max(nbytes, 1)
+    ptr = int(_drv.check(_drv.bindings().cuMemAllocAsync(size, cs),
+                         "allocating scratch during a CUDA graph capture"))
+    try:
+        memory = cupy.cuda.UnownedMemory(ptr, size, _FreedInOrder(ptr, cs))
+    except BaseException:
+        _drv.bindings().cuMemFreeAsync(ptr, cs)
+        raise
+    return cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(memory, 0))
+
+
+def _misaligned(dtype: Any) -> int:
+    """The pointer bits an array of NumPy ``dtype`` must have clear (its element's alignment,
+    a complex one's part's, less one): a cupy view can be misaligned, and a kernel faults on
+    it, poisoning the context."""
+    return (dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize) - 1
+
+
 def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
     """The fast ``call(args, out, stream)`` for cupy arrays, or None for programs with a
     dtype NumPy lacks (bfloat16)."""
@@ -46,20 +89,27 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
     current_stream, get_device = cupy.cuda.get_current_stream, cupy.cuda.runtime.getDevice
     tensors = [(i, s.slot, tok[s.name]) for i, s in enumerate(bs.inputs) if s.is_tensor]
     first_i, first_slot, first_dt = tensors[0]
-    rest = tuple(tensors[1:])
+    rest = tuple((i, slot, dt, _misaligned(dt)) for i, slot, dt in tensors[1:])
+    first_bits = _misaligned(first_dt)
     floats, ints = split_scalars(bp, core)
     outputs = tuple(core.outputs)
     single_out = len(outputs) == 1
     out_slot, _, out_dt = outputs[0] if outputs else (0, None, None)
+    out_bits = _misaligned(out_dt) if out_dt is not None else 0
     n_in, nvals, states = len(bs.inputs), bp._nvals, bp._states
     cache, plan, fill_from = core.cache, core.plan, core.fill_from
     fire = core.fire
 
     uint8 = numpy.uint8
+    is_capturing = getattr(cupy.cuda.Stream, "is_capturing", None)
 
     def allocate_scratch(nbytes: int, device: int) -> Any:
         """A call's scratch (:func:`~.fastpath.scratch_layout`): CuPy's current device is
-        the arrays' (checked per call), its current stream the one the call launches on."""
+        the arrays' (checked per call), its current stream the one the call launches on.
+        While that stream is captured into a CUDA graph: :func:`_graph_scratch`."""
+        stream = current_stream()
+        if is_capturing is not None and is_capturing(stream):
+            return _graph_scratch(cupy, nbytes, stream.ptr)
         return empty(nbytes, dtype=uint8)
 
     native = native_cupy_call(bp, core, slow, cupy, tensors, floats, ints, allocate_scratch,
@@ -78,17 +128,19 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
         mem = a.data
         device = mem.device_id
         key = [a.shape]
-        vals[first_slot] = mem.ptr
-        for i, slot, dt in rest:
+        if (p := mem.ptr) & first_bits:  # a misaligned view: the general path refuses it
+            return slow(args, out, stream)
+        vals[first_slot] = p
+        for i, slot, dt, bits in rest:
             a = args[i]
             if (a.__class__ is not ndarray or (dty := a.dtype) is not dt and dty != dt
                     or not contiguous(a)):
                 return slow(args, out, stream)
             mem = a.data
-            if mem.device_id != device:
+            if mem.device_id != device or (p := mem.ptr) & bits:
                 return slow(args, out, stream)
             key.append(a.shape)
-            vals[slot] = mem.ptr
+            vals[slot] = p
         for i, pos, f32 in floats:
             v = args[i]
             if v.__class__ is not float or f32 and FLOAT32_OVERFLOW <= abs(v) < INF:
@@ -123,7 +175,7 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
         elif single_out and out.__class__ is ndarray:
             mem = out.data
             if ((dty := out.dtype) is not out_dt and dty != out_dt or mem.device_id != device
-                    or not contiguous(out) or out.shape != shapes[0]):
+                    or not contiguous(out) or out.shape != shapes[0] or mem.ptr & out_bits):
                 return slow(args, out, stream)
             o = vals[out_slot] = mem.ptr
             if out_overlaps_input(vals, o, overlap):  # the general path refuses it
