@@ -76,6 +76,18 @@ def path_arg(text: str) -> str:
     return text
 
 
+def name_arg(text: str) -> str:
+    """A program, parameter or attribute name as typed. Under a locale that is not UTF-8
+    (``LC_ALL=C`` with ``PYTHONUTF8=0``: cron, minimal containers) Python holds a command
+    line's non-ASCII bytes as lone surrogates, while names in an artifact (and Python
+    identifiers) are UTF-8: ``eval f.kpack prögram`` found no program ``pr\udcc3\udcb6gram``.
+    Paths stay as given: the file system takes them back in its own encoding."""
+    try:
+        return os.fsencode(text).decode("utf-8")
+    except UnicodeError:  # not UTF-8 bytes, or not from a command line: as it is
+        return text
+
+
 def dir_arg(text: str) -> Path:
     """A directory option's value as a Path (:func:`path_arg`: never empty)."""
     return Path(path_arg(text))
@@ -137,8 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("eval", cmd_eval, "evaluate a program's plan for given shapes and scalars")
     p.add_argument("file", help="a .kpack artifact")
-    p.add_argument("program", help="program name (inspect lists them)")
+    p.add_argument("program", type=name_arg, help="program name (inspect lists them)")
     p.add_argument("values", nargs="*", default=[], metavar="NAME=VALUE",  # default: optional
+                   type=name_arg,
                    help="tensor shapes (x=4096,1000) and scalars (s=3, a=0.5, flag=true)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
@@ -197,6 +210,9 @@ class _Stdout:
 
     def __init__(self, stream: TextIO | None) -> None:
         self._stream = stream
+        #: the first failed write: argparse's --help and --version swallow it (exit 0, nothing
+        #: printed), so :func:`_main` raises it after them
+        self.failed: _OutputError | None = None
 
     def write(self, text: str) -> int:
         try:
@@ -215,13 +231,15 @@ class _Stdout:
 
     def _call(self, name: str, *args: Any) -> Any:
         if self._stream is None:
-            raise _OutputError(errno.EBADF, "standard output is closed")
+            self.failed = self.failed or _OutputError(errno.EBADF, "standard output is closed")
+            raise self.failed
         try:
             return getattr(self._stream, name)(*args)
         except BrokenPipeError:
             raise
         except OSError as exc:
-            raise _OutputError(exc.errno, exc.strerror or str(exc)) from None
+            self.failed = self.failed or _OutputError(exc.errno, exc.strerror or str(exc))
+            raise self.failed from None
 
     def __getattr__(self, name: str) -> Any:
         if self._stream is None:
@@ -299,10 +317,13 @@ def _main(argv: Sequence[str] | None) -> int:
             args, extra = parser.parse_known_args(argv)
         except SystemExit:  # --help and --version: flushed while a failure can be reported
             sys.stdout.flush()
+            failed = getattr(sys.stdout, "failed", None)
+            if failed is not None:  # argparse printed them and swallowed the failure
+                raise failed from None
             raise
         if extra and args.command == "eval" and not any(e.startswith("-") for e in extra):
             # `eval FILE PROG --json x=4096`: argparse ends a `*` positional at the first option
-            args.values += extra
+            args.values += [name_arg(e) for e in extra]
         elif extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         status = int(args.func(args))

@@ -28,8 +28,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .cli import dir_arg, path_arg
-from .cli_commands import CLIError, UsageError
+from .cli import dir_arg, name_arg, path_arg
+from .cli_commands import CLIError, UsageError, not_a_file
+from .cli_facts import printable
 
 __all__ = ["register", "import_source", "collect_programs"]
 
@@ -51,7 +52,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("source", help="a Python file (path/to/kernels.py) or an importable module "
                                   "(mypackage.kernels, looked up from the current directory "
                                   "first, as python -m does)")
-    p.add_argument("names", nargs="*", default=[], metavar="NAME",
+    p.add_argument("names", nargs="*", default=[], metavar="NAME", type=name_arg,
                    help="build only these module attributes (default: every public fusion and "
                         "Compiled)")
     p.add_argument("-o", "--output", required=True, type=path_arg, metavar="OUT",
@@ -89,7 +90,7 @@ def import_source(source: str) -> ModuleType:
         raise CLIError(f"{source}: a directory; give a .py file or a module name "
                        f"(package.module)")
     if as_file and not path.is_file():
-        raise CLIError(f"{source}: no such file")
+        raise CLIError(not_a_file(source))
     if not as_file and not all(part.isidentifier() for part in source.split(".")):
         raise UsageError(f"{source!r} is neither a .py file nor a module name")
     home = os.path.join(os.path.abspath(path.parent if as_file else os.getcwd()), "")
@@ -319,7 +320,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                 compiled = compile_fusion(value, targets, cache=cache)
             except Exception as exc:  # noqa: BLE001 - reported; the other programs go on
                 # always shown, --quiet or not: it is why the build fails
-                print(f"[{i}/{len(programs)}] {label}: FAILED: {_kind(exc)}: {exc}",
+                print(printable(f"[{i}/{len(programs)}] {label}: FAILED: {_kind(exc)}: {exc}"),
                       file=sys.stderr, flush=True)
                 failed.append(label)
                 continue
@@ -328,7 +329,8 @@ def cmd_build(args: argparse.Namespace) -> int:
             how = f"{origin} in {time.perf_counter() - start:.2f} s"
             built.append(compiled)
         if not args.quiet:
-            print(f"[{i}/{len(programs)}] {label}: {how}", file=sys.stderr, flush=True)
+            print(printable(f"[{i}/{len(programs)}] {label}: {how}"), file=sys.stderr,
+                  flush=True)
     if failed:
         raise CLIError(f"{args.source}: {len(failed)} of {len(programs)} programs failed "
                        f"({', '.join(failed)}); {args.output} was not written")
@@ -336,6 +338,6 @@ def cmd_build(args: argparse.Namespace) -> int:
     from .serializer import save
 
     data = save(built, args.output, sign_with=sign_key)
-    print(f"wrote {args.output}: {len(built)} program{'s' if len(built) != 1 else ''}, "
-          f"{len(data)} bytes")
+    print(printable(f"wrote {args.output}: {len(built)} program"
+                    f"{'s' if len(built) != 1 else ''}, {len(data)} bytes"))
     return 0

@@ -20,9 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from .cli_facts import printable
 from .errors import KernelPackError
 
-__all__ = ["CLIError", "UsageError", "parse_assignment", "safe_filename", "cmd_inspect",
+__all__ = ["CLIError", "UsageError", "not_a_file", "parse_assignment", "safe_filename",
+           "cmd_inspect",
            "cmd_verify", "cmd_extract", "cmd_eval", "cmd_diff", "cmd_keygen", "cmd_sign"]
 
 EXTENSIONS = {"cubin": "cubin", "ptx": "ptx", "host": "o"}
@@ -46,8 +48,7 @@ def _load(path: str, trusted_keys: Sequence[str] | None = None) -> Any:
         raise CLIError("-: reading an artifact from standard input is not supported; give "
                        "the path of a .kpack file")
     if not os.path.isfile(path):
-        raise CLIError(f"{path}: no such file" if not os.path.exists(path)
-                       else f"{path}: not a regular file")
+        raise CLIError(not_a_file(path))
     if trusted_keys:
         from .signing import load_public_key
 
@@ -55,6 +56,19 @@ def _load(path: str, trusted_keys: Sequence[str] | None = None) -> Any:
         # signed file, so a mistyped key path was reported as "artifact is unsigned"
         trusted_keys = [load_public_key(k) for k in trusted_keys]  # type: ignore[misc]
     return load(path, trusted_keys=list(trusted_keys) if trusted_keys else None)
+
+
+def not_a_file(path: str) -> str:
+    """Why ``path``, which is no regular file, cannot be read as one: "no such file", what
+    ``stat`` says otherwise (a symbolic link loop, no permission: it exists, and "no such
+    file" sent users looking for a typo), or "not a regular file" (a FIFO, a device)."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return f"{path}: no such file"
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    return f"{path}: not a regular file"
 
 
 @contextlib.contextmanager
@@ -180,8 +194,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
               f"signed by {getattr(sig, 'key_id', '?')}" +
               (" (trusted)" if getattr(sig, "verified", False)
                else " (signature intact; key not checked: use --trusted-key)"))
-    print(f"OK: {args.file}: {len(pack.programs)} program(s), {len(modules)} module(s), "
-          f"{len(images)} image(s), {raw} raw bytes; {signed}")
+    # names printed as errors print them: a name's newline or ESC must not forge a line
+    print(printable(f"OK: {args.file}: {len(pack.programs)} program(s), {len(modules)} "
+                    f"module(s), {len(images)} image(s), {raw} raw bytes; {signed}"))
     return 0
 
 
@@ -225,7 +240,6 @@ def cmd_extract(args: argparse.Namespace) -> int:
                 image.read(keep=False)  # decompressed and digest-checked
                 checked.add(image.check_key)
     out.mkdir(parents=True, exist_ok=True)
-    from .cli_facts import printable
     from .filewrite import write_atomic
 
     reader_gone = False
@@ -238,11 +252,11 @@ def cmd_extract(args: argparse.Namespace) -> int:
         if not reader_gone:
             try:
                 whose = f", module {printable(renamed[path])}" if path in renamed else ""
-                print(f"{path}  ({len(raw)} bytes{whose})")
+                print(printable(f"{path}  ({len(raw)} bytes)") + whose)
             except BrokenPipeError:  # `extract ... | head -1`: the files are what was asked
                 reader_gone = True   # for, so all of them are written (and the status is 0)
     if not plan:
-        print(f"{args.file} holds no images; nothing written")
+        print(printable(f"{args.file} holds no images; nothing written"))
     return 0
 
 
@@ -296,7 +310,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from .cli_facts import diff_facts, pack_facts, printable, unprinted_changes
+    from .cli_facts import diff_facts, pack_facts, unprinted_changes
 
     a, b = _load(args.a), _load(args.b)
     # Images are compared by their recorded digests, so first prove that the bytes match
@@ -325,8 +339,8 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     from .signing import key_id, load_public_key, write_keypair
 
     private, public = write_keypair(args.output)
-    print(f"private key: {private} (keep it secret)")
-    print(f"public key:  {public} (key id {key_id(load_public_key(public))})")
+    print(printable(f"private key: {private} (keep it secret)"))
+    print(printable(f"public key:  {public} (key id {key_id(load_public_key(public))})"))
     return 0
 
 
@@ -345,7 +359,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
     except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
         to_stdout = False
     write_atomic(target, resign(pack, key))  # the verified body and blobs, not re-encoded
-    print(f"signed {args.file} -> {target} (key id {key_id(public_key_bytes(key))})",
+    print(printable(f"signed {args.file} -> {target} (key id {key_id(public_key_bytes(key))})"),
           file=sys.stderr if to_stdout else sys.stdout)
     return 0
 

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from .dtypes import strict_index
 from .fusion import Fusion
+from .graph import Graph
 from .compiled import Compiled
 from .targets import parse_target_list
 
@@ -71,6 +72,15 @@ def fusion_key(f: Fusion, targets: Sequence[str], static: Mapping[str, int] | No
                options: Mapping[str, object]) -> Any:
     """The cache key of ``kp.compile(f, targets, static=static, **options)``; raises the same
     errors as the compile itself for a bad fusion, target list or option."""
+    return _traced_key(f, targets, static, options)[0]
+
+
+def _traced_key(f: Fusion, targets: Sequence[str], static: Mapping[str, int] | None,
+                options: Mapping[str, object]) -> tuple[Any, Graph]:
+    """The cache key and the one trace it was made from, which the compile lowers: tracing
+    again for the code could read values changed since (a config reloaded by another thread
+    during the remote lookup or a lock wait), and file that code under this key, for every
+    process that shares the cache."""
     if not isinstance(f, Fusion):
         raise TypeError(f"kp.compile takes a @kp.fusion function (got {f!r})")
     targets = _target_items(targets)
@@ -78,8 +88,10 @@ def fusion_key(f: Fusion, targets: Sequence[str], static: Mapping[str, int] | No
     opts = Options.parse(options)
     from .cache import make_key
 
-    return make_key(kind="fusion", source=f.canonical_bytes(static),
-                    options=opts.as_dict(), targets=list(targets))
+    graph = f.trace(f.static_dims(static))
+    key = make_key(kind="fusion", source=f.canonical_bytes(static, graph=graph),
+                   options=opts.as_dict(), targets=list(targets))
+    return key, graph
 
 
 # What this process compiled last, by cache key (frozen results, shared): LLVM's pass pipeline
@@ -95,17 +107,18 @@ def _compile_once(f: Fusion, targets: Any, static: Mapping[str, int] | None,
     """``compile_fusion`` unless this process compiled the same key (fusion, static dims,
     options, targets, toolchain, codegen environment: everything the disk cache keys on)
     among its last :data:`_RECENT_SIZE` compiles."""
-    key = fusion_key(f, targets, static, options).digest
+    key, graph = _traced_key(f, targets, static, options)
+    digest = key.digest
     with _RECENT_LOCK:
-        done = _RECENT.get(key)
+        done = _RECENT.get(digest)
         if done is not None:
-            _RECENT.move_to_end(key)
+            _RECENT.move_to_end(digest)
             return done
-    from .lowering import compile_fusion
+    from .lowering.pipeline import compile_traced
 
-    done = compile_fusion(f, targets, static=static, **options)
+    done = compile_traced(f, graph, targets, static, options)
     with _RECENT_LOCK:
-        _RECENT[key] = done
+        _RECENT[digest] = done
         while len(_RECENT) > _RECENT_SIZE:
             _RECENT.popitem(last=False)
     return done
@@ -121,12 +134,12 @@ def compile(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,  #
     targets = _target_items(targets)
     if cache is None:
         return _compile_once(f, targets, static, options)
-    key = fusion_key(f, targets, static, options)
+    key, graph = _traced_key(f, targets, static, options)
 
     def build() -> Compiled:
-        from .lowering import compile_fusion
+        from .lowering.pipeline import compile_traced
 
-        return compile_fusion(f, targets, static=static, **options)
+        return compile_traced(f, graph, targets, static, options)
 
     from .cache import Cache
 

@@ -4,8 +4,9 @@
 :func:`write_atomic`: all or nothing under the final name, the directory fsynced after the
 rename, an existing file's permissions kept (a new one gets what ``open()`` would give it), a
 symbolic link followed, a FIFO or device written directly. Errors name the path asked for,
-not a temporary name. A writer killed mid-write leaves its temporary (``.NAME.XXXXXXXX.tmp``)
-beside the file; the next successful write of that name removes it.
+not a temporary name. A writer killed mid-write leaves its temporary (``.NAME.XXXXXXXX.tmp``;
+for a name too long for that, its first bytes and ``~`` and a digest of the whole name stand
+for NAME) beside the file; the next successful write of that name removes it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 import stat
 import tempfile
 
-__all__ = ["write_atomic", "write_file_object"]
+__all__ = ["absolute", "write_atomic", "write_file_object"]
 
 
 def _renamed(exc: OSError, path: str) -> OSError:
@@ -26,6 +27,20 @@ def _renamed(exc: OSError, path: str) -> OSError:
     if exc.errno is None:
         return exc
     return type(exc)(exc.errno, exc.strerror, path)
+
+
+def absolute(path: str) -> str:
+    """``path`` joined to the working directory when relative (not normalized: ``..`` after a
+    symbolic link is the link's parent's); for a working directory that was removed (a cron
+    job's, under it), a FileNotFoundError naming ``path`` and saying so, instead of
+    ``os.getcwd``'s bare "[Errno 2] No such file or directory"."""
+    if os.path.isabs(path):
+        return path
+    try:
+        return os.path.join(os.getcwd(), path)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, "the working directory no longer exists, and the "
+                                "path is relative to it", path) from None
 
 
 def _new_file_mode() -> int:
@@ -80,7 +95,9 @@ def _write_target(path: str) -> tuple[str, bool]:
     directly: renaming over it replaced the device itself (as root, for everyone)."""
     try:
         st: os.stat_result | None = os.stat(path)
-    except OSError:
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link that cannot be followed: open() fails, and so
+            raise _renamed(exc, path) from None  # must this (not replace the link)
         st = None  # nothing there yet, or a dangling link: created below
     if st is not None and not stat.S_ISREG(st.st_mode):
         return path, True
@@ -118,12 +135,30 @@ def _names_it(fd: int, path: str) -> bool:
         return False
 
 
+_NAME_MAX = 255  # bytes in one path component, on every filesystem Linux writes to
+_TEMP_EXTRA = len("..XXXXXXXX.tmp")
+
+
+def _temp_stem(base: str) -> str:
+    """What a temporary of ``base`` is named after: ``base`` itself, or, when a temporary
+    named after it would pass ``NAME_MAX`` (a legal name of 242-255 bytes failed to save with
+    "File name too long"), its first bytes and a digest of the whole name."""
+    raw = os.fsencode(base)
+    if len(raw) + _TEMP_EXTRA <= _NAME_MAX:
+        return base
+    import hashlib
+
+    tag = hashlib.sha256(raw).hexdigest()[:8]
+    return os.fsdecode(raw[:_NAME_MAX - _TEMP_EXTRA - len(tag) - 1]) + "~" + tag
+
+
 def _locked_temporary(directory: str, base: str) -> tuple[int, str]:
     """A new temporary for ``base``, locked (``flock``) until the writer is done with it: a
     writer killed meanwhile (SIGKILL, the OOM killer) leaves it unlocked, which is how a
     later write of ``base`` knows it may remove it (:func:`_remove_orphans`). Between the
     file's creation and the lock, a sweep may take the lock first and remove it: the writer
     then sees the lock held, or the name gone, and makes another."""
+    base = _temp_stem(base)
     for _ in range(16):
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{base}.", suffix=".tmp")
         try:
@@ -144,7 +179,7 @@ def _remove_orphans(directory: str, base: str) -> int:
     :func:`write_atomic` names them and not locked (a live writer holds its lock until the
     rename). Each killed ``kp.save`` left one beside the artifact, for ever. Returns how many
     were removed; never raises (a cleanup, not part of the write)."""
-    pattern = re.compile(re.escape(f".{base}.") + r"[A-Za-z0-9_]{8}\.tmp")
+    pattern = re.compile(re.escape(f".{_temp_stem(base)}.") + r"[A-Za-z0-9_]{8}\.tmp")
     removed = 0
     try:
         names = [e.name for e in os.scandir(directory) if pattern.fullmatch(e.name)]
@@ -171,7 +206,9 @@ def _remove_orphans(directory: str, base: str) -> int:
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Temp file in the same directory, fsync, os.replace: all or nothing under ``path``
     (see :func:`_write_target` for links, devices and FIFOs, which are written directly)."""
-    asked = os.fspath(path)  # errors name it, not the link's target or a temporary name
+    # errors name it, not the link's target or a temporary name; a bytes path as str, so that
+    # the temporary's name can be made from it
+    asked = os.fsdecode(os.fspath(path))
     if os.path.isdir(asked):
         raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file path", asked)
     path, direct = _write_target(asked)
@@ -179,7 +216,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         with open(path, "wb") as f:
             write_file_object(f, data)
         return
-    directory = os.path.dirname(os.path.abspath(path))
+    directory = os.path.dirname(absolute(path))
     base = os.path.basename(path)
     fd, tmp, f = -1, "", None
     try:  # from here on, whatever is raised (Ctrl-C included) leaves no descriptor or temp

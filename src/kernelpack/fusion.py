@@ -168,13 +168,19 @@ class Fusion:
         return out
 
     def canonical_bytes(self, static: Mapping[str, int] | None = None,
-                        options: Mapping[str, object] | None = None) -> bytes:
+                        options: Mapping[str, object] | None = None, *,
+                        graph: Graph | None = None) -> bytes:
         """A deterministic serialization of the traced graph plus options: the cache key's
-        ``source``. Stable across processes (no ids, hashes or addresses)."""
+        ``source``. Stable across processes (no ids, hashes or addresses). ``graph``: this
+        fusion's trace with ``static`` already made, which ``kp.compile`` then lowers: a
+        second trace could read other values (a global changed meanwhile by another thread)
+        and file its code under the first trace's key."""
         import json  # here, not at the top: json is ~1 ms of ``import kernelpack``
 
         fixed = self.static_dims(static)
-        doc = {"graph": self.trace(fixed).canonical(), "static": dict(sorted(fixed.items())),
+        if graph is None:
+            graph = self.trace(fixed)
+        doc = {"graph": graph.canonical(), "static": dict(sorted(fixed.items())),
                "options": {k: repr(v) for k, v in sorted((options or {}).items())}}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 

@@ -272,11 +272,7 @@ class Pack:
         """Check the signature this pack carries under the key it names (load checks it only
         against ``trusted_keys``): SignatureError if the file was changed after signing. Proves
         nothing about who signed it; does nothing for an unsigned pack."""
-        if self._signed is not None:
-            from .signing import verify_digest
-
-            key, value, digest = self._signed
-            verify_digest(key, value, digest, [key])
+        check_intact(self._signed)
 
     # ---- mapping of programs -----------------------------------------------------------------
     def __getitem__(self, name: str) -> Program:
@@ -325,12 +321,10 @@ class Pack:
         Raises IntegrityError / FormatError."""
         program = self._handles.get(name)
         if program is None:
-            # A handle made here is not kept: it would refer to this pack, which refers to its
-            # handles, a cycle that outlives the call (a cache hit loads a pack, takes its one
-            # program and drops the pack) until the garbage collector finds it.
+            # A handle made here is not kept: a cache hit loads a pack, takes its one program
+            # as a Compiled and drops the pack; a kept handle would only cost memory.
             program = Program(self, name, self._index_of(name))
-        modules = tuple(info.module() for info in program.modules.values())
-        return Compiled(program.summary, modules, origin=origin)
+        return program.compiled(origin=origin)
 
     def warmup(self, devices: Iterable[int] | None = None) -> None:
         """Load every program's chosen images on ``devices`` (default: the current device) now,
@@ -469,6 +463,22 @@ def load(path_or_bytes: object, *, trusted_keys: Iterable[object] | None = None)
         if isinstance(path_or_bytes, (str, os.PathLike)):
             name_file(exc, os.fspath(path_or_bytes))
         raise
+    except OSError as exc:
+        # the map's and the image reader's own descriptors (os.dup: EMFILE) named no file
+        if exc.filename is None and exc.errno is not None and isinstance(
+                path_or_bytes, (str, os.PathLike)):
+            raise type(exc)(exc.errno, exc.strerror, os.fspath(path_or_bytes)) from None
+        raise
+
+
+def check_intact(signed: tuple[bytes, bytes, bytes] | None) -> None:
+    """SignatureError unless ``signed`` (a pack's ``(public key, signature, body digest)``,
+    or None for an unsigned one) verifies under the key it names."""
+    if signed is not None:
+        from .signing import verify_digest
+
+        key, value, digest = signed
+        verify_digest(key, value, digest, [key])
 
 
 def name_file(exc: BaseException, path: str) -> BaseException:

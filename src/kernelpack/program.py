@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from ._decode import decode_program
 from .errors import FormatError
-from .summary import KernelSummary
+from .summary import Compiled, KernelSummary
 
 if TYPE_CHECKING:
     from .loader import ModuleInfo, Pack
@@ -53,7 +53,13 @@ class Program(_call_base()):  # type: ignore[misc]
     stream)``; anything else to :meth:`_kp_general_call`."""
 
     def __init__(self, pack: "Pack", name: str, index: int) -> None:
-        self.pack = pack
+        # What it reads of its pack, not the pack itself: the pack keeps its programs (one
+        # binding each), and a program keeping the pack made a cycle that held a dropped
+        # pack's file descriptors and map until the garbage collector ran (a reload loop
+        # under a low descriptor limit died of EMFILE).
+        self._tables = pack._programs
+        self._pack_modules = pack._modules
+        self._signed = pack._signed
         self.name = name
         self._index = index
         self._summary: KernelSummary | None = None
@@ -66,7 +72,7 @@ class Program(_call_base()):  # type: ignore[misc]
         (docs/FORMAT.md §3, 8): a summary naming code the file lacks would otherwise plan,
         inspect and evaluate as if it could run. FormatError when one is missing."""
         if self._summary is None:
-            summary = decode_program(self.pack._programs[self._index])
+            summary = decode_program(self._tables[self._index])
             if summary.name != self.name:  # pragma: no cover - same bytes, same name
                 raise FormatError(f"program {self.name!r} decodes as {summary.name!r}")
             self._used = self._launch_modules(summary)
@@ -79,7 +85,7 @@ class Program(_call_base()):  # type: ignore[misc]
         out: dict[str, ModuleInfo] = {}
         for vi, variant in enumerate(summary.variants):
             for launch in variant.launches:
-                info = self.pack._modules.get(launch.module)
+                info = self._pack_modules.get(launch.module)
                 if info is None:
                     raise FormatError(f"program {self.name!r} variant {vi}: launch of "
                                       f"{launch.kernel!r} uses module {launch.module!r}, which "
@@ -123,6 +129,21 @@ class Program(_call_base()):  # type: ignore[misc]
         from .runtime import call_program
 
         return call_program(self, *args, out=out, stream=stream, **kwargs)
+
+    def compiled(self, *, origin: str = "disk") -> Compiled:
+        """This program as a :class:`~kernelpack.summary.Compiled` (``pack.compiled(name)``),
+        e.g. to save it again. Every image's stored bytes are checked against their digest
+        now. Raises IntegrityError / FormatError."""
+        modules = tuple(info.module() for info in self.modules.values())
+        return Compiled(self.summary, modules, origin=origin)
+
+    def check_signature_intact(self) -> None:
+        """Check the signature of the pack this program was read from under the key it names
+        (:meth:`Pack.check_signature_intact <kernelpack.loader.Pack.check_signature_intact>`):
+        ``kp.save(program, sign_with=...)`` must not sign what a broken signature covers."""
+        from .loader import check_intact
+
+        check_intact(self._signed)
 
     def warmup(self, devices: Iterable[int] | None = None) -> None:
         """Load this program's modules on ``devices`` (default: the current device) now."""

@@ -52,7 +52,8 @@ def _collect(items: object, packs: list | None = None) -> list[Compiled]:
     """Flatten a Compiled, a Pack, a loaded program (``pack["name"]``), or an iterable of
     them into Compiled objects. A loaded program is accepted because ``kp.save([pack["a"]],
     ...)`` is how a user copies one program out of a pack (it is ``pack.compiled("a")``).
-    ``packs``, when given, gets every loaded pack a program was taken from."""
+    ``packs``, when given, gets every loaded pack, and every loaded program (which checks
+    its pack's signature as the pack does)."""
     if isinstance(items, Compiled):
         return [items]
     if hasattr(items, "compiled") and hasattr(items, "programs"):  # a loaded Pack
@@ -62,8 +63,8 @@ def _collect(items: object, packs: list | None = None) -> list[Compiled]:
     from .program import Program
     if isinstance(items, Program):
         if packs is not None:
-            packs.append(items.pack)
-        return [items.pack.compiled(items.name)]
+            packs.append(items)  # checks its pack's signature as a pack does
+        return [items.compiled()]
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
         raise TypeError(f"kp.save takes a Compiled, a Pack, a loaded program or an iterable "
                         f"of them (got {type(items).__name__})")

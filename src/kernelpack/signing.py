@@ -105,12 +105,23 @@ def _private_from_text(data: bytes, where: str) -> Any:
     return ed.Ed25519PrivateKey.from_private_bytes(seed)
 
 
+def _str_path(key: object) -> object:
+    """An ``os.PathLike`` whose ``__fspath__`` gives bytes, as a path of str (still not a str:
+    a str is also read as a hex key); anything else as it is."""
+    if isinstance(key, os.PathLike) and isinstance(os.fspath(key), bytes):
+        import pathlib
+
+        return pathlib.PurePath(os.fsdecode(os.fspath(key)))
+    return key
+
+
 def load_private_key(key: object) -> Any:
     """An ``Ed25519PrivateKey`` from a key object, a 32-byte seed, a key file's contents as
     bytes (PEM or OpenSSH), 64 hex digits, or a path to a PEM, OpenSSH or hex key file.
     Raises ValueError for a value of the right type that is no usable key, TypeError for
     anything else."""
     ed = _ed25519()
+    key = _str_path(key)
     if isinstance(key, ed.Ed25519PrivateKey):
         return key
     if isinstance(key, _BYTES_LIKE):
@@ -225,6 +236,7 @@ def small_order(raw: bytes) -> bool:
 
 def _public_key_bytes_of(key: object) -> bytes:
     """:func:`load_public_key` before its check of the point."""
+    key = _str_path(key)
     if isinstance(key, _BYTES_LIKE):
         data = bytes(key)
         if len(data) == 32:
@@ -295,7 +307,10 @@ def _write_new(path: str, text: str, mode: int, created: list[str]) -> None:
         created.append(path)
         data = memoryview(text.encode())
         while data:
-            data = data[os.write(fd, data):]
+            try:
+                data = data[os.write(fd, data):]
+            except OSError as exc:  # EFBIG, ENOSPC: a write's error names no file
+                raise type(exc)(exc.errno, exc.strerror, path) from None
     finally:
         os.close(fd)
 

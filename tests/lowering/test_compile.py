@@ -411,16 +411,16 @@ def test_a_repeated_compile_is_a_lookup(monkeypatch: pytest.MonkeyPatch) -> None
     compiles returns that result, frozen and equal, without compiling; anything in the key
     (targets, options, static=) compiles afresh; at most _RECENT_SIZE are kept."""
     from kernelpack import compile_entry
-    from kernelpack import lowering
+    from kernelpack.lowering import pipeline
 
     calls = []
-    real = lowering.compile_fusion
+    real = pipeline.compile_traced
 
     def counted(*args, **kwargs):
-        calls.append(args[1])
+        calls.append(args[2])  # (fusion, its trace, targets, static, options)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lowering, "compile_fusion", counted)
+    monkeypatch.setattr(pipeline, "compile_traced", counted)
     monkeypatch.setattr(compile_entry, "_RECENT", compile_entry.OrderedDict())
     monkeypatch.setattr(compile_entry, "_RECENT_SIZE", 2)
 

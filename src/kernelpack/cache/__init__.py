@@ -269,7 +269,7 @@ class Cache:
         data = bytes(data)
         signer: list = []
         try:
-            self._decode(data, None, "disk", signer)
+            program = self._decode(data, None, "disk", signer).name
         except KernelPackError as exc:
             raise ValueError(f"data is not a single-program kernelpack artifact "
                              f"({type(exc).__name__}: {exc})") from None
@@ -283,7 +283,7 @@ class Cache:
                 from ..serializer import resign
 
                 data = resign(load(data), self.sign_with)
-        self._put_disk(key, data)
+        self._put_disk(key, data, program=program)
         if self.remote is not None:
             self._remote_tier.put(key, data)
 
@@ -296,7 +296,7 @@ class Cache:
             self._count("errors")
             self._warn(f"cannot serialize {compiled.name!r} for the cache: {exc}")
             return None
-        self._put_disk(key, data)
+        self._put_disk(key, data, program=compiled.name)
         if self.remote is not None:
             self._remote_tier.put(key, data)
         return data
@@ -349,7 +349,7 @@ class Cache:
             if token is not None:
                 stack.callback(self._remote_tier.unlock, digest, token)
             if self.explain_misses and isinstance(key, CacheKey):
-                _log().info("cache miss: %s", self.explain_miss(key))
+                _log().info("cache miss: %s", self.explain_miss(key, name))
             compiled = build()
             if not isinstance(compiled, Compiled):
                 raise TypeError(f"build() must return a kp.Compiled (got "
@@ -383,11 +383,12 @@ class Cache:
         record = key if isinstance(key, CacheKey) else self.key_record(check_digest(key))
         return explain(self.disk, check_digest(key), record)
 
-    def explain_miss(self, key: CacheKey) -> str:
-        """Why ``key`` missed: the parts that differ from the nearest recorded key."""
+    def explain_miss(self, key: CacheKey, name: str | None = None) -> str:
+        """Why ``key`` missed: the parts that differ from the nearest recorded key (of
+        program ``name``, when given and recorded)."""
         from .explain import explain_miss
 
-        return explain_miss(self.disk, key)
+        return explain_miss(self.disk, key, name)
 
     def prune(self, max_bytes: int | None = None) -> tuple[int, int]:
         """Evict down to ``max_bytes`` (default: the cap) and remove stale temporary files;

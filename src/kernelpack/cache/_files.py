@@ -14,9 +14,27 @@ from pathlib import Path
 
 from ..errors import CacheError
 
-__all__ = ["MAX_RECORD", "read_record", "remove_file", "write_atomic"]
+__all__ = ["MAX_RECORD", "make_private_dirs", "read_record", "remove_file", "write_atomic"]
 
 MAX_RECORD = 16 << 20  # a key record is usually a few hundred bytes of parts
+
+
+def make_private_dirs(path: Path) -> None:
+    """``mkdir -p path``, each directory it creates with mode 0700 (as the XDG base directory
+    spec asks): whoever can write a cache directory can plant an unsigned entry, which is taken
+    as this machine's own compile, and under a umask of 002 or 000 (CI runners, containers)
+    ``mkdir`` made them group- or world-writable. Directories that exist are left as they
+    are."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:  # made meanwhile by another process (or not a directory)
+            if not directory.is_dir():
+                raise
 
 
 def remove_file(path: Path) -> None:
@@ -67,7 +85,7 @@ def write_atomic(path: Path, data: bytes, sync: bool = True) -> None:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileNotFoundError:  # first entry of its shard: create the folder (rarely)
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                make_private_dirs(path.parent)
             except OSError as exc:
                 raise CacheError(f"cache directory {str(path.parent)!r} cannot be created: "
                                  f"{exc.strerror}") from exc

@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Iterator
 
 from ..limits import MAX_FILE_SIZE
-from ._files import read_record as _read_record, remove_file as _remove
+from ..filewrite import absolute
+from ._files import make_private_dirs, read_record as _read_record, remove_file as _remove
 from ._files import write_atomic as _write_atomic
 from ._flock import hold, release, remove_if_unheld
 from .keys import CacheKey
@@ -92,7 +93,8 @@ class DiskStore:
         if not isinstance(root, (str, os.PathLike)) or isinstance(root, bytes):
             raise TypeError(f"path must be a directory path (str or os.PathLike), or None for "
                             f"the default (got {type(root).__name__}: {root!r:.60})")
-        if not os.fspath(root):  # Path("") is ".": entries/ locks/ keys/ in the working dir
+        root = os.fsdecode(os.fspath(root))  # an os.PathLike of bytes too
+        if not root:  # Path("") is ".": entries/ locks/ keys/ in the working dir
             raise ValueError("path must name a directory (got ''), or be None for the default")
         if max_bytes is not None and (not isinstance(max_bytes, int) or
                                       isinstance(max_bytes, bool)):
@@ -105,7 +107,7 @@ class DiskStore:
                              f"cap (got {max_bytes})")
         # ``~`` expanded (as for $KERNELPACK_CACHE_DIR) and made absolute once: a relative root
         # must not move with a later os.chdir, nor a "~" folder appear in the working directory
-        self.root = Path(root).expanduser().absolute()
+        self.root = Path(absolute(os.path.expanduser(root)))
         if self.root.exists() and not self.root.is_dir():
             raise ValueError(f"path {str(self.root)!r} is not a directory (the cache root must "
                              f"be one)")
@@ -201,29 +203,46 @@ class DiskStore:
                 self._written_since_evict = pending
 
     # ---- key records (for explain) -------------------------------------------------------------
-    def record_parts(self, key: CacheKey) -> None:
+    def record_parts(self, key: CacheKey, program: str | None = None) -> None:
+        """Record ``key``'s parts, and the name of the ``program`` its entry holds: a key's
+        source is a digest, so an explained miss finds the same program's earlier key by it
+        (every key of an edited fusion differs from the new one in ``source`` alone)."""
         path = self._parts_path(key.digest)
         if not path.exists():
-            _write_atomic(path, json.dumps({"digest": key.digest, "parts": key.parts},
-                                           indent=1).encode(), sync=False)
+            record: dict = {"digest": key.digest, "parts": key.parts}
+            if program is not None:
+                record["program"] = program
+            _write_atomic(path, json.dumps(record, indent=1).encode(), sync=False)
 
     def read_parts(self, digest: str) -> CacheKey | None:
         """The recorded key, or None when there is no record, it does not reproduce
         ``digest`` (a tampered or foreign record is not trusted), or it has no ``kind`` (every
         key :func:`~.keys.make_key` makes has one, and ``ls`` and explained misses read it)."""
+        return self._read_record(digest)[0]
+
+    def _read_record(self, digest: str) -> tuple[CacheKey | None, str | None]:
+        """``read_parts``, and the recorded program name (None when not recorded)."""
         try:
             record = json.loads(_read_record(self._parts_path(check_digest(digest))))
             key = CacheKey.from_parts(record["parts"])
             key.part("kind")
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        return key if key.digest == digest else None
+            program = record.get("program")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None, None
+        if key.digest != digest:
+            return None, None
+        return key, program if isinstance(program, str) else None
 
     def recorded_keys(self) -> Iterator[CacheKey]:
+        for key, _ in self.recorded():
+            yield key
+
+    def recorded(self) -> Iterator[tuple[CacheKey, str | None]]:
+        """Every trusted record: its key and the program name it recorded (or None)."""
         for path in sorted((self.root / "keys").glob("??/*.json")):
-            key = self.read_parts(path.stem)
+            key, program = self._read_record(path.stem)
             if key is not None:
-                yield key
+                yield key, program
 
     # ---- single-flight -------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -242,7 +261,7 @@ class DiskStore:
                 except FileNotFoundError:
                     if made_dir:  # still missing (a dangling symlink as the lock): no loop
                         raise
-                    lock_dir.mkdir(parents=True, exist_ok=True)
+                    make_private_dirs(lock_dir)
                     made_dir = True
                     continue
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -278,7 +297,7 @@ class DiskStore:
                 st = os.stat(self.path(digest))
                 if (st.st_ino, st.st_mtime_ns) != seen:
                     return None  # replaced by a fresh entry since we read it: leave it
-            qdir.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(qdir)
             os.replace(self.path(digest), target)
         except FileNotFoundError:
             return None
@@ -339,7 +358,7 @@ class DiskStore:
         if sum(e.size for e in self._evictable()) <= max_bytes:
             return 0, 0  # nothing to evict: no lock file either (a read-only cache stays usable)
         lock_dir = self.root / "locks"
-        lock_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(lock_dir)
         fd = os.open(lock_dir / "evict", os.O_CREAT | os.O_RDWR, 0o644)
         try:
             try:

@@ -118,10 +118,11 @@ class DiskTier:
         return bytes.fromhex(public_key_hex) in trusted
 
     def put(self, key: CacheKey | str, data: bytes, sync: bool = True,
-            record: bool = True) -> None:
-        """Write ``data`` under ``key`` (and the key's parts, for ``explain``, when ``record``);
-        a failure is counted and warned about. ``sync=False`` for entries that can be fetched
-        again (a remote hit put through): no fsync."""
+            record: bool = True, program: str | None = None) -> None:
+        """Write ``data`` under ``key`` (and the key's parts, for ``explain``, when ``record``,
+        with the name of the ``program`` it holds); a failure is counted and warned about.
+        ``sync=False`` for entries that can be fetched again (a remote hit put through): no
+        fsync."""
         cache = self._cache
         if not self.writable():
             cache._count("errors")  # skipped: the failure was warned about already
@@ -129,7 +130,7 @@ class DiskTier:
         try:
             cache.disk.put(key, data, sync=sync)
             if record and isinstance(key, CacheKey):
-                cache.disk.record_parts(key)
+                cache.disk.record_parts(key, program)
             cache._count("puts")
         except (OSError, KernelPackError) as exc:
             cache._count("errors")

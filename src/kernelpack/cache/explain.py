@@ -38,19 +38,34 @@ def explain(disk: DiskStore, digest: str, record: CacheKey | None) -> str:
     return text + f"\n  on disk: {'yes' if path.exists() else 'no'} ({path})"
 
 
-def explain_miss(disk: DiskStore, key: CacheKey) -> str:
+def explain_miss(disk: DiskStore, key: CacheKey, program: str | None = None) -> str:
     """The parts that differ between ``key`` and the nearest recorded key of the same kind
-    (the fewest differing parts), e.g. ``options: 'd1{...i256}' -> 'd1{...i128}'``."""
-    best: tuple[int, CacheKey] | None = None
+    (the fewest differing parts), e.g. ``options: 'd1{...i256}' -> 'd1{...i128}'``. With
+    ``program`` (the name of the program the key is for), the nearest among that program's
+    own recorded keys: an edited fusion's key differs from every other key in ``source``
+    alone, and the one that explains the miss is its own previous key."""
     kind = dict(key.parts).get("kind")  # a hand-made CacheKey may lack one: none compares
-    for other in disk.recorded_keys():
+    own: tuple[int, CacheKey] | None = None
+    best: tuple[int, CacheKey, str | None] | None = None
+    for other, recorded_for in disk.recorded():
         if other.digest == key.digest or dict(other.parts).get("kind") != kind:
             continue
         n = len(key.diff(other))
+        if program is not None and recorded_for == program and (own is None or n < own[0]):
+            own = (n, other)
         if best is None or n < best[0]:
-            best = (n, other)
+            best = (n, other, recorded_for)
+    what = key.digest[:16] if program is None else f"program {program!r} ({key.digest[:16]})"
+    if own is not None:
+        return f"{what} differs from its recorded key {own[1].digest[:16]} in " + \
+            _differences(key, own[1])
     if best is None:
-        return f"{key.digest[:16]}: no recorded key of kind {kind!r} to compare"
-    diffs = "; ".join(f"{label}: {theirs!r} -> {mine!r}"
-                      for label, mine, theirs in key.diff(best[1]))
-    return f"{key.digest[:16]} differs from {best[1].digest[:16]} in {diffs}"
+        return f"{what}: no recorded key of kind {kind!r} to compare"
+    other = best[1].digest[:16] + ("" if best[2] is None else f" (program {best[2]!r})")
+    first = "" if program is None else "no recorded key of this program; nearest: "
+    return f"{what}: {first}differs from {other} in {_differences(key, best[1])}"
+
+
+def _differences(key: CacheKey, other: CacheKey) -> str:
+    return "; ".join(f"{label}: {theirs!r} -> {mine!r}"
+                     for label, mine, theirs in key.diff(other))

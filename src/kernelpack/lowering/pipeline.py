@@ -24,7 +24,7 @@ from ..summary import Arg, Constraint, KernelSummary, Launch, Scalar, Tensor, Va
 from ..targets import Arch, parse_target_list, portable_lowest
 from .schedule import Choice, Stage, lockstep, plan, variants
 
-__all__ = ["Options", "Build", "STAGES", "run", "compile_fusion"]
+__all__ = ["Options", "Build", "STAGES", "run", "compile_fusion", "compile_traced"]
 
 
 @dataclass(frozen=True)
@@ -321,7 +321,18 @@ def compile_fusion(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx")
         from ..compile_entry import compile as compile_cached
 
         return compile_cached(f, targets, static=static, cache=cache, **options)
-    done = run(new_build(f, targets, static, options))
+    return compile_traced(f, None, targets, static, options)
+
+
+def compile_traced(f: Fusion, graph: Graph | None, targets: Sequence[str],
+                   static: Mapping[str, int] | None, options: Mapping[str, object]) -> Compiled:
+    """Lower ``graph``, ``f``'s trace with ``static`` made (None: trace it now). The cache's
+    front door traces once for both the key and the code (``compile_entry._traced_key``)."""
+    build = new_build(f, targets, static, options)
+    if graph is None:
+        done = run(build)
+    else:
+        done = run(dataclasses.replace(build, graph=graph), start="schedule")
     assert done.summary is not None
     module = Module(f.name, done.kernels, done.images)
     return Compiled(summary=done.summary, modules=(module,), origin="compiled")

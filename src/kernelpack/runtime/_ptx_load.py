@@ -42,7 +42,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
     """tmp file + ``os.replace``: readers see the whole cubin or none. Best effort: a cache
     that cannot be written costs a recompile next time, never a failed launch."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        from ..cache._files import make_private_dirs  # 0700, as the disk tier's own
+
+        make_private_dirs(path.parent)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         with open(tmp, "wb") as fh:
             fh.write(data)

@@ -56,6 +56,10 @@ def find() -> Path:
     for path in candidates:
         if path.is_file():
             return path
+    override = config.libdevice_override()
+    if override is not None and override.exists():  # there, but a FIFO, device or directory
+        raise CompileError(f"KERNELPACK_LIBDEVICE={str(override)!r} is not a regular file (it "
+                           f"must name the libdevice.10.bc bitcode file)")
     raise CompileError("libdevice.10.bc not found; install nvidia-nvvm (pip install "
                        "kernelpack[compile]) or set KERNELPACK_LIBDEVICE. Searched: "
                        + ", ".join(str(p) for p in candidates))
