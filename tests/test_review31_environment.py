@@ -429,3 +429,19 @@ def test_libdevice_override_that_is_no_regular_file_says_so(tmp_path: Path,
             assert str(target) in str(err.value)
         finally:
             libdevice.find.cache_clear()
+
+
+@POSIX
+def test_a_cache_directory_that_is_a_symlink_loop_is_refused(tmp_path: Path, capsys) -> None:
+    """``kernelpack cache ls/stats --dir LOOP`` answered "0 entries" with exit 0 (a loop
+    "does not exist"), and ``kp.Cache(LOOP)`` was accepted, each later write warning: both
+    now say what is wrong with the path."""
+    loop = tmp_path / "loop"
+    os.symlink("loop", loop)
+    with pytest.raises(ValueError, match="symbolic links") as err:
+        kp.Cache(loop, remote=False)
+    assert str(loop) in str(err.value)
+    for command in ("ls", "stats"):
+        code = main(["cache", command, "--dir", str(loop)])
+        err_text = capsys.readouterr().err
+        assert code == 1 and str(loop) in err_text and "symbolic links" in err_text, err_text

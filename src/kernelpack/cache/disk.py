@@ -108,6 +108,12 @@ class DiskStore:
         # ``~`` expanded (as for $KERNELPACK_CACHE_DIR) and made absolute once: a relative root
         # must not move with a later os.chdir, nor a "~" folder appear in the working directory
         self.root = Path(absolute(os.path.expanduser(root)))
+        try:
+            os.stat(self.root)
+        except OSError as exc:  # a symbolic link loop "did not exist": 0 entries, exit 0
+            if exc.errno == errno.ELOOP:
+                raise ValueError(f"path {str(self.root)!r}: {exc.strerror} (the cache root "
+                                 f"must be a directory)") from None
         if self.root.exists() and not self.root.is_dir():
             raise ValueError(f"path {str(self.root)!r} is not a directory (the cache root must "
                              f"be one)")
