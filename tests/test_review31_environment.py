@@ -445,3 +445,13 @@ def test_a_cache_directory_that_is_a_symlink_loop_is_refused(tmp_path: Path, cap
         code = main(["cache", command, "--dir", str(loop)])
         err_text = capsys.readouterr().err
         assert code == 1 and str(loop) in err_text and "symbolic links" in err_text, err_text
+
+
+def test_a_save_that_cannot_make_its_temporary_says_so() -> None:
+    """``kp.save(p, "/proc/version")`` said "No such file or directory: '/proc/version'" of
+    a file that is there: the temporary beside it could not be created, and now it says so."""
+    if not os.path.exists("/proc/version"):
+        pytest.skip("no /proc/version here")
+    with pytest.raises(OSError) as err:
+        kp.save([kp_samples.axpy()], "/proc/version")
+    assert "/proc/version" in str(err.value) and "temporary file in /proc" in str(err.value)

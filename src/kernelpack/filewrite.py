@@ -223,7 +223,12 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         try:
             fd, tmp = _locked_temporary(directory, base)
         except OSError as exc:
-            raise _renamed(exc, asked) from None
+            if exc.errno is None:
+                raise
+            # "No such file or directory: '/proc/version'" of a file that is there: say that
+            # the temporary beside it could not be made
+            raise type(exc)(exc.errno, f"{exc.strerror} (creating a temporary file in "
+                                       f"{directory} to write it)", asked) from None
         f, fd = os.fdopen(fd, "wb"), -1  # the file object owns the descriptor now
         f.write(data)
         f.flush()
