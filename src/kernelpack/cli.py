@@ -248,17 +248,28 @@ class _Stdout:
 
 
 def _discard_stdout() -> None:
-    """Point descriptor 1 at /dev/null (the recipe of the :mod:`signal` docs): what is still
-    buffered for a reader that left, or for a full disk, is dropped at exit instead of failing
-    again there with Python's "Exception ignored" and status 120."""
+    """Drop what is still buffered for standard output (for a reader that left, or a full
+    disk): flushed into /dev/null through descriptor 1 for a moment, then descriptor 1 is put
+    back. Otherwise it failed again at exit, as Python's "Exception ignored ...
+    BrokenPipeError" and status 120. Pointing descriptor 1 at /dev/null for good (the recipe
+    of the :mod:`signal` docs) made every later ``main()`` of the same process, a service's
+    next call, report success for output that went nowhere."""
+    stream = getattr(sys.stdout, "_stream", sys.stdout)  # the stream under _Stdout
     try:
-        fd = sys.stdout.fileno()
+        fd = stream.fileno()
     except (AttributeError, OSError, ValueError):  # closed, or not a file (tests' capture)
         return
+    saved = os.dup(fd)
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, fd)
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
     finally:
+        os.dup2(saved, fd)
+        os.close(saved)
         os.close(devnull)
 
 
@@ -286,24 +297,34 @@ def _catch_sigterm() -> Any:
         return None
 
 
+# main() swaps the process's sys.stdout (and a build, its sys.path and sys.modules): calls
+# from several threads of one process run one at a time, or each left the next one's wrapper
+# behind as sys.stdout (a chain that grew per call, and crashed).
+_MAIN_LOCK = threading.RLock()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``kernelpack`` console script; returns the exit status."""
-    stdout, previous = sys.stdout, None
+    """Entry point of the ``kernelpack`` console script; returns the exit status. Calls from
+    several threads of one process run one at a time."""
+    previous = None
     try:  # a Ctrl-C or SIGTERM anywhere, set-up and parsing included, is the same exit status
-        _tolerant_output()
-        sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
-        previous = _catch_sigterm()
-        return _main(argv)
+        with _MAIN_LOCK:
+            stdout = sys.stdout
+            try:
+                _tolerant_output()
+                sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
+                previous = _catch_sigterm()
+                return _main(argv)
+            finally:
+                if previous is not None:
+                    signal.signal(signal.SIGTERM, previous)
+                sys.stdout = stdout
     except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; extract leaves no partial file
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except _Terminated:  # SIGTERM: the same, with the status a shell gives a killed command
         print("error: terminated", file=sys.stderr)
         return EXIT_TERMINATED
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        sys.stdout = stdout
 
 
 def _main(argv: Sequence[str] | None) -> int:

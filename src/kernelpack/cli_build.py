@@ -282,7 +282,40 @@ def _show_cache_explanations() -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    """Import, compile every program (reporting each), save once at the end."""
+    """Import, compile every program (reporting each), save once at the end; then forget the
+    modules the source brought in from its own directory (:func:`_forget_project_modules`)."""
+    before = set(sys.modules)
+    try:
+        return _build(args)
+    finally:
+        _forget_project_modules(before, _home(args.source))
+
+
+def _home(source: str) -> str:
+    """The directory ``source`` imports its own modules from (its directory, or the current
+    one for a module name), as :func:`import_source` puts it first on ``sys.path``."""
+    path = Path(source)
+    as_file = source.endswith(".py") or os.sep in source or path.exists()
+    try:
+        return os.path.join(os.path.abspath(path.parent if as_file else os.getcwd()), "")
+    except OSError:  # the working directory is gone: nothing of it was imported
+        return ""
+
+
+def _forget_project_modules(before: set[str], home: str) -> None:
+    """Remove from ``sys.modules`` what a build imported from the source's own directory
+    (``home``): in one process, a second project's ``from helpers import OUT`` got the first
+    project's ``helpers`` module, already in ``sys.modules``, and built the other project's
+    code. Modules imported from elsewhere (libraries) stay."""
+    if not home:
+        return
+    for name in [n for n in sys.modules if n not in before]:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if isinstance(path, str) and os.path.abspath(path).startswith(home):
+            sys.modules.pop(name, None)
+
+
+def _build(args: argparse.Namespace) -> int:
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     from .targets import parse_target_list
 

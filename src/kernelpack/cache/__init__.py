@@ -225,8 +225,8 @@ class Cache:
         warnings.warn(message, CacheWarning, stacklevel=3 + depth)
 
     def _from_disk(self, key: CacheKey | str, count_miss: bool = True,
-                   name: str | None = None) -> Compiled | None:
-        hit = self._disk_tier.entry(key, count_miss, name)
+                   name: str | None = None, report: bool = True) -> Compiled | None:
+        hit = self._disk_tier.entry(key, count_miss, name, report)
         return None if hit is None else hit[1]
 
     @property
@@ -315,13 +315,18 @@ class Cache:
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a program name (str) or None (got "
                             f"{type(name).__name__})")
-        hit = self._from_disk(key, name=name)
+        # One disk outcome per call: a miss is counted once it is known to be one, so that a
+        # thread that waits for another's compile and then hits counts a hit, not both.
+        hit = self._from_disk(key, count_miss=False, name=name)
         if hit is not None:
             return hit
         # The remote before the local lock: a hit needs no lock (concurrent put-throughs of
         # one entry are atomic and identical), and a warm start from Redis skips 50 flocks.
         status = "off"
+        counted = False
         if self._remote_tier.readable():
+            self._count("disk_misses")
+            counted = True
             hit, status = self._remote_tier.lookup(key, name=name)
             if hit is not None:
                 return hit
@@ -335,7 +340,8 @@ class Cache:
                     f"taking the disk lock for {digest[:16]} (compiling without single-flight)",
                     exc, f"cannot take the disk lock for {digest[:16]} ({exc}); compiling "
                          f"without single-flight")
-            hit = self._from_disk(key, count_miss=False, name=name)  # filled while we waited?
+            # filled while we waited?
+            hit = self._from_disk(key, count_miss=not counted, name=name, report=False)
             if hit is not None:
                 return hit
             token = None

@@ -56,11 +56,12 @@ class DiskTier:
         self._writes_down_until = 0.0
 
     def entry(self, key: CacheKey | str, count_miss: bool = True,
-              name: str | None = None) -> tuple[bytes, Compiled] | None:
+              name: str | None = None, report: bool = True) -> tuple[bytes, Compiled] | None:
         """The disk entry's bytes and what they decode to, read once and verified; None on a
         miss or a bad entry (quarantined). A bad entry includes one that cannot be ``key``'s
         (another program, another image set: :func:`~.binding.check_binding`), since a disk
-        entry carries no key of its own."""
+        entry carries no key of its own. ``count_miss``: count a missing entry; ``report``:
+        warn about (and count) an entry refused for its signer."""
         cache = self._cache
         digest = check_digest(key)
         try:
@@ -81,13 +82,15 @@ class DiskTier:
         except KernelPackError as exc:  # the bytes are bad (the loader's promise)
             try:
                 moved = cache.disk.quarantine(digest, seen)
-                where = f"moved to {moved}" if moved else "already replaced by another process"
             except OSError as move_exc:  # a broken cache dir costs a warning, never a crash
                 cache._count("errors")
-                where = f"could not be moved aside ({move_exc})"
-            cache._count("quarantined")
-            cache._warn(f"disk cache entry {digest[:16]} is invalid ({type(exc).__name__}: "
-                        f"{exc}); {where}; recompiling")
+                cache._warn(f"disk cache entry {digest[:16]} is invalid ({type(exc).__name__}: "
+                            f"{exc}); it could not be moved aside ({move_exc}); recompiling")
+                return None
+            if moved:  # else another thread or process moved or replaced it first: its
+                cache._count("quarantined")  # warning is the one, and the caller looks again
+                cache._warn(f"disk cache entry {digest[:16]} is invalid ({type(exc).__name__}:"
+                            f" {exc}); moved to {moved}; recompiling")
             return None
         except Exception as exc:  # the loader itself failed (a bug, a missing module): the
             cache._count("errors")  # entry may be fine, so keep it; never crash on a hit
@@ -95,7 +98,7 @@ class DiskTier:
                         f"({type(exc).__name__}: {exc}); recompiling")
             return None
         if signer[0] is not None and not self._still_trusted(signer[0]):
-            if count_miss:  # the look after taking the lock (count_miss=False) says nothing
+            if report:  # the look after taking the lock (report=False) says nothing
                 cache._count("refused")
                 cache._warn(f"disk cache entry {digest[:16]} is signed by a key this cache no "
                             f"longer trusts ({signer[0][:16]}); recompiling")

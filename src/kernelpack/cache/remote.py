@@ -243,10 +243,21 @@ class RedisStore:
         return f"RedisStore({redact_url(self.url)!r})"
 
     def close(self) -> None:
-        """Close the connection (the next command opens a new one)."""
+        """Close the connection (the next command opens a new one), without failing another
+        thread's command in flight: kernelpack's own client closes once that command is
+        answered; the ``redis`` package's pool closes its idle connections only (the one in
+        use is closed when the pool is dropped)."""
         client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        if client is None:
+            return
+        pool = getattr(client, "connection_pool", None)
+        if pool is not None:
+            try:
+                pool.disconnect(inuse_connections=False)
+                return
+            except TypeError:  # a redis package without that keyword: close them all
+                pass
+        client.close()
 
     @property
     def client(self) -> Any:

@@ -242,15 +242,24 @@ class RespClient:
             if self.db:
                 self._roundtrip(["SELECT", str(self.db)])
         except BaseException:
-            self.close()
+            self._drop()
             raise
         return sock
 
     def __del__(self) -> None:  # a dropped client closes its socket (no ResourceWarning)
         if getattr(self, "_sock", None) is not None and self._pid == os.getpid():
-            self.close()
+            self._drop()
 
     def close(self) -> None:
+        """Close the connection once the command in flight, if any, is answered (the next
+        command opens a new one): closed under another thread's command, the socket failed
+        it with EBADF, the cache took that for an outage (30 s without the remote), and the
+        descriptor number could be reused meanwhile by another file."""
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        """Close the socket (the caller holds the lock, or no thread can use the client)."""
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -275,17 +284,17 @@ class RespClient:
             try:
                 return self._roundtrip(list(args))
             except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
-                self.close()  # the stream position is unknown now: start over
+                self._drop()  # the stream position is unknown now: start over
                 if not reused:
                     raise
             except BaseException:
-                self.close()  # the stream position is unknown now: start over next time
+                self._drop()  # the stream position is unknown now: start over next time
                 raise
             self._connect()
             try:
                 return self._roundtrip(list(args))
             except BaseException:
-                self.close()
+                self._drop()
                 raise
 
     def _roundtrip(self, args: list) -> object:
