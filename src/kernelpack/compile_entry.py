@@ -124,10 +124,25 @@ def _compile_once(f: Fusion, targets: Any, static: Mapping[str, int] | None,
     return done
 
 
+def _require_lowering() -> None:
+    """CompileError naming the extra to install where llvmlite is missing: a base install
+    (``pip install kernelpack``: load and launch only) met ``kp.compile`` with a bare
+    ``ModuleNotFoundError: No module named 'llvmlite'``, from the cache key (whose toolchain
+    part is llvmlite's version) or the lowering."""
+    import importlib.util
+
+    if importlib.util.find_spec("llvmlite") is None:
+        from .errors import CompileError
+
+        raise CompileError("kp.compile needs the lowering (llvmlite, nvJitLink, libdevice): "
+                           "pip install 'kernelpack[compile]'")
+
+
 def compile(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,  # noqa: A001
             static: Mapping[str, int] | None = None, cache: Any = None,
             **options: object) -> Compiled:
     """See :func:`kernelpack.compile`: with ``cache``, a hit never imports the lowering."""
+    _require_lowering()
     if cache is not None and not callable(getattr(cache, "fetch_or_compile", None)):
         raise TypeError(f"cache= takes a kp.Cache (got {type(cache).__name__}: {cache!r:.60}); "
                         f"kp.Cache(path) uses a directory")

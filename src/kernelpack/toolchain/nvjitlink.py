@@ -39,7 +39,8 @@ def version() -> tuple[int, int]:
     try:
         major, minor = _module().version()
     except Exception as exc:  # the shared library itself may be missing
-        raise CompileError(f"nvJitLink could not be loaded: {exc}") from exc
+        raise CompileError(f"nvJitLink could not be loaded: {exc} (pip install "
+                           f"nvidia-nvjitlink, or kernelpack[compile])") from exc
     return int(major), int(minor)
 
 
