@@ -339,9 +339,13 @@ def _module_changes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     for t in sorted(imgs_a.keys() & imgs_b.keys()):
         ia, ib = imgs_a[t], imgs_b[t]
         if ia["raw_digest"] != ib["raw_digest"]:
+            # a field that did not change is not shown as "X -> X" (it read as a change)
+            size = (f"{ia['raw_size']} bytes" if ia["raw_size"] == ib["raw_size"] else
+                    f"{ia['raw_size']} -> {ib['raw_size']} bytes")
+            tool = ("" if ia["toolchain"] == ib["toolchain"] else
+                    f", toolchain {ia['toolchain']!r} -> {ib['toolchain']!r}")
             out.append(f"~ image {t}: raw digest {str(ia['raw_digest'])[:16]} -> "
-                       f"{str(ib['raw_digest'])[:16]}, {ia['raw_size']} -> {ib['raw_size']} bytes"
-                       f", toolchain {ia['toolchain']!r} -> {ib['toolchain']!r}")
+                       f"{str(ib['raw_digest'])[:16]}, {size}{tool}")
         else:  # same bytes, but these decide whether a driver accepts the image
             for key in ("cuda_version", "ptx_isa"):
                 if ia[key] != ib[key]:

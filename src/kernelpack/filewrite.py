@@ -149,7 +149,10 @@ def _temp_stem(base: str) -> str:
     import hashlib
 
     tag = hashlib.sha256(raw).hexdigest()[:8]
-    return os.fsdecode(raw[:_NAME_MAX - _TEMP_EXTRA - len(tag) - 1]) + "~" + tag
+    cut = _NAME_MAX - _TEMP_EXTRA - len(tag) - 1
+    while cut > 0 and raw[cut] & 0xC0 == 0x80:  # not inside a UTF-8 character
+        cut -= 1
+    return os.fsdecode(raw[:cut]) + "~" + tag
 
 
 def _locked_temporary(directory: str, base: str) -> tuple[int, str]:

@@ -114,6 +114,10 @@ class DiskStore:
             if exc.errno == errno.ELOOP:
                 raise ValueError(f"path {str(self.root)!r}: {exc.strerror} (the cache root "
                                  f"must be a directory)") from None
+            if os.path.islink(self.root):  # a moved or unmounted target: nothing was stored
+                raise ValueError(f"path {str(self.root)!r} is a symbolic link to "
+                                 f"{os.readlink(self.root)!r}, which does not exist (the cache "
+                                 f"root must be a directory)") from None
         if self.root.exists() and not self.root.is_dir():
             raise ValueError(f"path {str(self.root)!r} is not a directory (the cache root must "
                              f"be one)")
