@@ -273,3 +273,21 @@ def test_plans_are_read_only_so_the_cache_cannot_be_changed_by_a_caller() -> Non
     with pytest.raises(TypeError):
         fast.symbols["n"] = 99  # type: ignore[index]
     assert fast == plan
+
+
+def test_the_repr_of_a_plan_of_many_launches_is_bounded() -> None:
+    """Review 32c: a notebook cell ending in the plan of a repeated launch (count= up to
+    2^20) printed every launch (158 MB at the maximum); now the first launches and a count,
+    and a small plan's repr is a named tuple's as before."""
+    s = KernelSummary(
+        "rep", (Tensor("x", kp.f32, ("n",)), Scalar("k", kp.i32)),
+        (Variant((Launch("st", "m", (kp.cdiv("n", 256),), (256,),
+                         (Arg.buffer("x"), Arg.of(kp.sym("i"), kp.i32)),
+                         count=kp.sym("k"), loop="i"),)),))
+    plan = Planner(s).plan(x=(1000,), k=5000)
+    assert len(plan.launches) == 5000
+    for text in (repr(plan), str(plan)):
+        assert len(text) < 20_000 and "4980 more of 5000 launches" in text, text[:300]
+    small = Planner(s).plan(x=(1000,), k=2)
+    assert repr(small) == "Plan(" + ", ".join(f"{n}={getattr(small, n)!r}"
+                                              for n in small._fields) + ")"
