@@ -227,6 +227,34 @@ def _report(problems: list[str], what: str) -> None:
                              "invariant:\n" + "\n".join(problems[:8])) from None
 
 
+def _cli_points(tmp_path: Path, fill, argv_of, **spread):
+    """The interruption points of ``kernelpack argv_of(d)``, each run in a fresh directory
+    ``d`` that ``fill(d)`` creates: yields ``(k, d, where, bad)`` after the checks every CLI
+    sweep makes (the command returned, with 0 or 130; no descriptor left open) in ``bad``, for
+    the caller to add its own; ``d`` is removed when the caller is done with it. Points the
+    command did not reach, or whose interrupt escaped ``main()``
+    (test_cli_main_turns_ctrl_c_into_130's subject), are skipped."""
+    probe = tmp_path / "probe"
+    fill(probe)
+    n = count_events(lambda: _cli(argv_of(probe)))
+    for k in points(n, **spread):
+        d = tmp_path / f"k{k}"
+        fill(d)
+        before = open_fds()
+        outcome, value, where = interrupt_at(lambda d=d: _cli(argv_of(d)), k)
+        if where is not None and outcome != "interrupted":
+            leaked = leaked_fds(before)
+            bad = []
+            if outcome != "ok":
+                bad.append(f"outcome {outcome} {value!r}")
+            elif value[0] not in (0, 130):
+                bad.append(f"exit {value[0]} {value[2].strip()}")
+            if leaked:
+                bad.append(f"{len(leaked)} file descriptor(s) left open: {leaked}")
+            yield k, d, where, bad
+        shutil.rmtree(d)
+
+
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, Any]:
     cf = kp.compile(f, targets=["sm_80"])
@@ -313,27 +341,12 @@ def test_cli_write_interrupted_anywhere_leaves_no_partial_output(
             return {"a.kpack": None}  # the original or the signed artifact
         return {"a.kpack": art, **{f"out/{k}": v for k, v in ref_images.items()}}
 
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    (probe / "a.kpack").write_bytes(art)
-    n = count_events(lambda: _cli(argv(probe)))
-    problems: list[str] = []
-    for k in points(n, tail=200, stride=6):
-        d = tmp_path / f"k{k}"
+    def fill(d: Path) -> None:
         d.mkdir()
         (d / "a.kpack").write_bytes(art)
-        before = open_fds()
-        outcome, value, where = interrupt_at(lambda d=d: _cli(argv(d)), k)
-        if where is None or outcome == "interrupted":
-            # an escape from main() is test_cli_main_turns_ctrl_c_into_130's subject
-            shutil.rmtree(d)
-            continue
-        leaked = leaked_fds(before)
-        bad = []
-        if outcome != "ok" or value[0] not in (0, 130):
-            bad.append(f"outcome {outcome} {value!r}")
-        if leaked:
-            bad.append(f"{len(leaked)} file descriptor(s) left open")
+
+    problems: list[str] = []
+    for k, d, where, bad in _cli_points(tmp_path, fill, argv, tail=200, stride=6):
         exp = expected(d)
         for name in _files(d):
             if name in exp:
@@ -351,7 +364,6 @@ def test_cli_write_interrupted_anywhere_leaves_no_partial_output(
             bad.append(f"after the rerun the directory still holds {extra}")
         if bad:
             problems.append(f"k={k} at {where}: " + "; ".join(bad))
-        shutil.rmtree(d)
     _report(problems, f"kernelpack {command}")
 
 
@@ -359,23 +371,10 @@ def test_keygen_interrupted_leaves_no_half_written_key(tmp_path):
     """``kernelpack keygen -o NAME`` interrupted: exit 130 and either no key files or a
     complete pair (private 0600 + .pub); never an empty/truncated key under its final name,
     which the rerun then refuses with "File exists"."""
-    n = count_events(lambda: _cli(["keygen", "-o", str(tmp_path / "probe")]))
     problems: list[str] = []
-    for k in points(n):
-        d = tmp_path / f"k{k}"
-        d.mkdir()
+    for k, d, where, bad in _cli_points(tmp_path, Path.mkdir,
+                                        lambda d: ["keygen", "-o", str(d / "team")]):
         name = d / "team"
-        before = open_fds()
-        outcome, value, where = interrupt_at(
-            lambda name=name: _cli(["keygen", "-o", str(name)]), k)
-        if where is None or outcome == "interrupted":
-            continue  # an escape from main(): test_cli_main_turns_ctrl_c_into_130
-        leaked = leaked_fds(before)
-        bad = []
-        if outcome != "ok" or value[0] not in (0, 130):
-            bad.append(f"outcome {outcome} {value!r}")
-        if leaked:
-            bad.append(f"{len(leaked)} file descriptor(s) left open")
         priv, pub = name, d / "team.pub"
         present = {p.name: p.stat().st_size for p in (priv, pub) if p.exists()}
         if present and len(present) != 2:
@@ -688,25 +687,9 @@ def test_cli_cache_prune_clear_interrupted_anywhere(tmp_path, cache_template, co
     the cache work."""
     argv_of = {"prune": lambda d: ["cache", "prune", "--dir", str(d), "--max-bytes", "5000"],
                "clear": lambda d: ["cache", "clear", "--dir", str(d)]}[command]
-    probe = tmp_path / "probe"
-    shutil.copytree(cache_template, probe)
-    n = count_events(lambda: _cli(argv_of(probe)))
     problems: list[str] = []
-    for k in points(n):
-        d = tmp_path / f"k{k}"
-        shutil.copytree(cache_template, d)
-        before = open_fds()
-        outcome, value, where = interrupt_at(lambda d=d: _cli(argv_of(d)), k)
-        if where is None or outcome == "interrupted":
-            # an escape from main() is test_cli_main_turns_ctrl_c_into_130's subject
-            shutil.rmtree(d)
-            continue
-        leaked = leaked_fds(before)
-        bad = []
-        if value[0] not in (0, 130):
-            bad.append(f"exit {value[0]} {value[2].strip()}")
-        if leaked:
-            bad.append(f"{len(leaked)} file descriptor(s) left open: {leaked}")
+    for k, d, where, bad in _cli_points(
+            tmp_path, lambda d: shutil.copytree(cache_template, d), argv_of):
         for e in _entries(d):
             try:
                 kp.load(e)
@@ -723,7 +706,6 @@ def test_cli_cache_prune_clear_interrupted_anywhere(tmp_path, cache_template, co
             bad.append("a compile through the cache gives another program")
         if bad:
             problems.append(f"k={k} at {where}: " + "; ".join(bad))
-        shutil.rmtree(d)
     _report(problems, f"kernelpack cache {command}")
 
 
