@@ -85,7 +85,7 @@ def import_source(source: str) -> ModuleType:
     ``python -m MODULE`` would find it (the file's directory, or the current directory,
     first on ``sys.path``). Any failure while importing it is a CLIError naming the source."""
     path = Path(source)
-    as_file = source.endswith(".py") or os.sep in source or path.exists()
+    as_file = _is_file(source)
     if as_file and path.is_dir():
         raise CLIError(f"{source}: a directory; give a .py file or a module name "
                        f"(package.module)")
@@ -93,7 +93,7 @@ def import_source(source: str) -> ModuleType:
         raise CLIError(not_a_file(source))
     if not as_file and not all(part.isidentifier() for part in source.split(".")):
         raise UsageError(f"{source!r} is neither a .py file nor a module name")
-    home = os.path.join(os.path.abspath(path.parent if as_file else os.getcwd()), "")
+    home = _home_of(source, as_file)
     try:
         if as_file:
             return _import_file(path)
@@ -291,14 +291,24 @@ def cmd_build(args: argparse.Namespace) -> int:
         _forget_project_modules(before, _home(args.source))
 
 
-def _home(source: str) -> str:
+def _is_file(source: str) -> bool:
+    """Whether ``source`` names a ``.py`` file rather than a module name."""
+    return source.endswith(".py") or os.sep in source or Path(source).exists()
+
+
+def _home_of(source: str, as_file: bool) -> str:
     """The directory ``source`` imports its own modules from (its directory, or the current
-    one for a module name), as :func:`import_source` puts it first on ``sys.path``."""
-    path = Path(source)
-    as_file = source.endswith(".py") or os.sep in source or path.exists()
+    one for a module name), as :func:`import_source` puts it first on ``sys.path``, with a
+    trailing separator."""
+    return os.path.join(os.path.abspath(Path(source).parent if as_file else os.getcwd()), "")
+
+
+def _home(source: str) -> str:
+    """:func:`_home_of`; "" when the working directory is gone (nothing of it was
+    imported)."""
     try:
-        return os.path.join(os.path.abspath(path.parent if as_file else os.getcwd()), "")
-    except OSError:  # the working directory is gone: nothing of it was imported
+        return _home_of(source, _is_file(source))
+    except OSError:
         return ""
 
 

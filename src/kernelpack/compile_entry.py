@@ -124,14 +124,22 @@ def _compile_once(f: Fusion, targets: Any, static: Mapping[str, int] | None,
     return done
 
 
+_LOWERING_FOUND = False  # llvmlite found once: a warm start's cache hits never import it,
+# and find_spec of a module not imported scans sys.path at every kp.compile
+
+
 def _require_lowering() -> None:
     """CompileError naming the extra to install where llvmlite is missing: a base install
     (``pip install kernelpack``: load and launch only) met ``kp.compile`` with a bare
     ``ModuleNotFoundError: No module named 'llvmlite'``, from the cache key (whose toolchain
     part is llvmlite's version) or the lowering."""
+    global _LOWERING_FOUND
+    if _LOWERING_FOUND:
+        return
     import importlib.util
 
-    if importlib.util.find_spec("llvmlite") is None:
+    _LOWERING_FOUND = importlib.util.find_spec("llvmlite") is not None
+    if not _LOWERING_FOUND:
         from .errors import CompileError
 
         raise CompileError("kp.compile needs the lowering (llvmlite, nvJitLink, libdevice): "

@@ -109,7 +109,7 @@ class DiskStore:
         # must not move with a later os.chdir, nor a "~" folder appear in the working directory
         self.root = Path(absolute(os.path.expanduser(root)))
         try:
-            os.stat(self.root)
+            st: os.stat_result | None = os.stat(self.root)
         except OSError as exc:  # a symbolic link loop "did not exist": 0 entries, exit 0
             if exc.errno == errno.ELOOP:
                 raise ValueError(f"path {str(self.root)!r}: {exc.strerror} (the cache root "
@@ -118,7 +118,8 @@ class DiskStore:
                 raise ValueError(f"path {str(self.root)!r} is a symbolic link to "
                                  f"{os.readlink(self.root)!r}, which does not exist (the cache "
                                  f"root must be a directory)") from None
-        if self.root.exists() and not self.root.is_dir():
+            st = None  # not there yet: made on the first write
+        if st is not None and not stat.S_ISDIR(st.st_mode):
             raise ValueError(f"path {str(self.root)!r} is not a directory (the cache root must "
                              f"be one)")
         self.max_bytes = max_bytes

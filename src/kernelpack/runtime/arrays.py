@@ -32,6 +32,11 @@ class Adapter:
     """How one framework's arrays are read, allocated and which stream is current."""
 
     name = "generic"
+    #: a call's scratch is stream-ordered memory of the driver's (``cuMemAllocAsync``), not
+    #: the framework's: true unless the framework's allocator is safe in a CUDA graph capture
+    #: (torch's is: a captured graph gets a private pool; CuPy's pool handed a captured call's
+    #: scratch to the next array while every replay still wrote it)
+    driver_scratch = True
 
     def read(self, obj: Any, what: str, stream: int) -> ArrayFacts:  # pragma: no cover
         raise NotImplementedError
@@ -237,6 +242,7 @@ class TorchAdapter(Adapter):
     """``torch.Tensor``: ``data_ptr()``, ``shape``, ``dtype``, ``get_device()``."""
 
     name = "torch"
+    driver_scratch = False  # torch's caching allocator orders it and knows graph captures
 
     def __init__(self, torch: Any) -> None:
         self.torch = torch

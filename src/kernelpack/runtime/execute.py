@@ -137,10 +137,7 @@ def _run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan:
     try:
         for alloc in variant.scratch:
             nbytes = allocations[alloc.name].nbytes
-            # CuPy's pool is not capture-aware (torch's is): a block freed to it after a
-            # captured call went to the next array while the graph still wrote it at every
-            # replay; stream-ordered memory of the driver's is captured as graph nodes
-            if adapter is GENERIC or adapter.name == "cupy":
+            if adapter.driver_scratch:  # stream-ordered: a graph capture records it
                 ptr = int(_drv.check(drv.cuMemAllocAsync(max(nbytes, 1), cs),
                                      f"{name}: allocating scratch {alloc.name!r}"))
                 ordered.append(ptr)
