@@ -42,14 +42,18 @@ class PackFile:
     A large file is memory-mapped for load's checks, but reading an image through the map
     later would kill the process with SIGBUS if the file was truncated in the meantime (a
     rewrite in place, a full disk): a read past the end of a file must be an IntegrityError.
-    The descriptor is a private duplicate, closed when the last reader goes away."""
+    The descriptor is a private duplicate, closed by a finalizer when the last reader goes
+    away. It is made in the call that registers the finalizer: with the ``dup`` on a line of
+    its own, a Ctrl-C arriving before the next line left it open for good (review 32c: a
+    notebook re-running an interrupted load cell leaked one each time). A ``__del__`` would
+    not do: an interrupt inside it is ignored and the close skipped."""
 
     __slots__ = ("path", "size", "fd", "__weakref__")
 
     def __init__(self, fd: int, path: str, size: int) -> None:
         self.path, self.size = path, size
-        self.fd = os.dup(fd)
-        weakref.finalize(self, os.close, self.fd)
+        closer = weakref.finalize(self, os.close, os.dup(fd))
+        self.fd: int = closer.peek()[2][0]
 
     def read(self, start: int, size: int, where: str) -> bytes:
         """Bytes [start, start + size): IntegrityError if the file is shorter now."""

@@ -90,3 +90,90 @@ def test_ctrl_c_after_the_temporary_is_closed_comes_out_of_put(
     monkeypatch.setattr(_files, "os", os)
     cache.put(KEY, data)
     assert cache.get(KEY) == data
+
+
+def _in_thread(work, timeout: float = 10.0) -> bool:
+    """Run ``work`` in a daemon thread; False when it has not finished within ``timeout``
+    (a hang must fail the test, not freeze the suite)."""
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(timeout)
+    return not t.is_alive()
+
+
+def _leak_the_key_lock(store: disk.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C at the start of the lock's release (after the body ran): the descriptor stays
+    open and locked, as no Python code can prevent."""
+    real_release = disk.release
+
+    def interrupted(fd: int, unlink=None) -> None:
+        monkeypatch.setattr(disk, "release", real_release)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(disk, "release", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with store.lock(KEY):
+            pass
+
+
+def test_ctrl_c_in_the_release_does_not_hang_the_next_lock_of_that_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A notebook cell interrupted as its compile released the key's lock, then run again:
+    the leaked descriptor kept the key locked, and the re-run waited for the lock its own
+    thread held, for ever (review 32c). A thread cannot be waiting for itself: the stale hold
+    is released and the lock taken; the lock file is gone afterwards."""
+    store = disk.DiskStore(tmp_path / "c")
+    done = []
+
+    def cell_then_rerun() -> None:
+        _leak_the_key_lock(store, monkeypatch)
+        assert list((tmp_path / "c" / "locks").iterdir())  # the leaked lock's file
+        with store.lock(KEY):
+            done.append(True)
+
+    assert _in_thread(cell_then_rerun), "the re-run waited for its own thread's lock"
+    assert done == [True]
+    assert not list((tmp_path / "c" / "locks").iterdir())
+
+
+def test_a_lock_leaked_by_an_ended_thread_does_not_block_others(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = disk.DiskStore(tmp_path / "c")
+    assert _in_thread(lambda: _leak_the_key_lock(store, monkeypatch))
+    got = []
+
+    def other() -> None:
+        with store.lock(KEY):
+            got.append(True)
+
+    assert _in_thread(other), "a thread that has ended still held the key"
+    assert got == [True]
+
+
+def test_a_live_thread_holding_the_key_is_waited_for(tmp_path: Path) -> None:
+    """The recovery is not a way around the lock: another thread's compile in progress is
+    waited for, and only then is the key taken."""
+    store = disk.DiskStore(tmp_path / "c")
+    holding, release_it, order = threading.Event(), threading.Event(), []
+
+    def holder() -> None:
+        with store.lock(KEY):
+            holding.set()
+            release_it.wait(10)
+            order.append("holder done")
+
+    def waiter() -> None:
+        with store.lock(KEY):
+            order.append("waiter in")
+
+    h = threading.Thread(target=holder, daemon=True)
+    h.start()
+    assert holding.wait(5)
+    w = threading.Thread(target=waiter, daemon=True)
+    w.start()
+    w.join(0.5)
+    assert w.is_alive() and order == []  # still waiting
+    release_it.set()
+    h.join(5)
+    w.join(5)
+    assert order == ["holder done", "waiter in"]

@@ -48,7 +48,7 @@ from ..limits import MAX_FILE_SIZE
 from ..filewrite import absolute
 from ._files import make_private_dirs, read_record as _read_record, remove_file as _remove
 from ._files import write_atomic as _write_atomic
-from ._flock import hold, release, remove_if_unheld
+from ._flock import drop_dead_holds, hold, release, remove_if_unheld
 from .keys import CacheKey
 
 __all__ = ["DiskStore", "EntryInfo", "check_digest", "TOUCH_INTERVAL_S", "LOW_WATER",
@@ -263,7 +263,7 @@ class DiskStore:
         lock_dir = self.root / "locks"
         path = lock_dir / (digest + ".lock")
         made_dir = False
-        fd, held = -1, False
+        fd = -1
         try:  # from the open on, any exception (Ctrl-C included) closes the descriptor: one
             # left open kept the key locked for as long as the process lived (review 30)
             while True:
@@ -275,24 +275,21 @@ class DiskStore:
                     make_private_dirs(lock_dir)
                     made_dir = True
                     continue
+                hold(fd)  # recorded before it is locked (see _flock: interrupts)
+                drop_dead_holds(fd)  # an interrupted compile's lock of this key: not waited for
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 try:
                     same = os.stat(path).st_ino == os.fstat(fd).st_ino
                 except FileNotFoundError:
                     same = False
                 if same:
-                    hold(fd)
-                    held = True
                     break
                 closing, fd = fd, -1
                 release(closing)  # the holder before us unlinked it: lock the new file
             yield
         finally:
-            if fd >= 0:
-                if held:  # only the holder unlinks (the protocol: see remove_if_unheld)
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
-                release(fd)  # LOCK_UN: a child forked meanwhile must not keep it (_flock.py)
+            if fd >= 0:  # unlinked only where still ours (the protocol: see remove_if_unheld)
+                release(fd, unlink=path)  # LOCK_UN: a forked child must not keep it (_flock.py)
 
     # ---- maintenance ---------------------------------------------------------------------------
     def quarantine(self, key: str | CacheKey, seen: tuple[int, int] | None = None) -> Path | None:
@@ -372,13 +369,13 @@ class DiskStore:
         make_private_dirs(lock_dir)
         fd = os.open(lock_dir / "evict", os.O_CREAT | os.O_RDWR, 0o644)
         try:
+            hold(fd)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                     return 0, 0
                 raise
-            hold(fd)
             entries = self._evictable()
             total = sum(e.size for e in entries)
             if total <= max_bytes:
