@@ -503,3 +503,25 @@ def test_ctrl_c_during_set_up_or_parsing_is_exit_130(capsys, monkeypatch) -> Non
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert cli.main(["inspect", "x.kpack"]) == 130
     assert capsys.readouterr().err == "error: interrupted\n" and sys.stdout is stdout
+
+
+def test_unwritable_stdout_without_a_spare_descriptor(files) -> None:
+    """Output to /dev/full with no descriptor left (EMFILE) for the clean-up that drops the
+    unwritten buffer: the OSError of its ``os.dup`` escaped main() as a traceback. It is still
+    the one-line error and status 1."""
+    script = (
+        "import errno, os, sys\n"
+        "from kernelpack.cli import main\n"
+        "full = os.open('/dev/full', os.O_WRONLY); os.dup2(full, 1); os.close(full)\n"
+        "def dup(fd):\n"
+        "    raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))\n"
+        "os.dup = dup\n"
+        "rc = main(['inspect', sys.argv[1]])\n"
+        "sys.stderr.write('RC=%r\\n' % rc)\n"
+        "os._exit(0)\n"  # the buffer for the full device stays: not what is tested here
+    )
+    res = subprocess.run([sys.executable, "-c", script, str(files["a"])],
+                         capture_output=True, text=True, timeout=60)
+    assert "RC=1" in res.stderr, res.stderr
+    assert "error: cannot write to standard output" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -259,8 +259,15 @@ def _discard_stdout() -> None:
         fd = stream.fileno()
     except (AttributeError, OSError, ValueError):  # closed, or not a file (tests' capture)
         return
-    saved = os.dup(fd)
-    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:  # no descriptor to spare (EMFILE): the buffer stays, as without this clean-up
+        saved = os.dup(fd)
+    except OSError:
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        os.close(saved)
+        return
     try:
         os.dup2(devnull, fd)
         try:
