@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ._fbread import ByteViews
+from ._interrupts import deferred_interrupts
 from .errors import FormatError, IntegrityError
 from .limits import DIGEST_SIZE, MAX_IMAGE_SIZE
 from .compiled import IMAGE_KINDS, Image
@@ -43,16 +44,17 @@ class PackFile:
     later would kill the process with SIGBUS if the file was truncated in the meantime (a
     rewrite in place, a full disk): a read past the end of a file must be an IntegrityError.
     The descriptor is a private duplicate, closed by a finalizer when the last reader goes
-    away. It is made in the call that registers the finalizer: with the ``dup`` on a line of
-    its own, a Ctrl-C arriving before the next line left it open for good (review 32c: a
-    notebook re-running an interrupted load cell leaked one each time). A ``__del__`` would
-    not do: an interrupt inside it is ignored and the close skipped."""
+    away. A Ctrl-C between the ``dup`` and the finalizer's registration left it open for good
+    (review 32c: a notebook re-running an interrupted load cell leaked one each time), so
+    interrupts wait for both (:mod:`kernelpack._interrupts`). A ``__del__`` would not do: an
+    interrupt inside it is ignored and the close skipped."""
 
     __slots__ = ("path", "size", "fd", "__weakref__")
 
     def __init__(self, fd: int, path: str, size: int) -> None:
         self.path, self.size = path, size
-        closer = weakref.finalize(self, os.close, os.dup(fd))
+        with deferred_interrupts():  # no Ctrl-C between the dup and its finalizer
+            closer = weakref.finalize(self, os.close, os.dup(fd))
         self.fd: int = closer.peek()[2][0]
 
     def read(self, start: int, size: int, where: str) -> bytes:

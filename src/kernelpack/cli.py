@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence, TextIO
 from .cli_commands import EXTENSIONS  # noqa: F401 - kernelpack.cli.EXTENSIONS, as before
 from .cli_commands import (CLIError, UsageError, cmd_diff, cmd_eval, cmd_extract, cmd_inspect,
                            cmd_keygen, cmd_sign, cmd_verify, parse_assignment, safe_filename)
+from ._interrupts import deferred_interrupts
 from .errors import KernelPackError
 
 __all__ = ["main", "build_parser", "parse_assignment", "safe_filename", "EXIT_INTERRUPTED",
@@ -80,7 +81,7 @@ def name_arg(text: str) -> str:
     """A program, parameter or attribute name as typed. Under a locale that is not UTF-8
     (``LC_ALL=C`` with ``PYTHONUTF8=0``: cron, minimal containers) Python holds a command
     line's non-ASCII bytes as lone surrogates, while names in an artifact (and Python
-    identifiers) are UTF-8: ``eval f.kpack prögram`` found no program ``pr\udcc3\udcb6gram``.
+    identifiers) are UTF-8: ``eval f.kpack prögram`` found no program ``pr\\udcc3\\udcb6gram``.
     Paths stay as given: the file system takes them back in its own encoding."""
     try:
         return os.fsencode(text).decode("utf-8")
@@ -259,6 +260,11 @@ def _discard_stdout() -> None:
         fd = stream.fileno()
     except (AttributeError, OSError, ValueError):  # closed, or not a file (tests' capture)
         return
+    with deferred_interrupts():  # descriptor 1 put back and nothing lost, whatever arrives
+        _flush_into_devnull(stream, fd)
+
+
+def _flush_into_devnull(stream: Any, fd: int) -> None:
     try:  # no descriptor to spare (EMFILE): the buffer stays, as without this clean-up
         saved = os.dup(fd)
     except OSError:

@@ -77,6 +77,9 @@ def ptx_from_llvm_ir(ir: bytes, targets: Sequence[str]) -> tuple[str, str]:
     while PTX for ``sm_90`` builds both."""
     archs, _ = parse_target_list(targets)
     lowest = portable_lowest(archs)
+    from .toolchain import nvjitlink
+
+    nvjitlink.check_archs(archs)  # before LLVM, which writes to stderr about an unknown one
     try:
         import llvmlite.binding as llvm
     except ImportError as exc:
@@ -123,6 +126,7 @@ def images_from_ptx(ptx: bytes, entry: str, targets: Sequence[str],
     named = {t.strip().lower() for t in targets}
     # "compute_80" without "sm_80" asks for PTX only
     cubin_archs = [a for a in archs if not (a.compute in named and a.sm not in named)]
+    nvjitlink.check_archs(cubin_archs)
     images: list[Image] = []
     for arch, data in zip(cubin_archs,
                           nvjitlink.ptx_to_cubins(ptx, cubin_archs, name=f"{entry}.ptx")):

@@ -19,6 +19,8 @@ import re
 import stat
 import tempfile
 
+from ._interrupts import deferred_interrupts
+
 __all__ = ["absolute", "write_atomic", "write_file_object"]
 
 
@@ -189,21 +191,25 @@ def _remove_orphans(directory: str, base: str) -> int:
     except OSError:
         return 0
     for name in names:
-        candidate = os.path.join(directory, name)
-        try:
-            fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue
-        try:  # locked by us, so no writer holds it; and still the file of that name
-            if (stat.S_ISREG(os.fstat(fd).st_mode) and _try_lock(fd)
-                    and _names_it(fd, candidate)):
-                os.unlink(candidate)
-                removed += 1
-        except OSError:
-            pass
-        finally:
-            os.close(fd)  # (releases the lock after the unlink: see _locked_temporary)
+        with deferred_interrupts():  # a few calls; no Ctrl-C may lose the descriptor opened
+            removed += _remove_orphan(os.path.join(directory, name))
     return removed
+
+
+def _remove_orphan(candidate: str) -> int:
+    try:
+        fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return 0
+    try:  # locked by us, so no writer holds it; and still the file of that name
+        if stat.S_ISREG(os.fstat(fd).st_mode) and _try_lock(fd) and _names_it(fd, candidate):
+            os.unlink(candidate)
+            return 1
+    except OSError:
+        pass
+    finally:
+        os.close(fd)  # (releases the lock after the unlink: see _locked_temporary)
+    return 0
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
@@ -224,7 +230,8 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     fd, tmp, f = -1, "", None
     try:  # from here on, whatever is raised (Ctrl-C included) leaves no descriptor or temp
         try:
-            fd, tmp = _locked_temporary(directory, base)
+            with deferred_interrupts():  # a Ctrl-C as mkstemp returns lost its descriptor
+                fd, tmp = _locked_temporary(directory, base)
         except OSError as exc:
             if exc.errno is None:
                 raise
@@ -257,7 +264,13 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
             raise _renamed(exc, asked) from None
         raise
     _remove_orphans(directory, base)
-    try:  # make the rename itself durable; not every platform can open a directory
+    with deferred_interrupts():  # no Ctrl-C may lose the directory's descriptor
+        _sync_directory(directory)
+
+
+def _sync_directory(directory: str) -> None:
+    """Make a rename in ``directory`` durable; not every platform can open a directory."""
+    try:
         dir_fd = os.open(directory, os.O_RDONLY)
     except OSError:
         return

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from ._fbread import ByteViews, Table, Tables, module_index, tree_spec
 from ._images import (_CODECS, _IMAGE_FIELDS, _SUFFIXES, FileBlobs, ImageInfo,  # noqa: F401
                       PackFile, _decompress)  # _decompress: kept importable here
+from ._interrupts import deferred_interrupts
 from .errors import FormatError, IntegrityError, KernelPackError, SignatureError
 from .limits import DIGEST_SIZE, FILE_IDENTIFIER, MAX_FILE_SIZE, MAX_IMAGE_SIZE
 from ._records import FrozenRecord
@@ -358,8 +359,8 @@ class Pack:
                 checked.add(image.check_key)
 
     def __reduce__(self) -> Any:
-        raise TypeError("a loaded Pack cannot be pickled (it reads from the artifact's buffer): "
-                        "send the artifact's path or bytes and kp.load it there, or "
+        raise TypeError("a loaded Pack cannot be pickled or copied (it reads from the artifact's "
+                        "buffer): send the artifact's path or bytes and kp.load it there, or "
                         "pack.compiled(name) for one program")
 
     def __repr__(self) -> str:
@@ -405,7 +406,9 @@ def _open(source: object) -> tuple[memoryview, PackFile | None]:
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"kp.load takes a path or bytes (got {type(source).__name__})")
     # O_NONBLOCK: opening a FIFO must not wait forever for a writer (no effect on files)
-    with open(source, "rb", opener=_open_nonblocking) as f:
+    with deferred_interrupts():  # a Ctrl-C as the opener's open returns lost the descriptor
+        f = open(source, "rb", opener=_open_nonblocking)
+    with f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise FormatError(f"{os.fspath(source)}: not a regular file (a FIFO, socket or "

@@ -155,6 +155,6 @@ class Program(_call_base()):  # type: ignore[misc]
         return f"<kernelpack Program {self.name!r}>"
 
     def __reduce__(self) -> Any:
-        raise TypeError(f"a loaded Program ({self.name!r}) cannot be pickled: it is bound to "
-                        f"its pack's buffer and this process's GPU state; send the artifact "
-                        f"(its path or bytes) or pack.compiled({self.name!r}) instead")
+        raise TypeError(f"a loaded Program ({self.name!r}) cannot be pickled or copied: it is "
+                        f"bound to its pack's buffer and this process's GPU state; send the "
+                        f"artifact (its path or bytes) or pack.compiled({self.name!r}) instead")

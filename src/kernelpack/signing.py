@@ -19,6 +19,7 @@ import os
 import stat
 from typing import Any, Callable, Iterable
 
+from ._interrupts import deferred_interrupts
 from .errors import SignatureError
 
 __all__ = ["generate_private_key", "public_key_bytes", "load_private_key", "load_public_key",
@@ -55,14 +56,17 @@ def generate_private_key() -> bytes:
 def _read_key_file(path: str) -> bytes:
     """At most 64 KiB of a regular file (O_NONBLOCK: a FIFO named as a key must not wait
     forever for a writer)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    try:
+    fd = -1
+    try:  # the open inside: a Ctrl-C held back past it (deferred_interrupts) lands in here
+        with deferred_interrupts():  # a Ctrl-C as the open returns must not lose the descriptor
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError(f"{path}: not a regular file (a key file is expected)")
         with open(fd, "rb", closefd=False) as f:
             return f.read(1 << 16)
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 _BYTES_LIKE = (bytes, bytearray, memoryview)
@@ -302,9 +306,11 @@ def write_keypair(path: str | os.PathLike[str]) -> tuple[str, str]:
 def _write_new(path: str, text: str, mode: int, created: list[str]) -> None:
     """Create ``path`` (never over an existing file) holding ``text``; ``created`` gets the
     path as soon as the file exists, for the caller's cleanup."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        created.append(path)
+    fd = -1
+    try:  # the open inside: a Ctrl-C held back past it (deferred_interrupts) lands in here
+        with deferred_interrupts():  # the file is recorded for clean-up as soon as it exists
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            created.append(path)
         data = memoryview(text.encode())
         while data:
             try:
@@ -312,7 +318,8 @@ def _write_new(path: str, text: str, mode: int, created: list[str]) -> None:
             except OSError as exc:  # EFBIG, ENOSPC: a write's error names no file
                 raise type(exc)(exc.errno, exc.strerror, path) from None
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 def load_for(param: str, load: Callable[[Any], Any], value: object) -> Any:

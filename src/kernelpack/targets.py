@@ -48,10 +48,19 @@ def parse_arch(text: str) -> Arch:
         raise ValueError(f"not a GPU architecture: expected sm_XY, sm_XYa, sm_XYf or compute_XY "
                          f"(got {text!r:.80})")
     try:
-        return Arch(int(match.group(2)), int(match.group(3)), match.group(4))
+        arch = Arch(int(match.group(2)), int(match.group(3)), match.group(4))
     except ValueError:  # sm_00, sm_05: the pattern's shape, but no compute capability
         raise ValueError(f"not a GPU architecture: {text!r} has major version "
                          f"{int(match.group(2))} (sm_XY needs X of 1 or more)") from None
+    first = _FIRST_WITH_SUFFIX.get(arch.suffix)
+    if first is not None and arch.major < first:  # LLVM warned on stderr, then ptxas failed
+        raise ValueError(f"not a GPU architecture: {text!r}: {arch.suffix!r} variants exist "
+                         f"from sm_{first}0{arch.suffix} on")
+    return arch
+
+
+# The first major version with each suffix (CUDA 12.0: sm_90a; CUDA 12.9: family sm_100f).
+_FIRST_WITH_SUFFIX = {"a": 9, "f": 10}
 
 
 def parse_target_list(targets: Iterable[str]) -> tuple[list[Arch], bool]:
@@ -78,7 +87,10 @@ def parse_target_list(targets: Iterable[str]) -> tuple[list[Arch], bool]:
         if item.strip().lower() == "ptx":  # spelled as freely as "SM_90" is
             want_ptx = True
             continue
-        arch = parse_arch(item)
+        try:
+            arch = parse_arch(item)
+        except ValueError as exc:
+            raise ValueError(f"targets: {exc}") from None
         if item.strip().lower().startswith("compute_"):
             want_ptx = True
         cubins.append(arch)

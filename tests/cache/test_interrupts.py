@@ -41,7 +41,7 @@ def test_ctrl_c_while_taking_the_key_lock_leaves_it_free(tmp_path: Path,
     store = disk.DiskStore(tmp_path / "c")
     real_hold = disk.hold
 
-    def interrupted(fd: int) -> None:
+    def interrupted(fd: int, **how: object) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(disk, "hold", interrupted)
@@ -106,7 +106,7 @@ def _leak_the_key_lock(store: disk.DiskStore, monkeypatch: pytest.MonkeyPatch) -
     open and locked, as no Python code can prevent."""
     real_release = disk.release
 
-    def interrupted(fd: int, unlink=None) -> None:
+    def interrupted(fd: int, unlink=None, file=None) -> None:
         monkeypatch.setattr(disk, "release", real_release)
         raise KeyboardInterrupt
 

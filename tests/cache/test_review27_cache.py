@@ -94,7 +94,7 @@ def test_key_changes_with_options_static_targets() -> None:
     others = [_key(f, opt=2), _key(f, opt=0), _key(f, static={"n": 1024}),
               _key(f, static={"n": 2048}), _key(f, targets=["sm_90"]),
               _key(f, targets=["sm_80", "ptx"]), _key(f, targets=["sm_80", "sm_90"]),
-              _key(f, targets=["sm_80a"]), _key(_fusion(BASE, name="g"))]
+              _key(f, targets=["sm_90a"]), _key(_fusion(BASE, name="g"))]
     assert base not in others and len(set(others)) == len(others)
     # ... and not with what changes nothing: the default opt, spelling, order, duplicates
     assert _key(f, opt=3) == base and _key(f, static={}) == base

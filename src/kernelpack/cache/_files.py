@@ -12,6 +12,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from .._interrupts import deferred_interrupts
 from ..errors import CacheError
 
 __all__ = ["MAX_RECORD", "make_private_dirs", "read_record", "remove_file", "write_atomic"]
@@ -59,8 +60,10 @@ def read_record(path: Path) -> bytes:
     not block ``cache ls``, ``cache explain`` or every explained miss, nor a device or a huge
     file exhaust memory. ValueError for anything but a regular file of ``MAX_RECORD`` bytes
     at most (then there is no record to believe)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
+    fd = -1
+    try:  # the open inside: a Ctrl-C held back past it (deferred_interrupts) lands in here
+        with deferred_interrupts():  # a Ctrl-C as the open returns must not lose the descriptor
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RECORD:
             raise ValueError(f"key record {str(path)!r} is not a regular file of at most "
@@ -68,7 +71,8 @@ def read_record(path: Path) -> bytes:
         with open(fd, "rb", closefd=False) as f:
             return f.read(MAX_RECORD + 1)
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 def write_atomic(path: Path, data: bytes, sync: bool = True) -> None:
@@ -82,14 +86,16 @@ def write_atomic(path: Path, data: bytes, sync: bool = True) -> None:
     fd, made = -1, False
     try:  # whatever is raised from here on (Ctrl-C included) leaves no descriptor or temp
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with deferred_interrupts():  # a Ctrl-C as the open returns lost the descriptor
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileNotFoundError:  # first entry of its shard: create the folder (rarely)
             try:
                 make_private_dirs(path.parent)
             except OSError as exc:
                 raise CacheError(f"cache directory {str(path.parent)!r} cannot be created: "
                                  f"{exc.strerror}") from exc
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with deferred_interrupts():
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         made = True
         view = memoryview(data)
         while view:

@@ -35,20 +35,23 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import io
 import json
 import os
 import re
 import stat
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, ContextManager, Iterator
 
+from .._interrupts import deferred_interrupts
 from ..limits import MAX_FILE_SIZE
 from ..filewrite import absolute
 from ._files import make_private_dirs, read_record as _read_record, remove_file as _remove
 from ._files import write_atomic as _write_atomic
-from ._flock import drop_dead_holds, hold, release, remove_if_unheld
+from ._flock import check_not_own, drop_finished, hold, release, remove_if_unheld
 from .keys import CacheKey
 
 __all__ = ["DiskStore", "EntryInfo", "check_digest", "TOUCH_INTERVAL_S", "LOW_WATER",
@@ -151,12 +154,14 @@ class DiskStore:
         verifies). ``touch=False`` leaves the LRU time alone (``kernelpack cache ls``)."""
         digest = check_digest(key)
         path = self.path(digest)
-        try:
-            # O_NONBLOCK: opening a FIFO planted under the name must not wait for a writer
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            return None
-        try:
+        drop_finished()  # a lock an interrupt left (its key may only ever hit from now on)
+        fd = -1
+        try:  # the open inside: a Ctrl-C held back past it (deferred_interrupts) lands in here
+            try:  # O_NONBLOCK: opening a FIFO planted under the name must not wait for a writer
+                with deferred_interrupts():  # a Ctrl-C as the open returns lost the descriptor
+                    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                return None
             st = os.fstat(fd)
             identity = (st.st_ino, st.st_mtime_ns)
             if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_SIZE:
@@ -174,7 +179,8 @@ class DiskStore:
                     st = os.fstat(fd)
                     identity = (st.st_ino, st.st_mtime_ns)
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         if not touch:
             return data, identity
         if len(self._used) >= _MAX_USED:
@@ -256,27 +262,39 @@ class DiskStore:
                 yield key, program
 
     # ---- single-flight -------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def lock(self, key: str | CacheKey) -> Iterator[None]:
-        """Hold the per-key lock: one process (and one thread) at a time compiles ``key``."""
+    def lock(self, key: str | CacheKey) -> ContextManager[None]:
+        """Hold the per-key lock: one process (and one thread) at a time compiles ``key``.
+        Raises CacheError when this thread is already inside that key's lock (a compile of
+        the key inside its own compile: the wait would be for ever)."""
         digest = check_digest(key)
+        owner: list[Any] = []
+        context = self._locked(digest, owner)
+        # recorded with the lock: its end tells a leaked hold (_flock); weak, or the
+        # generator's own frame (which holds the list) would make a cycle of it
+        owner.append(weakref.ref(context.gen))
+        return context
+
+    @contextlib.contextmanager
+    def _locked(self, digest: str, owner: list[Any]) -> Iterator[None]:
         lock_dir = self.root / "locks"
         path = lock_dir / (digest + ".lock")
         made_dir = False
-        fd = -1
+        f = None
         try:  # from the open on, any exception (Ctrl-C included) closes the descriptor: one
             # left open kept the key locked for as long as the process lived (review 30)
             while True:
-                try:
-                    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+                try:  # a file object: an interrupt as the open returns leaves it to be closed
+                    f = io.FileIO(path, "a+")  # by its deallocation (an int would be lost)
                 except FileNotFoundError:
                     if made_dir:  # still missing (a dangling symlink as the lock): no loop
                         raise
                     make_private_dirs(lock_dir)
                     made_dir = True
                     continue
-                hold(fd)  # recorded before it is locked (see _flock: interrupts)
-                drop_dead_holds(fd)  # an interrupted compile's lock of this key: not waited for
+                fd = f.fileno()
+                hold(fd, owner=owner[0], file=f)  # recorded before it is locked (_flock)
+                drop_finished()  # an interrupted compile's lock: not waited for, not kept
+                check_not_own(fd, f"key {digest[:16]}")
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 try:
                     same = os.stat(path).st_ino == os.fstat(fd).st_ino
@@ -284,12 +302,13 @@ class DiskStore:
                     same = False
                 if same:
                     break
-                closing, fd = fd, -1
-                release(closing)  # the holder before us unlinked it: lock the new file
+                closing, f = f, None
+                release(fd, file=closing)  # the holder before us unlinked it: lock the new file
             yield
         finally:
-            if fd >= 0:  # unlinked only where still ours (the protocol: see remove_if_unheld)
-                release(fd, unlink=path)  # LOCK_UN: a forked child must not keep it (_flock.py)
+            if f is not None:  # unlinked only where still ours (the protocol: remove_if_unheld)
+                release(f.fileno(), unlink=path, file=f)  # LOCK_UN: a forked child must not
+                # keep it (_flock.py)
 
     # ---- maintenance ---------------------------------------------------------------------------
     def quarantine(self, key: str | CacheKey, seen: tuple[int, int] | None = None) -> Path | None:
@@ -367,9 +386,11 @@ class DiskStore:
             return 0, 0  # nothing to evict: no lock file either (a read-only cache stays usable)
         lock_dir = self.root / "locks"
         make_private_dirs(lock_dir)
-        fd = os.open(lock_dir / "evict", os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            hold(fd)
+        fd = -1
+        try:  # the open inside: a Ctrl-C held back past it (deferred_interrupts) lands in here
+            with deferred_interrupts():
+                fd = os.open(lock_dir / "evict", os.O_CREAT | os.O_RDWR, 0o644)
+                hold(fd)  # (no owner: only this finally releases it)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -399,7 +420,8 @@ class DiskStore:
             self.evicted += removed
             return removed, freed
         finally:
-            release(fd)  # (not locked: LOCK_UN of a lock not held does nothing)
+            if fd >= 0:
+                release(fd)  # (not locked: LOCK_UN of a lock not held does nothing)
 
     def prune_temps(self, older_than_s: float = 3600.0) -> int:
         """Remove what killed processes left: temporary files of writers (older than

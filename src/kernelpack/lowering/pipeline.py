@@ -309,7 +309,11 @@ def new_build(f: Fusion, targets: Sequence[str], static: Mapping[str, int] | Non
     if not isinstance(f, Fusion):
         raise TypeError(f"kp.compile takes a @kp.fusion function (got {f!r})")
     archs, want_ptx = parse_target_list(targets)
-    return Build(f, tuple(archs), want_ptx, static_dims(f, static), Options.parse(options))
+    build = Build(f, tuple(archs), want_ptx, static_dims(f, static), Options.parse(options))
+    from ..toolchain.nvjitlink import check_archs
+
+    check_archs(archs)  # before LLVM, which writes to stderr about a processor it does not know
+    return build
 
 
 def compile_fusion(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,

@@ -17,8 +17,8 @@ from ..errors import CompileError
 from ..compiled import Image
 from ..targets import Arch
 
-__all__ = ["version", "toolchain_id", "cuda_version", "ptx_to_cubin", "ptx_to_cubins",
-           "ptx_image", "ptx_isa", "ptx_target"]
+__all__ = ["version", "toolchain_id", "cuda_version", "check_archs", "ptx_to_cubin",
+           "ptx_to_cubins", "ptx_image", "ptx_isa", "ptx_target"]
 
 _VERSION_RE = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
 _TARGET_RE = re.compile(rb"^\s*\.target\s+(sm_\d+[af]?)", re.MULTILINE)
@@ -71,6 +71,31 @@ def ptx_target(ptx: bytes) -> Arch:
     if not match:
         raise CompileError("PTX has no .target sm_XY directive")
     return parse_arch(match.group(1).decode())
+
+
+def check_archs(archs: Sequence[Arch]) -> None:
+    """Refuse, naming ``targets``, an architecture this nvJitLink cannot build for (one newer
+    than the toolchain, ``sm_999``) before anything is compiled: otherwise LLVM printed "not a
+    recognized processor" lines to the process's stderr and the error came last, as nvJitLink
+    rejecting its own options."""
+    unknown = ", ".join(repr(arch.sm) for arch in archs if not _knows(arch.sm))
+    if unknown:
+        raise CompileError(f"targets: {toolchain_id()} cannot build for {unknown} (a GPU newer "
+                           f"than this toolchain needs a newer nvidia-nvjitlink; or a typo)")
+
+
+@lru_cache(maxsize=None)
+def _knows(sm: str) -> bool:
+    """Whether nvJitLink accepts ``-arch=sm``: it checks the option when a handle is created,
+    which costs microseconds and builds nothing."""
+    nvjitlink = _module()
+    version()  # a missing library is its own error, not "unknown architecture"
+    try:
+        handle = nvjitlink.create(1, [f"-arch={sm}"])
+    except Exception:
+        return False
+    nvjitlink.destroy(handle)
+    return True
 
 
 def ptx_to_cubin(ptx: bytes | str, arch: Arch, *, name: str = "kernel.ptx",
