@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Sequence
 
-from .dtypes import is_numpy_bool
+from .dtypes import DType, as_dtype, is_numpy_bool
 from .expr import Expr, ExprLike, as_expr, const
 from .limits import MAX_NAME_LENGTH, MAX_RANK, fits_name
 
-__all__ = ["_name", "_dim", "_flag", "_shape", "_items", "_dim3"]
+__all__ = ["_name", "_dim", "_dtype", "_flag", "_shape", "_items", "_dim3"]
 
 
 def _name(value: object, what: str) -> str:
@@ -35,8 +35,19 @@ def _dim(value: object, what: str) -> Expr:
         raise TypeError(f"{what} must be an int, a symbol name or an expression (got {value!r})")
     try:
         return as_expr(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:  # "'2n' is not a symbol name" named no field
+        raise type(exc)(f"{what}: {exc}") from None
+
+
+def _dtype(value: object, what: str) -> DType:
+    """A dtype field: "not a kernelpack dtype (got 'fp32')" named neither the tensor nor the
+    scalar."""
+    if value.__class__ is DType:  # the decoder's and the lowering's form
+        return value  # type: ignore[return-value]
+    try:
+        return as_dtype(value)
     except TypeError as exc:
-        raise TypeError(f"{what}: {exc}") from None
+        raise TypeError(f"{what}: dtype: {exc}") from None
 
 
 def _flag(value: object, what: str) -> bool:

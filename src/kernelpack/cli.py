@@ -355,9 +355,14 @@ def _main(argv: Sequence[str] | None) -> int:
             if failed is not None:  # argparse printed them and swallowed the failure
                 raise failed from None
             raise
-        if extra and args.command == "eval" and not any(e.startswith("-") for e in extra):
-            # `eval FILE PROG --json x=4096`: argparse ends a `*` positional at the first option
-            args.values += [name_arg(e) for e in extra]
+        if extra and args.command in ("eval", "build") and not any(
+                e.startswith("-") for e in extra):
+            # `eval FILE PROG --json x=4096`, `build src.py -o m.kpack gelu`: argparse ends a
+            # `*` positional at the first option
+            if args.command == "eval":
+                args.values += [name_arg(e) for e in extra]
+            else:
+                args.names += [name_arg(e) for e in extra]
         elif extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         status = int(args.func(args))

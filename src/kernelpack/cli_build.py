@@ -84,6 +84,8 @@ def import_source(source: str) -> ModuleType:
     """Import ``source``, a ``.py`` file or a dotted module name, as ``python FILE`` or
     ``python -m MODULE`` would find it (the file's directory, or the current directory,
     first on ``sys.path``). Any failure while importing it is a CLIError naming the source."""
+    if not source.strip():  # an unset shell variable: Path("") is the current directory
+        raise UsageError("SOURCE is empty: give a .py file or a module name (package.module)")
     path = Path(source)
     as_file = _is_file(source)
     if as_file and path.is_dir():

@@ -278,8 +278,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     pack = _load(args.file)
     if args.program not in pack.programs:
-        raise CLIError(f"no program {args.program!r} in {args.file} "
-                       f"(programs: {', '.join(pack.programs) or 'none'})")
+        names = pack.programs
+        shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+        raise CLIError(f"no program {args.program!r} in {args.file} (programs: {shown or 'none'}"
+                       f"; `kernelpack inspect` lists them)")
     program = pack[args.program]
     with _about(args.file):
         kinds = _param_kinds(program.summary)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence, Union
 from .dtypes import as_dtype
 from .limits import MAX_LAUNCH_REPEAT
 from .errors import CompileError
-from .expr import Expr, ExprLike, as_expr
+from .expr import Expr, ExprLike
 from .compiled import Compiled, Module
 from ._plan_types import MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, block_fits, dtype_range
 from .summary import (Arg, Constraint, KernelSummary, Launch, Param, Scalar, Scratch, Tensor,
@@ -109,7 +109,8 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
         ``"ns::k"``, ``"(void(*)(float*))k"``), which NVRTC lowers to the mangled name that
         the program then records as its entry. ``#include "..."`` finds headers only through
         ``-I`` options (NVRTC's search of the current directory is switched off, so the bytes
-        do not depend on where the call runs).
+        do not depend on where the call runs; except with ``-lineinfo`` or ``-G``, whose
+        debug information holds the included files' absolute paths).
     nvrtc_options:
         Extra NVRTC flags for ``cuda=`` (``["-DBLOCK=256", "--use_fast_math", "-std=c++17"]``).
         Flags that set the architecture or the output kind (``-arch``, ``-rdc``, ``-dlto``,
@@ -452,8 +453,8 @@ def _constraint(item: object) -> Constraint:
     if isinstance(item, Constraint):
         return item
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
-        return Constraint(as_expr(item[0]), item[1])
+        return Constraint(item[0], item[1])  # (its errors name the constraint)
     if isinstance(item, (Expr, str)):
-        return Constraint(as_expr(item))
+        return Constraint(item)
     raise TypeError(f"a constraint must be a kp.Constraint, a predicate expression or "
                     f"(predicate, message) (got {item!r})")

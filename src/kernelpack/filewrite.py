@@ -72,7 +72,13 @@ def write_file_object(file: object, data: bytes) -> None:
     if isinstance(file, io.TextIOBase):
         raise TypeError("kp.save: path_or_file is a text file; open it in binary mode "
                         "('wb') to write an artifact")
-    written = file.write(data)  # type: ignore[attr-defined]
+    if getattr(file, "closed", False) is True:
+        raise ValueError("kp.save: path_or_file is a closed file")
+    try:
+        written = file.write(data)  # type: ignore[attr-defined]
+    except io.UnsupportedOperation as exc:  # opened for reading ('rb')
+        raise io.UnsupportedOperation(f"kp.save: path_or_file is not open for writing "
+                                      f"({exc}); open it with 'wb'") from None
     view = memoryview(data)
     done = 0
     while True:

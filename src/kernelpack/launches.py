@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ._fields import _dim, _dim3, _flag, _items, _name, _shape
+from ._fields import _dim, _dim3, _dtype, _flag, _items, _name, _shape
 from .dtypes import DType, as_dtype
 from .expr import Expr, ExprLike, as_expr, const
 from .limits import MAX_ARGS, MAX_LAUNCHES, MAX_NAME_LENGTH, MAX_SCRATCH, fits_name
@@ -32,7 +32,7 @@ class Scratch:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", _name(self.name, "scratch name"))
-        object.__setattr__(self, "dtype", as_dtype(self.dtype))
+        object.__setattr__(self, "dtype", _dtype(self.dtype, f"scratch {self.name!r}"))
         object.__setattr__(self, "shape", _shape(self.shape, f"scratch {self.name!r}"))
         object.__setattr__(self, "zero_init",
                            _flag(self.zero_init, f"scratch {self.name!r}: zero_init"))

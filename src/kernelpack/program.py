@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from ._decode import decode_program
 from .errors import FormatError
-from .summary import Compiled, KernelSummary
+from .summary import Compiled, KernelSummary, Module
 
 if TYPE_CHECKING:
     from .loader import ModuleInfo, Pack
@@ -133,9 +133,22 @@ class Program(_call_base()):  # type: ignore[misc]
     def compiled(self, *, origin: str = "disk") -> Compiled:
         """This program as a :class:`~kernelpack.summary.Compiled` (``pack.compiled(name)``),
         e.g. to save it again. Every image's stored bytes are checked against their digest
-        now. Raises IntegrityError / FormatError."""
+        now. Raises IntegrityError / FormatError.
+
+        From a pack of several programs, a module shared with others lists only the kernels
+        this program launches: the other programs' entries were merged in when they were saved
+        together, and saving this program alone gave other bytes than saving it as it was
+        built (review 33: a release job splitting one artifact per program)."""
+        summary = self.summary
         modules = tuple(info.module() for info in self.modules.values())
-        return Compiled(self.summary, modules, origin=origin)
+        if len(self._tables) > 1:
+            launched = {(launch.module, launch.kernel)
+                        for variant in summary.variants for launch in variant.launches}
+            modules = tuple(
+                m if all((m.name, k) in launched for k in m.kernels) else
+                Module(m.name, tuple(k for k in m.kernels if (m.name, k) in launched), m.images)
+                for m in modules)
+        return Compiled(summary, modules, origin=origin)
 
     def check_signature_intact(self) -> None:
         """Check the signature of the pack this program was read from under the key it names

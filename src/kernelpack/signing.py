@@ -257,8 +257,13 @@ def _public_key_bytes_of(key: object) -> bytes:
         if not path.endswith(".pub") and os.path.exists(path + ".pub"):
             # keygen's private key: its hex would read as some other, meaningless public key
             raise ValueError(f"{path} is a private key; trust its public key {path}.pub")
-        raw = _public_from_text(_read_key_file(path), path)
+        data = _read_key_file(path)
+        raw = _public_from_text(data, path)
         if raw is None:
+            lines = [line for line in data.split() if line]
+            if len(lines) > 1 and all(_hex32(line) is not None for line in lines):
+                raise ValueError(f"{path}: holds {len(lines)} hex keys; a key file must hold "
+                                 f"one (give each key its own file or value)")
             raise ValueError(f"{key}: expected a PEM or OpenSSH public key or 64 hex digits")
         return raw
     if not isinstance(key, (str, os.PathLike) + _BYTES_LIKE):

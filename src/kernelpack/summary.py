@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from ._fields import _dim, _flag, _items, _name, _shape
+from ._fields import _dim, _dtype, _flag, _items, _name, _shape
 from .dtypes import DType, as_dtype, strict_index
 from .expr import Expr, as_expr
 from .launches import Arg, Launch, Scratch, Variant
@@ -59,7 +59,7 @@ class Tensor:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", _name(self.name, "tensor name"))
-        object.__setattr__(self, "dtype", as_dtype(self.dtype))
+        object.__setattr__(self, "dtype", _dtype(self.dtype, f"tensor {self.name!r}"))
         object.__setattr__(self, "shape", _shape(self.shape, f"tensor {self.name!r}"))
         if self.role not in ROLES:
             raise ValueError(f"tensor {self.name!r}: role must be one of {ROLES} (got {self.role!r})")
@@ -85,7 +85,7 @@ class Scalar:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", _name(self.name, "scalar name"))
-        object.__setattr__(self, "dtype", as_dtype(self.dtype))
+        object.__setattr__(self, "dtype", _dtype(self.dtype, f"scalar {self.name!r}"))
         if self.dtype.is_complex:
             raise ValueError(f"scalar {self.name!r}: complex scalars are not supported")
         if self.value is not None and self.value.__class__ is not Expr:
@@ -140,7 +140,10 @@ class Constraint:
     message: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "predicate", as_expr(self.predicate))
+        try:
+            object.__setattr__(self, "predicate", as_expr(self.predicate))
+        except (TypeError, ValueError) as exc:  # named no constraint
+            raise type(exc)(f"constraint {self.message!r:.60}: predicate: {exc}") from None
         if not isinstance(self.message, str):
             raise TypeError(f"constraint message must be a str (got {self.message!r:.80})")
 

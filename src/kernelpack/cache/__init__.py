@@ -72,7 +72,9 @@ class Cache:
         ``$KERNELPACK_REMOTE_CACHE`` if set; pass ``remote=False`` for none at all).
     trusted_keys:
         Public keys (anything :func:`kernelpack.signing.load_public_key` takes) whose signed
-        remote entries are accepted. Default: the key of ``sign_with`` alone, if given.
+        remote entries are accepted, besides the key of ``sign_with``: a process always
+        trusts what it signs (with ``sign_with`` not among them it refused its own entries,
+        recompiled and overwrote them at every lookup).
     sign_with:
         Private key signing what this process puts (artifact and remote envelope).
     max_bytes:
@@ -148,7 +150,7 @@ class Cache:
                 warnings.warn("remote cache has no trusted_keys and no sign_with: remote "
                               "entries will be written but never read", CacheWarning,
                               stacklevel=2)
-            elif self._trusted_arg == []:  # trust no key: every entry would be refused
+            elif self._trusted_arg == [] and sign_with is None:  # every entry would be refused
                 warnings.warn("remote cache has an empty trusted_keys list: remote entries "
                               "will be written but never read", CacheWarning, stacklevel=2)
 
@@ -190,10 +192,13 @@ class Cache:
         if self._trusted is None:
             from ..signing import load_public_key, public_key_bytes
 
-            if self._trusted_arg is not None:
-                self._trusted = [load_public_key(k) for k in self._trusted_arg]
-            elif self.sign_with is not None:
-                self._trusted = [public_key_bytes(self.sign_with)]
+            trusted = ([] if self._trusted_arg is None else
+                       [load_public_key(k) for k in self._trusted_arg])
+            if self.sign_with is not None:
+                own = public_key_bytes(self.sign_with)
+                if own not in trusted:
+                    trusted.append(own)
+            self._trusted = trusted if trusted or self._trusted_arg is not None else None
         return self._trusted
 
     @staticmethod

@@ -199,7 +199,9 @@ class DiskStore:
         written, and the cache's warning says why); the cache turns that into a warning.
         """
         if self.max_bytes is not None and len(data) > self.max_bytes:
-            raise OSError(errno.EFBIG, f"the entry's {len(data)} bytes exceed the cache's cap of "
+            # E2BIG, not EFBIG (a file size limit): this entry alone is not kept, and the
+            # tier keeps writing the others (EFBIG paused it for 30 s)
+            raise OSError(errno.E2BIG, f"the entry's {len(data)} bytes exceed the cache's cap of "
                                        f"{self.max_bytes} bytes (max_bytes / "
                                        f"KERNELPACK_CACHE_MAX_BYTES), so it is not kept")
         path = self.path(key)

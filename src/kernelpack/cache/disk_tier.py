@@ -99,9 +99,14 @@ class DiskTier:
             return None
         if signer[0] is not None and not self._still_trusted(signer[0]):
             if report:  # the look after taking the lock (report=False) says nothing
+                from ..signing import key_id
+
                 cache._count("refused")
                 cache._warn(f"disk cache entry {digest[:16]} is signed by a key this cache no "
-                            f"longer trusts ({signer[0][:16]}); recompiling")
+                            f"longer trusts (key id {key_id(bytes.fromhex(signer[0]))}); "
+                            f"recompiling")
+            if count_miss:  # not a hit: one miss per lookup, as for a quarantined entry
+                cache._count("disk_misses")
             return None
         cache._count("disk_hits")
         return data, compiled

@@ -22,6 +22,10 @@ def key_record(disk: DiskStore, remote: Any, digest: str) -> CacheKey | None:
     if key is None and remote is not None and hasattr(remote, "get_parts"):
         try:
             raw = remote.get_parts(digest)
+        except Exception as exc:  # down, a wrong password: not "no record" (review 33)
+            _unreachable(remote, digest, exc)
+            return None
+        try:
             if raw is not None:
                 found = CacheKey.from_parts(json.loads(raw)["parts"])
                 found.part("kind")  # as on disk (DiskStore.read_parts): none, no record
@@ -29,6 +33,18 @@ def key_record(disk: DiskStore, remote: Any, digest: str) -> CacheKey | None:
         except Exception:  # an explanation is best effort; a bad record explains nothing
             key = None
     return key
+
+
+def _unreachable(remote: Any, digest: str, exc: Exception) -> None:
+    import warnings
+
+    from . import CacheWarning
+    from ._args import redact_url
+
+    url = getattr(remote, "url", None)
+    where = redact_url(url) if isinstance(url, str) else type(remote).__name__
+    warnings.warn(f"remote cache at {where} could not be asked for the record of "
+                  f"{digest[:16]} ({type(exc).__name__}: {exc})", CacheWarning, stacklevel=4)
 
 
 def explain(disk: DiskStore, digest: str, record: CacheKey | None) -> str:

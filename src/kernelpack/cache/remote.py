@@ -146,12 +146,13 @@ def _check_url(url: str) -> None:
     that then switches the remote off for a while."""
     from urllib.parse import urlparse
 
-    parsed = urlparse(url)
-    url = redact_url(url)  # what the messages below show
+    shown = redact_url(url)  # what the messages below show
     try:
+        parsed = urlparse(url)
         parsed.port  # noqa: B018 - urllib checks the port when it is read
-    except ValueError as exc:
-        raise ValueError(f"remote {url!r}: {exc}") from None
+    except ValueError as exc:  # "Invalid IPv6 URL": an unclosed [ in the host
+        raise ValueError(f"remote {shown!r}: {exc}") from None
+    url = shown
     if parsed.scheme == "unix":
         if not parsed.path:
             raise ValueError(f"remote {url!r}: a unix:// URL needs a socket path")
@@ -161,6 +162,9 @@ def _check_url(url: str) -> None:
     db = parsed.path.strip("/")
     if db and not db.isdigit():
         raise ValueError(f"remote {url!r}: the database must be a number (got {db!r})")
+    from .resp import url_options
+
+    url_options(parsed.query, f"remote {url!r}")  # no option the clients would ignore
 
 
 @functools.lru_cache(maxsize=None)

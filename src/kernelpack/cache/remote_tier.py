@@ -58,8 +58,17 @@ class RemoteTier:
         cache = self._cache
         cache._count("remote_errors")
         self._down_until = time.monotonic() + REMOTE_BACKOFF_S
-        cache._warn(f"remote cache {what} failed ({type(exc).__name__}: {exc}); using the "
-                    f"local cache and compiler for {REMOTE_BACKOFF_S:.0f} s")
+        cache._warn(f"remote cache {what} failed ({type(exc).__name__}: {exc}) at "
+                    f"{self.where()}; using the local cache and compiler for "
+                    f"{REMOTE_BACKOFF_S:.0f} s")
+
+    def where(self) -> str:
+        """The remote as a warning names it: its URL with the password hidden, or the store's
+        type (an operator must know which server of a fleet's config failed)."""
+        from ._args import redact_url
+
+        url = getattr(self._cache.remote, "url", None)
+        return redact_url(url) if isinstance(url, str) else type(self._cache.remote).__name__
 
     def writable(self) -> bool:
         """Reachable and not backing off after Redis refused a write (below)."""
@@ -76,8 +85,9 @@ class RemoteTier:
         cache = self._cache
         cache._count("remote_errors")
         self._writes_down_until = time.monotonic() + REMOTE_BACKOFF_S
-        cache._warn(f"remote cache refused a {what} ({type(exc).__name__}: {exc}); reading "
-                    f"it still, writing nothing to it for {REMOTE_BACKOFF_S:.0f} s")
+        cache._warn(f"remote cache refused a {what} ({type(exc).__name__}: {exc}) at "
+                    f"{self.where()}; reading it still, writing nothing to it for "
+                    f"{REMOTE_BACKOFF_S:.0f} s")
         return True
 
     def readable(self) -> bool:

@@ -32,8 +32,9 @@ from urllib.parse import unquote, urlparse
 
 from ._args import redact_url
 
-__all__ = ["RespClient", "RespError", "ReplyTooLarge", "HostLookupError", "HostLookupTimeout",
-           "connect_tcp", "resolve_host", "MAX_REPLY_BYTES", "MIN_TRANSFER_RATE"]
+__all__ = ["url_options", "RespClient", "RespError", "ReplyTooLarge", "HostLookupError",
+           "HostLookupTimeout", "connect_tcp", "resolve_host", "MAX_REPLY_BYTES",
+           "MIN_TRANSFER_RATE"]
 
 MAX_REPLY_BYTES = 1 << 30  # default bound on one bulk reply (the cache passes a tighter one)
 _MAX_LINE = 64 * 1024
@@ -199,6 +200,32 @@ def connect_tcp(host: str, port: int, timeout_s: float, family: int = 0) -> sock
     raise error
 
 
+_URL_OPTIONS = ("db", "password", "username")
+
+
+def url_options(query: str, where: str) -> dict[str, str]:
+    """The options of a ``redis://`` URL's query that the cache honours (``db``,
+    ``password``, ``username``, as redis-py reads them). Any other is a ValueError naming
+    ``where``: ``?db=3`` read by nobody wrote to database 0, and ``?password=`` was never
+    sent, without a word."""
+    from urllib.parse import parse_qsl
+
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise ValueError(f"{where}: cannot read the URL's options (expected ?name=value&...)"
+                         ) from None
+    options: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in _URL_OPTIONS:
+            raise ValueError(f"{where}: URL option {name!r} is not supported (supported: "
+                             f"{', '.join(_URL_OPTIONS)})")
+        options[name] = value
+    if "db" in options and not options["db"].isdigit():
+        raise ValueError(f"{where}: the database must be a number (got db={options['db']!r})")
+    return options
+
+
 class RespClient:
     """``redis://[user:password@]host[:port][/db]``: get/set/exists/delete/eval/ping with the
     same call signatures as ``redis.Redis`` for the subset used by the cache."""
@@ -214,9 +241,10 @@ class RespClient:
         if path and not path.isdigit():
             raise ValueError(f"redis database must be a number (got {path!r} in "
                              f"{redact_url(url)!r})")
-        self.db = int(path or 0)
-        self.username = unquote(parsed.username) if parsed.username else None
-        self.password = unquote(parsed.password) if parsed.password else None
+        options = url_options(parsed.query, f"remote {redact_url(url)!r}")
+        self.db = int(options.get("db", path or 0))
+        self.username = unquote(parsed.username) if parsed.username else options.get("username")
+        self.password = unquote(parsed.password) if parsed.password else options.get("password")
         self.timeout_s = float(timeout_s)
         self.max_reply_bytes = int(max_reply_bytes)
         self._sock: socket.socket | None = None

@@ -141,18 +141,36 @@ def _integer(value: Any, field: str) -> int:
         raise TypeError(f"{field} is {type(value).__name__} {value!r}, {why}") from None
 
 
+def _sequence(cai: dict, field: str, length: int | None = None) -> tuple:
+    """``cai[field]`` as a tuple (a list or tuple, of ``length`` items when given); a
+    ValueError naming the field otherwise ("'NoneType' object is not iterable" named none)."""
+    if field not in cai:
+        raise ValueError(f"no {field!r} entry")
+    value = cai[field]
+    if not isinstance(value, (tuple, list)) or length is not None and len(value) != length:
+        want = f"a tuple of {length}" if length is not None else "a tuple"
+        raise ValueError(f"{field!r} must be {want} (got {value!r:.60})")
+    return tuple(value)
+
+
 def _read_cai(cai: dict, what: str, stream: int) -> ArrayFacts:
     try:
-        shape = tuple(_integer(d, f"shape[{i}]") for i, d in enumerate(cai["shape"]))
-        ptr = _integer(cai["data"][0] or 0, "data pointer")
+        if not isinstance(cai, dict):
+            raise TypeError(f"it must be a dict (got {type(cai).__name__})")
+        shape = tuple(_integer(d, f"shape[{i}]") for i, d in enumerate(_sequence(cai, "shape")))
+        ptr = _integer(_sequence(cai, "data", 2)[0] or 0, "data pointer")
         if not 0 <= ptr < (1 << 64):
             raise ValueError(f"data pointer {ptr:#x} is not an address")
         if cai.get("mask") is not None:  # masked values would be read as if valid
             raise ValueError("masked arrays (a 'mask' that is not None) are not supported")
-        dtype = _typestr_dtype(str(cai["typestr"]))
+        if not isinstance(cai.get("typestr"), str):
+            raise ValueError(f"'typestr' must be a string such as '<f4' (got "
+                             f"{cai.get('typestr', 'nothing')!r:.40})")
+        dtype = _typestr_dtype(cai["typestr"])
         strides = cai.get("strides")
         if strides is not None:
-            strides = tuple(_integer(s, f"strides[{i}]") for i, s in enumerate(strides))
+            strides = tuple(_integer(s, f"strides[{i}]")
+                            for i, s in enumerate(_sequence(cai, "strides")))
             if len(strides) != len(shape):
                 raise ValueError(f"{len(strides)} strides for shape {shape}")
         producer = cai.get("stream")
