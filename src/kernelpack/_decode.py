@@ -201,4 +201,8 @@ def decode_program(fp: Table) -> KernelSummary:
             raise
         raise FormatError(f"program {name!r}: {exc}") from None
     except (ValueError, TypeError) as exc:
-        raise FormatError(f"program {name!r}: invalid summary: {exc}") from None
+        hint = ""
+        if "is also the name of a scalar parameter" in str(exc):  # a rule added 2026-11-24
+            hint = ("; kernelpack before 2026-11-24 wrote such artifacts: rebuild it with "
+                    "another loop name")
+        raise FormatError(f"program {name!r}: invalid summary: {exc}{hint}") from None

@@ -12,6 +12,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 from .dtypes import DType, strict_index
 from .errors import ConstraintError
 from .expr import INT64_MAX, INT64_MIN
+from .limits import shown_int
 
 __all__ = ["Plan", "Allocation", "PlannedLaunch", "MAX_BLOCK_THREADS", "MAX_GRID_X",
            "MAX_GRID_YZ", "NO_COMPUTED", "block_fits", "check_block", "check_smem", "dim", "dim_at",
@@ -153,7 +154,7 @@ def dim(value: Any, where: str) -> int:
     if d < 0:
         raise ConstraintError(f"{where} is {d}, a negative size")
     if d > INT64_MAX or d < INT64_MIN:
-        raise ConstraintError(f"{where} is {d}, outside int64")
+        raise ConstraintError(f"{where} is {shown_int(d)}, outside int64")
     return d
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Union
 from .dtypes import is_numpy_bool
 from .expr_eval import INT64_MAX, INT64_MIN, ExprEvalError, apply_op, evaluate
 from .expr_text import _PRINT_NODES, _format, canonical_text, iter_nodes
-from .limits import MAX_NAME_LENGTH, fits_name
+from .limits import MAX_NAME_LENGTH, fits_name, shown_int
 
 __all__ = [
     "Expr", "ExprLike", "sym", "const", "as_expr",
@@ -388,7 +388,7 @@ def const(value: int) -> Expr:
     if not isinstance(value, int):
         raise TypeError(f"an expression constant must be an int (got {value!r})")
     if not INT64_MIN <= value <= INT64_MAX:
-        raise ValueError(f"expression constant outside int64 (got {value})")
+        raise ValueError(f"expression constant outside int64 (got {shown_int(value)})")
     node = _CONST_CACHE.get(value)
     if node is None:
         node = Expr._node("const", (), value)

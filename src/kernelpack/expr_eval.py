@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING, Mapping
 
-from .limits import MAX_EXPR_DEPTH
+from .limits import MAX_EXPR_DEPTH, shown_int
 
 if TYPE_CHECKING:
     from .expr import Expr
@@ -102,7 +102,7 @@ def _eval(e: Expr, env: Mapping[str, int], done: dict[int, int]) -> int:
         except TypeError:
             raise ExprEvalError(f"symbol {e.value!r} is {value!r}, not an integer") from None
         if not INT64_MIN <= number <= INT64_MAX:
-            raise ExprEvalError(f"symbol {e.value!r} is {number}, outside int64")
+            raise ExprEvalError(f"symbol {e.value!r} is {shown_int(number)}, outside int64")
         return number
     result = done.get(id(e))
     if result is None:

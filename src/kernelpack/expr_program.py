@@ -22,7 +22,8 @@ from ._records import FrozenRecord
 from .errors import ExpressionError, FormatError
 from .expr import (_CONST_CACHE, INT64_MAX, INT64_MIN, OPERATORS, Expr, ExprEvalError,
                    apply_op, const, iter_nodes, sym)
-from .limits import MAX_EXPR_DEPTH, MAX_EXPR_OPS, MAX_EXPR_ROOTS, MAX_EXPR_STACK, MAX_SYMBOLS
+from .limits import (MAX_EXPR_DEPTH, MAX_EXPR_OPS, MAX_EXPR_ROOTS, MAX_EXPR_STACK, MAX_SYMBOLS,
+                     shown_int)
 
 __all__ = ["OPCODES", "EncodedExprs", "ExprEncoder", "ExprProgram"]
 
@@ -343,7 +344,7 @@ def _sym_fn(index: int, name: str) -> Evaluator:
         if INT64_MIN <= value <= INT64_MAX:
             return value
         # a uint64 scalar may hold more: fine for the kernel, not for an int64 expression
-        raise ExprEvalError(f"symbol {name!r} = {value} is outside int64")
+        raise ExprEvalError(f"symbol {name!r} = {shown_int(value)} is outside int64")
     return read
 
 

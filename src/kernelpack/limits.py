@@ -14,7 +14,7 @@ __all__ = [
     "MAX_SCRATCH", "MAX_NAME_LENGTH", "MAX_TEXT_LENGTH", "MAX_SYMBOLS", "MAX_EXPR_OPS",
     "MAX_EXPR_ROOTS", "MAX_EXPR_STACK", "MAX_EXPR_DEPTH", "MAX_EXPR_WORK", "MAX_IMAGE_SIZE",
     "MAX_LAUNCH_REPEAT", "MAX_PLANNED_LAUNCHES",
-    "MAX_TABLE_DEPTH", "MAX_BLOBS", "DIGEST_SIZE", "fits_name",
+    "MAX_TABLE_DEPTH", "MAX_BLOBS", "DIGEST_SIZE", "fits_name", "shown_int",
 ]
 
 FILE_IDENTIFIER = b"KPAK"
@@ -62,3 +62,12 @@ def fits_name(text: str) -> bool:
     limit in characters), since every decoded name comes through here."""
     return len(text) <= MAX_NAME_LENGTH // 4 or len(text.encode("utf-8", "surrogatepass")) \
         <= MAX_NAME_LENGTH
+
+
+def shown_int(value: int) -> str:
+    """``value`` for an error message. Past a few hundred digits, its size instead of its
+    digits: ``str()`` of an int longer than ``sys.get_int_max_str_digits()`` raises, and that
+    ValueError replaced the error naming the parameter (review 34)."""
+    if value.bit_length() <= 1024:
+        return str(value)
+    return f"{'-' if value < 0 else ''}an integer of {value.bit_length()} bits"

@@ -135,19 +135,26 @@ class Program(_call_base()):  # type: ignore[misc]
         e.g. to save it again. Every image's stored bytes are checked against their digest
         now. Raises IntegrityError / FormatError.
 
-        From a pack of several programs, a module shared with others lists only the kernels
-        this program launches: the other programs' entries were merged in when they were saved
-        together, and saving this program alone gave other bytes than saving it as it was
-        built (review 33: a release job splitting one artifact per program)."""
+        From a pack of several programs, a module shared with others leaves out the kernels
+        only the other programs launch: their entries were merged in when the programs were
+        saved together, and saving this program alone gave other bytes than saving it as it
+        was built (review 33: a release job splitting one artifact per program). A kernel no
+        program launches stays (saving the whole pack again gives back its bytes)."""
         summary = self.summary
         modules = tuple(info.module() for info in self.modules.values())
         if len(self._tables) > 1:
-            launched = {(launch.module, launch.kernel)
-                        for variant in summary.variants for launch in variant.launches}
-            modules = tuple(
-                m if all((m.name, k) in launched for k in m.kernels) else
-                Module(m.name, tuple(k for k in m.kernels if (m.name, k) in launched), m.images)
-                for m in modules)
+            mine = _launched(summary)
+            if any((m.name, k) not in mine for m in modules for k in m.kernels):
+                others: set[tuple[str, str]] = set()
+                for index, table in enumerate(self._tables):
+                    if index != self._index:
+                        others |= _launched(decode_program(table))
+                drop = others - mine
+                modules = tuple(
+                    Module(m.name, tuple(k for k in m.kernels if (m.name, k) not in drop),
+                           m.images)
+                    if any((m.name, k) in drop for k in m.kernels) else m
+                    for m in modules)
         return Compiled(summary, modules, origin=origin)
 
     def check_signature_intact(self) -> None:
@@ -171,3 +178,9 @@ class Program(_call_base()):  # type: ignore[misc]
         raise TypeError(f"a loaded Program ({self.name!r}) cannot be pickled or copied: it is "
                         f"bound to its pack's buffer and this process's GPU state; send the "
                         f"artifact (its path or bytes) or pack.compiled({self.name!r}) instead")
+
+
+def _launched(summary: KernelSummary) -> set[tuple[str, str]]:
+    """The (module, kernel) pairs ``summary``'s launches use."""
+    return {(launch.module, launch.kernel)
+            for variant in summary.variants for launch in variant.launches}

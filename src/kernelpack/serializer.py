@@ -275,6 +275,16 @@ def resign(pack: object, sign_with: object) -> bytes:
     # and reading a map past the file's end kills the process (kernelpack._images.PackFile)
     buf = pack._buf if file is None else file.read(0, file.size, "re-reading the file")  # type: ignore[attr-defined]
     fpack = Table(buf, verify_buffer(buf, "Pack", identifier=FILE_IDENTIFIER), "Pack")
+    from .errors import CompatibilityError
+    from .verify import read_format_version
+
+    major, minor = read_format_version(buf)
+    if (major, minor) > (FORMAT_MAJOR, FORMAT_MINOR):  # its outer fields would be dropped and
+        # the file relabelled as this writer's version
+        raise CompatibilityError(f"{getattr(file, 'path', 'the artifact')}: format "
+                                 f"{major}.{minor} is newer than this kernelpack writes "
+                                 f"({FORMAT_MAJOR}.{FORMAT_MINOR}); re-signing it would drop "
+                                 f"what it adds: sign it with a newer kernelpack")
     body = bytes(fpack.view("body"))
     if hashlib.sha256(body).hexdigest() != pack.body_digest:  # type: ignore[attr-defined]
         raise IntegrityError(f"{getattr(file, 'path', 'file')}: the body changed after the "

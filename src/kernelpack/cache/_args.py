@@ -92,9 +92,11 @@ def redact_url(url: object) -> str:
     scheme, sep, rest = text.partition("://")
     if not sep:  # not a URL at all (a typo): hide whatever stands between ':' and '@'
         return re.sub(r":[^:@/]*@", ":***@", text)
-    netloc, slash, tail = rest.partition("/")
-    userinfo, at, hostport = netloc.rpartition("@")
+    userinfo, at, after = rest.rpartition("@")  # the last '@': a password may hold '/'
     if at and ":" in userinfo:  # user:password@ (a bare user@ is a user name, kept)
-        netloc = f"{userinfo.partition(':')[0]}:***@{hostport}"
-    tail = re.sub(r"(?i)((?:^|[?&])password=)[^&#]*", r"\1***", tail)
+        rest = f"{userinfo.partition(':')[0]}:***@{after}"
+    # the query and the fragment: a password= option (redis-py reads it), with or without a
+    # path before it
+    rest = re.sub(r"(?i)((?:[?&#])password=)[^&#]*", r"\1***", rest)
+    netloc, slash, tail = rest, "", ""
     return f"{scheme}://{netloc}{slash}{tail}"

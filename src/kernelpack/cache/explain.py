@@ -78,7 +78,10 @@ def explain_miss(disk: DiskStore, key: CacheKey, program: str | None = None) -> 
     if best is None:
         return f"{what}: no recorded key of kind {kind!r} to compare"
     other = best[1].digest[:16] + ("" if best[2] is None else f" (program {best[2]!r})")
-    first = "" if program is None else "no recorded key of this program; nearest: "
+    first = ("" if program is None else
+             "no recorded key of this program; nearest: " if best[2] is not None else
+             # a record written before records named their program: it may be this one's
+             "no key recorded under this program's name (older records name none); nearest: ")
     return f"{what}: {first}differs from {other} in {_differences(key, best[1])}"
 
 

@@ -36,7 +36,7 @@ import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from .. import config
 from ..toolchain.ptxas_guard import GUARD_ID
@@ -273,15 +273,28 @@ def codegen_digest(refresh: bool = False, root: Path | None = None) -> str:
     if root is not None:
         return _codegen_of(root)
     if _CODEGEN is None or refresh:
-        _CODEGEN = _codegen_of(Path(__file__).resolve().parent.parent)
+        here = Path(__file__).resolve().parent.parent
+        if here.is_dir():
+            _CODEGEN = _codegen_of(here)
+        else:  # imported from a zip: read the sources through the package's loader (a stale
+            # hit between two zips of one version otherwise: review 34)
+            from importlib.resources import files
+
+            _CODEGEN = _codegen_of(files(__name__.rpartition(".cache")[0]))
     return _CODEGEN
 
 
-def _codegen_of(root: Path) -> str:
+def _codegen_of(root: Any) -> str:
+    """``root``: a directory, or any ``importlib.resources`` Traversable (a zip's)."""
     h = hashlib.sha256()
     count = 0
     for package in CODEGEN_PACKAGES:
-        for path in sorted((root / package).glob("*.py")):
+        base = root.joinpath(package) if package else root
+        try:
+            found = [e for e in base.iterdir() if e.name.endswith(".py")]
+        except (OSError, ValueError):  # no such package under root
+            continue
+        for path in sorted(found, key=lambda e: e.name):
             if path.name.startswith(".") or not path.is_file():
                 continue  # an editor's lock (.#expr.py), macOS's ._expr.py: not modules
             data = path.read_bytes()

@@ -220,6 +220,8 @@ def url_options(query: str, where: str) -> dict[str, str]:
         if name not in _URL_OPTIONS:
             raise ValueError(f"{where}: URL option {name!r} is not supported (supported: "
                              f"{', '.join(_URL_OPTIONS)})")
+        if name in options:  # redis-py reads the first, a dict the last: neither, say so
+            raise ValueError(f"{where}: URL option {name!r} is given more than once")
         options[name] = value
     if "db" in options and not options["db"].isdigit():
         raise ValueError(f"{where}: the database must be a number (got db={options['db']!r})")
