@@ -98,5 +98,4 @@ def redact_url(url: object) -> str:
     # the query and the fragment: a password= option (redis-py reads it), with or without a
     # path before it
     rest = re.sub(r"(?i)((?:[?&#])password=)[^&#]*", r"\1***", rest)
-    netloc, slash, tail = rest, "", ""
-    return f"{scheme}://{netloc}{slash}{tail}"
+    return f"{scheme}://{rest}"
