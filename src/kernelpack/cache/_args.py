@@ -18,7 +18,8 @@ from typing import Callable, Iterator, TypeVar
 from .. import config
 from ..errors import CacheError
 
-__all__ = ["from_env", "key_list", "maintenance", "positive_int", "redact_url", "seconds"]
+__all__ = ["from_env", "key_list", "maintenance", "positive_int", "redact_url", "remote_name",
+           "seconds"]
 
 T = TypeVar("T")
 
@@ -82,6 +83,13 @@ def maintenance(what: str, root: Path) -> Iterator[None]:
     except OSError as exc:
         raise CacheError(f"cannot {what} the disk cache {str(root)!r}: "
                          f"{exc.strerror or exc}") from exc
+
+
+def remote_name(remote: object) -> str:
+    """A remote store as warnings name it: its URL with the password hidden, or the store's
+    type (an operator must know which server of a fleet's config failed)."""
+    url = getattr(remote, "url", None)
+    return redact_url(url) if isinstance(url, str) else type(remote).__name__
 
 
 def redact_url(url: object) -> str:

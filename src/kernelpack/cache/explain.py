@@ -39,11 +39,9 @@ def _unreachable(remote: Any, digest: str, exc: Exception) -> None:
     import warnings
 
     from . import CacheWarning
-    from ._args import redact_url
+    from ._args import remote_name
 
-    url = getattr(remote, "url", None)
-    where = redact_url(url) if isinstance(url, str) else type(remote).__name__
-    warnings.warn(f"remote cache at {where} could not be asked for the record of "
+    warnings.warn(f"remote cache at {remote_name(remote)} could not be asked for the record of "
                   f"{digest[:16]} ({type(exc).__name__}: {exc})", CacheWarning, stacklevel=4)
 
 

@@ -63,12 +63,10 @@ class RemoteTier:
                     f"{REMOTE_BACKOFF_S:.0f} s")
 
     def where(self) -> str:
-        """The remote as a warning names it: its URL with the password hidden, or the store's
-        type (an operator must know which server of a fleet's config failed)."""
-        from ._args import redact_url
+        """The remote as a warning names it (:func:`._args.remote_name`)."""
+        from ._args import remote_name
 
-        url = getattr(self._cache.remote, "url", None)
-        return redact_url(url) if isinstance(url, str) else type(self._cache.remote).__name__
+        return remote_name(self._cache.remote)
 
     def writable(self) -> bool:
         """Reachable and not backing off after Redis refused a write (below)."""
