@@ -320,6 +320,24 @@ def test_usage_errors_exit_2(capsys) -> None:
         assert info.value.code == 2
 
 
+@pytest.mark.parametrize("argv, usage", [
+    (["inspect", "--bogus", "f.kpack"], "usage: kernelpack inspect [-h] [--json]"),
+    (["cache", "ls", "--bogus"], "usage: kernelpack cache ls [-h] [--dir DIR]"),
+    (["build", "src.py", "-o", "x.kpack", "--bogus"], "usage: kernelpack build [-h] -o OUT"),
+    (["eval", "f.kpack", "prog", "--bogus"], "usage: kernelpack eval [-h] [--json]"),
+])
+def test_an_unknown_option_shows_the_commands_usage(capsys, argv, usage) -> None:
+    """Was: the top-level usage ("kernelpack [-h] [--version] COMMAND ..."), which does not
+    list the options the command does take."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert " ".join(err.split()).startswith(usage), err
+    assert f"kernelpack {' '.join(argv[:2 if argv[0] == 'cache' else 1])}: error: " \
+           "unrecognized arguments: --bogus" in err, err
+
+
 def test_module_entry_point_exit_status(files, tmp_path) -> None:
     bad = tmp_path / "bad.kpack"
     bad.write_bytes(b"\0" * 64)

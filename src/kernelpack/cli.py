@@ -24,6 +24,7 @@ import re
 import signal
 import sys
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
@@ -122,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(name: str, fn: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
-        p.set_defaults(func=fn)
+        p.set_defaults(func=fn, usage_parser=p)
         return p
 
     p = add("inspect", cmd_inspect, "show programs, launches and images of an artifact")
@@ -327,7 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _tolerant_output()
                 sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
                 previous = _catch_sigterm()
-                return _main(argv)
+                with warnings.catch_warnings():  # restores the application's hook after
+                    warnings.showwarning = _show_warning
+                    return _main(argv)
             finally:
                 if previous is not None:
                     signal.signal(signal.SIGTERM, previous)
@@ -338,6 +341,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _Terminated:  # SIGTERM: the same, with the status a shell gives a killed command
         print("error: terminated", file=sys.stderr)
         return EXIT_TERMINATED
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str,
+                  lineno: int, file: Any = None, line: str | None = None) -> None:
+    """A warning as one ``warning:`` line on stderr, like the ``error:`` lines: Python's own
+    format showed a kernelpack source line and path, which say nothing to a command's user
+    (review 35)."""
+    from .cli_facts import printable
+
+    text = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    try:
+        print(f"warning: {printable(text)}", file=sys.stderr if file is None else file)
+    except OSError:  # stderr closed or full: a warning is not worth failing the command
+        pass
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -363,8 +380,9 @@ def _main(argv: Sequence[str] | None) -> int:
                 args.values += [name_arg(e) for e in extra]
             else:
                 args.names += [name_arg(e) for e in extra]
-        elif extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        elif extra:  # the command's own usage, with its options, not the top-level one
+            chosen = getattr(args, "usage_parser", None) or parser
+            chosen.error(f"unrecognized arguments: {' '.join(extra)}")
         status = int(args.func(args))
         sys.stdout.flush()
         return status

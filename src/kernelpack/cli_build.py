@@ -76,7 +76,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                         "whose signed remote entries build may load instead of compiling "
                         "(repeat for several; the --sign-with key's own is always trusted)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    p.set_defaults(func=cmd_build)
+    p.set_defaults(func=cmd_build, usage_parser=p)
     return p
 
 

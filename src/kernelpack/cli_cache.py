@@ -32,7 +32,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         p.add_argument("--dir", type=dir_arg, default=None,
                        help="cache root (default: $KERNELPACK_CACHE_DIR, else "
                             "$XDG_CACHE_HOME/kernelpack, else ~/.cache/kernelpack)")
-        p.set_defaults(func=fn)
+        p.set_defaults(func=fn, usage_parser=p)
         return p
 
     p = add("ls", _cmd_ls, "list entries, least recently used first")
@@ -189,7 +189,10 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         return 0 if record else 1
     from .cli_facts import printable  # a record's parts are text from whoever wrote the key
 
-    print("\n".join(printable(line) for line in cache.explain(digest).splitlines()))
+    from .cache.explain import explain  # with the record read above: one remote query
+
+    text = explain(store, digest, record)
+    print("\n".join(printable(line) for line in text.splitlines()))
     if record is None:
         print(f"error: no record of key {digest} in {store.root}", file=sys.stderr)
         return 1

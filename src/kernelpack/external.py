@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import warnings
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence, Union
 
+from ._warn import warn_caller
 from .dtypes import as_dtype
 from .limits import MAX_LAUNCH_REPEAT
 from .errors import CompileError
@@ -439,14 +439,14 @@ def _check_args_fit(declared: list[tuple[str, int]] | None, kernel: str,
             have, is_float = dtype.itemsize, dtype.kind in "fc"  # type: ignore[union-attr]
         typed = _PTX_TYPED_RE.search(decl)  # None: a cubin's or an untyped parameter
         if have != size:
-            warnings.warn(f"kp.external: args[{i}]: {what} is {have} byte(s), but {kernel} "
-                          f"declares {decl!r} ({size} bytes): a launch passes the kernel a "
-                          f"wrong value", stacklevel=3)
+            warn_caller(f"kp.external: args[{i}]: {what} is {have} byte(s), but {kernel} "
+                        f"declares {decl!r} ({size} bytes): a launch passes the kernel a "
+                        f"wrong value")
         elif typed is not None and (typed.group(1) == "f") != is_float:
             kinds = ("an integer", "a float")
-            warnings.warn(f"kp.external: args[{i}]: {what} is {kinds[is_float]}, but {kernel} "
-                          f"declares {decl!r}: a launch passes the kernel its bits as "
-                          f"{kinds[not is_float]}", stacklevel=3)
+            warn_caller(f"kp.external: args[{i}]: {what} is {kinds[is_float]}, but {kernel} "
+                        f"declares {decl!r}: a launch passes the kernel its bits as "
+                        f"{kinds[not is_float]}")
 
 
 def _constraint(item: object) -> Constraint:

@@ -16,10 +16,10 @@ import errno
 import functools
 import hashlib
 import os
-import stat
 from typing import Any, Callable, Iterable
 
 from ._interrupts import deferred_interrupts
+from ._smallfile import read_regular
 from .errors import SignatureError
 
 __all__ = ["generate_private_key", "public_key_bytes", "load_private_key", "load_public_key",
@@ -54,19 +54,12 @@ def generate_private_key() -> bytes:
 
 
 def _read_key_file(path: str) -> bytes:
-    """At most 64 KiB of a regular file (O_NONBLOCK: a FIFO named as a key must not wait
-    forever for a writer)."""
-    fd = -1
-    try:  # the open inside: a Ctrl-C held back past it (deferred_interrupts) lands in here
-        with deferred_interrupts():  # a Ctrl-C as the open returns must not lose the descriptor
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path}: not a regular file (a key file is expected)")
-        with open(fd, "rb", closefd=False) as f:
-            return f.read(1 << 16)
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    """At most 64 KiB of a regular file (a FIFO named as a key must not wait forever for a
+    writer)."""
+    data = read_regular(path, 1 << 16)
+    if data is None:
+        raise ValueError(f"{path}: not a regular file (a key file is expected)")
+    return data
 
 
 _BYTES_LIKE = (bytes, bytearray, memoryview)

@@ -141,7 +141,8 @@ def test_an_entry_larger_than_the_cap_is_compiled_but_not_kept(tmp_path: Path,
     with pytest.warns(CacheWarning, match="exceed the cache's cap of 100 bytes"):
         c = kp.compile(add1, targets=["sm_80"], cache=cache)
     assert c == fresh["add1"] and c.origin == "compiled"
-    assert _entries(tmp_path) == [] and cache.stats()["errors"] == 1
+    assert _entries(tmp_path) == [] and cache.stats()["disk_too_large"] == 1
+    assert cache.stats()["errors"] == 0  # a size the operator chose is no failure
 
 
 def test_the_cap_evicts_the_least_recently_used_entry(tmp_path: Path, fresh: dict) -> None:

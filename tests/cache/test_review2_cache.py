@@ -145,6 +145,10 @@ def test_a_dangling_lock_symlink_does_not_spin(tmp_path: Path, axpy_cubin: bytes
     ({"ttl_s": 3600.0}, TypeError, r"^ttl_s must be an int"),
     ({"ttl_s": True}, TypeError, r"^ttl_s must be an int"),
     ({"max_entry_bytes": -5}, ValueError, "^max_entry_bytes must be a positive"),
+    # bool("false") is True: a flag read from a config file as text would mean its opposite
+    ({"require_signed_remote": "false"}, TypeError, "^require_signed_remote must be True or"),
+    ({"require_signed_remote": 0}, TypeError, "^require_signed_remote must be True or"),
+    ({"explain_misses": "no"}, TypeError, "^explain_misses must be True or False"),
 ])
 @pytest.mark.parametrize("remote", [False, "redis://127.0.0.1:1/0"])
 def test_every_number_is_checked_with_or_without_a_remote(tmp_path: Path, kwargs: dict,

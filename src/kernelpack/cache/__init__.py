@@ -27,9 +27,10 @@ import warnings
 from typing import Any, Callable, Iterable
 
 from .. import config
+from .._warn import warn_caller
 from ..errors import KernelPackError
 from ..compiled import Compiled
-from ._args import from_env, key_list, maintenance, positive_int, seconds
+from ._args import flag, from_env, key_list, maintenance, positive_int, seconds
 from .disk import DiskStore, check_digest
 from .disk_tier import DiskTier
 from .keys import CacheKey, make_key
@@ -53,7 +54,7 @@ def _log() -> Any:
 
 STAT_NAMES = ("disk_hits", "disk_misses", "remote_hits", "remote_misses", "compiles", "refused",
               "quarantined", "errors", "remote_errors", "remote_waits", "remote_too_large",
-              "puts", "remote_puts", "evictions")
+              "puts", "remote_puts", "evictions", "disk_too_large")
 
 
 class CacheWarning(UserWarning):
@@ -109,6 +110,9 @@ class Cache:
         timeout_s = seconds("timeout_s", timeout_s, 0.0, inclusive=False)
         lock_ttl_s = seconds("lock_ttl_s", lock_ttl_s, 0.001)  # Redis' PX takes whole ms
         wait_s = seconds("wait_s", wait_s, 0.0)
+        require_signed_remote = flag("require_signed_remote", require_signed_remote)
+        if explain_misses is not None:
+            explain_misses = flag("explain_misses", explain_misses)
         env = remote is None
         if env:
             remote = config.remote_cache_url()
@@ -126,11 +130,11 @@ class Cache:
         self.remote = remote
         self._trusted_arg = key_list(trusted_keys)
         self.sign_with = sign_with
-        self.require_signed_remote = bool(require_signed_remote)
+        self.require_signed_remote = require_signed_remote
         self.lock_ttl_s = lock_ttl_s
         self.wait_s = wait_s
         self.explain_misses = (config.explain_cache_misses() if explain_misses is None
-                               else bool(explain_misses))
+                               else explain_misses)
         self._trusted: list[bytes] | None = None
         self._stats = dict.fromkeys(STAT_NAMES, 0)
         self._stats_lock = threading.Lock()
@@ -177,8 +181,10 @@ class Cache:
 
     def stats(self) -> dict[str, int]:
         """This process's counters: hits and misses per tier, compiles, refused (untrusted or
-        unsigned remote entries), quarantined (bad disk entries), errors, waits, and evictions
-        (disk entries this Cache removed for the size cap, by puts or :meth:`prune`)."""
+        unsigned remote entries), quarantined (bad disk entries), errors, waits, evictions
+        (disk entries this Cache removed for the size cap, by puts or :meth:`prune`), and
+        entries not stored for their size (``disk_too_large``: larger than ``max_bytes``;
+        ``remote_too_large``: larger than ``max_entry_bytes``), which are no failure."""
         with self._stats_lock:
             out = dict(self._stats)
         out["evictions"] = self.disk.evicted
@@ -223,11 +229,11 @@ class Cache:
         return save(compiled, sign_with=self.sign_with)
 
     # ---- the tiers: disk (self._disk_tier) and remote (self._remote_tier) ----------------------
-    def _warn(self, message: str, depth: int = 0) -> None:
-        """Log and warn; ``stacklevel`` names the caller of the tier method that failed
-        (``depth``: how many helper frames of the tier lie between that method and here)."""
-        _log().warning(message)
-        warnings.warn(message, CacheWarning, stacklevel=3 + depth)
+    def _warn(self, message: str) -> None:
+        """A CacheWarning attributed to the caller's line. Not also logged: a server that
+        routes warnings to its logs (``logging.captureWarnings``) got every event twice, and
+        one that ignores CacheWarning still got the log record (review 35)."""
+        warn_caller(message, CacheWarning)
 
     def _from_disk(self, key: CacheKey | str, count_miss: bool = True,
                    name: str | None = None, report: bool = True) -> Compiled | None:
@@ -381,11 +387,13 @@ class Cache:
 
     # ---- inspection ----------------------------------------------------------------------------
     def key_record(self, digest: str) -> CacheKey | None:
-        """The recorded parts of ``digest`` (disk record, else remote), or None."""
+        """The recorded parts of ``digest`` (disk record, else remote), or None. A remote
+        that cannot be asked is a warning and the remote tier's back-off, as for a lookup."""
         from .explain import key_record
 
         remote = self.remote if self._remote_tier.ok() else None
-        return key_record(self.disk, remote, check_digest(digest))
+        return key_record(self.disk, remote, check_digest(digest),
+                          lambda exc: self._remote_tier.failed("record read", exc))
 
     def explain(self, key: CacheKey | str) -> str:
         """The parts of a key, and whether the disk holds it."""

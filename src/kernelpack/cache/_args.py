@@ -18,8 +18,8 @@ from typing import Callable, Iterator, TypeVar
 from .. import config
 from ..errors import CacheError
 
-__all__ = ["from_env", "key_list", "maintenance", "positive_int", "redact_url", "remote_name",
-           "seconds"]
+__all__ = ["flag", "from_env", "key_list", "maintenance", "positive_int", "redact_url",
+           "remote_name", "seconds"]
 
 T = TypeVar("T")
 
@@ -48,6 +48,15 @@ def key_list(trusted_keys: object) -> list[object] | None:
         raise TypeError(f"trusted_keys must be a list of public keys (paths, hex, 32 bytes "
                         f"or key objects) or None (got {type(trusted_keys).__name__})")
     return list(trusted_keys)
+
+
+def flag(param: str, value: object) -> bool:
+    """``value`` as a bool, refusing anything else: ``bool("false")`` is True, so a flag read
+    from a config file as text would silently mean the opposite of what it says."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{param} must be True or False (got {type(value).__name__}: "
+                        f"{value!r:.60})")
+    return value
 
 
 def positive_int(param: str, value: object, unit: str) -> int:

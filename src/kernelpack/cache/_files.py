@@ -13,6 +13,7 @@ import stat
 from pathlib import Path
 
 from .._interrupts import deferred_interrupts
+from .._smallfile import read_regular
 from ..errors import CacheError
 
 __all__ = ["MAX_RECORD", "make_private_dirs", "read_record", "remove_file", "write_atomic"]
@@ -60,19 +61,11 @@ def read_record(path: Path) -> bytes:
     not block ``cache ls``, ``cache explain`` or every explained miss, nor a device or a huge
     file exhaust memory. ValueError for anything but a regular file of ``MAX_RECORD`` bytes
     at most (then there is no record to believe)."""
-    fd = -1
-    try:  # the open inside: a Ctrl-C held back past it (deferred_interrupts) lands in here
-        with deferred_interrupts():  # a Ctrl-C as the open returns must not lose the descriptor
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RECORD:
-            raise ValueError(f"key record {str(path)!r} is not a regular file of at most "
-                             f"{MAX_RECORD} bytes")
-        with open(fd, "rb", closefd=False) as f:
-            return f.read(MAX_RECORD + 1)
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    data = read_regular(path, MAX_RECORD)
+    if data is None or len(data) > MAX_RECORD:
+        raise ValueError(f"key record {str(path)!r} is not a regular file of at most "
+                         f"{MAX_RECORD} bytes")
+    return data
 
 
 def write_atomic(path: Path, data: bytes, sync: bool = True) -> None:

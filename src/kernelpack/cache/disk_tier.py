@@ -43,10 +43,9 @@ _TIER_WIDE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, er
 class DiskTier:
     """The disk half of one Cache (``cache.disk``, a :class:`~.disk.DiskStore`).
 
-    Warnings are given with the Cache's ``_warn``, whose ``stacklevel`` names the caller of the
-    tier method that failed (``Cache._from_disk``, ``Cache.get``, ``Cache.put``, ``store``,
-    the remote tier's put-through): a wrapper in between would be named instead, which is why
-    ``Cache._put_disk`` is this tier's bound :meth:`put` itself.
+    Warnings are given with the Cache's ``_warn``, which names the caller's line outside
+    kernelpack. A bad entry is "treated as a miss": what follows (a compile, or None from
+    ``Cache.get``) is the caller's, and a warning promising a recompile misled (review 35).
     """
 
     def __init__(self, cache: Cache) -> None:
@@ -85,17 +84,17 @@ class DiskTier:
             except OSError as move_exc:  # a broken cache dir costs a warning, never a crash
                 cache._count("errors")
                 cache._warn(f"disk cache entry {digest[:16]} is invalid ({type(exc).__name__}: "
-                            f"{exc}); it could not be moved aside ({move_exc}); recompiling")
+                            f"{exc}); it could not be moved aside ({move_exc}); treated as a miss")
                 return None
             if moved:  # else another thread or process moved or replaced it first: its
                 cache._count("quarantined")  # warning is the one, and the caller looks again
                 cache._warn(f"disk cache entry {digest[:16]} is invalid ({type(exc).__name__}:"
-                            f" {exc}); moved to {moved}; recompiling")
+                            f" {exc}); moved to {moved}; treated as a miss")
             return None
         except Exception as exc:  # the loader itself failed (a bug, a missing module): the
             cache._count("errors")  # entry may be fine, so keep it; never crash on a hit
             cache._warn(f"loading disk cache entry {digest[:16]} failed "
-                        f"({type(exc).__name__}: {exc}); recompiling")
+                        f"({type(exc).__name__}: {exc}); treated as a miss")
             return None
         if signer[0] is not None and not self._still_trusted(signer[0]):
             if report:  # the look after taking the lock (report=False) says nothing
@@ -104,7 +103,7 @@ class DiskTier:
                 cache._count("refused")
                 cache._warn(f"disk cache entry {digest[:16]} is signed by a key this cache no "
                             f"longer trusts (key id {key_id(bytes.fromhex(signer[0]))}); "
-                            f"recompiling")
+                            f"treated as a miss")
             if count_miss:  # not a hit: one miss per lookup, as for a quarantined entry
                 cache._count("disk_misses")
             return None
@@ -141,8 +140,12 @@ class DiskTier:
                 cache.disk.record_parts(key, program)
             cache._count("puts")
         except (OSError, KernelPackError) as exc:
-            cache._count("errors")
-            self.failed(f"disk cache write of {check_digest(key)[:16]}", exc)
+            # an entry over the cap is skipped by design, as the remote's over-size one is
+            too_large = isinstance(exc, OSError) and exc.errno == errno.E2BIG
+            cache._count("disk_too_large" if too_large else "errors")
+            what = f"disk cache write of {check_digest(key)[:16]}"
+            # E2BIG's "[Errno 7]" would name an "argument list too long" nobody passed
+            self.failed(what, exc, f"{what} skipped: {exc.strerror}" if too_large else None)
 
     def failed(self, what: str, exc: BaseException, message: str | None = None) -> None:
         """Report a failed read, write or lock: a failure of one key's path (a foreign shard,
@@ -150,7 +153,7 @@ class DiskTier:
         and costs that key alone; one of the whole directory (:meth:`tier_wide`) warns once
         and pauses writes (:meth:`_write_failed`), and is quiet while they are paused."""
         if not self.tier_wide(exc):
-            self._cache._warn(message or f"{what} failed: {exc}", depth=1)
+            self._cache._warn(message or f"{what} failed: {exc}")
         elif self.writable():
             self._write_failed(what, exc)
 
@@ -180,4 +183,4 @@ class DiskTier:
         cache = self._cache
         self._writes_down_until = time.monotonic() + DISK_WRITE_BACKOFF_S
         cache._warn(f"{what} failed: {exc} (cache directory {cache.disk.root}); not writing "
-                    f"to it for {DISK_WRITE_BACKOFF_S:.0f} s", depth=2)  # via failed()
+                    f"to it for {DISK_WRITE_BACKOFF_S:.0f} s")

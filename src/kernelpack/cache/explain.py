@@ -8,7 +8,7 @@ beside the entry), and a record is believed only if its parts reproduce the dige
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from .disk import DiskStore
 from .keys import CacheKey
@@ -16,14 +16,17 @@ from .keys import CacheKey
 __all__ = ["key_record", "explain", "explain_miss"]
 
 
-def key_record(disk: DiskStore, remote: Any, digest: str) -> CacheKey | None:
-    """The recorded parts of ``digest``: the disk record, else the remote's, else None."""
+def key_record(disk: DiskStore, remote: Any, digest: str,
+               unreachable: Callable[[Exception], None]) -> CacheKey | None:
+    """The recorded parts of ``digest``: the disk record, else the remote's, else None.
+    ``unreachable`` is told when the remote cannot be asked (down, a wrong password): that
+    is not "no record" (review 33), and the Cache counts it and backs off (review 35)."""
     key = disk.read_parts(digest)
     if key is None and remote is not None and hasattr(remote, "get_parts"):
         try:
             raw = remote.get_parts(digest)
-        except Exception as exc:  # down, a wrong password: not "no record" (review 33)
-            _unreachable(remote, digest, exc)
+        except Exception as exc:
+            unreachable(exc)
             return None
         try:
             if raw is not None:
@@ -33,16 +36,6 @@ def key_record(disk: DiskStore, remote: Any, digest: str) -> CacheKey | None:
         except Exception:  # an explanation is best effort; a bad record explains nothing
             key = None
     return key
-
-
-def _unreachable(remote: Any, digest: str, exc: Exception) -> None:
-    import warnings
-
-    from . import CacheWarning
-    from ._args import remote_name
-
-    warnings.warn(f"remote cache at {remote_name(remote)} could not be asked for the record of "
-                  f"{digest[:16]} ({type(exc).__name__}: {exc})", CacheWarning, stacklevel=4)
 
 
 def explain(disk: DiskStore, digest: str, record: CacheKey | None) -> str:

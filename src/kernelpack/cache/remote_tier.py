@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["RemoteTier", "REMOTE_BACKOFF_S"]
 
 REMOTE_BACKOFF_S = 30.0
+_MAX_REFUSED_KEYS = 4096
 
 
 class RemoteTier:
@@ -48,14 +49,20 @@ class RemoteTier:
         self._cache = weakref.proxy(cache)
         self._down_until = 0.0
         self._writes_down_until = 0.0
+        self._refused: set[str] = set()  # digests whose refusal was warned about
 
     def ok(self) -> bool:
         """A remote is configured and not backing off after a failure."""
         return self._cache.remote is not None and time.monotonic() >= self._down_until
 
     def failed(self, what: str, exc: BaseException) -> None:
-        """Count and warn about a failed remote call, and skip the remote for a while."""
+        """Count and warn about a failed remote call, and skip the remote for a while. A call
+        that fails while the remote is already skipped was in flight when another thread's
+        call failed: the same outage, already reported (review 35: eight threads behind a
+        hung Redis gave eight warnings and eight errors)."""
         cache = self._cache
+        if time.monotonic() < self._down_until:
+            return
         cache._count("remote_errors")
         self._down_until = time.monotonic() + REMOTE_BACKOFF_S
         cache._warn(f"remote cache {what} failed ({type(exc).__name__}: {exc}) at "
@@ -117,10 +124,7 @@ class RemoteTier:
             from .remote import BadEntryValue
 
             if isinstance(exc, BadEntryValue):  # one bad value, not an outage: no back-off
-                cache._count("refused")
-                cache._warn(f"remote cache entry {digest[:16]} refused ({type(exc).__name__}: "
-                            f"{exc}); compiling locally")
-                return None, None, "refused"
+                return self._refuse(digest, exc)
             self.failed("read", exc)
             return None, None, "error"
         if data is None:
@@ -139,14 +143,25 @@ class RemoteTier:
             compiled = cache._decode(artifact, trusted, "remote")
             check_binding(compiled, key, name)
         except Exception as exc:
-            cache._count("refused")
-            cache._warn(f"remote cache entry {digest[:16]} refused ({type(exc).__name__}: "
-                        f"{exc}); compiling locally")
-            return None, None, "refused"
+            return self._refuse(digest, exc)
         cache._count("remote_hits")
         # Refetchable and verified on every read: no fsync; the remote keeps the key record.
         cache._put_disk(key, artifact, sync=False, record=False)
         return artifact, compiled, "hit"
+
+    def _refuse(self, digest: str, exc: Exception) -> tuple[None, None, str]:
+        """Count a refused entry, and warn the first time this process refuses ``digest``.
+        The key is recorded before the warning: under ``simplefilter("error")`` the warning
+        raised at every lookup, before the compile whose put would replace the entry, so that
+        anyone able to write to Redis could make a key impossible to build (review 35)."""
+        self._cache._count("refused")
+        if digest not in self._refused:
+            if len(self._refused) >= _MAX_REFUSED_KEYS:
+                self._refused.clear()  # a bound, not a policy: at worst a warning again
+            self._refused.add(digest)
+            self._cache._warn(f"remote cache entry {digest[:16]} refused "
+                              f"({type(exc).__name__}: {exc}); treated as a miss")
+        return None, None, "refused"
 
     def put(self, key: CacheKey | str, data: bytes) -> None:
         """Put ``data`` in a signed envelope (and the key's parts, for ``explain``); a failure

@@ -254,6 +254,8 @@ class RespClient:
         self._pid = 0
         self._deadline = 0.0  # monotonic time by which the current command must be answered
         self._lock = threading.Lock()
+        self._failed_at = 0.0  # when a command last failed on the connection, and why
+        self._failure: OSError | None = None
 
     # ---- connection ----------------------------------------------------------------------------
     def _connect(self) -> socket.socket:
@@ -302,30 +304,48 @@ class RespClient:
         A connection that was open before this command and turns out closed (Redis's idle
         ``timeout``, a proxy's, a Redis restart) is opened again and the command sent once
         more: that is no outage, and treating it as one cost a local compile and 30 s without
-        the remote. A failure on a fresh connection, or a timeout, is raised."""
+        the remote. A failure on a fresh connection, or a timeout, is raised.
+
+        A command that waited for the connection while another thread's command failed on it
+        fails at once with that failure, instead of connecting and waiting out its own
+        timeout: eight threads behind a hung Redis took eight timeouts in turn (review 35)."""
+        arrived = time.monotonic()
         with self._lock:
-            reused = self._sock is not None and self._pid == os.getpid()
-            if not reused:
-                if self._sock is not None:  # a forked child must not share its parent's
-                    inherited, self._sock = self._sock, None  # socket: close its copy (a
-                    with contextlib.suppress(OSError):  # plain close, no shutdown: the
-                        inherited.close()  # parent's connection stays up)
-                self._connect()
+            if self._failed_at > arrived:
+                raise ConnectionError(f"{self._failure} (it failed while this command waited "
+                                      f"for the connection)")
             try:
-                return self._roundtrip(list(args))
-            except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
-                self._drop()  # the stream position is unknown now: start over
-                if not reused:
-                    raise
-            except BaseException:
-                self._drop()  # the stream position is unknown now: start over next time
+                return self._execute(args)
+            except RespError:  # the server answered: no failure of the connection
                 raise
+            except OSError as exc:
+                self._failed_at, self._failure = time.monotonic(), exc
+                raise
+
+    def _execute(self, args: tuple[object, ...]) -> object:
+        """:meth:`execute`'s work, under the lock."""
+        reused = self._sock is not None and self._pid == os.getpid()
+        if not reused:
+            if self._sock is not None:  # a forked child must not share its parent's
+                inherited, self._sock = self._sock, None  # socket: close its copy (a
+                with contextlib.suppress(OSError):  # plain close, no shutdown: the
+                    inherited.close()  # parent's connection stays up)
             self._connect()
-            try:
-                return self._roundtrip(list(args))
-            except BaseException:
-                self._drop()
+        try:
+            return self._roundtrip(list(args))
+        except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
+            self._drop()  # the stream position is unknown now: start over
+            if not reused:
                 raise
+        except BaseException:
+            self._drop()  # the stream position is unknown now: start over next time
+            raise
+        self._connect()
+        try:
+            return self._roundtrip(list(args))
+        except BaseException:
+            self._drop()
+            raise
 
     def _roundtrip(self, args: list) -> object:
         parts = [b"*%d\r\n" % len(args)]

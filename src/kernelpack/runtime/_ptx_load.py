@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import warnings
 from pathlib import Path
 
+from .._warn import warn_caller
 from ..errors import CompileError
 from .device import Device
 
@@ -61,11 +61,11 @@ def _driver_jit(ptx: bytes, device: Device) -> tuple[bytes, str, None]:
 
     driver = (device.driver_version // 1000, device.driver_version % 1000 // 10)
     if driver < FIXED_IN and needs_guard(ptx):
-        warnings.warn(f"the driver (CUDA {driver[0]}.{driver[1]}) JITs PTX that holds signed "
-                      f"integer min/max of negated values, which CUDA releases before "
-                      f"{FIXED_IN[0]}.{FIXED_IN[1]} can miscompile (wrong results); install "
-                      f"nvidia-nvjitlink of the driver's major so kernelpack assembles it with "
-                      f"the workaround", RuntimeWarning, stacklevel=4)
+        warn_caller(f"the driver (CUDA {driver[0]}.{driver[1]}) JITs PTX that holds signed "
+                    f"integer min/max of negated values, which CUDA releases before "
+                    f"{FIXED_IN[0]}.{FIXED_IN[1]} can miscompile (wrong results); install "
+                    f"nvidia-nvjitlink of the driver's major so kernelpack assembles it with "
+                    f"the workaround", RuntimeWarning)
     return ptx.rstrip(b"\0") + b"\0", "ptx (driver JIT)", None
 
 
@@ -79,14 +79,14 @@ def _ptx_code(ptx: bytes, device: Device) -> tuple[bytes, str, Path | None]:
         from ..toolchain import nvjitlink
         jit_version = nvjitlink.version()
     except (ImportError, CompileError) as exc:
-        warnings.warn(f"nvJitLink is unavailable ({exc}); the driver will JIT the PTX for "
-                      f"{arch.sm} (slow at every start). Install nvidia-nvjitlink to compile "
-                      f"once and cache the cubin.", RuntimeWarning, stacklevel=3)
+        warn_caller(f"nvJitLink is unavailable ({exc}); the driver will JIT the PTX for "
+                    f"{arch.sm} (slow at every start). Install nvidia-nvjitlink to compile "
+                    f"once and cache the cubin.", RuntimeWarning)
         return _driver_jit(ptx, device)
     if jit_version[0] > device.driver_version // 1000:
-        warnings.warn(f"nvJitLink {jit_version[0]}.{jit_version[1]} is a newer major than the "
-                      f"driver (CUDA {device.driver_version // 1000}); the driver will JIT the "
-                      f"PTX for {arch.sm} instead", RuntimeWarning, stacklevel=3)
+        warn_caller(f"nvJitLink {jit_version[0]}.{jit_version[1]} is a newer major than the "
+                    f"driver (CUDA {device.driver_version // 1000}); the driver will JIT the "
+                    f"PTX for {arch.sm} instead", RuntimeWarning)
         return _driver_jit(ptx, device)
     path = ptx_cache_path(ptx, arch.sm, nvjitlink.toolchain_id())
     try:
