@@ -258,10 +258,11 @@ def test_canonical_bytes_write_long_size_expressions_in_full():
     def make(last: int) -> Fusion:
         @kp.fusion(name="long_size")
         def f(x: T[kp.f32, "n"]):
-            e = x.shape[0]
-            for i in range(300):
-                e = kp.emax(e, x.shape[0] - i)
-            return kp.arange(e + last).astype(kp.f32)
+            terms = [kp.emax(x.shape[0] - i, i) for i in range(300)]
+            while len(terms) > 1:  # pairwise: long to print, shallow enough to save
+                terms = [kp.emax(*terms[k:k + 2]) if k + 1 < len(terms) else terms[k]
+                         for k in range(0, len(terms), 2)]
+            return kp.arange(terms[0] + last).astype(kp.f32)
         return f
 
     assert make(1).canonical_bytes() != make(2).canonical_bytes()

@@ -11,6 +11,7 @@ wrapping, signing and writing it is :mod:`kernelpack.serializer`'s job.
 from __future__ import annotations
 
 import hashlib
+from itertools import islice
 from typing import Iterable
 
 import flatbuffers
@@ -21,7 +22,9 @@ from ._generated import (Arg as FArg, Constraint as FConstraint, Dim3 as FDim3,
                          Version as FVersion)
 from ._decode import check_expression_work
 from .errors import FormatError
+from .expr import iter_nodes
 from .expr_program import ExprEncoder
+from .limits import MAX_EXPR_WORK
 from .compiled import IMAGE_KINDS, Image
 from .summary import ROLES, KernelSummary, Tensor
 
@@ -105,17 +108,31 @@ class _Roots:
         names the program and, where one expression alone is past a limit, its field."""
         try:
             self.encoded, self.positions = self.enc.finish()
+        except (FormatError, ValueError) as exc:
+            raise self._refused(exc, self._culprit()) from None
+        try:
             check_expression_work(len(self.exprs), len(self.encoded.ops),
                                   lambda: self.exprs)  # type: ignore[arg-type,return-value]
-        except (FormatError, ValueError) as exc:
-            reason = str(exc).removeprefix("expressions exceed the format's limits: ")
-            raise ValueError(f"program {self.name!r}: {self._culprit()}expressions exceed "
-                             f"the format's limits: {reason}") from None
+        except FormatError as exc:  # the fields together, never one alone: no culprit
+            raise self._refused(exc, "") from None
+
+    def _refused(self, exc: Exception, culprit: str) -> ValueError:
+        reason = str(exc).removeprefix("expressions exceed the format's limits: ")
+        return ValueError(f"program {self.name!r}: {culprit}expressions exceed the format's "
+                          f"limits: {reason}")
 
     def _culprit(self) -> str:
         """``"FIELD: "`` for the first expression that is past a limit on its own, else ""
-        (the program's expressions are past it only together)."""
+        (the program's expressions are past it only together). Each field is encoded alone,
+        so fields sharing one large expression would cost fields x its size: the search
+        gives up after MAX_EXPR_WORK nodes (review 35: 64 launches reading a 65k-node
+        expression took 39 s to refuse)."""
+        budget = MAX_EXPR_WORK
         for expr, field in zip(self.exprs, self.fields):
+            nodes = iter_nodes((expr,))  # type: ignore[arg-type]
+            budget -= sum(1 for _ in islice(nodes, budget + 1))
+            if budget < 0:
+                return ""
             alone = ExprEncoder(self.symbols)
             alone.add(expr)  # type: ignore[arg-type]
             try:

@@ -21,7 +21,7 @@ from .dtypes import DType, is_numpy_bool
 from .errors import ConstraintError, ExpressionError, RankError
 from .expr import INT64_MAX, Expr
 from .expr_program import ExprEncoder, ExprProgram
-from .limits import MAX_LAUNCH_REPEAT, MAX_PLANNED_LAUNCHES
+from .limits import MAX_LAUNCH_REPEAT, MAX_PLANNED_LAUNCHES, shown_int
 from .summary import KernelSummary, Scalar, Tensor
 
 __all__ = ["ReferencePlanner"]
@@ -175,7 +175,7 @@ class ReferencePlanner:
         frame = self._template.copy()  # [symbol values..., root cache...]
         for (pname, dims), shape in zip(self._tensors, shapes):
             if len(shape) != len(dims):
-                raise RankError(f"{pname} has rank {len(shape)} (shape {tuple(shape)}), "
+                raise RankError(f"{pname} has rank {len(shape)} (shape {_shown_shape(shape)}), "
                                 f"expected rank {len(dims)}")
             for i, ((kind, a, src), d) in enumerate(zip(dims, shape)):
                 if d.__class__ is not int or d < 0 or d > INT64_MAX:
@@ -200,8 +200,8 @@ class ReferencePlanner:
                     raise TypeError(f"scalar {pname} must be an integer (got {value!r})") \
                         from None
             if not lo <= v <= hi:
-                raise ConstraintError(f"scalar {pname} = {v} is outside its dtype range "
-                                      f"{lo}..{hi}")
+                raise ConstraintError(f"scalar {pname} = {shown_int(v)} is outside its dtype "
+                                      f"range {lo}..{hi}")
             if src and frame[idx] != v:
                 raise ConstraintError(f"scalar {pname} is {v} but {pname} = {frame[idx]} "
                                       f"from {src}")
@@ -332,3 +332,15 @@ class ReferencePlanner:
     @staticmethod
     def _env(symbols: Mapping[str, int]) -> str:
         return ", ".join(f"{k}={v}" for k, v in symbols.items()) or "no symbols"
+
+
+def _shown_shape(shape: Sequence[object]) -> str:
+    """A wrong-rank shape for its error: its first entries only (data passed where a shape
+    belongs made a message of megabytes: review 35), each int by :func:`shown_int`."""
+    def entry(d: object) -> str:
+        return shown_int(d) if isinstance(d, int) else f"{d!r:.40}"
+
+    shown = ", ".join(entry(d) for d in list(shape[:8]))
+    if len(shape) > 8:
+        return f"({shown}, ... {len(shape) - 8} more)"
+    return f"({shown},)" if len(shape) == 1 else f"({shown})"

@@ -152,7 +152,7 @@ def dim(value: Any, where: str) -> int:
     except TypeError:
         raise TypeError(f"{where} must be an integer (got {value!r})") from None
     if d < 0:
-        raise ConstraintError(f"{where} is {d}, a negative size")
+        raise ConstraintError(f"{where} is {shown_int(d)}, a negative size")
     if d > INT64_MAX or d < INT64_MIN:
         raise ConstraintError(f"{where} is {shown_int(d)}, outside int64")
     return d

@@ -157,11 +157,12 @@ def cache_max_bytes() -> int | None:
     if value in ("", "0", "none"):
         return None
     if value.startswith("-") and value[1:].isdigit():
-        raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be >= 0 (got {value})")
-    size = parse_size(value)
+        raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be >= 0 (got {value:.40})")
+    # 30 digits: more bytes than any disk holds, and short of Python's int-from-text limit
+    size = parse_size(value, max_digits=30)
     if size is None:
         raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be a byte count such as 4096, 512M "
-                         f"or 10G (got {value!r})")
+                         f"or 10G (got {value!r:.60})")
     return size or None
 
 

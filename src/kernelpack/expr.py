@@ -49,18 +49,28 @@ _COMMUTATIVE = frozenset({"add", "mul", "min", "max", "eq", "ne", "and", "or"})
 ExprLike = Union["Expr", int, str]
 
 
-def _substitute(e: Expr, mapping: Mapping[str, ExprLike], done: dict[int, Expr]) -> Expr:
-    """:meth:`Expr.substitute` of ``e``; ``done`` maps id(node) -> its substitute (nodes live
-    for the call). A function of its own, not a closure calling itself: such a closure holds
-    itself through its cell, a reference cycle that every call left to the garbage collector."""
-    if e.op == "sym":
-        return as_expr(mapping[e.value]) if e.value in mapping else e  # type: ignore[index]
-    if e.op == "const":
-        return e
-    out = done.get(id(e))
-    if out is None:
-        out = done[id(e)] = _make(e.op, *[_substitute(a, mapping, done) for a in e.args])
-    return out
+def _substitute(root: Expr, mapping: Mapping[str, ExprLike], done: dict[int, Expr]) -> Expr:
+    """:meth:`Expr.substitute` of ``root``; ``done`` maps id(node) -> its substitute (nodes
+    live for the call). A loop over an explicit stack, children before parents: recursing
+    ran out of Python's stack on a sum of 500 symbols, a tree :meth:`Expr.evaluate` refuses
+    by name (review 35); and a function of its own, not a closure calling itself (a reference
+    cycle that every call left to the garbage collector)."""
+    def rebuilt(a: Expr) -> Expr:
+        if a.op == "sym":
+            return as_expr(mapping[a.value]) if a.value in mapping else a  # type: ignore[index]
+        return a if a.op == "const" else done[id(a)]
+
+    stack: list[tuple[Expr, bool]] = [(root, False)]
+    while stack:
+        e, children_done = stack.pop()
+        if e.op in ("sym", "const") or id(e) in done:
+            continue
+        if children_done:
+            done[id(e)] = _make(e.op, *[rebuilt(a) for a in e.args])
+        else:
+            stack.append((e, True))
+            stack.extend((a, False) for a in e.args)
+    return rebuilt(root)
 
 
 def _binop(op: str, reflected: bool = False) -> Callable[["Expr", object], "Expr"]:

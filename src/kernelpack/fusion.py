@@ -28,7 +28,7 @@ from .expr import Expr, as_expr, const
 from .fusion_signature import (annotations, check_function, check_inlined_arguments,
                                check_parameter, running)
 from .graph import Graph, Node
-from .limits import MAX_NAME_LENGTH, fits_name
+from .limits import MAX_NAME_LENGTH, fits_name, shown_int
 # Kept importable from here (outside __all__, as before the split): the op vocabulary and the
 # broadcasting rule were attributes of this module; new code imports them from graph/tracing.
 from .graph import BINARY, BITWISE, COMPARE, FLOAT_ONLY, REDUCTIONS, UNARY  # noqa: F401
@@ -163,7 +163,8 @@ class Fusion:
                 raise ValueError(f"fusion {self.name}: static[{k!r}] = {n}: a dim cannot be "
                                  f"negative")
             if n >= 1 << 63:  # was Expr's "expression constant outside int64", naming no dim
-                raise ValueError(f"fusion {self.name}: static[{k!r}] = {n} does not fit int64")
+                raise ValueError(f"fusion {self.name}: static[{k!r}] = {shown_int(n)} does not "
+                                 f"fit int64")
             out[k] = n
         return out
 

@@ -70,4 +70,4 @@ def shown_int(value: int) -> str:
     ValueError replaced the error naming the parameter (review 34)."""
     if value.bit_length() <= 1024:
         return str(value)
-    return f"{'-' if value < 0 else ''}an integer of {value.bit_length()} bits"
+    return f"{'a negative' if value < 0 else 'an'} integer of {value.bit_length()} bits"

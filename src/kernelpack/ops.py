@@ -20,6 +20,7 @@ from .dtypes import DType, bool_, int64, is_numpy_bool, strict_index
 from ._host_math import host_extremum, host_where, on_host, plain_floats, plain_numbers
 from .errors import TraceError
 from .expr import Expr, as_expr, cdiv, const, emax, emin
+from .limits import MAX_EXPR_DEPTH
 from .promotion import dsl_dtype
 # The underscore builders are package-internal: this module and tracing are one layer, split
 # so the rules and the public entry points each stay readable.
@@ -282,7 +283,22 @@ def _power_of_two(base: Value, exponent: Value) -> Expr:
 
 def dim_expr(v: object) -> Expr:
     """A size as an Expr: an int, an Expr (``x.shape[0]``), or a traced integer computed from
-    integer scalar parameters, dims and constants (``1 << n`` for a parameter ``n: kp.i64``)."""
+    integer scalar parameters, dims and constants (``1 << n`` for a parameter ``n: kp.i64``).
+    A size nested deeper than a summary may hold is refused here, by name: ``kp.arange`` of
+    one ran out of Python's stack, and ``kp.iota``/``kp.pad`` compiled what ``kp.save`` then
+    refused (review 35)."""
+    e = _dim_expr(v)
+    if e._depth > MAX_EXPR_DEPTH:
+        graph = current_graph()
+        where = f"fusion {graph.name}: " if graph is not None else ""
+        raise TraceError(f"{where}a size expression is nested {e._depth} deep, deeper than a "
+                         f"summary may hold (MAX_EXPR_DEPTH, {MAX_EXPR_DEPTH}): it could be "
+                         f"compiled but never saved, cached or loaded")
+    return e
+
+
+def _dim_expr(v: object) -> Expr:
+    """:func:`dim_expr` before its depth check."""
     if isinstance(v, Value):
         node = v.node
         if node.dtype.kind not in "iu" or node.shape:
@@ -294,9 +310,9 @@ def dim_expr(v: object) -> Expr:
         if node.op == "dim":
             return node.attrs[0]
         if node.op == "cast":
-            return dim_expr(Value(v.graph, node.inputs[0]))
+            return _dim_expr(Value(v.graph, node.inputs[0]))
         if node.op in _EXPR_OPS:
-            a, b = (dim_expr(Value(v.graph, i)) for i in node.inputs)
+            a, b = (_dim_expr(Value(v.graph, i)) for i in node.inputs)
             return getattr(a, _EXPR_OPS[node.op])(b)
         if node.op == "pow":
             return _power_of_two(*(Value(v.graph, i) for i in node.inputs))

@@ -33,6 +33,9 @@ __all__ = ["Plan", "Allocation", "PlannedLaunch", "Planner", "MAX_BLOCK_THREADS"
            "MAX_GRID_X", "MAX_GRID_YZ"]
 
 
+MAX_CACHED_LAUNCHES = 64  # plans of more launches are made at every call, not kept
+
+
 class Planner:
     """The per-program compiled form of a summary (see module docstring)."""
 
@@ -91,7 +94,10 @@ class Planner:
         plan = fast(shapes, scalars) if fast is not None else None
         if plan is None:
             plan = self.reference.plan_shapes(shapes, scalars)
-        if key is not None:
+        # A plan of many launches (a repeated launch: up to 2^20, ~350 B each) is not kept:
+        # 256 of them held gigabytes for as long as the program lived (review 35), and
+        # planning it again costs little beside launching it.
+        if key is not None and len(plan.launches) <= MAX_CACHED_LAUNCHES:
             cache = self._cache
             if len(cache) >= self._cache_size:
                 try:  # evict the oldest; another thread may be doing the same

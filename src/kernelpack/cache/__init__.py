@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable
 
 from .. import config
 from .._warn import warn_caller
+from ..limits import shown_int
 from ..errors import KernelPackError
 from ..compiled import Compiled
 from ._args import flag, from_env, key_list, maintenance, positive_int, seconds
@@ -415,7 +416,8 @@ class Cache:
         negative or non-integer size is refused (it would silently mean 0). A cache under the
         cap needs no write (read-only is fine); one that cannot be evicted is a CacheError."""
         if max_bytes is not None:
-            message = f"max_bytes must be a byte count >= 0 or None (got {max_bytes!r})"
+            shown = shown_int(max_bytes) if isinstance(max_bytes, int) else f"{max_bytes!r:.60}"
+            message = f"max_bytes must be a byte count >= 0 or None (got {shown})"
             if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
                 raise TypeError(message)
             if max_bytes < 0:

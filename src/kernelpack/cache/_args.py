@@ -17,6 +17,7 @@ from typing import Callable, Iterator, TypeVar
 
 from .. import config
 from ..errors import CacheError
+from ..limits import shown_int
 
 __all__ = ["flag", "from_env", "key_list", "maintenance", "positive_int", "redact_url",
            "remote_name", "seconds"]
@@ -65,7 +66,8 @@ def positive_int(param: str, value: object, unit: str) -> int:
         raise TypeError(f"{param} must be an int ({unit}) (got {type(value).__name__}: "
                         f"{value!r:.60})")
     if value < 1:
-        raise ValueError(f"{param} must be a positive number of {unit} (got {value})")
+        raise ValueError(f"{param} must be a positive number of {unit} (got "
+                         f"{shown_int(value)})")
     return value
 
 
@@ -75,11 +77,15 @@ def seconds(param: str, value: object, minimum: float, inclusive: bool = True) -
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{param} must be a number of seconds (got {type(value).__name__}: "
                         f"{value!r:.60})")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range: no finite number of seconds
+        number = math.inf
     ok = number >= minimum if inclusive else number > minimum
     if not (ok and math.isfinite(number)):
         bound = f"at least {minimum:g}" if inclusive else f"more than {minimum:g}"
-        raise ValueError(f"{param} must be a finite number of seconds, {bound} (got {value!r})")
+        shown = shown_int(value) if isinstance(value, int) else repr(value)
+        raise ValueError(f"{param} must be a finite number of seconds, {bound} (got {shown})")
     return number
 
 
