@@ -28,7 +28,9 @@ ended, puts the application's handler back and hands the signal to it.
 from __future__ import annotations
 
 import _signal  # signal's C functions: its Python wrappers (enums) tripled the cost, and
-import threading  # importing them costs a first load the enums' construction
+import os  # importing them costs a first load the enums' construction
+import sys
+import threading
 from types import FrameType, TracebackType
 from typing import Any, Callable
 
@@ -37,6 +39,68 @@ __all__ = ["deferred_interrupts"]
 _SIGNALS = tuple(sorted(set(_signal.valid_signals()) - {
     getattr(_signal, name) for name in ("SIGKILL", "SIGSTOP") if hasattr(_signal, name)}))
 _MAIN = threading.main_thread().ident
+_ACTIVE: set[deferred_interrupts] = set()  # blocks whose swap is in place (main thread only)
+
+
+def _after_fork_in_child() -> None:
+    """The forking thread is the child's main thread (it alone runs the child's signal
+    handlers), whichever thread it was in the parent; and a block that was active in the
+    parent's main thread, which the child does not have, never ends there: put back what it
+    swapped (review 35: such a child kept the note-takers, and its signals went nowhere)."""
+    global _MAIN
+    _MAIN = threading.get_ident()
+    blocks = list(_ACTIVE)
+    _ACTIVE.clear()
+    for block in blocks:
+        block._caught = []  # the parent's signals, noted for the parent
+        block._restore()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _Restarts:
+    """Whether a signal's action restarts interrupted system calls (``SA_RESTART``, what
+    ``signal.siginterrupt(sig, False)`` sets, and asyncio's ``add_signal_handler`` does).
+    ``signal.signal`` installs a handler without it, so the swap would silently turn it off
+    for good: a C library's blocking ``read`` then failed with EINTR at the next signal
+    (review 35). Read with libc's ``sigaction`` (ctypes is loaded by ``import kernelpack``);
+    None where that is not possible (then the flag is left as ``signal.signal`` sets it)."""
+
+    SA_RESTART = 0x10000000  # Linux (x86, ARM, POWER)
+    _lib: Any = None
+    _buffer: Any = None
+
+    @classmethod
+    def of(cls, signum: int) -> bool | None:
+        if cls._lib is None:
+            if not sys.platform.startswith("linux"):
+                return None
+            try:
+                import ctypes
+
+                cls._buffer = ctypes.create_string_buffer(512)  # past any struct sigaction
+                cls._lib = ctypes.CDLL(None).sigaction
+            except (ImportError, OSError, AttributeError):
+                cls._lib = False
+        if not cls._lib:
+            return None
+        if cls._lib(signum, None, cls._buffer) != 0:
+            return None
+        # struct sigaction: the handler (a pointer), sa_mask (128 bytes), then int sa_flags
+        at = cls._buffer.raw[_FLAGS_AT:_FLAGS_AT + 4]
+        return bool(int.from_bytes(at, sys.byteorder) & cls.SA_RESTART)
+
+
+_FLAGS_AT = (8 if sys.maxsize > 2 ** 32 else 4) + 128
+
+
+def _install(signum: int, handler: Callable[..., Any], restarts: bool | None) -> None:
+    """``signal.signal(signum, handler)``, keeping the ``SA_RESTART`` flag ``restarts``."""
+    _signal.signal(signum, handler)
+    if restarts:
+        _signal.siginterrupt(signum, False)
 
 
 class deferred_interrupts:  # noqa: N801 (used as a context manager, like contextlib's)
@@ -46,7 +110,7 @@ class deferred_interrupts:  # noqa: N801 (used as a context manager, like contex
     __slots__ = ("_previous", "_caught", "_active")
 
     def __enter__(self) -> None:
-        self._previous: list[tuple[int, Callable[..., Any]]] = []
+        self._previous: list[tuple[int, Callable[..., Any], bool | None]] = []
         self._caught: list[tuple[int, FrameType | None]] = []
         self._active = True
         if threading.get_ident() != _MAIN:
@@ -55,8 +119,11 @@ class deferred_interrupts:  # noqa: N801 (used as a context manager, like contex
             for signum in _SIGNALS:
                 handler = _signal.getsignal(signum)
                 if callable(handler):
-                    self._previous.append((signum, handler))  # recorded first: undone below
-                    _signal.signal(signum, self._note)
+                    restarts = _Restarts.of(signum)
+                    # recorded first: undone below
+                    self._previous.append((signum, handler, restarts))
+                    _ACTIVE.add(self)
+                    _install(signum, self._note, restarts)
         except BaseException:  # another signal's handler raised: leave nothing swapped
             self._deliver(self._restore())  # (and lose no signal noted meanwhile)
             raise
@@ -67,11 +134,12 @@ class deferred_interrupts:  # noqa: N801 (used as a context manager, like contex
             return
         # A block that ended without putting this back (it cannot happen through __exit__,
         # but an exception can strike anywhere): restore the application's, and deliver.
-        handler = dict(self._previous).get(signum)
-        if handler is not None:
-            if _signal.getsignal(signum) == self._note:
-                _signal.signal(signum, handler)
-            handler(signum, frame)
+        for recorded, handler, restarts in self._previous:
+            if recorded == signum:
+                if _signal.getsignal(signum) == self._note:
+                    _install(signum, handler, restarts)
+                handler(signum, frame)
+                return
 
     def _restore(self) -> dict[int, Callable[..., Any]]:
         """Put back every recorded handler still replaced by ours (one the application
@@ -79,11 +147,12 @@ class deferred_interrupts:  # noqa: N801 (used as a context manager, like contex
         meanwhile are still only noted (inactive, the note would run a handler now, and an
         exception from it left the rest swapped)."""
         now = {}
-        for signum, handler in self._previous:
+        for signum, handler, restarts in self._previous:
             if _signal.getsignal(signum) == self._note:
-                _signal.signal(signum, handler)
+                _install(signum, handler, restarts)
             now[signum] = _signal.getsignal(signum)
         self._active = False
+        _ACTIVE.discard(self)
         return now
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,

@@ -162,6 +162,14 @@ class Cache:
     def __repr__(self) -> str:
         return f"Cache(path={str(self.disk.root)!r}, remote={self.remote!r})"
 
+    def __reduce__(self) -> Any:
+        """Refused by name: a Cache holds a connection, locks and this process's counters
+        (pickle said only "cannot pickle '_thread.lock' object", to a user passing one to a
+        pool's initializer)."""
+        raise TypeError("a kp.Cache cannot be pickled or copied (it holds a connection, locks "
+                        "and this process's counters): make one in each worker, with the same "
+                        "path, remote and keys, e.g. in a pool's initializer")
+
     def close(self) -> None:
         """Close the remote connection, if any (the disk tier holds nothing open). The cache
         stays usable: a later remote command reconnects."""

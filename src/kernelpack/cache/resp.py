@@ -28,6 +28,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from urllib.parse import unquote, urlparse
 
 from ._args import redact_url
@@ -97,12 +98,20 @@ _LOOKUPS: dict[tuple[str, int, int], _Lookup] = {}
 _LOOKUPS_LOCK = threading.Lock()
 
 
+_CLIENTS: weakref.WeakSet[RespClient] = weakref.WeakSet()
+
+
 def _after_fork_in_child() -> None:
     """A forked child has none of its parent's lookup threads: waiting on their entries would
-    time out every lookup of those hosts; and the lock may have been held mid-fork."""
+    time out every lookup of those hosts; and the lock may have been held mid-fork. So may
+    each client's: a parent thread waiting for a reply as another forked left the child's
+    first command blocked for ever (review 35); the child opens its own connection anyway."""
     global _LOOKUPS_LOCK
     _LOOKUPS_LOCK = threading.Lock()
     _LOOKUPS.clear()
+    for client in list(_CLIENTS):
+        client._lock = threading.Lock()
+        client._failed_at, client._failure = 0.0, None
 
 
 if hasattr(os, "register_at_fork"):
@@ -256,6 +265,7 @@ class RespClient:
         self._lock = threading.Lock()
         self._failed_at = 0.0  # when a command last failed on the connection, and why
         self._failure: OSError | None = None
+        _CLIENTS.add(self)
 
     # ---- connection ----------------------------------------------------------------------------
     def _connect(self) -> socket.socket:

@@ -49,6 +49,12 @@ class CudaResultError(Exception):
         super().__init__(f"{name} ({code}): {text}")
         self.code = code
         self.name = name
+        self.text = text
+
+    def __reduce__(self) -> tuple[type, tuple[int, str, str]]:
+        """Pickled with its three arguments (an exception's default is its message alone,
+        which ``__init__`` cannot take: a worker's driver error failed to unpickle)."""
+        return (type(self), (self.code, self.name, self.text))
 
 
 _lock = threading.Lock()
