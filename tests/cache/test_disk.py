@@ -366,3 +366,35 @@ def test_loader_failure_is_not_blamed_on_the_entry(tmp_path: Path, axpy_cubin: b
         c = cache.fetch_or_compile(key_for(9), lambda: from_cubin("k9", axpy_cubin))
     assert c.origin == "compiled"
     assert cache.stats()["quarantined"] == 0 and cache.stats()["errors"] >= 1
+
+
+def test_a_compile_lock_held_too_long_is_waited_for_lock_ttl_s_only(tmp_path: Path,
+                                                                     axpy_cubin: bytes) -> None:
+    """Review 35: a process holding a key's compile lock for ever (a hung compiler, a stopped
+    process) kept every other process asking for that key waiting for ever. Now a waiter
+    gives up after ``lock_ttl_s``, warns naming the key, and compiles itself."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the stuck holder
+        try:
+            os.close(r)
+            with DiskStore(tmp_path).lock(key_for(3)):
+                os.write(w, b"held")
+                time.sleep(60)
+        finally:
+            os._exit(0)
+    try:
+        os.close(w)
+        assert os.read(r, 4) == b"held"
+        cache = Cache(tmp_path, remote=False, lock_ttl_s=0.5)
+        t0 = time.monotonic()
+        with pytest.warns(CacheWarning, match=rf"compile lock of key {key_for(3).digest[:16]} for "
+                                              rf"more than 0.5 s.*without single-flight"):
+            c = cache.fetch_or_compile(key_for(3), lambda: from_cubin("k0", axpy_cubin))
+        assert c.origin == "compiled" and 0.5 <= time.monotonic() - t0 < 10
+        assert cache.fetch_or_compile(key_for(3), lambda: from_cubin("k0", axpy_cubin)
+                                      ).origin == "disk"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r)

@@ -89,8 +89,11 @@ class Cache:
         largest entry put there (bytes), and the socket timeout (seconds, > 0).
     lock_ttl_s, wait_s:
         Fleet-wide compile lock lifetime (at least 1 ms), and how long a process waits for
-        another machine's compile before compiling itself (>= 0). Every number is checked
-        here, remote or not: TypeError/ValueError naming the parameter.
+        another machine's compile before compiling itself (>= 0). A process waits for
+        another process *of this machine* compiling the same key for at most ``lock_ttl_s``
+        (then it warns and compiles itself: a hung compile must not stall every process
+        that asks for its key). Every number is checked here, remote or not:
+        TypeError/ValueError naming the parameter.
     explain_misses:
         Log (INFO, logger ``kernelpack.cache``) which key parts differ from the nearest
         recorded key on every compile; default ``$KERNELPACK_CACHE_EXPLAIN``.
@@ -353,7 +356,7 @@ class Cache:
         with contextlib.ExitStack() as stack:
             try:
                 if self._disk_tier.writable():  # else warned already: compile without it
-                    stack.enter_context(self.disk.lock(digest))
+                    stack.enter_context(self.disk.lock(digest, wait_s=self.lock_ttl_s))
             except (OSError, KernelPackError) as exc:
                 self._count("errors")
                 self._disk_tier.failed(

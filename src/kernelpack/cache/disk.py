@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, ContextManager, Iterator
 
 from .._interrupts import deferred_interrupts
+from ..errors import CacheError
 from ..limits import MAX_FILE_SIZE
 from ..filewrite import absolute
 from ._files import make_private_dirs, read_record as _read_record, remove_file as _remove
@@ -264,20 +265,23 @@ class DiskStore:
                 yield key, program
 
     # ---- single-flight -------------------------------------------------------------------------
-    def lock(self, key: str | CacheKey) -> ContextManager[None]:
+    def lock(self, key: str | CacheKey, wait_s: float | None = None) -> ContextManager[None]:
         """Hold the per-key lock: one process (and one thread) at a time compiles ``key``.
         Raises CacheError when this thread is already inside that key's lock (a compile of
-        the key inside its own compile: the wait would be for ever)."""
+        the key inside its own compile: the wait would be for ever), and when another holder
+        keeps it longer than ``wait_s`` seconds (None: wait as long as it takes). A holder
+        that never finishes (a hung compiler, a stopped process) kept every other process
+        of the machine asking for that key waiting for ever (review 35)."""
         digest = check_digest(key)
         owner: list[Any] = []
-        context = self._locked(digest, owner)
+        context = self._locked(digest, owner, wait_s)
         # recorded with the lock: its end tells a leaked hold (_flock); weak, or the
         # generator's own frame (which holds the list) would make a cycle of it
         owner.append(weakref.ref(context.gen))
         return context
 
     @contextlib.contextmanager
-    def _locked(self, digest: str, owner: list[Any]) -> Iterator[None]:
+    def _locked(self, digest: str, owner: list[Any], wait_s: float | None) -> Iterator[None]:
         lock_dir = self.root / "locks"
         path = lock_dir / (digest + ".lock")
         made_dir = False
@@ -297,7 +301,7 @@ class DiskStore:
                 hold(fd, owner=owner[0], file=f)  # recorded before it is locked (_flock)
                 drop_finished()  # an interrupted compile's lock: not waited for, not kept
                 check_not_own(fd, f"key {digest[:16]}")
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                _flock_within(fd, wait_s, digest)
                 try:
                     same = os.stat(path).st_ino == os.fstat(fd).st_ino
                 except FileNotFoundError:
@@ -485,3 +489,26 @@ def _quarantine_order(path: Path) -> tuple[int, str]:
     parts = path.name.split(".")
     stamp = parts[1] if len(parts) == 3 else ""
     return (int(stamp) if stamp.isdigit() else 0, path.name)
+
+
+def _flock_within(fd: int, wait_s: float | None, digest: str) -> None:
+    """``flock(fd, LOCK_EX)``, or CacheError once ``wait_s`` seconds have passed with the
+    lock held by another. The wait polls (an uncontended lock is one call, as before; a
+    freed one is taken within 50 ms): a blocking flock cannot be given a deadline."""
+    if wait_s is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    deadline = time.monotonic() + wait_s
+    delay = 0.002
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CacheError(f"another process on this machine has held the compile lock of "
+                             f"key {digest[:16]} for more than {wait_s:g} s")
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, 0.05)
