@@ -95,8 +95,10 @@ def maintenance(what: str, root: Path) -> Iterator[None]:
     cache directory (the documented error of a cache operation), not a bare OSError."""
     try:
         yield
-    except OSError as exc:
-        raise CacheError(f"cannot {what} the disk cache {str(root)!r}: "
+    except OSError as exc:  # naming the file or directory inside that refused, if another
+        inner = exc.filename if exc.filename not in (None, str(root)) else None
+        where = f"{inner}: " if inner is not None else ""
+        raise CacheError(f"cannot {what} the disk cache {str(root)!r}: {where}"
                          f"{exc.strerror or exc}") from exc
 
 

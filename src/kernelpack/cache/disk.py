@@ -44,7 +44,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 from .._interrupts import deferred_interrupts
 from ..errors import CacheError
@@ -142,6 +142,88 @@ class DiskStore:
         return self.root / "keys" / digest[:2] / (digest + ".json")
 
     # ---- the storage interface -----------------------------------------------------------------
+    # ---- the cache's own directories -----------------------------------------------------------
+    # A directory of the cache (entries/, a shard, keys/, locks/, quarantine/, runtime-ptx/)
+    # that is a symbolic link is never followed: one planted by a neighbour with write access
+    # to the root made writes land, and clear/prune delete, in the link's target (review 36).
+    # The root itself may be a link (a user's choice of where the cache lives).
+    def _inside(self, *parts: str) -> Path | None:
+        """``root/parts`` when every component below the root is a directory of its own (not
+        a link); None when one is missing or is not."""
+        path = self.root
+        for part in parts:
+            path = path / part
+            try:
+                if not stat.S_ISDIR(os.lstat(path).st_mode):
+                    return None
+            except OSError:
+                return None
+        return path
+
+    def exposed(self, key: str | CacheKey) -> str | None:
+        """Why ``key``'s entry could have been put there by anyone (then it must not be
+        read), or None: its shard or ``entries/`` writable by every user, or a root writable by
+        every user (``/tmp``) whose ``entries/`` is not this user's. Entries are executable
+        code: one planted in a root another user made in a sticky ``/tmp`` was served as a
+        hit without a word (review 36). A directory shared with a group is not exposed."""
+        me = os.getuid()
+        entries = self.root / "entries"
+        for path in (self.path(key).parent, entries):
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if st.st_mode & stat.S_IWOTH:
+                return f"{path} (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}) " \
+                       f"is writable by every user"
+        try:
+            st = os.stat(self.root)
+            owner = os.lstat(entries).st_uid
+        except OSError:
+            return None
+        if st.st_mode & stat.S_IWOTH and owner != me:
+            return (f"{self.root} is writable by every user (mode "
+                    f"{stat.S_IMODE(st.st_mode):04o}) and its entries/ belongs to uid {owner}")
+        return None
+
+    def _check_no_links(self, directory: Path) -> None:
+        """OSError (ELOOP, naming it) when a component of ``directory`` below the root exists
+        and is not a directory of its own; missing ones are made by the write."""
+        path = self.root
+        for part in directory.relative_to(self.root).parts:
+            path = path / part
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                return
+            if not stat.S_ISDIR(mode):
+                what = "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
+                raise OSError(errno.ELOOP, f"{path} is {what}: the cache's own directories "
+                                           f"are never followed (remove it)", str(path))
+
+    def _files(self, top: str, sharded: bool, match: Callable[[str], bool],
+               strict: bool = False) -> list[Path]:
+        """What lies under ``root/top`` (``top/??/`` when ``sharded``) with a name that
+        ``match``-es: files, and whatever else was planted under such a name (for removal:
+        a link is removed, never followed); the walk enters no linked directory. A directory
+        that cannot be listed is skipped, or raised (OSError naming it) when ``strict``:
+        ``clear`` must not report success over what it could not see."""
+        base = self._inside(top)
+        if base is None:
+            return []
+        out: list[Path] = []
+        dirs = [base]
+        if sharded:
+            dirs = []
+            for shard in _listed(base, strict):
+                if shard.is_dir(follow_symlinks=False):
+                    dirs.append(Path(shard.path))
+        for directory in dirs:
+            for item in _listed(directory, strict):
+                if match(item.name):
+                    out.append(Path(item.path))
+        return out
+
     def get(self, key: str | CacheKey) -> bytes | None:
         """The entry's bytes, or None when absent. Refreshes its LRU time (coarsely)."""
         found = self.read(key)
@@ -206,6 +288,7 @@ class DiskStore:
                                        f"{self.max_bytes} bytes (max_bytes / "
                                        f"KERNELPACK_CACHE_MAX_BYTES), so it is not kept")
         path = self.path(key)
+        self._check_no_links(path.parent)
         _write_atomic(path, bytes(data), sync=sync)
         self._used.pop(check_digest(key), None)  # its mtime is now
         if self.max_bytes is not None:
@@ -228,6 +311,7 @@ class DiskStore:
         source is a digest, so an explained miss finds the same program's earlier key by it
         (every key of an edited fusion differs from the new one in ``source`` alone)."""
         path = self._parts_path(key.digest)
+        self._check_no_links(path.parent)
         if not path.exists():
             record: dict = {"digest": key.digest, "parts": key.parts}
             if program is not None:
@@ -259,7 +343,7 @@ class DiskStore:
 
     def recorded(self) -> Iterator[tuple[CacheKey, str | None]]:
         """Every trusted record: its key and the program name it recorded (or None)."""
-        for path in sorted((self.root / "keys").glob("??/*.json")):
+        for path in sorted(self._files("keys", True, lambda n: n.endswith(".json"))):
             key, program = self._read_record(path.stem)
             if key is not None:
                 yield key, program
@@ -286,11 +370,17 @@ class DiskStore:
         path = lock_dir / (digest + ".lock")
         made_dir = False
         f = None
+        self._check_no_links(lock_dir)
         try:  # from the open on, any exception (Ctrl-C included) closes the descriptor: one
             # left open kept the key locked for as long as the process lived (review 30)
             while True:
                 try:  # a file object: an interrupt as the open returns leaves it to be closed
-                    f = io.FileIO(path, "a+")  # by its deallocation (an int would be lost)
+                    # by its deallocation (an int would be lost); a planted link is not
+                    # followed (O_NOFOLLOW: ELOOP, a warning, a compile without the lock).
+                    # The opener is Python code: an interrupt as it returns would lose its
+                    # descriptor, so interrupts wait until FileIO owns it
+                    with deferred_interrupts():
+                        f = io.FileIO(path, "a+", opener=_no_follow)
                 except FileNotFoundError:
                     if made_dir:  # still missing (a dangling symlink as the lock): no loop
                         raise
@@ -330,6 +420,7 @@ class DiskStore:
                 st = os.stat(self.path(digest))
                 if (st.st_ino, st.st_mtime_ns) != seen:
                     return None  # replaced by a fresh entry since we read it: leave it
+            self._check_no_links(qdir)
             make_private_dirs(qdir)
             os.replace(self.path(digest), target)
         except FileNotFoundError:
@@ -342,14 +433,14 @@ class DiskStore:
     def entries(self) -> list[EntryInfo]:
         """Every complete entry (temporary files excluded), oldest first."""
         out: list[EntryInfo] = []
-        base = self.root / "entries"
-        if not base.is_dir():
+        base = self._inside("entries")
+        if base is None:
             return out
         now = time.time()
-        for shard in os.scandir(base):
-            if not shard.is_dir():
+        for shard in _listed(base, True):
+            if not shard.is_dir(follow_symlinks=False):
                 continue
-            for item in os.scandir(shard.path):
+            for item in _listed(Path(shard.path), True):
                 name = item.name
                 stem = name[:-len(_SUFFIX)]
                 if not name.endswith(_SUFFIX) or not _DIGEST_RE.fullmatch(stem):
@@ -386,11 +477,12 @@ class DiskStore:
         put just wrote), are never removed: with entries near the cap's size the low-water
         goal lies below one entry, and going down to it would evict what was just written, a
         cache that never hits."""
-        if not (self.root / "entries").is_dir() and not (self.root / "runtime-ptx").is_dir():
+        if self._inside("entries") is None and self._inside("runtime-ptx") is None:
             return 0, 0
         if sum(e.size for e in self._evictable()) <= max_bytes:
             return 0, 0  # nothing to evict: no lock file either (a read-only cache stays usable)
         lock_dir = self.root / "locks"
+        self._check_no_links(lock_dir)
         make_private_dirs(lock_dir)
         fd = -1
         try:  # the open inside: a Ctrl-C held back past it (deferred_interrupts) lands in here
@@ -434,12 +526,16 @@ class DiskStore:
         ``older_than_s``) and per-key lock files that no process holds. Returns how many."""
         removed = 0
         cutoff = time.time() - older_than_s
-        for path in self.root.glob("*/??/.*.tmp"):
-            with contextlib.suppress(OSError):
-                if path.stat().st_mtime < cutoff:
-                    path.unlink()
-                    removed += 1
-        for path in self.root.glob("locks/*.lock"):
+        def temporary(name: str) -> bool:
+            return name.startswith(".") and name.endswith(".tmp")
+
+        for top in ("entries", "keys", "runtime-ptx"):
+            for path in self._files(top, True, temporary):
+                with contextlib.suppress(OSError):
+                    if path.lstat().st_mtime < cutoff:
+                        path.unlink()
+                        removed += 1
+        for path in self._files("locks", False, lambda n: n.endswith(".lock")):
             removed += remove_if_unheld(path)
         return removed
 
@@ -448,7 +544,7 @@ class DiskStore:
         entries: eviction, ``clear`` and ``stats`` count them, or a server loading ever new
         PTX-only artifacts grew that directory past any cap. Oldest first."""
         out = []
-        for path in self.root.glob("runtime-ptx/??/*.cubin"):
+        for path in self._files("runtime-ptx", True, lambda n: n.endswith(".cubin")):
             with contextlib.suppress(OSError):
                 st = path.lstat()
                 if stat.S_ISREG(st.st_mode):
@@ -459,7 +555,7 @@ class DiskStore:
 
     def quarantined(self) -> list[Path]:
         """Quarantined files, oldest first."""
-        paths = list((self.root / "quarantine").glob("*" + _SUFFIX))
+        paths = self._files("quarantine", False, lambda n: n.endswith(_SUFFIX))
         return sorted(paths, key=_quarantine_order)
 
     def clear(self) -> int:
@@ -473,10 +569,10 @@ class DiskStore:
         for e in self.runtime_cubins():
             with contextlib.suppress(FileNotFoundError):
                 _remove(e.path)
-        for path in self.root.glob("locks/*.lock"):
+        for path in self._files("locks", False, lambda n: n.endswith(".lock"), strict=True):
             remove_if_unheld(path)
-        for pattern in ("keys/??/*.json", "quarantine/*" + _SUFFIX):
-            for path in self.root.glob(pattern):
+        for top, sharded, suffix in (("keys", True, ".json"), ("quarantine", False, _SUFFIX)):
+            for path in self._files(top, sharded, lambda n: n.endswith(suffix), strict=True):
                 with contextlib.suppress(FileNotFoundError):
                     _remove(path)
         return count
@@ -512,3 +608,23 @@ def _flock_within(fd: int, wait_s: float | None, digest: str) -> None:
                              f"key {digest[:16]} for more than {wait_s:g} s")
         time.sleep(min(delay, left))
         delay = min(delay * 2, 0.05)
+
+
+def _no_follow(path: str, flags: int) -> int:
+    """``io.FileIO``'s opener: the path's last component is never a followed link."""
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o644)
+
+
+def _listed(directory: Path, strict: bool) -> list[os.DirEntry[str]]:
+    """The entries of ``directory`` (the scandir iterator closed whatever happens: an error
+    mid-walk left it to the collector, with a ResourceWarning); [] when it cannot be listed,
+    unless ``strict`` (then the OSError, naming it)."""
+    try:
+        with os.scandir(directory) as items:
+            return list(items)
+    except FileNotFoundError:
+        return []
+    except OSError:
+        if strict:
+            raise
+        return []

@@ -16,10 +16,13 @@ a patched ``Cache._decode`` are the same whichever tier did the work.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import stat
 import time
 import weakref
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..compiled import Compiled
@@ -53,6 +56,7 @@ class DiskTier:
         # keep a dropped Cache alive until the next garbage collection.
         self._cache = weakref.proxy(cache)
         self._writes_down_until = 0.0
+        self._exposed_warned = False
 
     def entry(self, key: CacheKey | str, count_miss: bool = True,
               name: str | None = None, report: bool = True) -> tuple[bytes, Compiled] | None:
@@ -63,6 +67,16 @@ class DiskTier:
         warn about (and count) an entry refused for its signer."""
         cache = self._cache
         digest = check_digest(key)
+        exposed = cache.disk.exposed(digest)
+        if exposed is not None:  # anyone's entry could be there: not read, said once
+            if not self._exposed_warned:
+                self._exposed_warned = True
+                cache._warn(f"disk cache {cache.disk.root}: {exposed}, so its entries could "
+                            f"be anyone's and are not read (make the directory private to "
+                            f"this user or a group, or choose another cache directory)")
+            if count_miss:
+                cache._count("disk_misses")
+            return None
         try:
             found = cache.disk.read(digest)
         except OSError as exc:
@@ -172,7 +186,8 @@ class DiskTier:
             return True
         if code in (errno.EACCES, errno.EPERM):
             root = self._cache.disk.root
-            target = root / "entries" if (root / "entries").is_dir() else root
+            # os.path.isdir: False, not PermissionError, inside another user's 0700 root
+            target = root / "entries" if os.path.isdir(root / "entries") else root
             return not os.access(target, os.W_OK | os.X_OK)
         return False
 
@@ -182,5 +197,32 @@ class DiskTier:
         one warning per compiled kernel, none of which said where."""
         cache = self._cache
         self._writes_down_until = time.monotonic() + DISK_WRITE_BACKOFF_S
-        cache._warn(f"{what} failed: {exc} (cache directory {cache.disk.root}); not writing "
-                    f"to it for {DISK_WRITE_BACKOFF_S:.0f} s")
+        why = ""
+        if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM):
+            why = _denied_by(cache.disk.root, getattr(exc, "filename", None))
+        cache._warn(f"{what} failed: {exc} (cache directory {cache.disk.root}{why}); not "
+                    f"writing to it for {DISK_WRITE_BACKOFF_S:.0f} s")
+
+
+def _denied_by(root: Path, filename: object) -> str:
+    """``"; <dir> (owner uid U, mode 0700) does not let uid V ..."``: the first directory from
+    the cache root down to ``filename`` that this user cannot enter or write, so a warning
+    names what to fix. "Permission denied" on an entry of mode 0644 named the file, not the
+    0700 ``entries/`` of another user that denied it (review 36); "" when none is found."""
+    path = root
+    parts = []
+    if isinstance(filename, str):
+        with contextlib.suppress(ValueError):
+            parts = list(Path(filename).parent.relative_to(root).parts)
+    for step in [None, *parts]:
+        if step is not None:
+            path = path / step
+        try:
+            st = os.stat(path)
+        except OSError:
+            break
+        if not os.access(path, os.W_OK | os.X_OK):
+            return (f"; {path} (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}) "
+                    f"does not let uid {os.getuid()} write in it: a cache directory is private "
+                    f"to the user who made it unless its owner opens it to a group")
+    return ""

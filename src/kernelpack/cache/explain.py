@@ -42,7 +42,11 @@ def explain(disk: DiskStore, digest: str, record: CacheKey | None) -> str:
     """The parts of a key (or a note that none are recorded) and where its entry lives."""
     text = record.explain() if record else f"key {digest}\n  (no record of its parts)"
     path = disk.path(digest)
-    return text + f"\n  on disk: {'yes' if path.exists() else 'no'} ({path})"
+    try:
+        on_disk = "yes" if path.exists() else "no"
+    except OSError as exc:  # inside another user's private directory
+        on_disk = f"cannot tell ({exc.strerror})"
+    return text + f"\n  on disk: {on_disk} ({path})"
 
 
 def explain_miss(disk: DiskStore, key: CacheKey, program: str | None = None) -> str:
