@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -35,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kp_redis_helpers import HungServer, down_url, free_port, hung_server, redis_server
 
 import kernelpack as kp
 from kernelpack.cache import CacheWarning
@@ -51,87 +50,20 @@ K2 = "b2" * 32
 
 
 # ---- helpers --------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _down_url(password: str | None = None) -> str:
-    """A Redis URL where nothing listens (connection refused at once)."""
-    auth = f":{password}@" if password else ""
-    return f"redis://{auth}127.0.0.1:{_free_port()}/0"
-
-
-class _HungServer:
-    """Accepts connections and never answers: a Redis that hangs."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.conns: list[socket.socket] = []
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(conn)
-
-    @property
-    def url(self) -> str:
-        return f"redis://:hunter2@127.0.0.1:{self.port}/0"
-
-    def close(self) -> None:
-        self.sock.close()
-        for c in self.conns:
-            c.close()
+_free_port, _down_url, _HungServer = free_port, down_url, HungServer
 
 
 @pytest.fixture()
-def hung() -> Iterator[_HungServer]:
-    server = _HungServer()
-    try:
+def hung() -> Iterator[HungServer]:
+    with hung_server() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture()
 def redis_url(tmp_path: Path) -> Iterator[str]:
     """A real redis-server on a free loopback port."""
-    binary = shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    redis = pytest.importorskip("redis")
-    for _ in range(5):
-        port = _free_port()
-        proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save",
-                                 "", "--appendonly", "no", "--dir", str(tmp_path)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 20
-            while proc.poll() is None and time.monotonic() < deadline:
-                try:
-                    info = redis.Redis(port=port, socket_timeout=1).info("server")
-                except redis.RedisError:
-                    time.sleep(0.03)
-                    continue
-                if info.get("process_id") == proc.pid:
-                    yield f"redis://127.0.0.1:{port}/0"
-                    return
-                break
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
-    pytest.fail("redis-server did not start")
+    with redis_server(tmp_path) as port:
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 def _build(name: str = "axpy") -> Callable[[], kp.Compiled]:

@@ -397,7 +397,8 @@ def _main(argv: Sequence[str] | None) -> int:
         _discard_stdout()
         print(f"error: cannot write to standard output: {exc.strerror}", file=sys.stderr)
         return 2 if getattr(args, "command", None) == "diff" else 1
-    except (KernelPackError, CLIError, OSError, ValueError) as exc:
+    except (KernelPackError, CLIError, OSError, ValueError, Warning) as exc:
+        # Warning: one turned into an exception (PYTHONWARNINGS=error) is an error line too
         message = str(exc)
         if isinstance(exc, OSError) and exc.filename is not None:
             message = f"{exc.filename}: {exc.strerror or exc}"

@@ -158,8 +158,11 @@ def cache_max_bytes() -> int | None:
         return None
     if value.startswith("-") and value[1:].isdigit():
         raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be >= 0 (got {value:.40})")
-    # 30 digits: more bytes than any disk holds, and short of Python's int-from-text limit
-    size = parse_size(value, max_digits=30)
+    digits = len(value) - len(value.lstrip("0123456789"))
+    if digits > 4000:  # Python's int-from-text limit is 4300 digits
+        raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES is too large (a number of {digits} "
+                         f"digits)")
+    size = parse_size(value, max_digits=4000)
     if size is None:
         raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be a byte count such as 4096, 512M "
                          f"or 10G (got {value!r:.60})")

@@ -287,14 +287,25 @@ def dim_expr(v: object) -> Expr:
     A size nested deeper than a summary may hold is refused here, by name: ``kp.arange`` of
     one ran out of Python's stack, and ``kp.iota``/``kp.pad`` compiled what ``kp.save`` then
     refused (review 35)."""
-    e = _dim_expr(v)
-    if e._depth > MAX_EXPR_DEPTH:
+    try:
+        e = _dim_expr(v)
+    except RecursionError:  # a size traced through more steps than Python's stack allows
+        e = None
+    if e is None or e._depth > MAX_EXPR_DEPTH - SIZE_DEPTH_MARGIN:
         graph = current_graph()
         where = f"fusion {graph.name}: " if graph is not None else ""
-        raise TraceError(f"{where}a size expression is nested {e._depth} deep, deeper than a "
-                         f"summary may hold (MAX_EXPR_DEPTH, {MAX_EXPR_DEPTH}): it could be "
-                         f"compiled but never saved, cached or loaded")
+        deep = "computed in too many traced steps" if e is None else \
+            f"nested {e._depth} deep"
+        raise TraceError(f"{where}a size expression is {deep}, deeper than a summary may hold "
+                         f"once a launch's grid or a constraint wraps it (MAX_EXPR_DEPTH "
+                         f"{MAX_EXPR_DEPTH}, less {SIZE_DEPTH_MARGIN}): it could be compiled "
+                         f"but never saved, cached or loaded")
     return e
+
+
+# The levels a summary may add around a size: a grid's cdiv of it, a variant's or a
+# constraint's comparison of it (a size of depth 255 traced, then failed at kp.save).
+SIZE_DEPTH_MARGIN = 16
 
 
 def _dim_expr(v: object) -> Expr:

@@ -33,7 +33,11 @@ __all__ = ["Plan", "Allocation", "PlannedLaunch", "Planner", "MAX_BLOCK_THREADS"
            "MAX_GRID_X", "MAX_GRID_YZ"]
 
 
-MAX_CACHED_LAUNCHES = 64  # plans of more launches are made at every call, not kept
+# The plan cache holds at most this many launches in all (a plan is ~350 B per launch): a
+# bound on memory, not a count of plans alone, since one plan may repeat a launch 2^20 times
+# (256 such plans held gigabytes for as long as the program lived: review 35). A plan of
+# more launches than this is made at every call.
+MAX_CACHED_LAUNCHES = 1 << 14
 
 
 class Planner:
@@ -43,6 +47,7 @@ class Planner:
         self.summary = summary
         self._cache: dict[Any, Plan] = {}
         self._cache_size = cache_size
+        self._cached_launches = 0  # launches held by the cached plans
         inputs = summary.inputs
         self._input_names = tuple(p.name for p in inputs)
         self._is_tensor = tuple(isinstance(p, Tensor) for p in inputs)
@@ -94,17 +99,20 @@ class Planner:
         plan = fast(shapes, scalars) if fast is not None else None
         if plan is None:
             plan = self.reference.plan_shapes(shapes, scalars)
-        # A plan of many launches (a repeated launch: up to 2^20, ~350 B each) is not kept:
-        # 256 of them held gigabytes for as long as the program lived (review 35), and
-        # planning it again costs little beside launching it.
-        if key is not None and len(plan.launches) <= MAX_CACHED_LAUNCHES:
+        n = len(plan.launches)
+        if key is not None and n <= MAX_CACHED_LAUNCHES:
             cache = self._cache
-            if len(cache) >= self._cache_size:
+            while cache and (len(cache) >= self._cache_size or
+                             self._cached_launches + n > MAX_CACHED_LAUNCHES):
                 try:  # evict the oldest; another thread may be doing the same
-                    cache.pop(next(iter(cache)), None)
-                except (RuntimeError, StopIteration):
+                    old = cache.pop(next(iter(cache)))
+                    self._cached_launches -= len(old.launches)
+                except (RuntimeError, StopIteration, KeyError):
                     cache.clear()
+            if not cache:  # (a count that a race between threads made drift starts over)
+                self._cached_launches = 0
             cache[key] = plan
+            self._cached_launches += n
         return plan
 
     # ---- the user-facing entry ---------------------------------------------------------------

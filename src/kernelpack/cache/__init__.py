@@ -109,7 +109,9 @@ class Cache:
         self.disk = (DiskStore(path, cap) if path is not None else
                      from_env("KERNELPACK_CACHE_DIR",
                               lambda: DiskStore(config.default_cache_dir(), cap)))
-        ttl_s = positive_int("ttl_s", ttl_s, "seconds")
+        # Redis refuses an expiry whose milliseconds pass int64 ("invalid expire time"): every
+        # read and write then failed; 2^31 - 1 s is 68 years
+        ttl_s = positive_int("ttl_s", ttl_s, "seconds", maximum=(1 << 31) - 1)
         max_entry_bytes = positive_int("max_entry_bytes", max_entry_bytes, "bytes")
         timeout_s = seconds("timeout_s", timeout_s, 0.0, inclusive=False)
         lock_ttl_s = seconds("lock_ttl_s", lock_ttl_s, 0.001)  # Redis' PX takes whole ms
@@ -404,8 +406,9 @@ class Cache:
         from .explain import key_record
 
         remote = self.remote if self._remote_tier.ok() else None
-        return key_record(self.disk, remote, check_digest(digest),
-                          lambda exc: self._remote_tier.failed("record read", exc))
+        digest = check_digest(digest)
+        return key_record(self.disk, remote, digest, lambda exc: self._remote_tier.failed(
+            f"read of the record of {digest[:16]}", exc, "not asking it"))
 
     def explain(self, key: CacheKey | str) -> str:
         """The parts of a key, and whether the disk holds it."""

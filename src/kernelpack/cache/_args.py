@@ -55,19 +55,26 @@ def flag(param: str, value: object) -> bool:
     """``value`` as a bool, refusing anything else: ``bool("false")`` is True, so a flag read
     from a config file as text would silently mean the opposite of what it says."""
     if not isinstance(value, bool):
+        from ..dtypes import is_numpy_bool
+
+        if is_numpy_bool(value):  # np.True_: a bool in all but its type
+            return bool(value)
         raise TypeError(f"{param} must be True or False (got {type(value).__name__}: "
                         f"{value!r:.60})")
     return value
 
 
-def positive_int(param: str, value: object, unit: str) -> int:
-    """``value`` as an int >= 1 (a bool is refused: ``True`` is no size or lifetime)."""
+def positive_int(param: str, value: object, unit: str, maximum: int | None = None) -> int:
+    """``value`` as an int >= 1, and at most ``maximum`` (a bool is refused: ``True`` is no
+    size or lifetime)."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{param} must be an int ({unit}) (got {type(value).__name__}: "
                         f"{value!r:.60})")
     if value < 1:
         raise ValueError(f"{param} must be a positive number of {unit} (got "
                          f"{shown_int(value)})")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{param} must be at most {maximum} {unit} (got {shown_int(value)})")
     return value
 
 

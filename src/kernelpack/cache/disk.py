@@ -48,7 +48,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 from .._interrupts import deferred_interrupts
 from ..errors import CacheError
-from ..limits import MAX_FILE_SIZE
+from ..limits import MAX_FILE_SIZE, shown_int
 from ..filewrite import absolute
 from ._files import make_private_dirs, read_record as _read_record, remove_file as _remove
 from ._files import write_atomic as _write_atomic
@@ -108,7 +108,7 @@ class DiskStore:
             # A cap of 0 would evict every entry right after writing it (a cache that never
             # hits, silently); $KERNELPACK_CACHE_MAX_BYTES=0 means "no cap", which is None here.
             raise ValueError(f"max_bytes must be a positive byte count, or None for the default "
-                             f"cap (got {max_bytes})")
+                             f"cap (got {shown_int(max_bytes)})")
         # ``~`` expanded (as for $KERNELPACK_CACHE_DIR) and made absolute once: a relative root
         # must not move with a later os.chdir, nor a "~" folder appear in the working directory
         self.root = Path(absolute(os.path.expanduser(root)))

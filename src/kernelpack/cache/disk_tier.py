@@ -57,6 +57,7 @@ class DiskTier:
         self._cache = weakref.proxy(cache)
         self._writes_down_until = 0.0
         self._exposed_warned = False
+        self._warned: set[tuple[str, str]] = set()  # (what, digest) warned about once
 
     def entry(self, key: CacheKey | str, count_miss: bool = True,
               name: str | None = None, report: bool = True) -> tuple[bytes, Compiled] | None:
@@ -115,14 +116,26 @@ class DiskTier:
                 from ..signing import key_id
 
                 cache._count("refused")
-                cache._warn(f"disk cache entry {digest[:16]} is signed by a key this cache no "
-                            f"longer trusts (key id {key_id(bytes.fromhex(signer[0]))}); "
-                            f"treated as a miss")
+                # warned once per key, recorded first: under simplefilter("error") the
+                # warning raised before the compile that replaces the entry, at every call
+                if self._once(("revoked", digest)):
+                    cache._warn(f"disk cache entry {digest[:16]} is signed by a key this "
+                                f"cache no longer trusts (key id "
+                                f"{key_id(bytes.fromhex(signer[0]))}); treated as a miss")
             if count_miss:  # not a hit: one miss per lookup, as for a quarantined entry
                 cache._count("disk_misses")
             return None
         cache._count("disk_hits")
         return data, compiled
+
+    def _once(self, what: tuple[str, str]) -> bool:
+        """True the first time ``what`` is asked (bounded: at worst a warning again)."""
+        if what in self._warned:
+            return False
+        if len(self._warned) >= 4096:
+            self._warned.clear()
+        self._warned.add(what)
+        return True
 
     def _still_trusted(self, public_key_hex: str) -> bool:
         """A signed disk entry came from the remote (or a signing node): with trusted keys
@@ -158,8 +171,12 @@ class DiskTier:
             too_large = isinstance(exc, OSError) and exc.errno == errno.E2BIG
             cache._count("disk_too_large" if too_large else "errors")
             what = f"disk cache write of {check_digest(key)[:16]}"
-            # E2BIG's "[Errno 7]" would name an "argument list too long" nobody passed
-            self.failed(what, exc, f"{what} skipped: {exc.strerror}" if too_large else None)
+            if not too_large:
+                self.failed(what, exc)
+            elif self._once(("too large", check_digest(key))):  # (a warning raised as an
+                # error, after the compile, lost its result at every call: review 36)
+                # E2BIG's "[Errno 7]" would name an "argument list too long" nobody passed
+                cache._warn(f"{what} skipped: {exc.strerror}")
 
     def failed(self, what: str, exc: BaseException, message: str | None = None) -> None:
         """Report a failed read, write or lock: a failure of one key's path (a foreign shard,

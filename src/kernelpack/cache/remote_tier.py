@@ -55,7 +55,8 @@ class RemoteTier:
         """A remote is configured and not backing off after a failure."""
         return self._cache.remote is not None and time.monotonic() >= self._down_until
 
-    def failed(self, what: str, exc: BaseException) -> None:
+    def failed(self, what: str, exc: BaseException,
+               meanwhile: str = "using the local cache and compiler") -> None:
         """Count and warn about a failed remote call, and skip the remote for a while. A call
         that fails while the remote is already skipped was in flight when another thread's
         call failed: the same outage, already reported (review 35: eight threads behind a
@@ -66,8 +67,7 @@ class RemoteTier:
         cache._count("remote_errors")
         self._down_until = time.monotonic() + REMOTE_BACKOFF_S
         cache._warn(f"remote cache {what} failed ({type(exc).__name__}: {exc}) at "
-                    f"{self.where()}; using the local cache and compiler for "
-                    f"{REMOTE_BACKOFF_S:.0f} s")
+                    f"{self.where()}; {meanwhile} for {REMOTE_BACKOFF_S:.0f} s")
 
     def where(self) -> str:
         """The remote as a warning names it (:func:`._args.remote_name`)."""

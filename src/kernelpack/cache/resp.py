@@ -111,7 +111,7 @@ def _after_fork_in_child() -> None:
     _LOOKUPS.clear()
     for client in list(_CLIENTS):
         client._lock = threading.Lock()
-        client._failed_at, client._failure = 0.0, None
+        client._failed_at, client._failure = 0.0, ""
 
 
 if hasattr(os, "register_at_fork"):
@@ -264,7 +264,8 @@ class RespClient:
         self._deadline = 0.0  # monotonic time by which the current command must be answered
         self._lock = threading.Lock()
         self._failed_at = 0.0  # when a command last failed on the connection, and why
-        self._failure: OSError | None = None
+        self._failure = ""  # its text only: the exception's traceback held the command's
+        # arguments (an 8 MB entry, three times) until the next failure (review 36)
         _CLIENTS.add(self)
 
     # ---- connection ----------------------------------------------------------------------------
@@ -329,7 +330,7 @@ class RespClient:
             except RespError:  # the server answered: no failure of the connection
                 raise
             except OSError as exc:
-                self._failed_at, self._failure = time.monotonic(), exc
+                self._failed_at, self._failure = time.monotonic(), f"{type(exc).__name__}: {exc}"
                 raise
 
     def _execute(self, args: tuple[object, ...]) -> object:

@@ -51,10 +51,11 @@ class CudaResultError(Exception):
         self.name = name
         self.text = text
 
-    def __reduce__(self) -> tuple[type, tuple[int, str, str]]:
+    def __reduce__(self) -> tuple[type, tuple[int, str, str], dict]:
         """Pickled with its three arguments (an exception's default is its message alone,
-        which ``__init__`` cannot take: a worker's driver error failed to unpickle)."""
-        return (type(self), (self.code, self.name, self.text))
+        which ``__init__`` cannot take: a worker's driver error failed to unpickle), and its
+        attributes (``add_note``'s notes among them)."""
+        return (type(self), (self.code, self.name, self.text), self.__dict__)
 
 
 _lock = threading.Lock()
