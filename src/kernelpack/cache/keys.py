@@ -74,7 +74,7 @@ class CacheKey:
 
     def explain(self) -> str:
         """The parts, one per line, as ``kernelpack cache explain`` prints them."""
-        width = max(len(label) for label, _ in self.parts)
+        width = max((len(label) for label, _ in self.parts), default=0)  # a key of no parts
         lines = [f"key {self.digest}"]
         lines += [f"  {label:<{width}}  {value}" for label, value in self.parts]
         return "\n".join(lines)

@@ -38,7 +38,7 @@ __all__ = ["PTX_ISA_BY_CUDA", "MIN_DRIVER_VERSION", "Selection", "select_image",
 # at least that row's ISA (conservative: a newer PTX is rejected with a reason rather than
 # failing inside the driver).
 PTX_ISA_BY_CUDA: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (
-    ((10, 0), (6, 4)), ((10, 1), (6, 4)), ((10, 2), (6, 5)),
+    ((10, 0), (6, 3)), ((10, 1), (6, 4)), ((10, 2), (6, 5)),
     ((11, 0), (7, 0)), ((11, 1), (7, 1)), ((11, 2), (7, 2)), ((11, 3), (7, 3)),
     ((11, 4), (7, 4)), ((11, 5), (7, 5)), ((11, 6), (7, 6)), ((11, 7), (7, 7)),
     ((11, 8), (7, 8)),
