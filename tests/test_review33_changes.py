@@ -439,9 +439,7 @@ def test_ctrl_c_during_cached_compiles_never_hangs_nor_holds_a_key(cache_sweep) 
     takes every key in every directory), the process itself compiles every key again, and
     the directories hold no lock file or temporary."""
     out = cache_sweep
-    # most of the 1200 rounds are interrupted (~70-80% on a quiet machine; fewer when other
-    # work slows the calls the timers were measured against, as in a parallel suite)
-    assert out["interrupted"] >= 400 and out["errors"] == 0, out
+    assert out["interrupted"] >= 700 and out["errors"] == 0, out
     assert out["other"] == json.dumps(["compiled"] * 9), out["other"]
     assert out["again"] == ["compiled"] * 12, out["again"]
     assert out["left"] == [], out["left"]
