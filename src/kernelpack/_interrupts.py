@@ -27,8 +27,10 @@ ended, puts the application's handler back and hands the signal to it.
 
 from __future__ import annotations
 
-import _signal  # signal's C functions: its Python wrappers (enums) tripled the cost, and
-import os  # importing them costs a first load the enums' construction
+# _signal: signal's C functions; its Python wrappers (enums) tripled the cost, and importing
+# them costs a first load the enums' construction
+import _signal
+import os
 import sys
 import threading
 from types import FrameType, TracebackType
