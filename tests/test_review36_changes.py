@@ -416,3 +416,19 @@ def test_cli_unknown_option_shows_the_subcommands_usage(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("usage: kernelpack cache ls"), proc.stderr
     assert "unrecognized arguments: --bogus" in proc.stderr, proc.stderr
+
+
+def test_a_disk_warning_raised_as_an_error_still_puts_the_entry_to_the_remote(
+        tmp_path: Path, redis_port: int) -> None:
+    """Review 35c's note: under simplefilter("error") the disk tier's warning after a compile
+    (here: an entry over max_bytes) raised before the remote put, so the fleet never got the
+    compile. The remote put now runs whatever the disk put raised."""
+    url = f"redis://127.0.0.1:{redis_port}/0"
+    key = generate_private_key()
+    cache = kp.Cache(tmp_path / "a", remote=url, sign_with=key, max_bytes=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(CacheWarning, match="exceed the cache's cap"):
+            cache.fetch_or_compile(K1, lambda: axpy("axpy"), name="axpy")
+    other = kp.Cache(tmp_path / "b", remote=url, sign_with=key)
+    assert other.fetch_or_compile(K1, lambda: axpy("axpy"), name="axpy").origin == "remote"

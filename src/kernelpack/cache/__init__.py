@@ -321,9 +321,11 @@ class Cache:
             self._count("errors")
             self._warn(f"cannot serialize {compiled.name!r} for the cache: {exc}")
             return None
-        self._put_disk(key, data, program=compiled.name)
-        if self.remote is not None:
-            self._remote_tier.put(key, data)
+        try:
+            self._put_disk(key, data, program=compiled.name)
+        finally:  # a disk warning raised as an error (simplefilter("error")) must not cost
+            if self.remote is not None:  # the fleet its copy of this compile (review 35)
+                self._remote_tier.put(key, data)
         return data
 
     def fetch_or_compile(self, key: CacheKey | str, build: Callable[[], Compiled], *,
