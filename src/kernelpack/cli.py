@@ -348,13 +348,18 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
     """A warning as one ``warning:`` line on stderr, like the ``error:`` lines: Python's own
     format showed a kernelpack source line and path, which say nothing to a command's user
     (review 35)."""
-    from .cli_facts import printable
-
-    text = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
     try:
-        print(f"warning: {printable(text)}", file=sys.stderr if file is None else file)
+        print(f"warning: {_one_line(str(message))}", file=sys.stderr if file is None else file)
     except OSError:  # stderr closed or full: a warning is not worth failing the command
         pass
+
+
+def _one_line(message: str) -> str:
+    """``message`` as one printable line (its lines joined by "; "), as the CLI prints its
+    ``error:`` and ``warning:`` lines."""
+    from .cli_facts import printable
+
+    return printable("; ".join(line.strip() for line in message.splitlines() if line.strip()))
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -402,10 +407,7 @@ def _main(argv: Sequence[str] | None) -> int:
         message = str(exc)
         if isinstance(exc, OSError) and exc.filename is not None:
             message = f"{exc.filename}: {exc.strerror or exc}"
-        one_line = "; ".join(line.strip() for line in message.splitlines() if line.strip())
-        from .cli_facts import printable
-
-        print(f"error: {printable(one_line) or type(exc).__name__}", file=sys.stderr)
+        print(f"error: {_one_line(message) or type(exc).__name__}", file=sys.stderr)
         # diff answers 1 for "different", so trouble is 2 there (as for diff(1) and cmp(1))
         return 2 if getattr(args, "command", None) == "diff" else 1
 

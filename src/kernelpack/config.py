@@ -149,6 +149,9 @@ def parse_size(text: str, max_digits: int | None = None) -> int | None:
     return None if match is None else int(match.group(1)) * _SIZE_UNITS[match.group(2)]
 
 
+_MAX_SIZE_DIGITS = 4000  # short of Python's int-from-text limit (4300 digits)
+
+
 def cache_max_bytes() -> int | None:
     """The disk cache size cap in bytes (``$KERNELPACK_CACHE_MAX_BYTES``: ``4096``, ``512M``,
     ``10G``, powers of 1024 as ``kernelpack cache prune --max-bytes`` takes them; ``0`` or
@@ -159,10 +162,10 @@ def cache_max_bytes() -> int | None:
     if value.startswith("-") and value[1:].isdigit():
         raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be >= 0 (got {value:.40})")
     digits = len(value) - len(value.lstrip("0123456789"))
-    if digits > 4000:  # Python's int-from-text limit is 4300 digits
+    if digits > _MAX_SIZE_DIGITS:
         raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES is too large (a number of {digits} "
                          f"digits)")
-    size = parse_size(value, max_digits=4000)
+    size = parse_size(value, max_digits=_MAX_SIZE_DIGITS)
     if size is None:
         raise ValueError(f"KERNELPACK_CACHE_MAX_BYTES must be a byte count such as 4096, 512M "
                          f"or 10G (got {value!r:.60})")

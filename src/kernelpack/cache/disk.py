@@ -147,18 +147,29 @@ class DiskStore:
     # that is a symbolic link is never followed: one planted by a neighbour with write access
     # to the root made writes land, and clear/prune delete, in the link's target (review 36).
     # The root itself may be a link (a user's choice of where the cache lives).
+    def _first_not_dir(self, directory: Path) -> tuple[Path, int | None] | None:
+        """The first component of ``directory`` below the root that is not a directory of
+        its own, with its ``lstat`` mode (None when it is missing); None when every component
+        is one. OSError when one cannot be looked at."""
+        path = self.root
+        for part in directory.relative_to(self.root).parts:
+            path = path / part
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                return path, None
+            if not stat.S_ISDIR(mode):
+                return path, mode
+        return None
+
     def _inside(self, *parts: str) -> Path | None:
         """``root/parts`` when every component below the root is a directory of its own (not
         a link); None when one is missing or is not."""
-        path = self.root
-        for part in parts:
-            path = path / part
-            try:
-                if not stat.S_ISDIR(os.lstat(path).st_mode):
-                    return None
-            except OSError:
-                return None
-        return path
+        path = self.root.joinpath(*parts)
+        try:
+            return None if self._first_not_dir(path) else path
+        except OSError:  # (one that cannot be looked at is not one of its own either)
+            return None
 
     def exposed(self, key: str | CacheKey) -> str | None:
         """Why ``key``'s entry could have been put there by anyone (then it must not be
@@ -189,17 +200,12 @@ class DiskStore:
     def _check_no_links(self, directory: Path) -> None:
         """OSError (ELOOP, naming it) when a component of ``directory`` below the root exists
         and is not a directory of its own; missing ones are made by the write."""
-        path = self.root
-        for part in directory.relative_to(self.root).parts:
-            path = path / part
-            try:
-                mode = os.lstat(path).st_mode
-            except FileNotFoundError:
-                return
-            if not stat.S_ISDIR(mode):
-                what = "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
-                raise OSError(errno.ELOOP, f"{path} is {what}: the cache's own directories "
-                                           f"are never followed (remove it)", str(path))
+        found = self._first_not_dir(directory)
+        if found is not None and found[1] is not None:
+            path, mode = found
+            what = "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
+            raise OSError(errno.ELOOP, f"{path} is {what}: the cache's own directories are "
+                                       f"never followed (remove it)", str(path))
 
     def _files(self, top: str, sharded: bool, match: Callable[[str], bool],
                strict: bool = False) -> list[Path]:

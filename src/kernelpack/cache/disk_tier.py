@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from ..compiled import Compiled
 from ..errors import KernelPackError
+from ._once import WarnedOnce
 from .binding import check_binding
 from .disk import check_digest
 from .keys import CacheKey
@@ -56,8 +57,7 @@ class DiskTier:
         # keep a dropped Cache alive until the next garbage collection.
         self._cache = weakref.proxy(cache)
         self._writes_down_until = 0.0
-        self._exposed_warned = False
-        self._warned: set[tuple[str, str]] = set()  # (what, digest) warned about once
+        self._warned = WarnedOnce()  # (what, digest) warned about once
 
     def entry(self, key: CacheKey | str, count_miss: bool = True,
               name: str | None = None, report: bool = True) -> tuple[bytes, Compiled] | None:
@@ -70,8 +70,7 @@ class DiskTier:
         digest = check_digest(key)
         exposed = cache.disk.exposed(digest)
         if exposed is not None:  # anyone's entry could be there: not read, said once
-            if not self._exposed_warned:
-                self._exposed_warned = True
+            if self._warned.first(("exposed", "")):
                 cache._warn(f"disk cache {cache.disk.root}: {exposed}, so its entries could "
                             f"be anyone's and are not read (make the directory private to "
                             f"this user or a group, or choose another cache directory)")
@@ -118,7 +117,7 @@ class DiskTier:
                 cache._count("refused")
                 # warned once per key, recorded first: under simplefilter("error") the
                 # warning raised before the compile that replaces the entry, at every call
-                if self._once(("revoked", digest)):
+                if self._warned.first(("revoked", digest)):
                     cache._warn(f"disk cache entry {digest[:16]} is signed by a key this "
                                 f"cache no longer trusts (key id "
                                 f"{key_id(bytes.fromhex(signer[0]))}); treated as a miss")
@@ -127,15 +126,6 @@ class DiskTier:
             return None
         cache._count("disk_hits")
         return data, compiled
-
-    def _once(self, what: tuple[str, str]) -> bool:
-        """True the first time ``what`` is asked (bounded: at worst a warning again)."""
-        if what in self._warned:
-            return False
-        if len(self._warned) >= 4096:
-            self._warned.clear()
-        self._warned.add(what)
-        return True
 
     def _still_trusted(self, public_key_hex: str) -> bool:
         """A signed disk entry came from the remote (or a signing node): with trusted keys
@@ -170,10 +160,11 @@ class DiskTier:
             # an entry over the cap is skipped by design, as the remote's over-size one is
             too_large = isinstance(exc, OSError) and exc.errno == errno.E2BIG
             cache._count("disk_too_large" if too_large else "errors")
-            what = f"disk cache write of {check_digest(key)[:16]}"
+            digest = check_digest(key)
+            what = f"disk cache write of {digest[:16]}"
             if not too_large:
                 self.failed(what, exc)
-            elif self._once(("too large", check_digest(key))):  # (a warning raised as an
+            elif self._warned.first(("too large", digest)):  # (a warning raised as an
                 # error, after the compile, lost its result at every call: review 36)
                 # E2BIG's "[Errno 7]" would name an "argument list too long" nobody passed
                 cache._warn(f"{what} skipped: {exc.strerror}")

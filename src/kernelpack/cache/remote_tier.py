@@ -26,6 +26,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from ..compiled import Compiled
+from ._once import WarnedOnce
 from .binding import check_binding
 from .disk import check_digest
 from .keys import CacheKey
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["RemoteTier", "REMOTE_BACKOFF_S"]
 
 REMOTE_BACKOFF_S = 30.0
-_MAX_REFUSED_KEYS = 4096
 
 
 class RemoteTier:
@@ -49,7 +49,7 @@ class RemoteTier:
         self._cache = weakref.proxy(cache)
         self._down_until = 0.0
         self._writes_down_until = 0.0
-        self._refused: set[str] = set()  # digests whose refusal was warned about
+        self._refused = WarnedOnce()  # digests whose refusal was warned about
 
     def ok(self) -> bool:
         """A remote is configured and not backing off after a failure."""
@@ -155,10 +155,7 @@ class RemoteTier:
         raised at every lookup, before the compile whose put would replace the entry, so that
         anyone able to write to Redis could make a key impossible to build (review 35)."""
         self._cache._count("refused")
-        if digest not in self._refused:
-            if len(self._refused) >= _MAX_REFUSED_KEYS:
-                self._refused.clear()  # a bound, not a policy: at worst a warning again
-            self._refused.add(digest)
+        if self._refused.first(digest):
             self._cache._warn(f"remote cache entry {digest[:16]} refused "
                               f"({type(exc).__name__}: {exc}); treated as a miss")
         return None, None, "refused"
