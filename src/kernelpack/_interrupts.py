@@ -67,15 +67,32 @@ class _Restarts:
     ``signal.siginterrupt(sig, False)`` sets, and asyncio's ``add_signal_handler`` does).
     ``signal.signal`` installs a handler without it, so the swap would silently turn it off
     for good: a C library's blocking ``read`` then failed with EINTR at the next signal
-    (review 35). Read with libc's ``sigaction`` (ctypes is loaded by ``import kernelpack``);
-    None where that is not possible (then the flag is left as ``signal.signal`` sets it)."""
+    (review 35). Read with libc's ``sigaction``: the extension's ``signal_restarts``, else
+    ctypes (loaded by ``import kernelpack``, but its first use here cost a process's first
+    ``kp.load`` ~40 µs); None where neither can (the flag is then left as ``signal.signal``
+    sets it)."""
 
     SA_RESTART = 0x10000000  # Linux (x86, ARM, POWER)
+    _native: Any = None  # the extension's signal_restarts; False: not built (ctypes then)
     _lib: Any = None
     _buffer: Any = None
 
     @classmethod
     def of(cls, signum: int) -> bool | None:
+        native = cls._native
+        if native is None:
+            try:  # ~1 µs a signal, where ctypes' first use cost a first kp.load ~40 µs
+                from .runtime._launch import signal_restarts as native
+            except ImportError:
+                native = False
+            cls._native = native
+        if native:
+            return native(signum)  # type: ignore[no-any-return]
+        return cls._by_ctypes(signum)
+
+    @classmethod
+    def _by_ctypes(cls, signum: int) -> bool | None:
+        """:meth:`of` without the extension: libc's ``sigaction`` through ctypes."""
         if cls._lib is None:
             if not sys.platform.startswith("linux"):
                 return None

@@ -17,6 +17,7 @@
  * Optional: when it is not built, runtime/native.py falls back to cuda.bindings.
  */
 #include "_launch.h"
+#include <signal.h>
 #include <stdint.h>
 
 kp_launch_fn kp_cu_launch_kernel = NULL;
@@ -127,7 +128,29 @@ static PyObject *is_bound(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(kp_cu_launch_kernel != NULL);
 }
 
+/* signal_restarts(signum): whether signum's action restarts interrupted system calls
+ * (SA_RESTART), read with sigaction; None where the signal cannot be asked about. Asked by
+ * kernelpack/_interrupts.py before it swaps a Python handler (signal.signal drops the flag):
+ * ctypes' way to it, CDLL(None) and a buffer type, cost ~40 µs of a process's first kp.load. */
+static PyObject *signal_restarts(PyObject *self, PyObject *arg) {
+    struct sigaction action;
+    long signum = PyLong_AsLong(arg);
+    (void)self;
+    if (signum == -1 && PyErr_Occurred())
+        return NULL;
+    if (signum <= 0 || signum > INT_MAX || sigaction((int)signum, NULL, &action) != 0)
+        Py_RETURN_NONE;
+#ifdef SA_RESTART
+    return PyBool_FromLong((action.sa_flags & SA_RESTART) != 0);
+#else
+    Py_RETURN_NONE;
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"signal_restarts", (PyCFunction)signal_restarts, METH_O,
+     "signal_restarts(signum) -> bool | None: whether the signal's action has SA_RESTART "
+     "(None: the signal cannot be asked about)."},
     {"bind", (PyCFunction)bind, METH_O,
      "bind(address): use the cuLaunchKernel at this address (from cuGetProcAddress)."},
     {"is_bound", (PyCFunction)is_bound, METH_NOARGS,
