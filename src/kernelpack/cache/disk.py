@@ -177,9 +177,27 @@ class DiskStore:
         every user (``/tmp``) whose ``entries/`` is not this user's. Entries are executable
         code: one planted in a root another user made in a sticky ``/tmp`` was served as a
         hit without a word (review 36). A directory shared with a group is not exposed."""
+        return self._exposed(self.path(key).parent, "entries")
+
+    def untrusted(self, directory: Path, top: str) -> str | None:
+        """Why files in ``directory`` (``root/top`` or below it) must be neither read nor
+        written as this user's own: a component below the root that is not a directory of its
+        own (a link: never followed), or one writable by every user (see :meth:`exposed`);
+        None when they can (components not made yet included). For the cache's other
+        directories, e.g. the runtime's cubins assembled from PTX (``runtime-ptx/``)."""
+        try:
+            found = self._first_not_dir(directory)
+        except OSError as exc:
+            return f"{exc.filename or directory} cannot be looked at ({exc.strerror})"
+        if found is not None and found[1] is not None:
+            path, mode = found
+            return f"{path} is {'a symbolic link' if stat.S_ISLNK(mode) else 'not a directory'}"
+        return self._exposed(directory, top)
+
+    def _exposed(self, directory: Path, top: str) -> str | None:
         me = os.getuid()
-        entries = self.root / "entries"
-        for path in (self.path(key).parent, entries):
+        entries = self.root / top
+        for path in (directory, entries):
             try:
                 st = os.lstat(path)
             except OSError:
@@ -194,7 +212,7 @@ class DiskStore:
             return None
         if st.st_mode & stat.S_IWOTH and owner != me:
             return (f"{self.root} is writable by every user (mode "
-                    f"{stat.S_IMODE(st.st_mode):04o}) and its entries/ belongs to uid {owner}")
+                    f"{stat.S_IMODE(st.st_mode):04o}) and its {top}/ belongs to uid {owner}")
         return None
 
     def _check_no_links(self, directory: Path) -> None:

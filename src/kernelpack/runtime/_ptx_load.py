@@ -7,8 +7,6 @@ import or compile this code.
 from __future__ import annotations
 
 import hashlib
-import os
-import threading
 from pathlib import Path
 
 from .._warn import warn_caller
@@ -38,18 +36,49 @@ def ptx_cache_path(ptx: bytes, arch_sm: str, toolchain: str) -> Path | None:
     return root / "runtime-ptx" / key[:2] / f"{key[2:]}.cubin"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """tmp file + ``os.replace``: readers see the whole cubin or none. Best effort: a cache
-    that cannot be written costs a recompile next time, never a failed launch."""
-    try:
-        from ..cache._files import make_private_dirs  # 0700, as the disk tier's own
+def _usable(path: Path) -> bool:
+    """Whether the cubin at ``path`` may be read and written as this user's own: the cache's
+    directories on the way are directories of their own (a planted link is never followed)
+    and none is writable by every user (anyone could have planted the cubin the driver would
+    then load: review 37). Warns when not; the PTX is then assembled on every first load."""
+    from ..cache.disk import DiskStore
 
-        make_private_dirs(path.parent)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
+    root = path.parents[2]  # <root>/runtime-ptx/<shard>/<name>.cubin
+    try:
+        why = DiskStore(root).untrusted(path.parent, "runtime-ptx")
+    except ValueError as exc:  # the root is no directory
+        why = str(exc)
+    if why is None:
+        return True
+    warn_caller(f"the cubins kernelpack assembles from PTX are not kept in, nor read from, "
+                f"{str(path.parent)!r}: {why}; it is assembled again at each process's first "
+                f"load", RuntimeWarning)
+    return False
+
+
+def _read_cached(path: Path) -> bytes:
+    """The cubin kept at ``path``, or b"" (none, or not a regular file: a FIFO planted under
+    its name must not block the first launch, nor a device be read whole)."""
+    from .._smallfile import read_regular
+    from ..limits import MAX_IMAGE_SIZE
+
+    try:
+        data = read_regular(path, MAX_IMAGE_SIZE)
     except OSError:
+        return b""
+    return data if data is not None and len(data) <= MAX_IMAGE_SIZE else b""
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Temp file (a fresh name, made exclusively: a link planted under it is not followed) +
+    fsync + ``os.replace``: readers see the whole cubin or none. Best effort: a cache that
+    cannot be written costs a recompile next time, never a failed launch."""
+    from ..cache._files import write_atomic
+    from ..errors import CacheError
+
+    try:
+        write_atomic(path, data)
+    except (OSError, CacheError):
         return
 
 
@@ -89,10 +118,9 @@ def _ptx_code(ptx: bytes, device: Device) -> tuple[bytes, str, Path | None]:
                     f"PTX for {arch.sm} instead", RuntimeWarning)
         return _driver_jit(ptx, device)
     path = ptx_cache_path(ptx, arch.sm, nvjitlink.toolchain_id())
-    try:
-        cached = path.read_bytes() if path is not None else b""
-    except OSError:
-        cached = b""
+    if path is not None and not _usable(path):
+        path = None
+    cached = _read_cached(path) if path is not None else b""
     if cached[:4] == b"\x7fELF":
         return cached, "ptx->cubin (cached)", path
     cubin = nvjitlink.ptx_to_cubin(ptx, arch, name="kernelpack-runtime.ptx")
