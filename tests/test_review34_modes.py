@@ -380,8 +380,6 @@ def test_huge_integers_keep_their_error_under_int_max_str_digits(
 # threads with small stacks
 
 
-@pytest.mark.skip(reason="known, left open (session 32): Expr's printer recurses ~0.6 KiB of "
-                  "C stack per level; 255 levels overflow a 128 KiB thread stack")
 def test_printing_a_valid_deep_expression_in_a_small_stack_thread(tmp_path: Path) -> None:
     """BUG: an expression nested as deep as the format allows (255 < MAX_EXPR_DEPTH 256,
     accepted by kp.save and kp.load) is printed recursively, each level a ``str.join`` over a

@@ -33,30 +33,79 @@ _INFIX = {"add": ("+", 5), "sub": ("-", 5), "mul": ("*", 6), "floordiv": ("//", 
 _PRINT_NODES = 256
 
 
+# Below this depth a node is printed recursively (faster); deeper ones from an explicit stack.
+_RECURSIVE_DEPTH = 24
+
+
 def _format(e: Expr, parent_prec: int, budget: list[int]) -> str:
+    """``e`` printed within ``parent_prec`` (parenthesized where it binds weaker), each node
+    taking one of ``budget`` in pre-order, "..." once it is spent. Deep trees from an explicit
+    stack: an expression as deep as a summary may hold (MAX_EXPR_DEPTH) printed recursively
+    overflowed the C stack of a 128 KiB thread (each level a ``str.join`` over a generator,
+    ~0.6 KiB: review 34)."""
+    if e._depth <= _RECURSIVE_DEPTH:
+        return _format_small(e, parent_prec, budget)
+    done: list[str] = []  # texts of finished nodes, in order
+    # (False, node, precedence): print node; (True, ...): join its operands' texts in done
+    tasks: list[tuple[bool, Expr, int]] = [(False, e, parent_prec)]
+    while tasks:
+        built, node, prec_in = tasks.pop()
+        if built:
+            n = len(node.args)
+            parts = done[len(done) - n:]
+            del done[len(done) - n:]
+            done.append(_joined(node, parts, prec_in))
+        elif node._depth <= _RECURSIVE_DEPTH:
+            done.append(_format_small(node, prec_in, budget))
+        else:  # (a deep node has operands: leaves are depth 1)
+            budget[0] -= 1
+            if budget[0] < 0:
+                done.append("...")
+                continue
+            tasks.append((True, node, prec_in))
+            tasks.extend(reversed(list(zip([False] * len(node.args), node.args,
+                                           _operand_precedences(node)))))
+    return done[0]
+
+
+def _format_small(e: Expr, parent_prec: int, budget: list[int]) -> str:
+    """:func:`_format` of a shallow tree, recursively."""
     budget[0] -= 1
     if budget[0] < 0:
         return "..."
-    if e.op == "const":
+    if e.op == "const" or e.op == "sym":
         return str(e.value)
-    if e.op == "sym":
-        return str(e.value)
-    if e.op == "neg":
-        inner = _format(e.args[0], 7, budget)
-        return f"-{inner}"
-    if e.op == "not":
-        text = f"not {_format(e.args[0], 2, budget)}"
-        return f"({text})" if parent_prec > 2 else text
-    if e.op in _INFIX:
-        sign, prec = _INFIX[e.op]
+    return _joined(e, [_format_small(a, prec, budget) for a, prec in
+                       zip(e.args, _operand_precedences(e))], parent_prec)
+
+
+def _operand_precedences(node: Expr) -> list[int]:
+    """The precedence each operand of ``node`` is printed within."""
+    if node.op == "neg":
+        return [7]
+    if node.op == "not":
+        return [2]
+    if node.op in _INFIX:
+        prec = _INFIX[node.op][1]
         # left-associative: the right operand needs parentheses at equal precedence; a
         # comparison's left one too, or "(a < b) < c" would read as Python's chained a < b < c
-        left = prec + 1 if prec == 3 else prec
-        lhs = _format(e.args[0], left, budget)
-        text = f"{lhs} {sign} {_format(e.args[1], prec + 1, budget)}"
+        return [prec + 1 if prec == 3 else prec, prec + 1]
+    return [-1] * len(node.args)
+
+
+def _joined(node: Expr, parts: list[str], parent_prec: int) -> str:
+    """``node`` printed from its operands' texts."""
+    if node.op == "neg":
+        return f"-{parts[0]}"
+    if node.op == "not":
+        text = f"not {parts[0]}"
+        return f"({text})" if parent_prec > 2 else text
+    if node.op in _INFIX:
+        sign, prec = _INFIX[node.op]
+        text = f"{parts[0]} {sign} {parts[1]}"
         return f"({text})" if prec < parent_prec else text
-    name = {"ceildiv": "cdiv"}.get(e.op, e.op)
-    return f"{name}({', '.join(_format(a, -1, budget) for a in e.args)})"
+    name = {"ceildiv": "cdiv"}.get(node.op, node.op)
+    return f"{name}({', '.join(parts)})"
 
 
 def whole_text(e: Expr, max_nodes: int) -> tuple[str | None, int]:
