@@ -11,16 +11,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
-import shutil
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from kp_redis_helpers import RedisServer
 
 import kernelpack as kp
 import kernelpack.expr_program as ep
@@ -510,37 +508,10 @@ def test_thread_limit_checks_that_hold():
 # 6. kernelpack build --cache --trusted-key
 # ---------------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def redis_url(tmp_path):
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    port = _free_port()
-    d = tmp_path / "redis"
-    d.mkdir()
-    proc = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no",
-                             "--bind", "127.0.0.1"], cwd=d, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.skip("redis-server did not start")
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with RedisServer(tmp_path / "redis", needs_redis_py=False) as server:
+        yield server.url
 
 
 _FZ = 'import kernelpack as kp\n@kp.fusion\ndef double(x: kp.Tensor[kp.f32, "n"]):\n    return x * 2\n'

@@ -601,7 +601,7 @@ def test_cache_processes_and_threads_compile_each_key_once(tmp_path) -> None:
 
 
 def _redis(tmp_path: Path) -> Any:
-    from cache.conftest import RedisServer  # skips with a reason without redis-server
+    from kp_redis_helpers import RedisServer  # skips with a reason without redis-server
 
     return RedisServer(tmp_path)
 

@@ -44,6 +44,7 @@ import kp_handwritten as hw
 import kp_samples
 import pytest
 from kp_cli import run
+from kp_redis_helpers import RedisServer
 
 import kernelpack as kp
 from kernelpack import signing
@@ -136,13 +137,8 @@ def cubin() -> bytes:
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from cache.conftest import RedisServer
-
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    try:
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
         yield server.url
-    finally:
-        server.kill()
 
 
 def _key(tag: str) -> kp.CacheKey:

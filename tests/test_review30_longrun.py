@@ -59,9 +59,7 @@ import io
 import json
 import logging
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -79,6 +77,7 @@ from kernelpack.cli import main as cli_main
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from kp_redis_helpers import RedisServer
 from kp_samples import axpy
 
 KEY = "{:064x}".format
@@ -518,37 +517,8 @@ def test_stats_counters_add_up_exactly_under_threads(tmp_path: Path) -> None:
 # ---- Redis -----------------------------------------------------------------------------------
 @pytest.fixture()
 def redis_url(tmp_path: Path) -> Iterator[str]:
-    binary = shutil.which("redis-server") or ("/usr/bin/redis-server"
-                                              if os.path.exists("/usr/bin/redis-server") else None)
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    redis = pytest.importorskip("redis")
-    for _ in range(5):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save",
-                                 "", "--appendonly", "no", "--dir", str(tmp_path)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        ours = False
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                ours = redis.Redis(port=port, socket_timeout=1).info("server")[
-                    "process_id"] == proc.pid
-                break
-            except redis.RedisError:
-                time.sleep(0.05)
-        if ours:
-            try:
-                yield f"redis://127.0.0.1:{port}/0"
-            finally:
-                proc.kill()
-                proc.wait(10)
-            return
-        proc.kill()
-        proc.wait(10)
-    pytest.fail("redis-server did not start")
+    with RedisServer(tmp_path) as server:
+        yield server.url
 
 
 def test_redis_tier_keeps_only_documented_keys_and_one_connection(redis_url: str,

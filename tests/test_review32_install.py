@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
+from kp_redis_helpers import RedisServer
 from packaging.requirements import Requirement
 
 # Builds, downloads and installs (~2 minutes, a few hundred MB from the package index): on
@@ -604,38 +605,11 @@ print(json.dumps([got is not None and list(kp.load(got).programs) == ["axpy"],
 
 @pytest.fixture
 def redis_url(tmp_path: Path):
-    import socket
-    import time
-
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("no redis-server binary")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     sock = tmp_path / "redis.sock"
-    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path),
-                             "--unixsocket", str(sock), "--unixsocketperm", "700"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail("redis-server did not start")
-                time.sleep(0.05)
-        while not sock.exists():
-            if time.monotonic() > deadline:
-                pytest.fail("redis-server made no unix socket")
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0", f"unix://{sock}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with RedisServer(tmp_path, extra_args=("--unixsocket", str(sock), "--unixsocketperm", "700"),
+                     needs_redis_py=False) as server:
+        assert sock.exists(), "redis-server answered but made no unix socket"
+        yield server.url, f"unix://{sock}"
 
 
 def test_redis_extra_enables_what_the_readme_says(own_venv: Path, wheel: Path, redis_url: tuple,

@@ -9,14 +9,11 @@ they are fixed; a few guards pin what is right already.
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import socket
-import subprocess
-import time
 import warnings
 from pathlib import Path
 
 import pytest
+from kp_redis_helpers import RedisServer, free_port
 
 import kernelpack as kp
 from kp_cli import run
@@ -63,46 +60,14 @@ class _CAI:
 _GOOD_CAI = dict(shape=(10,), typestr="<f4", data=(1 << 20, False), version=3)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_free_port = free_port
 
 
 @pytest.fixture(scope="module")
 def redis_pw(tmp_path_factory: pytest.TempPathFactory):
     """A password-protected redis-server on a free loopback port: (port, redis-py module)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    redis = pytest.importorskip("redis")
-    workdir = tmp_path_factory.mktemp("r33redis")
-    for _ in range(5):
-        port = _free_port()
-        proc = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-             "no", "--dir", str(workdir), "--requirepass", SECRET, "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                redis.Redis(port=port, password=SECRET, socket_timeout=1).ping()
-                break
-            except redis.RedisError:
-                time.sleep(0.05)
-        if proc.poll() is None:
-            break
-    else:
-        pytest.skip("redis-server did not start")
-    try:
-        yield port, redis
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with RedisServer(tmp_path_factory.mktemp("r33redis"), password=SECRET) as server:
+        yield server.port, pytest.importorskip("redis")
 
 
 # ---- kp.compile / kernelpack build: an architecture the toolchain does not know -------------

@@ -810,7 +810,7 @@ def test_asyncio_signal_handler_gets_ctrl_c_inside_kernelpack_calls() -> None:
 
 # ---- trust ---------------------------------------------------------------------------------
 class _Srv:
-    """A redis-server with a password and an ACL user (tests/cache/conftest.RedisServer)."""
+    """A redis-server with a password and an ACL user (kp_redis_helpers.RedisServer)."""
 
     def __init__(self, server, pw: str) -> None:
         self.server, self.port, self.pw = server, server.port, pw
@@ -824,15 +824,12 @@ class _Srv:
 
 @pytest.fixture(scope="module")
 def redis_srv(tmp_path_factory: pytest.TempPathFactory):
-    from cache.conftest import RedisServer
+    from kp_redis_helpers import RedisServer
     pw = "r34:p@ss/w#rd+&=%"
-    server = RedisServer(tmp_path_factory.mktemp("r34redis"), password=pw)
-    try:
+    with RedisServer(tmp_path_factory.mktemp("r34redis"), password=pw) as server:
         server.client().execute_command("ACL", "SETUSER", "r34@user", "on", ">" + pw, "~*",
                                         "+@all")
         yield _Srv(server, pw)
-    finally:
-        server.kill()
 
 
 def test_a_process_trusts_its_own_key_and_no_other_process_does(tmp_path, redis_srv) -> None:

@@ -23,17 +23,16 @@ import logging
 import os
 import re
 import shutil
-import socket
 import struct
 import subprocess
 import sys
 import tarfile
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kp_redis_helpers import RedisServer
 
 import kernelpack as kp
 from kernelpack.cli import main as cli_main
@@ -707,12 +706,6 @@ def test_cache_put_with_sign_with_keeps_a_newer_minors_version(
 # ---------------------------------------------------------------------------------------------
 # A rolling upgrade sharing one Redis: old and current processes side by side
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 REMOTE_CLIENT = r'''
 import json, sys, warnings
 d, url, key, pub = sys.argv[1:5]
@@ -733,26 +726,9 @@ print(json.dumps({"origin": c.origin, "stats": cache.stats(),
 def test_rolling_upgrade_old_and_current_processes_share_one_redis(
         old: dict[str, Any], tmp_path: Path) -> None:
     t = _tree(old, LABELS[0])
-    binary = shutil.which("redis-server")
-    if not binary:
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    port = _free_port()
-    server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                               "--appendonly", "no"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    server = RedisServer(tmp_path / "redis", needs_redis_py=False)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-        url = f"redis://127.0.0.1:{port}/0"
+        url = server.url
         key = t["out"] / "team"
         pub = t["out"] / "team.pub"
         client = tmp_path / "client.py"
@@ -777,5 +753,4 @@ def test_rolling_upgrade_old_and_current_processes_share_one_redis(
         assert again_old["origin"] == "remote", again_old
         assert again_old["stats"]["refused"] == 0, again_old
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        server.stop()

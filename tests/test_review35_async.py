@@ -25,10 +25,8 @@ import json
 import multiprocessing as mp
 import os
 import pickle
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import textwrap
 import threading
@@ -40,6 +38,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from kp_redis_helpers import RedisServer
 
 import kernelpack as kp
 from kernelpack.signing import generate_private_key, public_key_bytes
@@ -171,51 +170,10 @@ def spawn_pool(worker: ModuleType) -> Iterator[ProcessPoolExecutor]:
         yield pool
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = shutil.which("redis-server") or ("/usr/bin/redis-server"
-                                              if os.path.exists("/usr/bin/redis-server") else None)
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    workdir = tmp_path_factory.mktemp("redis35")
-    for _ in range(5):
-        port = _free_port()
-        proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no", "--dir", str(workdir)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and proc.poll() is None and not _ping(port):
-            time.sleep(0.05)
-        if proc.poll() is None and _ping(port):
-            break
-        proc.kill()
-        proc.wait()
-    else:
-        raise RuntimeError("redis-server did not start")
-    try:
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with RedisServer(tmp_path_factory.mktemp("redis35"), needs_redis_py=False) as server:
+        yield server.url
 
 
 def _open_paths() -> list[str]:

@@ -4,8 +4,6 @@ redis-server on a free loopback port (skipped with a reason when the binary is m
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from kp_redis_helpers import RedisServer, free_port  # noqa: F401  (re-exported)
 
 import kernelpack as kp
 
@@ -73,95 +72,14 @@ def finish_workers(procs: list[subprocess.Popen], timeout_s: float = 300.0
 
 
 # ---- redis -------------------------------------------------------------------------------------
-def free_port() -> int:
-    """A loopback port the kernel just handed out. It is free again when this returns, so the
-    next process to bind it may not be ours: :meth:`RedisServer.start` checks who answers."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    """A redis-server child on 127.0.0.1:<free port>, no persistence (optionally with a
-    password: ``requirepass``, and more options: ``extra_args``)."""
-
-    START_ATTEMPTS = 5
-    START_TIMEOUT_S = 30.0  # a loaded 2-core CI box; normally it answers in milliseconds
-
-    def __init__(self, workdir: Path, password: str | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run "
-                        "installs it)")
-        pytest.importorskip("redis", reason="the redis package is not installed")
-        self.binary, self.workdir, self.password = binary, workdir, password
-        self.extra_args = extra_args  # more redis-server options, e.g. a rename-command
-        self.proc: subprocess.Popen | None = None
-        self.port = 0
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        """Start on a fresh port, retried: between :func:`free_port` and redis-server's bind
-        another process (an outgoing connection, a parallel test run's server) may take the
-        port; then ours exits, and a ping alone could even be answered by the other server."""
-        for _ in range(self.START_ATTEMPTS):
-            self.port = free_port()
-            if self._launch():
-                return
-        raise RuntimeError(f"redis-server did not start on a free port in "
-                           f"{self.START_ATTEMPTS} attempts (last port {self.port})")
-
-    def _launch(self) -> bool:
-        """Run redis-server on ``self.port``; True once *this* process answers there."""
-        import redis
-
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no"]
-        if self.password is not None:
-            args += ["--requirepass", self.password]
-        args += list(self.extra_args)
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + self.START_TIMEOUT_S
-        while self.proc.poll() is None:
-            try:
-                info = redis.Redis.from_url(self.url, password=self.password,
-                                            socket_timeout=1).info("server")
-            except redis.RedisError:
-                if time.monotonic() > deadline:
-                    self.kill()
-                    raise RuntimeError(f"redis-server did not answer on port {self.port} "
-                                       f"within {self.START_TIMEOUT_S:g} s") from None
-                time.sleep(0.05)
-                continue
-            if info.get("process_id") == self.proc.pid:
-                return True
-            break  # another server holds the port: ours cannot bind it
-        self.kill()
-        return False
-
-    def client(self):  # type: ignore[no-untyped-def]
-        import redis
-
-        return redis.Redis.from_url(self.url, password=self.password, socket_timeout=5)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
+# One starter for the whole suite (tests/kp_redis_helpers.py); re-exported here for the cache
+# tests that import RedisServer / free_port from this conftest.
 @pytest.fixture()
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    try:
+    """A fresh redis-server for one test, data in ``tmp_path``; stopped (terminate, wait,
+    kill) after it, also when the test killed or restarted it."""
+    with RedisServer(tmp_path) as server:
         yield server
-    finally:
-        server.kill()
 
 
 @pytest.fixture(scope="session")

@@ -56,20 +56,14 @@ def _nonzero(stats: dict[str, int]) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def plain_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis-plain"))
-    try:
+    with RedisServer(tmp_path_factory.mktemp("redis-plain")) as server:
         yield server
-    finally:
-        server.kill()
 
 
 @pytest.fixture(scope="module")
 def auth_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis-auth"), password=PASSWORD)
-    try:
+    with RedisServer(tmp_path_factory.mktemp("redis-auth"), password=PASSWORD) as server:
         yield server
-    finally:
-        server.kill()
 
 
 @pytest.fixture()

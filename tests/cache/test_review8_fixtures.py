@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
+import kp_redis_helpers
 
-from . import conftest
 from .conftest import RedisServer, finish_workers
 
 pytestmark = pytest.mark.redis
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.redis
 def _first_then_free(port: int) -> Callable[[], int]:
     """A free_port that hands out ``port`` (taken) once, then really free ports."""
     ports: Iterator[int] = iter([port])
-    real = conftest.free_port
+    real = kp_redis_helpers.free_port
     return lambda: next(ports, None) or real()
 
 
@@ -44,7 +44,7 @@ def test_a_port_taken_before_redis_binds_it_is_retried(tmp_path: Path,
         squatter.bind(("127.0.0.1", 0))
         squatter.listen(8)
         taken = squatter.getsockname()[1]
-        monkeypatch.setattr(conftest, "free_port", _first_then_free(taken))
+        monkeypatch.setattr(kp_redis_helpers, "free_port", _first_then_free(taken))
         server = RedisServer(tmp_path)
         try:
             assert server.port != taken and _owns(server)
@@ -58,7 +58,7 @@ def test_another_redis_on_the_port_is_not_taken_for_ours(tmp_path: Path,
     (tmp_path / "b").mkdir()
     stranger = RedisServer(tmp_path / "a")
     try:
-        monkeypatch.setattr(conftest, "free_port", _first_then_free(stranger.port))
+        monkeypatch.setattr(kp_redis_helpers, "free_port", _first_then_free(stranger.port))
         mine = RedisServer(tmp_path / "b")
         try:
             assert mine.port != stranger.port and _owns(mine) and _owns(stranger)
