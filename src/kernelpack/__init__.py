@@ -9,6 +9,9 @@ no CUDA driver bindings, no array library, no GPU work. Compilation (``kp.compil
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Mapping, Sequence
+
 from .dtypes import (DType, bfloat16, bf16, bool_, c64, c128, complex64, complex128, f16, f32,
                      f64, float16, float32, float64, i8, i16, i32, i64, int8, int16, int32, int64,
                      u8, u16, u32, u64, uint8, uint16, uint32, uint64)
@@ -26,9 +29,9 @@ from .summary import Arg, Constraint, KernelSummary, Launch, Scalar, Scratch, Te
 from .external import external
 from .planner import Plan
 # The fusion DSL is pure Python (no llvmlite); kp.compile imports the lowering on first call.
-from .fusion import (abs, arange, ceil, complex, conj, cos, erf, exp, exp2, floor, fusion, imag,
-                     iota, log, log2, max, maximum, mean, min, minimum, pad, pow, prod, real,
-                     rsqrt, sigmoid, sin, sqrt, sum, tan, tanh, where)
+from .fusion import (Fusion, abs, arange, ceil, complex, conj, cos, erf, exp, exp2, floor, fusion,
+                     imag, iota, log, log2, max, maximum, mean, min, minimum, pad, pow, prod,
+                     real, rsqrt, sigmoid, sin, sqrt, sum, tan, tanh, where)
 
 # The load path, imported here rather than on the first ``kp.load`` / first call: a server's
 # time from ``kp.load(path)`` to its first result (issue 4) is otherwise mostly the import of
@@ -36,10 +39,15 @@ from .fusion import (abs, arange, ceil, complex, conj, cos, erf, exp, exp2, floo
 # imports the driver bindings, llvmlite or an array library, and none touches a GPU.
 from . import _plan_fast as _plan_fast, _zstd as _zstd, loader as _loader  # noqa: E402,F401
 from .runtime import launcher as _launcher, libcuda as _libcuda  # noqa: E402,F401
+from .loader import Pack  # noqa: E402
+
+if TYPE_CHECKING:  # imported on first use (see __getattr__); type checkers see them here
+    from .cache import Cache, CacheKey, make_key
 
 
-def compile(f, targets=("sm_80", "sm_90", "ptx"), *, static=None, cache=None,  # type: ignore[no-untyped-def]
-            **options):
+def compile(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,  # noqa: A001
+            static: Mapping[str, int] | None = None, cache: Any = None,
+            **options: object) -> Compiled:
     """Lower a ``@kp.fusion`` to PTX and cubins with a derived summary → :class:`Compiled`.
 
     Parameters
@@ -61,13 +69,15 @@ def compile(f, targets=("sm_80", "sm_90", "ptx"), *, static=None, cache=None,  #
     return _compile(f, targets, static=static, cache=cache, **options)
 
 
-def save(items, path_or_file=None, *, sign_with=None) -> bytes:  # type: ignore[no-untyped-def]
+def save(items: object, path_or_file: str | os.PathLike[str] | BinaryIO | None = None, *,
+         sign_with: object = None) -> bytes:
     """Serialize programs into one artifact (see :func:`kernelpack.serializer.save`)."""
     from .serializer import save as _save
     return _save(items, path_or_file, sign_with=sign_with)
 
 
-def load(path_or_bytes, *, trusted_keys=None):  # type: ignore[no-untyped-def]
+def load(path_or_bytes: str | os.PathLike[str] | bytes | bytearray | memoryview, *,
+         trusted_keys: Iterable[object] | None = None) -> Pack:
     """Open and verify an artifact → ``Pack`` (see :func:`kernelpack.loader.load`)."""
     from .loader import load as _load
     return _load(path_or_bytes, trusted_keys=trusted_keys)
@@ -75,11 +85,10 @@ def load(path_or_bytes, *, trusted_keys=None):  # type: ignore[no-untyped-def]
 
 __version__ = "0.1.0"
 
-_LAZY = {"Cache": "cache", "CacheKey": "cache", "make_key": "cache",
-         "Pack": "loader"}  # Pack: the loader module stays out of ``import kernelpack``
+_LAZY = {"Cache": "cache", "CacheKey": "cache", "make_key": "cache"}
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     """``kp.Cache`` / ``kp.CacheKey`` / ``kp.make_key``, imported on first use (PEP 562) so that
     ``import kernelpack`` does not pay for the cache modules."""
     if name in _LAZY:
@@ -114,8 +123,8 @@ __all__ = [
     # compile-or-load cache
     "Cache", "CacheKey", "make_key",
     # fusion DSL and compilation
-    "fusion", "compile", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan",
-    "tanh", "erf", "sigmoid", "floor", "ceil", "abs", "pow", "where", "minimum", "maximum",
+    "fusion", "Fusion", "compile", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos",
+    "tan", "tanh", "erf", "sigmoid", "floor", "ceil", "abs", "pow", "where", "minimum", "maximum",
     "min", "max", "sum", "prod", "mean", "arange", "iota", "complex", "real", "imag", "conj",
     "pad",
 ]

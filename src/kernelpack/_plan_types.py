@@ -92,7 +92,8 @@ class Plan(NamedTuple):
             parts.append(f"{name}={text}")
         return f"{type(self).__name__}({', '.join(parts)})"
 
-    __str__ = __repr__
+    def __str__(self) -> str:  # (not ``__str__ = __repr__``: type checkers read that as a field)
+        return self.__repr__()
 
     def __reduce__(self) -> tuple:
         """Pickle the read-only views as dicts (a mappingproxy cannot be pickled: a plan sent

@@ -10,10 +10,12 @@ GPU, no FlatBuffers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
 from .summary import KernelSummary, _name
 from .targets import Arch, parse_arch
+
+_set = object.__setattr__
 
 __all__ = ["Image", "Module", "Compiled", "IMAGE_KINDS"]
 
@@ -35,6 +37,18 @@ class Image:
     toolchain: str = ""
     cuda_version: int = 0
     ptx_isa: tuple[int, int] | None = None
+
+    # (written out, as each class of the data model does: see kernelpack.summary)
+    def __init__(self, kind: str, arch: Arch | str, data: bytes | bytearray | memoryview,
+                 toolchain: str = "", cuda_version: int = 0,
+                 ptx_isa: tuple[int, int] | Sequence[int] | None = None) -> None:
+        _set(self, "kind", kind)
+        _set(self, "arch", arch)
+        _set(self, "data", data)
+        _set(self, "toolchain", toolchain)
+        _set(self, "cuda_version", cuda_version)
+        _set(self, "ptx_isa", ptx_isa)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if self.kind not in IMAGE_KINDS:
@@ -108,6 +122,12 @@ class Module:
     kernels: tuple[str, ...]
     images: tuple[Image, ...]
 
+    def __init__(self, name: str, kernels: Iterable[str], images: Iterable[Image]) -> None:
+        _set(self, "name", name)
+        _set(self, "kernels", kernels)
+        _set(self, "images", images)
+        self.__post_init__()
+
     def __post_init__(self) -> None:
         _name(self.name, "module name")
         # a bare str would become its letters: kernels="axpy" is ('a', 'p', 'x', 'y')
@@ -153,6 +173,13 @@ class Compiled:
     summary: KernelSummary
     modules: tuple[Module, ...]
     origin: str = field(default="compiled", compare=False)
+
+    def __init__(self, summary: KernelSummary, modules: Iterable[Module],
+                 origin: str = "compiled") -> None:
+        _set(self, "summary", summary)
+        _set(self, "modules", modules)
+        _set(self, "origin", origin)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if not isinstance(self.summary, KernelSummary):

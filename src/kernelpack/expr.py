@@ -27,6 +27,7 @@ import operator
 from typing import Any, Callable, Iterable, Mapping, Union
 
 from .dtypes import is_numpy_bool
+from . import expr_eval as _expr_eval, expr_text as _expr_text
 from .expr_eval import INT64_MAX, INT64_MIN, ExprEvalError, apply_op, evaluate
 from .expr_text import _PRINT_NODES, _format, canonical_text, iter_nodes
 from .limits import MAX_NAME_LENGTH, fits_name, shown_int
@@ -352,6 +353,11 @@ class Expr:
 
 
 # ---- construction ------------------------------------------------------------------------------
+# expr_eval's and expr_text's annotations name Expr (typing.get_type_hints resolves them in
+# their globals); they cannot import it, since this module imports them
+_expr_eval.Expr = _expr_text.Expr = Expr  # type: ignore[attr-defined]
+
+
 def _check_node(op: object, args: object, value: object) -> None:
     """What :class:`Expr`'s public constructor refuses: an unknown operator, a wrong operand
     count, an operand that is no Expr, a constant that is no int64 int, a symbol name that

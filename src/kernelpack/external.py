@@ -15,8 +15,9 @@ argument names a parameter).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, Union
 
 from ._warn import warn_caller
 from .dtypes import as_dtype
@@ -30,8 +31,8 @@ from .summary import (Arg, Constraint, KernelSummary, Launch, Param, Scalar, Scr
 from .summary import _name as check_name
 from .targets import parse_target_list
 
-if TYPE_CHECKING:
-    from .external_images import PtxSource
+if TYPE_CHECKING:  # the scanners are read on first use (see __getattr__)
+    from .external_images import cubin_arch, cubin_entries, ptx_entries, read_source
 
 __all__ = ["external", "read_source", "ptx_entries", "cubin_entries", "cubin_arch"]
 
@@ -43,7 +44,7 @@ _FROM_IMAGES = frozenset(("read_source", "ptx_entries", "cubin_entries", "cubin_
 DEFAULT_TARGETS = ("sm_80", "sm_90")
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     if name in _FROM_IMAGES:
         from . import external_images
 
@@ -53,6 +54,9 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 Dim3Like = Union[ExprLike, Sequence[ExprLike]]
+# a source given as text, bytes or a path (external_images.PtxSource; not imported from there,
+# which is read on first use, so that the annotations resolve at run time)
+PtxSource = Union[str, bytes, "os.PathLike[str]"]
 ArgLike = Union[Arg, str, tuple]
 _PTX_TYPED_RE = re.compile(r"\.([fsu])(?:8|16|32|64)\b")  # .f32, .u64, .s8: not .b32, .pred
 

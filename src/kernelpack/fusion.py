@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, overload
 
 from .dtypes import DType, strict_index
 from .errors import TraceError
@@ -69,7 +69,7 @@ class Fusion:
                 raise TraceError(f"fusion {self.name}: parameter {p.name!r} is variadic; every "
                                  f"input needs its own annotated parameter")
             check_parameter(self.name, p)
-            ann = _numpy_scalar_type(hints.get(p.name))
+            ann = _numpy_scalar_type(_kernelpack_metadata(hints.get(p.name)))
             if not isinstance(ann, (TensorType, DType)):
                 raise TraceError(f"fusion {self.name}: parameter {p.name!r} needs an annotation "
                                  f"kp.Tensor[dtype, dims...] or a scalar dtype such as kp.f32 "
@@ -186,6 +186,20 @@ class Fusion:
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
+def _kernelpack_metadata(ann: object) -> object:
+    """The kernelpack annotation inside ``typing.Annotated[T, kp.Tensor[...]]`` (or
+    ``Annotated[float, kp.f32]``), else ``ann``. How a mypy/pyright user annotates a fusion:
+    ``kp.Tensor[kp.f32, "n"]`` is no type to them (its dims are strings), while ``T`` is what
+    they see and kernelpack reads the metadata (README: "Type checkers")."""
+    if getattr(ann, "__origin__", None) is None or not hasattr(ann, "__metadata__"):
+        return ann
+    for meta in ann.__metadata__:  # type: ignore[attr-defined]
+        meta = _numpy_scalar_type(meta)
+        if isinstance(meta, (TensorType, DType)):
+            return meta
+    return ann
+
+
 def _numpy_scalar_type(ann: object) -> object:
     """A scalar parameter annotated with NumPy's type (``s: np.float32``, ``np.dtype("f4")``) as
     the kernelpack dtype, as ``kp.Tensor[np.float32, "n"]`` already takes it (it was "needs an
@@ -300,7 +314,17 @@ def _outputs(name: str, result: object) -> list[tuple[str, object]]:
     return [("out", result)]
 
 
-def fusion(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
+@overload
+def fusion(fn: Callable[..., Any], *, name: str | None = None) -> Fusion: ...
+
+
+@overload
+def fusion(fn: None = None, *, name: str | None = None) -> Callable[[Callable[..., Any]], Fusion]:
+    ...
+
+
+def fusion(fn: Callable[..., Any] | None = None, *,
+           name: str | None = None) -> Fusion | Callable[[Callable[..., Any]], Fusion]:
     """Decorate a function of ``kp.Tensor[...]``/scalar-annotated parameters as a fusion.
 
     Returns a :class:`Fusion`; ``kp.compile`` traces and lowers it. Usable as ``@kp.fusion`` or

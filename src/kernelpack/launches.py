@@ -11,7 +11,7 @@ name exists is checked by ``KernelSummary.check``, which sees the whole program.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterable, Iterator, Sequence, Union
 
 from ._fields import _dim, _dim3, _dtype, _flag, _items, _name, _shape
 from .dtypes import DType, as_dtype
@@ -19,6 +19,10 @@ from .expr import Expr, ExprLike, as_expr, const
 from .limits import MAX_ARGS, MAX_LAUNCHES, MAX_NAME_LENGTH, MAX_SCRATCH, fits_name
 
 __all__ = ["Scratch", "Arg", "Launch", "Variant"]
+
+# What the constructors take (see kernelpack.summary: each class writes its __init__)
+Dim3Like = Union[ExprLike, Sequence[ExprLike]]
+_set = object.__setattr__
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,14 @@ class Scratch:
     dtype: DType
     shape: tuple[Expr, ...]
     zero_init: bool = False
+
+    def __init__(self, name: str, dtype: object, shape: Iterable[ExprLike],
+                 zero_init: bool = False) -> None:
+        _set(self, "name", name)
+        _set(self, "dtype", dtype)
+        _set(self, "shape", shape)
+        _set(self, "zero_init", zero_init)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", _name(self.name, "scratch name"))
@@ -96,6 +108,19 @@ class Launch:
     count: Expr | None = None
     loop: str = ""
 
+    def __init__(self, kernel: str, module: str, grid: Dim3Like, block: Dim3Like,
+                 args: Iterable[Arg], shared_mem: ExprLike = 0, count: ExprLike | None = None,
+                 loop: str = "") -> None:
+        _set(self, "kernel", kernel)
+        _set(self, "module", module)
+        _set(self, "grid", grid)
+        _set(self, "block", block)
+        _set(self, "args", args)
+        _set(self, "shared_mem", shared_mem)
+        _set(self, "count", count)
+        _set(self, "loop", loop)
+        self.__post_init__()
+
     def __post_init__(self) -> None:
         if not isinstance(self.kernel, str) or not self.kernel or not fits_name(self.kernel):
             raise ValueError(f"launch kernel must be a non-empty entry name of at most "
@@ -143,6 +168,13 @@ class Variant:
     launches: tuple[Launch, ...]
     scratch: tuple[Scratch, ...] = ()
     predicate: Expr | None = None
+
+    def __init__(self, launches: Iterable[Launch], scratch: Iterable[Scratch] = (),
+                 predicate: ExprLike | None = None) -> None:
+        _set(self, "launches", launches)
+        _set(self, "scratch", scratch)
+        _set(self, "predicate", predicate)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "launches", _items(self.launches, Launch, "variant launches"))

@@ -25,6 +25,7 @@ from .errors import FormatError, IntegrityError, KernelPackError, SignatureError
 from .limits import DIGEST_SIZE, FILE_IDENTIFIER, MAX_FILE_SIZE, MAX_IMAGE_SIZE
 from ._records import FrozenRecord
 from .compiled import IMAGE_KINDS, Compiled, Module
+from . import program as _program_module
 from .program import Program
 from .verify import read_format_version, verify_buffer
 
@@ -36,6 +37,9 @@ class SignatureInfo(FrozenRecord):
     Immutable (a :class:`~kernelpack._records.FrozenRecord`)."""
 
     __slots__ = ("key_id", "public_key", "verified")
+    key_id: str
+    public_key: str
+    verified: bool
 
     def __init__(self, key_id: str, public_key: str, verified: bool) -> None:
         self._set(key_id=key_id, public_key=public_key, verified=verified)
@@ -495,3 +499,8 @@ def name_file(exc: BaseException, path: str) -> BaseException:
         message = message[len("file: "):]
     exc.args = (f"{path}: {message}", *exc.args[1:])
     return exc
+
+
+# program.py's annotations name these (typing.get_type_hints resolves them in its globals); it
+# cannot import them itself, since this module imports it
+_program_module.Pack, _program_module.ModuleInfo = Pack, ModuleInfo

@@ -36,8 +36,11 @@ __all__ = [
 ]
 
 
-def _math(op: str) -> Callable[[object], object]:
-    def fn(x: object) -> object:
+# The DSL's functions answer Any to a type checker: a traced tensor (Value) in a fusion, a
+# Python float or int of plain numbers, an Expr of dims: a union would need narrowing at every
+# use of the README's own fusions (review 37)
+def _math(op: str) -> Callable[[Any], Any]:
+    def fn(x: object) -> Any:
         if plain_numbers(x):
             return on_host(op, x)  # type: ignore[arg-type]
         if isinstance(x, builtins.complex):
@@ -71,7 +74,7 @@ tanh, erf, sigmoid = _math("tanh"), _math("erf"), _math("sigmoid")
 floor, ceil = _math("floor"), _math("ceil")
 
 
-def abs(x: object) -> object:  # noqa: A001 - mirrors numpy/builtins
+def abs(x: object) -> Any:  # noqa: A001 - mirrors numpy/builtins
     """``|x|`` of a traced tensor (complex gives the magnitude); of an int or Expr, the
     symbolic absolute value; of a Python float, the float (``np.abs(-2.5)``)."""
     if isinstance(x, float):
@@ -79,7 +82,7 @@ def abs(x: object) -> object:  # noqa: A001 - mirrors numpy/builtins
     return _unary("abs", x)
 
 
-def maximum(a: object, b: object) -> object:
+def maximum(a: object, b: object) -> Any:
     """Elementwise maximum (NaN-propagating, like NumPy); on ints/Exprs, ``kp.emax``; on two
     plain numbers with a float among them, the host's float (``emax`` takes no float)."""
     if plain_floats(a, b):
@@ -89,7 +92,7 @@ def maximum(a: object, b: object) -> object:
     return _binary("max", a, b)
 
 
-def minimum(a: object, b: object) -> object:
+def minimum(a: object, b: object) -> Any:
     """Elementwise minimum (NaN-propagating); on ints/Exprs, ``kp.emin``; on two plain numbers
     with a float among them, the host's float."""
     if plain_floats(a, b):
@@ -108,8 +111,8 @@ def _two_operands(name: str, axis: object, keepdims: object) -> None:
                          f"axis={axis!r}, keepdims={keepdims!r})")
 
 
-def max(a: object, b: object = None, *, axis=None, keepdims=False,  # noqa: A001
-        **unknown: object) -> object:
+def max(a: object, b: object = None, *, axis: object = None,  # noqa: A001
+        keepdims: object = False, **unknown: object) -> Any:
     """``kp.max(x, axis=...)`` reduces; ``kp.max(a, b)`` is the elementwise maximum."""
     reduction_keywords("max", unknown, "kp")
     if b is None:
@@ -118,8 +121,8 @@ def max(a: object, b: object = None, *, axis=None, keepdims=False,  # noqa: A001
     return maximum(a, b)
 
 
-def min(a: object, b: object = None, *, axis=None, keepdims=False,  # noqa: A001
-        **unknown: object) -> object:
+def min(a: object, b: object = None, *, axis: object = None,  # noqa: A001
+        keepdims: object = False, **unknown: object) -> Any:
     """``kp.min(x, axis=...)`` reduces; ``kp.min(a, b)`` is the elementwise minimum."""
     reduction_keywords("min", unknown, "kp")
     if b is None:
@@ -147,7 +150,7 @@ def _reduction(kind: str) -> Callable[..., Value]:
 sum, prod, mean = _reduction("sum"), _reduction("prod"), _reduction("mean")  # noqa: A001
 
 
-def where(cond: object, a: object, b: object) -> object:
+def where(cond: object, a: object, b: object) -> Any:
     """``a`` where ``cond`` holds, else ``b`` (broadcasting). With no traced tensor: on plain
     numbers with a float branch, NumPy's float (computed on the host); on ints and Exprs,
     ``kp.select`` (see :func:`~kernelpack._host_math.host_where`)."""

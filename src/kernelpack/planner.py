@@ -25,9 +25,10 @@ from ._plan_types import (MAX_BLOCK_THREADS, MAX_GRID_X, MAX_GRID_YZ, Allocation
 from .dtypes import strict_index
 from .summary import KernelSummary, Tensor
 
+from .expr_program import ExprProgram
+
 if TYPE_CHECKING:  # imported when first needed: `import kernelpack` loads this module
     from ._plan_ref import ReferencePlanner
-    from .expr_program import ExprProgram
 
 __all__ = ["Plan", "Allocation", "PlannedLaunch", "Planner", "MAX_BLOCK_THREADS",
            "MAX_GRID_X", "MAX_GRID_YZ"]
@@ -61,8 +62,10 @@ class Planner:
         self._fast = compile_fast(summary)
 
     @property
-    def reference(self) -> ReferencePlanner:
-        """The reference planner (built on first use): it words every error."""
+    def reference(self) -> Any:
+        """The reference planner (a :class:`kernelpack._plan_ref.ReferencePlanner`, built on
+        first use): it words every error. (Annotated ``Any``: naming the class would import
+        that module with ``kernelpack``, or leave the hint unresolvable at run time.)"""
         ref = self._ref
         if ref is None:
             from ._plan_ref import ReferencePlanner

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from ._decode import decode_program
 from .errors import FormatError
+from .planner import Plan, Planner
 from .summary import Compiled, KernelSummary, Module
 
 if TYPE_CHECKING:
@@ -97,10 +98,9 @@ class Program(_call_base()):  # type: ignore[misc]
         return out
 
     @property
-    def planner(self) -> Any:
+    def planner(self) -> Planner:
         """The compiled :class:`~kernelpack.planner.Planner` (built once)."""
         if self._planner is None:
-            from .planner import Planner
             planner = Planner(self.summary)
             self.plan = planner.plan  # type: ignore[method-assign]  # later calls skip this layer
             self._planner = planner
@@ -114,7 +114,7 @@ class Program(_call_base()):  # type: ignore[misc]
             self.summary  # noqa: B018 - decodes, checks and collects them
         return dict(self._used)
 
-    def plan(self, *args: Any, **kwargs: Any) -> Any:
+    def plan(self, *args: Any, **kwargs: Any) -> Plan:
         """Evaluate the summary for these shapes and scalars → :class:`~kernelpack.planner.Plan`.
         Tensors are shapes (tuples) or objects with ``.shape``. Raises ConstraintError."""
         return self.planner.plan(*args, **kwargs)

@@ -20,13 +20,16 @@ are :mod:`kernelpack._fields`. Import every name of the data model from here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 from ._fields import _dim, _dtype, _flag, _items, _name, _shape
 from .dtypes import DType, as_dtype, strict_index
-from .expr import Expr, as_expr
+from .expr import Expr, ExprLike, as_expr
 from .launches import Arg, Launch, Scratch, Variant
 from .limits import MAX_CONSTRAINTS, MAX_PARAMS, MAX_VARIANTS
+
+if TYPE_CHECKING:  # resolved on first use here (see __getattr__): compiled imports this module
+    from .compiled import IMAGE_KINDS, Compiled, Image, Module
 
 __all__ = [
     "Tensor", "TensorType", "Scalar", "Param", "Constraint", "Scratch", "Arg", "Launch", "Variant",
@@ -34,6 +37,14 @@ __all__ = [
 ]
 
 ROLES = ("in", "out", "inout")
+# A dtype as the data model takes it: a kp.DType, a name ("float32"), or a NumPy/torch dtype
+DTypeLike = object
+# Each class of the data model writes its __init__ (dataclass keeps one a class defines): its
+# parameters say what a caller may pass (lists, dims as ints or names), which __post_init__
+# normalizes into the fields' stored form. The generated one would announce the stored form
+# (tuple[Expr, ...]) as the parameters' types, refusing to a type checker the README's own
+# kp.Tensor("x", kp.f32, ["n"]) (review 37).
+_set = object.__setattr__
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,15 @@ class Tensor:
     shape: tuple[Expr, ...]
     role: str = "in"
     zero_init: bool = False
+
+    def __init__(self, name: str, dtype: DTypeLike, shape: Iterable[ExprLike],
+                 role: str = "in", zero_init: bool = False) -> None:
+        _set(self, "name", name)
+        _set(self, "dtype", dtype)
+        _set(self, "shape", shape)
+        _set(self, "role", role)
+        _set(self, "zero_init", zero_init)
+        self.__post_init__()
 
     def __class_getitem__(cls, item: object) -> "TensorType":
         """``kp.Tensor[kp.f32, "b", "n"]``: an annotation for ``@kp.fusion`` parameters."""
@@ -82,6 +102,12 @@ class Scalar:
     name: str
     dtype: DType
     value: Expr | None = None
+
+    def __init__(self, name: str, dtype: DTypeLike, value: ExprLike | None = None) -> None:
+        _set(self, "name", name)
+        _set(self, "dtype", dtype)
+        _set(self, "value", value)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", _name(self.name, "scalar name"))
@@ -139,6 +165,11 @@ class Constraint:
     predicate: Expr
     message: str = ""
 
+    def __init__(self, predicate: ExprLike, message: str = "") -> None:
+        _set(self, "predicate", predicate)
+        _set(self, "message", message)
+        self.__post_init__()
+
     def __post_init__(self) -> None:
         try:
             object.__setattr__(self, "predicate", as_expr(self.predicate))
@@ -157,6 +188,14 @@ class KernelSummary:
     params: tuple[Param, ...]
     variants: tuple[Variant, ...]
     constraints: tuple[Constraint, ...] = ()
+
+    def __init__(self, name: str, params: Iterable[Param], variants: Iterable[Variant],
+                 constraints: Iterable[Constraint] = ()) -> None:
+        _set(self, "name", name)
+        _set(self, "params", params)
+        _set(self, "variants", variants)
+        _set(self, "constraints", constraints)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", _name(self.name, "program name"))
@@ -317,7 +356,7 @@ def _symbols_of_many() -> Callable[[Expr], frozenset[str]]:
 _COMPILED = frozenset({"Image", "Module", "Compiled", "IMAGE_KINDS"})
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     """The compiled code that travels with a summary (images, modules, ``kp.Compiled``) lives
     in :mod:`kernelpack.compiled`; these names resolve here too, where the whole data model
     used to be (imported on first use: :mod:`kernelpack.compiled` imports this module)."""

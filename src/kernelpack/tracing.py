@@ -15,6 +15,7 @@ them) are in :mod:`kernelpack.promotion`, broadcasting, reduction axes and index
 from __future__ import annotations
 
 import builtins
+from typing import Any
 
 from .dtypes import (DType, bfloat16, bool_, complex64, complex128, float16, float32, float64,
                      int8, int64, uint64)
@@ -442,7 +443,7 @@ def astype(x: Value, dtype: object) -> Value:
     return x.graph.add("cast", dt, x.shape, (x.id,))
 
 
-def pow(x: object, y: object) -> Value | int | float:  # noqa: A001
+def pow(x: object, y: object) -> Any:  # noqa: A001 (Any: see ops._math)
     """``kp.pow(x, y)``, NumPy's ``np.power``: as ``x ** y``, except that a bool base with an
     int exponent is int64 (``np.power(b, 2)``), where the operator's ``b ** 2`` is NumPy's int8
     ``square``. Two plain Python numbers give the host's result (``host_pow``); a dim

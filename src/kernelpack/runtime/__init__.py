@@ -11,11 +11,14 @@ no driver: the first launch or ``warmup`` does, through ctypes over ``libcuda.so
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from ..dtypes import strict_index
 
 from .selection import PTX_ISA_BY_CUDA, Selection, explain, max_ptx_isa, select_image
+
+if TYPE_CHECKING:  # imported on first use (see __getattr__)
+    from .buffer import DeviceBuffer
 
 __all__ = ["call_program", "warmup", "select_image", "explain", "Selection", "max_ptx_isa",
            "PTX_ISA_BY_CUDA", "DeviceBuffer"]

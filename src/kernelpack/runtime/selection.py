@@ -85,6 +85,10 @@ class Selection(FrozenRecord):
     Immutable (a :class:`~kernelpack._records.FrozenRecord`)."""
 
     __slots__ = ("chosen", "device", "driver_version", "reasons")
+    chosen: Any  # an ImageInfo or a kp.Image (what select_image was given)
+    device: Arch
+    driver_version: int | None
+    reasons: list[tuple[Any, str]]
 
     def __init__(self, chosen: Any, device: Arch, driver_version: int | None,
                  reasons: list[tuple[Any, str]] | None = None) -> None:
