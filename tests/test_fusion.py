@@ -279,3 +279,27 @@ def test_torch_style_size_call_names_shape():
     with pytest.raises(TypeError, match=r"not callable .*write x\.shape\[i\].*x\.size is the "
                                          r"element count"):
         kp.compile(scaled, targets=["sm_80"])
+
+
+def test_annotated_parameters_are_read_from_their_metadata() -> None:
+    """``typing.Annotated[T, kp.Tensor[...]]`` (what a mypy/pyright user writes: README "Type
+    checkers") traces as the plain annotation: same parameters, same key."""
+    from typing import Annotated, Any
+
+    rows = Annotated[Any, kp.Tensor[kp.f32, "b", "n"]]
+
+    @kp.fusion(name="scaled")
+    def typed(x: rows, s: Annotated[float, kp.f32]) -> Any:
+        return x * s
+
+    @kp.fusion(name="scaled")
+    def plain(x: kp.Tensor[kp.f32, "b", "n"], s: kp.f32):
+        return x * s
+
+    assert typed.params == plain.params
+    assert typed.canonical_bytes() == plain.canonical_bytes()
+    def no_kernelpack_metadata(x: Annotated[Any, "rows"]) -> Any:
+        return x
+
+    with pytest.raises(kp.TraceError, match=r"parameter 'x' needs an annotation"):
+        kp.fusion(no_kernelpack_metadata)
