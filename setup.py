@@ -32,7 +32,8 @@ extensions = [
         # _verify.c: the verifier's C walker, a second module of this library (see its top)
         sources=[RUNTIME + f for f in ("_launch.c", "_fastcall.c", "_fastcall_spec.c",
                                          "_callbase.c", "_drvcall.c", "../_verify.c",
-                                         "../_fbread.c", "../_zstd.c", "../_zstd_inflate.c")],
+                                         "../_fbread.c", "../_zstd.c", "../_zstd_inflate.c",
+                                         "../_fdowner.c")],
         depends=[RUNTIME + "_launch.h", RUNTIME + "_fastcall.h", "src/kernelpack/_zstd_inflate.h"],
         define_macros=[("Py_LIMITED_API", f"0x03{LIMITED[1]:02X}0000")],
         # dlopen (libzstd, ../_zstd.c; libcuda, _drvcall.c): in libc from glibc 2.34, in

@@ -96,3 +96,50 @@ def test_unknown_attributes_still_raise(data: bytes) -> None:
         image.read  # noqa: B018 - the runtime probes for a loader ``read`` this way
     with pytest.raises(dataclasses.FrozenInstanceError):
         image.data = b""  # type: ignore[misc]
+
+
+# ---- PackFile: the descriptor a large pack's images are read from -----------------------------
+@pytest.mark.parametrize("owner", ["extension", "finalizer"])
+def test_pack_file_descriptor_closes_with_its_last_reader(owner: str, tmp_path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dropping the last reference closes the private duplicate, whether the extension owns it
+    (``owned_dup``: closed by no Python code, review 34) or, without it, a finalizer does."""
+    import gc
+    import os
+
+    from kernelpack import _images
+
+    if owner == "extension":
+        pytest.importorskip("kernelpack.runtime._launch", reason="the C extension is not built")
+        from kernelpack.runtime._launch import owned_dup  # noqa: F401 (an older build lacks it)
+    else:
+        monkeypatch.setattr(_images, "_OWNED_DUP", False)
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"0123456789")
+    with open(path, "rb") as f:
+        pf = _images.PackFile(f.fileno(), str(path), 10)
+    assert pf.read(2, 3, "test") == b"234"  # the original is closed; the duplicate reads
+    assert (pf._owner is not None) == (owner == "extension")
+    fd = pf.fd
+    os.fstat(fd)
+    del pf
+    gc.collect()
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+def test_owned_dup_refuses_what_is_no_descriptor() -> None:
+    pytest.importorskip("kernelpack.runtime._launch", reason="the C extension is not built")
+    from kernelpack.runtime._launch import owned_dup
+
+    with pytest.raises(ValueError, match="not a file descriptor"):
+        owned_dup(-1)
+    with pytest.raises(OSError):
+        owned_dup(2**31 - 2)  # (EBADF: nothing is open there)
+    with pytest.raises(TypeError):
+        owned_dup("3")
+    owner = owned_dup(0)
+    owner.close()
+    owner.close()  # twice: nothing happens
+    with pytest.raises(ValueError, match="closed"):
+        owner.fileno()

@@ -340,10 +340,6 @@ print(json.dumps({"det": det, "calls": calls[0], "raised": raised[0], "outside":
 
 
 @needs_linux
-@pytest.mark.skip(reason="known, left open (session 32): the descriptor of a dropped >1 MiB "
-                  "pack is closed by a weakref.finalize callback, Python code that a Ctrl-C can "
-                  "interrupt; an exception there is unraisable. A C-owned descriptor (FileIO) "
-                  "would warn ResourceWarning under -X dev instead")
 def test_ctrl_c_while_a_dropped_large_pack_is_finalized_is_neither_lost_nor_leaks() -> None:
     """BUG: a pack read from a file over 1 MiB closes its descriptors from a
     ``weakref.finalize`` callback, which is Python code: a Ctrl-C that lands as the callback

@@ -37,25 +37,46 @@ def _arch(major: int, minor: int, suffix: int) -> Arch:
     return Arch(major, minor, _SUFFIXES[suffix])
 
 
+_OWNED_DUP: Any = None  # the extension's owned_dup once looked up; False: not built
+
+
+def _own(fd: int) -> Any:
+    """A duplicate of ``fd`` owned (and closed) by a C object, or None without the extension."""
+    global _OWNED_DUP
+    if _OWNED_DUP is None:
+        try:
+            from .runtime._launch import owned_dup
+        except ImportError:
+            owned_dup = False
+        _OWNED_DUP = owned_dup
+    return _OWNED_DUP(fd) if _OWNED_DUP else None
+
+
 class PackFile:
     """An open artifact file that images are read from with ``os.pread`` after load.
 
     A large file is memory-mapped for load's checks, but reading an image through the map
     later would kill the process with SIGBUS if the file was truncated in the meantime (a
     rewrite in place, a full disk): a read past the end of a file must be an IntegrityError.
-    The descriptor is a private duplicate, closed by a finalizer when the last reader goes
-    away. A Ctrl-C between the ``dup`` and the finalizer's registration left it open for good
-    (review 32c: a notebook re-running an interrupted load cell leaked one each time), so
-    interrupts wait for both (:mod:`kernelpack._interrupts`). A ``__del__`` would not do: an
-    interrupt inside it is ignored and the close skipped."""
+    The descriptor is a private duplicate, closed when the last reader goes away, by no Python
+    code: a Ctrl-C landing in a Python closer (a ``weakref.finalize`` callback, a ``__del__``)
+    is printed as "Exception ignored" and lost, and the close skipped (review 34). So the
+    extension's ``owned_dup`` makes the duplicate and owns it in one C call, and closes it when
+    deallocated (``_fdowner.c``). Without the extension a finalizer closes it, registered with
+    interrupts held back (:mod:`kernelpack._interrupts`): a Ctrl-C between the ``dup`` and the
+    registration left it open for good (review 32c)."""
 
-    __slots__ = ("path", "size", "fd", "__weakref__")
+    __slots__ = ("path", "size", "fd", "_owner", "__weakref__")
 
     def __init__(self, fd: int, path: str, size: int) -> None:
         self.path, self.size = path, size
+        self._owner = _own(fd)
+        if self._owner is not None:
+            self.fd: int = self._owner.fileno()
+            return
         with deferred_interrupts():  # no Ctrl-C between the dup and its finalizer
             closer = weakref.finalize(self, os.close, os.dup(fd))
-        self.fd: int = closer.peek()[2][0]
+        self.fd = closer.peek()[2][0]
 
     def read(self, start: int, size: int, where: str) -> bytes:
         """Bytes [start, start + size): IntegrityError if the file is shorter now."""

@@ -174,7 +174,7 @@ PyMODINIT_FUNC PyInit__launch(void) {
     if (m == NULL)
         return NULL;
     if (kp_fastcall_init(m) < 0 || kp_verify_init(m) < 0 || kp_fbread_init(m) < 0 ||
-        kp_zstd_init(m) < 0 || kp_drvcall_init(m) < 0) {
+        kp_zstd_init(m) < 0 || kp_drvcall_init(m) < 0 || kp_fdowner_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -31,4 +31,7 @@ int kp_zstd_init(PyObject *module);
 /* _drvcall.c: the driver's entry points called from C (runtime/libcuda.py). */
 int kp_drvcall_init(PyObject *module);
 
+/* ../_fdowner.c: owned_dup, a descriptor closed from C (kernelpack/_images.py's PackFile). */
+int kp_fdowner_init(PyObject *module);
+
 #endif
