@@ -7,7 +7,8 @@ integers (``_launch.c``), runs the PyTorch fast path and ``Program.__call__`` in
 ``kernelpack/_fbread.py``) and the load path's zstd reader (``../_zstd.c``, asked through
 ``kernelpack/_zstd.py``: kernelpack's own decoder, ``../_zstd_inflate.c``, which spares a first
 load the ~170 µs dlopen of the system's libzstd, and that libzstd opened with dlopen as the
-second choice); see those files for why. It is optional: without a C compiler the build skips
+second choice) and the descriptor a large pack's images are read from (``../_fdowner.c``:
+closed by no Python code); see those files for why. It is optional: without a C compiler the build skips
 it, the runtime launches through its Python driver door (ctypes over ``libcuda.so.1``, or
 cuda.bindings) and the verifier walks in Python, with the same results. It uses the limited C
 API (plus two functions CPython exports from 3.11 on, declared in ``_fastcall.c``), so one
