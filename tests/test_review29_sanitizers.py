@@ -67,7 +67,7 @@ SCALE = max(1, int(os.environ.get("KERNELPACK_TEST_SANITIZER_FUZZ", "1") or 1))
 SEED = int(os.environ.get("KERNELPACK_TEST_SANITIZER_SEED", "29") or 29)
 SOURCES = ("runtime/_launch.c", "runtime/_fastcall.c", "runtime/_fastcall_spec.c",
            "runtime/_callbase.c", "runtime/_drvcall.c", "_verify.c", "_fbread.c", "_zstd.c",
-           "_zstd_inflate.c")
+           "_zstd_inflate.c", "_fdowner.c")
 SAN = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
        "-fno-omit-frame-pointer", "-g", "-O1", "-w"]
 SLOW_CASE_S = 5.0  # one case (a small input) taking longer is a finding
