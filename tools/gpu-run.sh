@@ -16,7 +16,7 @@ OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT"
 cd "$1"; shift
 inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 ( cd src/kernelpack/runtime && gcc -O2 -shared -fPIC -DPy_LIMITED_API=0x030C0000 -I"$inc" \
-    _launch.c _fastcall.c _fastcall_spec.c _callbase.c _drvcall.c ../_verify.c ../_fbread.c ../_zstd.c ../_zstd_inflate.c -ldl -o _launch.abi3.so ) || echo "EXTENSION BUILD FAILED"
+    _launch.c _fastcall.c _fastcall_spec.c _callbase.c _drvcall.c ../_verify.c ../_fbread.c ../_zstd.c ../_zstd_inflate.c ../_fdowner.c -ldl -o _launch.abi3.so ) || echo "EXTENSION BUILD FAILED"
 export PYTHONPATH="$PWD/src"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -m compileall -q src/kernelpack >/dev/null
