@@ -15,7 +15,9 @@ once" (a final ``torch.cuda.synchronize()``):
   kernelpack's, in the same order): a compile when ``TRITON_CACHE_DIR`` is empty, a cache load
   when it was warmed by an earlier process.
 
-After the clock stops, every output is checked against a float64 torch reference.
+After the clock stops, every output is checked against a float64 torch reference. Cold rows
+are one run each; warm rows (kernelpack warm disk, Triton warm, the driver floor) are the
+median of ``--repeat`` runs (default 5) of each figure, the fastest run's clock beside it.
 """
 
 from __future__ import annotations
@@ -345,7 +347,10 @@ def _child(cfg: dict, env: dict[str, str], timeout: float) -> dict:
 
 def run_scenarios(n: int, repeat: int, tmp: Path, env: dict[str, str],
                   log: Callable[[str], None] = print, timeout: float = 300.0) -> dict:
-    """kernelpack cold, warm disk; Triton cold, warm (warm rows: fastest of ``repeat``)."""
+    """kernelpack cold, warm disk; Triton cold, warm; the driver floor (warm rows: the median
+    of ``repeat`` runs per figure, :func:`warmstart.median_run`; cold: one run)."""
+    from warmstart import median_run
+
     triton_dir = tmp / "triton-src"
     triton_dir.mkdir()
     (triton_dir / "kp_ws_triton.py").write_text(triton_source())
@@ -365,8 +370,8 @@ def run_scenarios(n: int, repeat: int, tmp: Path, env: dict[str, str],
                              f"bad={len(r['bad'])} {r['bad'][:10]}"))
         return r
 
-    runs["kernelpack cold"] = one("kernelpack cold", kp_cfg, kp_env)
-    runs["Triton cold"] = one("Triton cold", tr_cfg, tr_env)
+    runs["kernelpack cold"] = dict(one("kernelpack cold", kp_cfg, kp_env), runs=1)
+    runs["Triton cold"] = dict(one("Triton cold", tr_cfg, tr_env), runs=1)
     try:
         fl_cfg: dict | None = {"mode": "floor", "kernels": n, "here": str(HERE),
                                "floor_jobs": str(_export_images(n, tmp, kp_cfg["disk"], env,
@@ -384,8 +389,7 @@ def run_scenarios(n: int, repeat: int, tmp: Path, env: dict[str, str],
     if fl_cfg is None:
         del warm["driver floor"]
     for name, rs in warm.items():
-        ok = [r for r in rs if "error" not in r]
-        runs[name] = min(ok, key=lambda r: r["work_s"]) if ok else rs[-1]
+        runs[name] = median_run(rs)
     return {k: runs[k] for k in ("kernelpack cold", "kernelpack warm disk", "Triton cold",
                                  "Triton warm", "driver floor") if k in runs}
 
@@ -484,17 +488,19 @@ def gpu_report(runs: dict, n: int, repeat: int, stamp: str) -> str:
              f"{'/'.join(TARGETS)}. Clock: from after `import torch; torch.cuda.init()` and "
              f"the inputs' allocation (done alike in every scenario; 'setup' column) to all "
              f"{n} outputs computed (`torch.cuda.synchronize()`); it includes `import "
-             f"kernelpack` / `import triton`. Warm rows: fastest of {repeat}. Every output "
+             f"kernelpack` / `import triton`. Cold rows: one run; warm rows: median of "
+             f"{repeat} runs per column (medians need not add up), their fastest clock in "
+             f"'min'. Every output "
              f"checked against float64 torch after the clock (max |err| / max |ref|; "
              f"tolerance f64 {TOL['f64']:g}, f32 {TOL['f32']:g}, f16 {TOL['f16']:g}).", "",
-             "| scenario | to all run (ms) | import (ms) | kp.compile: compile / cache load "
-             "(ms) | first launches + rest (ms) | setup, untimed (ms) | process wall (ms) "
-             "| cold / this | outputs ok | max err f32 / f64 / f16 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+             "| scenario | runs | to all run (ms) | min (ms) | import (ms) | kp.compile: "
+             "compile / cache load (ms) | first launches + rest (ms) | setup, untimed (ms) | "
+             "process wall (ms) | cold / this | outputs ok | max err f32 / f64 / f16 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for name, r in runs.items():
         if "error" in r:
             last = r["error"].strip().splitlines()[-1][:200].replace("|", "/")
-            lines.append(f"| {name} | failed: `{last}` | | | | | | | | |")
+            lines.append(f"| {name} | 0 | failed: `{last}` | | | | | | | | | |")
             continue
         c = cold.get(name.split()[0], {})
         ratio = f"{c['work_s'] / r['work_s']:.1f}x" if "work_s" in c else "—"
@@ -506,8 +512,12 @@ def gpu_report(runs: dict, n: int, repeat: int, stamp: str) -> str:
         shown = "; ".join(b[:120] for b in r["bad"][:4]).replace("|", "/")
         ok = (f"{r['n'] - len(r['bad'])}/{r['n']}" + (f" ({shown})" if r["bad"] else "")
               if r["n"] else "(loads only)")
+        runs_cell = f"{r.get('runs', 1)}" + (f" ({r['failed']} failed)" if r.get("failed")
+                                            else "")
+        fastest = _ms(r, "min_work_s") if "min_work_s" in r else _ms(r, "work_s")
         origins = f" {r['origins']}" if r.get("origins") else ""
-        lines.append(f"| {name}{origins} | {_ms(r, 'work_s')} | {_ms(r, 'import_s')} | {load} "
+        lines.append(f"| {name}{origins} | {runs_cell} | {_ms(r, 'work_s')} | {fastest} | "
+                     f"{_ms(r, 'import_s')} | {load} "
                      f"| {1000 * rest:.1f} | {_ms(r, 'pre_s')} | {_ms(r, 'wall_s')} | {ratio} "
                      f"| {ok} | {errs} |")
     lines.append("")

@@ -10,9 +10,13 @@ pointwise stage over the whole output. This script compiles the workload twice i
 process, as ``kp.compile`` does now and with ``longrows.OUT_PER_THREAD`` raised past any
 shape (every row fused into one kernel: what ran before), and times both and PyTorch eager
 on the same inputs (CUDA events, L2 flushed, medians; ``_gpu_timing``). Results are checked
-against float64/complex128 torch before timing.
+against float64/complex128 torch before timing. Each build is a real compile (``kp.compile``'s
+per-process memo emptied around it, a counter around the lowering; ``_compiles.py``), and the
+two builds must differ for each dtype, or the script stops.
 
-    python benchmarks/amplitude.py [--quick] [--no-results]
+    python benchmarks/amplitude.py [--quick] [--no-results] [--dry-run]
+
+``--dry-run`` needs no GPU: it builds both ways for sm_90 and checks that the builds differ.
 
 Bandwidth: bytes read (v) + written (the complex output) once / time, as a fraction of the
 device-to-device copy bandwidth of the same run.
@@ -20,7 +24,6 @@ device-to-device copy bandwidth of the same run.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +34,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
 import kernelpack as kp  # noqa: E402
+from _compiles import CompileCounter, fresh_compile, must_differ  # noqa: E402
 from _gpu_timing import (RESULTS, append_results, copy_bandwidth,  # noqa: E402
                          cuda_torch, markdown_table, median_ms, rel_err, time_cell)
 
@@ -41,24 +45,38 @@ QUICK = [(1, 1000, 20), (128, 1000, 20), (4096, 256, 8)]
 DTYPES = ("float32", "float64")
 
 
-def build(after: bool, workdir: Path, tag: str) -> Any:
-    """The amplitude workload for both dtypes, compiled for this GPU, with or without the
-    long-row stages."""
-    import torch
-
+def build(after: bool, workdir: Path, tag: str,
+          target: str | None = None) -> tuple[Any, list[Any]]:
+    """The amplitude workload for both dtypes, compiled for ``target`` (default: this GPU),
+    with or without the long-row stages, each a real compile; the loaded pack and the
+    compiled programs."""
     from kernelpack.lowering import longrows, workloads
 
-    major, minor = torch.cuda.get_device_capability()
+    if target is None:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        target = f"sm_{major}{minor}"
     saved = longrows.OUT_PER_THREAD
     longrows.OUT_PER_THREAD = saved if after else 1 << 40
     try:
-        compiled = [kp.compile(workloads.make(getattr(kp, d))["amplitude"],
-                               targets=[f"sm_{major}{minor}"]) for d in DTYPES]
+        with CompileCounter() as counter:
+            compiled = [fresh_compile(workloads.make(getattr(kp, d))["amplitude"], counter,
+                                      targets=[target]) for d in DTYPES]
     finally:
         longrows.OUT_PER_THREAD = saved
     path = workdir / f"amplitude_{tag}.kpack"
     kp.save(compiled, str(path))
-    return kp.load(str(path))
+    return kp.load(str(path)), compiled
+
+
+def build_both(workdir: Path, target: str | None = None) -> dict[str, Any]:
+    """'after' and 'before' packs; stops when a dtype's two builds are the same code."""
+    after, after_c = build(True, workdir, "after", target)
+    before, before_c = build(False, workdir, "before", target)
+    for dname, a, b in zip(DTYPES, after_c, before_c):
+        must_differ(a, b, f"amplitude.py {dname}: after vs before")
+    return {"after": after, "before": before}
 
 
 def _eager(torch: Any, v: Any, n: int) -> Any:
@@ -69,17 +87,25 @@ def _eager(torch: Any, v: Any, n: int) -> Any:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from _cli import parser_for
+
+    ap = parser_for(__doc__)
     ap.add_argument("--quick", action="store_true", help="three shapes only")
     ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU: build both ways for sm_90 and check that they differ")
     args = ap.parse_args()
+    if args.dry_run:
+        with tempfile.TemporaryDirectory() as tmp:
+            build_both(Path(tmp), "sm_90")
+        print(f"amplitude.py dry run: after and before builds differ ({', '.join(DTYPES)})")
+        return 0
     torch = cuda_torch("amplitude.py")
     if torch is None:
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        packs = {"after": build(True, Path(tmp), "after"),
-                 "before": build(False, Path(tmp), "before")}
+        packs = build_both(Path(tmp))
         copy_bw = copy_bandwidth()
         for dname in DTYPES:
             dtype = getattr(torch, dname)
@@ -114,7 +140,8 @@ def main() -> int:
         "`zeros` + `v / vector_norm(v)` into the first l columns. Cells: median time (CUDA "
         "events, L2 flushed) and bytes read + written once / time as a fraction of this run's "
         f"copy bandwidth ({copy_bw / 1e9:.0f} GB/s). Every result checked against complex128 "
-        "torch (relative error <= 1e-5 float32, 1e-12 float64) before timing.",
+        "torch (relative error <= 1e-5 float32, 1e-12 float64) before timing. Both builds are "
+        "real compiles (kp.compile's memo emptied) and differ for each dtype.",
         "",
         *markdown_table(["dtype", "(b, l, n)", "after", "before", "torch eager",
                          "before / after", "after / eager"], rows),

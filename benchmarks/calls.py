@@ -14,14 +14,16 @@ same calls with ``out=`` captured in one CUDA graph and replayed) says what the 
 call. Methods:
 ``kp`` (``program(x)``), ``kp general`` (the same program through the general path,
 ``program._kp_bound.__call__``: what every call of these programs took before), and the
-torch ops. Results are checked against float64 torch before timing.
+torch ops. Results are checked against float64 torch before timing: the first call (which
+binds), the general path, and the call through the fast path that the second call builds
+(the script stops if no fast path was built); with the C fast path, its own counter must show
+that every timed ``kp`` call took it.
 
     python benchmarks/calls.py [--calls 200] [--reps 15] [--no-results]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -116,7 +118,9 @@ def _graph_us(fn: Callable[[], Any], torch: Any, calls: int, reps: int = 11) -> 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from _cli import parser_for
+
+    ap = parser_for(__doc__)
     ap.add_argument("--calls", type=int, default=200, help="back-to-back calls per sample")
     ap.add_argument("--reps", type=int, default=15, help="samples per method (median)")
     ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
@@ -139,14 +143,33 @@ def main() -> int:
                 err = rel_err(got, ref)
                 if not err <= 1e-5:
                     raise SystemExit(f"{name} {shape} {how}: relative error {err:.2e}")
-            prog(*inputs)  # the second call builds the fast path
+            second = prog(*inputs)  # the second call builds the fast path (and runs on it)
             bound = prog._kp_bound
             fast = bound.call != bound.__call__
+            if not fast:
+                raise SystemExit(f"{name} {shape}: the second call built no fast path: the "
+                                 f"'kp' row would time the general path")
+            counter = getattr(bound.call, "__self__", None)  # the C FastCall, if it is one
+            before = getattr(counter, "fast_calls", None)
+            for how, got in (("kp, second call", second), ("kp, fast path", prog(*inputs))):
+                err = rel_err(got, ref)
+                if not err <= 1e-5:
+                    raise SystemExit(f"{name} {shape} {how}: relative error {err:.2e}")
+            if before is not None and counter.fast_calls != before + 1:
+                raise SystemExit(f"{name} {shape}: a call after the fast path was built did "
+                                 f"not take it (FastCall.fast_calls {before} -> "
+                                 f"{counter.fast_calls})")
             op = _torch_op(name, torch)
+            warm = 20
+            before = getattr(counter, "fast_calls", None)
             t = per_call_us({"kp": lambda: prog(*inputs),
                            "kp general": lambda: bound.__call__(inputs, None, None),
                            "torch": lambda: op(*inputs)},
-                            torch.cuda.synchronize, args.calls, args.reps, warm=20)
+                            torch.cuda.synchronize, args.calls, args.reps, warm=warm)
+            if before is not None and counter.fast_calls - before != warm + args.reps * args.calls:
+                raise SystemExit(f"{name} {shape}: {counter.fast_calls - before} of the "
+                                 f"{warm + args.reps * args.calls} timed kp calls took the C "
+                                 f"fast path")
             out = torch.empty_like(ref, dtype=torch.float32)
             device_us = _graph_us(lambda: prog(*inputs, out=out), torch, args.calls)
             err = rel_err(out, ref)

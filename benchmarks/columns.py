@@ -6,10 +6,15 @@ looping over its column; now a split kernel and a final kernel take them where t
 give enough splits. This script compiles each workload twice in one process: as
 ``kp.compile`` does now, and with the split schedule switched off (``columns.SPLIT_MIN``
 raised past any shape: what the general schedule did before), and times both against
-PyTorch eager on the same inputs (CUDA events, L2 flushed, medians; ``_gpu_timing``). Results
-are checked against float64 torch before timing.
+PyTorch eager on the same inputs (CUDA events, L2 flushed, medians with the same repetition
+settings for every method; ``_gpu_timing``). Every result, eager's too, is checked against
+float64 torch before timing. Each build is a real compile (``kp.compile``'s per-process memo
+emptied around it, a counter around the lowering; ``_compiles.py``), and the two builds of each
+fusion must differ, or the script stops.
 
-    python benchmarks/columns.py [--quick] [--no-results] [--dtype float32|float64]
+    python benchmarks/columns.py [--quick] [--no-results] [--dtype float32|float64] [--dry-run]
+
+``--dry-run`` needs no GPU: it builds both ways for sm_90 and checks that the builds differ.
 
 Workloads (float32, or float64 with ``--dtype float64``): a column sum, a column mean-and-centre (``x - x.mean(0)``: the mean is
 materialized, then a pointwise pass) and a column standard deviation, on tall, square and
@@ -19,7 +24,6 @@ device-to-device copy bandwidth of the same run.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -31,6 +35,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
 import kernelpack as kp  # noqa: E402
+from _compiles import CompileCounter, fresh_compile, must_differ  # noqa: E402
 from _gpu_timing import (RESULTS, append_results, copy_bandwidth,  # noqa: E402
                          cuda_torch, markdown_table, median_ms, rel_err, time_cell)
 
@@ -62,6 +67,7 @@ SHAPES = [(100_000, 64), (1_000_000, 16), (8192, 8192), (65536, 1024), (512, 655
           (300, 70000), (100, 64), (64, 4096)]
 QUICK = [(100_000, 64), (8192, 8192)]
 DTYPES = {"float32": (kp.f32, 4, 1e-5), "float64": (kp.f64, 8, 1e-12)}  # kp dtype, bytes, tol
+TIMING = {"rep_ms": 50, "max_reps": 200}  # median_ms settings, the same for every method
 
 
 def _eager(name: str, torch: Any) -> Callable[[Any], Any]:
@@ -88,40 +94,63 @@ def _bytes(name: str, shape: tuple[int, int], itemsize: int) -> int:
     return read + written
 
 
-def build(split: bool, workdir: Path, tag: str, dt: Any) -> Any:
-    """The three fusions over ``dt`` compiled for this GPU, with or without the split
-    schedule."""
-    import torch
-
+def build(split: bool, workdir: Path, tag: str, dt: Any,
+          target: str | None = None) -> tuple[Any, list[Any]]:
+    """The three fusions over ``dt`` compiled for ``target`` (default: this GPU), with or
+    without the split schedule, each a real compile; the loaded pack and the compiled
+    programs (for :func:`_compiles.must_differ`)."""
     from kernelpack.lowering import columns
 
-    major, minor = torch.cuda.get_device_capability()
+    if target is None:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        target = f"sm_{major}{minor}"
     saved = columns.SPLIT_MIN
     columns.SPLIT_MIN = saved if split else 1 << 62
     try:
-        compiled = [kp.compile(f, targets=[f"sm_{major}{minor}"])
-                    for f in fusions(dt).values()]
+        with CompileCounter() as counter:
+            compiled = [fresh_compile(f, counter, targets=[target])
+                        for f in fusions(dt).values()]
     finally:
         columns.SPLIT_MIN = saved
     path = workdir / f"columns_{tag}.kpack"
     kp.save(compiled, str(path))
-    return kp.load(str(path))
+    return kp.load(str(path)), compiled
+
+
+def build_both(workdir: Path, dt: Any, target: str | None = None) -> dict[str, Any]:
+    """'split' and 'general' packs; stops when a fusion's two builds are the same code."""
+    split, split_c = build(True, workdir, "split", dt, target)
+    general, general_c = build(False, workdir, "general", dt, target)
+    for name, a, b in zip(FUSIONS, split_c, general_c):
+        must_differ(a, b, f"columns.py {name} {dt.name}: split vs general")
+    return {"split": split, "general": general}
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from _cli import parser_for
+
+    ap = parser_for(__doc__)
     ap.add_argument("--quick", action="store_true", help="two shapes only")
     ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
                     help="element type of the matrices (default float32)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU: build both ways for sm_90 and check that they differ")
     args = ap.parse_args()
+    if args.dry_run:
+        with tempfile.TemporaryDirectory() as tmp:
+            build_both(Path(tmp), DTYPES[args.dtype][0], "sm_90")
+        print(f"columns.py dry run: split and general builds differ for {', '.join(FUSIONS)} "
+              f"({args.dtype})")
+        return 0
     torch = cuda_torch("columns.py")
     if torch is None:
         return 0
     dt, itemsize, tol = DTYPES[args.dtype]
     with tempfile.TemporaryDirectory() as tmp:
-        packs = {"split": build(True, Path(tmp), "split", dt),
-                 "general": build(False, Path(tmp), "general", dt)}
+        packs = build_both(Path(tmp), dt)
         copy_bw = copy_bandwidth()
         shapes = QUICK if args.quick else SHAPES
         times: dict[tuple, float] = {}
@@ -136,17 +165,12 @@ def main() -> int:
                 for name in FUSIONS:
                     ref = _reference(name, x)
                     for kind in kinds:
-                        if kind == "eager":
-                            eager = _eager(name, torch)
-                            times[name, shape, kind] = median_ms(lambda e=eager, x=x: e(x))
-                            continue
-                        prog = packs[kind][name]
-                        err = rel_err(prog(x), ref)
+                        fn = (_eager(name, torch) if kind == "eager" else packs[kind][name])
+                        err = rel_err(fn(x), ref)
                         if not err <= tol:
                             raise SystemExit(f"{name} {shape} {kind}: relative error {err:.2e}")
                         t0 = time.perf_counter()
-                        times[name, shape, kind] = median_ms(lambda p=prog, x=x: p(x), rep_ms=50,
-                                                             max_reps=200)
+                        times[name, shape, kind] = median_ms(lambda p=fn, x=x: p(x), **TIMING)
                         print(f"{name} {shape} {kind}: {times[name, shape, kind]:.3f} ms "
                               f"(err {err:.1e}, {time.perf_counter() - t0:.1f} s)", flush=True)
                 del x
@@ -166,9 +190,11 @@ def main() -> int:
         "(lowering/columns.py); 'general' the same fusions compiled with the split schedule "
         "switched off (one thread per output element, what ran before), timed after every "
         "split and torch kernel. Cells: median time "
-        "(CUDA events, L2 flushed) and bytes read + written once / time as a fraction of the "
-        f"copy bandwidth of this run ({copy_bw / 1e9:.0f} GB/s). Every result checked against "
-        f"float64 torch (relative error <= {tol:g}) before timing.",
+        "(CUDA events, L2 flushed; the same repetition settings for every method) and bytes "
+        "read + written once / time as a fraction of the "
+        f"copy bandwidth of this run ({copy_bw / 1e9:.0f} GB/s). Every result, torch eager's "
+        f"too, checked against float64 torch (relative error <= {tol:g}) before timing. Both "
+        "builds are real compiles (kp.compile's memo emptied) and differ for every fusion.",
         "",
         *markdown_table(["workload", "shape", "split", "general (before)", "torch eager",
                          "general / split", "split / eager"], rows),

@@ -6,17 +6,18 @@ long as it: partial passes over a grid, a combine kernel per level that stores t
 values, then a pointwise grid that loads them (``lowering/fullred.py``). ``x.sum()`` and the
 variance end in one block instead. Every result is checked against float64 torch first
 (relative error <= 1e-5 for float32, 1e-12 for float64), then timed (CUDA events, L2 flushed,
-medians; ``_gpu_timing``). Bandwidth counts each input read once per pass the math needs (one
-for a sum, two when the output is as long as the input or a mean feeds a second reduction,
-three for the centred vector) and each output written once, against this run's
-device-to-device copy.
+medians; ``_gpu_timing``). Bandwidth counts the minimum traffic the math needs, as
+``rowsplit.py`` counts it: the input read once for a sum and for the variance (one pass can
+accumulate the sum and the sum of squares), twice where the output is as long as the input and
+depends on a full reduction (normalize, center: one pass for the reduction(s), one to write),
+and each output written once; against this run's device-to-device copy. A kernel that makes
+more passes (the variance's two, for accuracy) shows a lower fraction, not a higher count.
 
     python benchmarks/fullred.py [--quick] [--no-results] [--md FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -32,9 +33,9 @@ import kernelpack as kp  # noqa: E402
 T = kp.Tensor
 EPS = 1e-12
 SIZES = [1 << 24, 1 << 26, 100_000_000]
-# workload -> (passes over the input, outputs as long as the input)
-TRAFFIC = {"sum": (1, False), "variance": (2, False), "normalize": (2, True),
-           "center": (3, True)}
+# workload -> (reads of the input the math needs at least, output as long as the input)
+TRAFFIC = {"sum": (1, False), "variance": (1, False), "normalize": (2, True),
+           "center": (2, True)}
 
 
 def fusions(dt: kp.DType) -> dict[str, Any]:
@@ -71,7 +72,9 @@ def eager(name: str, x: Any) -> Callable[[], Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from _cli import parser_for
+
+    ap = parser_for(__doc__)
     ap.add_argument("--quick", action="store_true", help="one size (2^26)")
     ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
     ap.add_argument("--md", default=None, help="also write the section here (default "
@@ -116,7 +119,9 @@ def main() -> int:
                     nbytes = x.element_size() * n * (passes + long_out)
                     t_kp = median_ms(lambda: program(x, out=out), rep_ms=60, max_reps=400)
                     t_eager = median_ms(peer, rep_ms=60, max_reps=400)
-                    rows.append([name, dt.name, f"{n:,}", time_cell(t_kp, nbytes, copy_bw),
+                    traffic = f"{passes}R" + (" + 1W" if long_out else "")
+                    rows.append([name, dt.name, f"{n:,}", traffic,
+                                 time_cell(t_kp, nbytes, copy_bw),
                                  time_cell(t_eager, nbytes, copy_bw),
                                  f"{t_kp / t_eager:.2f}", f"{rel_err(out, ref):.1e}"])
                     print(" | ".join(rows[-1]), flush=True)
@@ -127,11 +132,16 @@ def main() -> int:
             f"(`kp.compile(..., targets=['{target}'])`), launched with `out=`; eager = "
             f"`x.sum()`, `x.var(unbiased=False)`, `x / x.sum()`, `d * rsqrt((d*d).mean() + "
             f"eps)` with `d = x - x.mean()`. Median CUDA-event times, L2 flushed; in "
-            f"parentheses the bytes the math must move (inputs once per pass it needs, outputs "
-            f"once) / time against this run's copy bandwidth ({copy_bw / 1e9:.0f} GB/s). Every "
-            f"result checked against float64 torch first.", "",
-            *markdown_table(["workload", "dtype", "n", "kernelpack", "torch eager",
-                             "kp / eager", "kp rel err"], rows)]
+            f"parentheses the minimum traffic the math needs ('min traffic': R = one read of "
+            f"the input, W = one write of an output as long: a sum or a variance reads the "
+            f"input once, normalize and center read it twice and write once) / time, against "
+            f"this run's copy bandwidth ({copy_bw / 1e9:.0f} GB/s); a kernel that moves more "
+            f"shows a lower fraction. Every result, eager's too, checked against float64 torch "
+            f"first.", "",
+            *markdown_table(["workload", "dtype", "n", "min traffic",
+                             "kernelpack (ms, % copy bw at min traffic)",
+                             "torch eager (ms, % copy bw at min traffic)", "kp / eager",
+                             "kp rel err"], rows)]
     md = args.md or (os.path.join(os.environ["OUT"], "fullred.md") if os.environ.get("OUT")
                      else None)
     print(append_results("Full reductions (`benchmarks/fullred.py`)", body,

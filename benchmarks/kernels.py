@@ -746,7 +746,9 @@ def run_isolated(names: set[str], args: argparse.Namespace, copy_bw: float,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from _cli import parser_for
+
+    parser = parser_for(__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     parser.add_argument("--only", default="", help="comma-separated workloads "
                         f"({', '.join(STANDARD + ENCODINGS)})")

@@ -6,14 +6,22 @@ process, against the driver floor and Triton's warm-cache first launch; and the 
     CUDA context, allocated its inputs and imported ``cuda.bindings.driver`` (and the package
     under test) before the clock starts, so the numbers cover the load path only:
       floor       read the cubin file, ``cuLibraryLoadData`` + ``cuLibraryGetKernel`` + one
-                  ``cuLaunchKernel`` (prepacked parameters) + synchronize;
+                  ``cuLaunchKernel`` (prepacked parameters) + synchronize, with cuda.bindings'
+                  own one-time set-up (its driver symbol table, ~170-350 µs on the H200 host,
+                  paid by a process's first bindings call) done before the clock by one
+                  ``cuDriverGetVersion`` call: the issue's "cuLibraryLoadData of the same
+                  cubin alone", the floor the target is computed from;
+      floor incl. cuda.bindings' first-call set-up
+                  the same with the bindings' set-up inside the clock (for reference only:
+                  kernelpack calls the driver through its own door and never pays it);
       kernelpack  ``kp.load(path)`` + ``pack[name](x, y, a)`` + synchronize, for an artifact of
                   1 and of 100 programs (each its own module; the 100-program case calls one in
                   the middle);
       Triton      import of the module defining the ``@triton.jit`` kernel + first launch +
                   synchronize, with a TRITON_CACHE_DIR warmed by an earlier process.
     The kernel is the same axpy (y = a·x + y, n = 2^20 float32) everywhere; kernelpack's and the
-    floor's cubin are the same bytes. Target: kernelpack <= 1.2 x floor + 100 µs.
+    floor's cubin are the same bytes. Target: kernelpack <= 1.2 x floor + 100 µs (the floor
+    with the bindings set up before the clock).
 (b) Wall time of ``python -c "import kernelpack"`` against ``python -c "import
     cuda.bindings.driver"`` (fresh processes, median), target <= 1.5x.
 
@@ -28,7 +36,6 @@ to ``--md`` (default ``$OUT/load_gpu.md`` when ``$OUT`` is set).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -139,9 +146,12 @@ t1 = time.perf_counter()
 }
 
 
-# Not the issue's floor, shown beside it: the floor's first cuda.bindings call also pays the
-# bindings' own one-time set-up, which kernelpack (its own driver door) never runs.
-BINDINGS_SET_UP = "floor, cuda.bindings set up before the clock"
+# The issue's floor ("cuLibraryLoadData of the same cubin alone"): cuda.bindings' own one-time
+# set-up (its driver symbol table) done before the clock, as kernelpack's driver door is.
+FLOOR = "floor (cuda.bindings set up before the clock)"
+# Shown beside it, not a target: the first cuda.bindings call of a process also sets the
+# bindings up, which kernelpack (its own driver door) never runs.
+FLOOR_WITH_SET_UP = "floor incl. cuda.bindings' first-call set-up"
 
 
 def child_code(kind: str) -> str:
@@ -205,8 +215,8 @@ def first_result(workdir: Path, art: dict, reps: int,
     (workdir / "tkern.py").write_text(TRITON_KERNEL)
     kp_code = child_code("kernelpack")
     configs = {
-        "floor": (child_code("floor"), [str(art["cubin"])], env),
-        BINDINGS_SET_UP: (child_code("floor"), [str(art["cubin"]), "set-up"], env),
+        FLOOR: (child_code("floor"), [str(art["cubin"]), "set-up"], env),
+        FLOOR_WITH_SET_UP: (child_code("floor"), [str(art["cubin"])], env),
         "kernelpack, 1 program": (kp_code, [str(art["paths"]["1"]), "axpy_000"], env),
         "kernelpack, 100 programs": (kp_code, [str(art["paths"]["100"]), "axpy_050"], env),
         "Triton, warm cache": (child_code("triton"), [str(workdir)], tenv),
@@ -306,7 +316,9 @@ def import_times(reps: int) -> tuple[dict[str, float], list[str]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from _cli import parser_for
+
+    parser = parser_for(__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--reps", type=int, default=None,
                         help="fresh processes per configuration in (a) (default 7 quick, 21)")
@@ -349,7 +361,7 @@ def main() -> int:
         body += [f"(a) not available: {type(exc).__name__}: {exc}", ""]
         print(body[0])
     if art is not None:
-        floor = res.get("floor")
+        floor = res.get(FLOOR)
         floor_us = (statistics.median(r["us"] for r in floor)
                     if isinstance(floor, list) and floor else None)
         rows = []
@@ -372,18 +384,28 @@ def main() -> int:
                  "imported, context created, inputs allocated and `cuda.bindings.driver` "
                  "imported before the clock). Kernel: axpy y = a·x + y, n = 2^20 float32, "
                  f"{art['image']} ({art['cubin_size']:,} B cubin). Floor = read the cubin + "
-                 "`cuLibraryLoadData` + `cuLibraryGetKernel` + one `cuLaunchKernel` + sync. "
+                 "`cuLibraryLoadData` + `cuLibraryGetKernel` + one `cuLaunchKernel` + sync, "
+                 "cuda.bindings set up before the clock (one `cuDriverGetVersion` call): the "
+                 "issue's floor, 'cuLibraryLoadData of the same cubin alone', which the target "
+                 "and the 'vs floor' column use. The row '" + FLOOR_WITH_SET_UP + "' is the same "
+                 "with the bindings' one-time set-up (their first call in a process) inside the "
+                 "clock, for reference only: kernelpack calls the driver through its own door "
+                 "and never pays it. "
                  "'load part' = until the library/pack is open (floor: after "
                  "`cuLibraryGetKernel`; kernelpack: after `kp.load`; Triton: after importing the "
-                 "kernel's module). The floor's first `cuda.bindings` call (cuLibraryLoadData) "
-                 "also sets the bindings up; the row '" + BINDINGS_SET_UP + "' makes one "
-                 "`cuDriverGetVersion` call first, to show that share (kernelpack calls the "
-                 "driver through its own door; the target stays against the floor as the issue "
-                 "defines it). Artifacts: 1 program "
+                 "kernel's module). Artifacts: 1 program "
                  f"{art['sizes']['1']:,} B, 100 programs {art['sizes']['100']:,} B.", ""]
         body += gt.markdown_table(["path", "median µs", "min µs", "load part µs", "vs floor",
                                    "result ok", "target (1.2x floor + 100 µs)"], rows,
                                   "lrrrrll")
+        kp_one = res.get("kernelpack, 1 program")
+        if floor_us and isinstance(kp_one, list) and kp_one:
+            med = statistics.median(r["us"] for r in kp_one)
+            limit = 1.2 * floor_us + 100
+            body += ["", f"Target (kernelpack, 1 program): median {med:.0f} µs vs 1.2 x floor "
+                     f"{floor_us:.0f} µs + 100 µs = {limit:.0f} µs: "
+                     f"**{'met' if med <= limit else 'not met'}** (floor: cuda.bindings set up "
+                     f"before the clock)."]
         kp_mods = [m for m in notes.get("kernelpack, 1 program", "").split(", ") if m]
         body += ["", f"Modules the plain kernelpack run imported inside the clock: "
                  f"{len(kp_mods)} ({', '.join(kp_mods[:40])}{' …' if len(kp_mods) > 40 else ''}); "

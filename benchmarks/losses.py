@@ -9,13 +9,16 @@ fusion both ways in one process (``materialize.NESTED`` True: now; False: before
 them against ``torch.nn.functional.cross_entropy`` on the same inputs (CUDA events, L2 flushed,
 medians; ``_gpu_timing``), after checking every result against float64 torch. The 'before'
 schedule is timed on the small shapes only (a (8192, 32000) call takes seconds on one thread).
+Each build is a real compile (``kp.compile``'s per-process memo emptied around it, a counter
+around the lowering; ``_compiles.py``), and the two builds must differ, or the script stops.
 
-    python benchmarks/losses.py [--no-results] [--md FILE]
+    python benchmarks/losses.py [--no-results] [--md FILE] [--dry-run]
+
+``--dry-run`` needs no GPU: it builds both ways for sm_90 and checks that the builds differ.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -28,6 +31,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 import kernelpack as kp  # noqa: E402
 from kernelpack.lowering import materialize  # noqa: E402
+from _compiles import CompileCounter, fresh_compile, must_differ  # noqa: E402
 
 T = kp.Tensor
 SHAPES = [(256, 1000), (1024, 4096), (8192, 32000), (65536, 1000), (1 << 20, 16)]
@@ -43,22 +47,44 @@ def cross_entropy(x: T[kp.f32, "b", "v"], t: T[kp.i64, "b"]):
     return (lse - picked).mean()
 
 
-def build(nested: bool, target: str, tmp: Path) -> Any:
+def build(nested: bool, target: str, tmp: Path) -> tuple[Any, Any]:
+    """The fusion compiled (a real compile) with ``materialize.NESTED = nested``; the loaded
+    program and the compiled one."""
+    saved = materialize.NESTED
     materialize.NESTED = nested
     try:
-        path = tmp / f"losses_{int(nested)}.kpack"
-        kp.save([kp.compile(cross_entropy, targets=[target])], str(path))
+        with CompileCounter() as counter:
+            compiled = fresh_compile(cross_entropy, counter, targets=[target])
     finally:
-        materialize.NESTED = True
-    return kp.load(str(path))["cross_entropy"]
+        materialize.NESTED = saved
+    path = tmp / f"losses_{int(nested)}.kpack"
+    kp.save([compiled], str(path))
+    return kp.load(str(path))["cross_entropy"], compiled
+
+
+def build_both(target: str, tmp: Path) -> tuple[Any, Any]:
+    """'now' and 'before' programs; stops when the two builds are the same code."""
+    now, now_c = build(True, target, tmp)
+    before, before_c = build(False, target, tmp)
+    must_differ(now_c, before_c, "losses.py cross_entropy: now vs before")
+    return now, before
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from _cli import parser_for
+
+    ap = parser_for(__doc__)
     ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
     ap.add_argument("--md", default=None, help="also write the section here (default "
                     "$OUT/losses.md when $OUT is set)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU: build both ways for sm_90 and check that they differ")
     args = ap.parse_args()
+    if args.dry_run:
+        with tempfile.TemporaryDirectory() as tmp:
+            build_both("sm_90", Path(tmp))
+        print("losses.py dry run: now and before builds differ")
+        return 0
     from _gpu_timing import (RESULTS, append_results, copy_bandwidth, cuda_torch,
                              markdown_table, median_ms, rel_err, time_cell)
 
@@ -72,7 +98,7 @@ def main() -> int:
     copy_bw = copy_bandwidth()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        now, before = build(True, target, Path(tmp)), build(False, target, Path(tmp))
+        now, before = build_both(target, Path(tmp))
         for b, v in SHAPES:
             gen = torch.Generator(device="cuda").manual_seed(b * 7 + v)
             x = torch.randn(b, v, device="cuda", generator=gen) * 3
@@ -103,7 +129,8 @@ def main() -> int:
             f"= `F.cross_entropy(x, t)`. Median CUDA-event times, L2 flushed; in parentheses "
             f"bytes read once / time against this run's copy bandwidth "
             f"({copy_bw / 1e9:.0f} GB/s). Every result checked against float64 torch "
-            f"(relative error <= 1e-5) first.", "",
+            f"(relative error <= 1e-5) first. Both builds are real compiles (kp.compile's memo "
+            f"emptied) and differ.", "",
             *markdown_table(["shape", "MiB read", "kernelpack now", "kernelpack before",
                              "torch eager", "before / now", "now / eager"], rows)]
     md = args.md or (os.path.join(os.environ["OUT"], "losses.md") if os.environ.get("OUT")

@@ -7,7 +7,11 @@ blocks where ``rows <= SPLIT_MAX_ROWS`` and ``length >= SPLIT_MIN_LENGTH``
 ``kp.compile`` does now ('split'), and with ``tuning.ROW_SPLIT = False`` ('rows': the
 schedules that ran before), and times both against PyTorch eager on the same inputs (CUDA
 events, L2 flushed, medians; ``_gpu_timing``). Every result is checked against float64 torch
-before timing.
+before timing. Every build is a real compile (``kp.compile``'s per-process memo emptied around
+it, a counter around the lowering; ``_compiles.py``); 'split' and 'rows' must differ for every
+fusion and the plans must take the split kernels exactly where the predicate says
+(``check_plans``), and no two ``--sweep`` configurations may build the same code, or the
+script stops.
 
     python benchmarks/rowsplit.py [--quick] [--sweep] [--no-results] [--md FILE] [--dry-run]
 
@@ -25,7 +29,6 @@ where the cell counts 2).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import sys
@@ -40,6 +43,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 import kernelpack as kp  # noqa: E402
 from kernelpack.lowering import tuning  # noqa: E402
+from _compiles import CompileCounter, artifact_digest, fresh_compile, must_differ  # noqa: E402
 
 T = kp.Tensor
 EPS = 1e-5
@@ -132,18 +136,43 @@ def _takes_split(name: str, shape: tuple[int, int]) -> bool:
     return shape[1] >= tuning.SPLIT_MIN_LENGTH and shape[0] <= tuning.SPLIT_MAX_ROWS
 
 
+_BUILT: dict[str, list[Any]] = {}  # tag -> the compiled programs of build(..., tag)
+
+
 def build(split: bool, targets: list[str], workdir: Path, tag: str,
           names: tuple[str, ...] = tuple(FUSIONS)) -> Any:
-    """The fusions compiled for ``targets``, with or without the split alternative."""
+    """The fusions compiled for ``targets``, with or without the split alternative, each a
+    real compile (the memo emptied around it); the loaded pack (the compiled programs are
+    kept in ``_BUILT[tag]`` for :func:`_differ`)."""
     saved = tuning.ROW_SPLIT
     tuning.ROW_SPLIT = split
     try:
-        compiled = [kp.compile(FUSIONS[n], targets=targets) for n in names]
+        with CompileCounter() as counter:
+            compiled = [fresh_compile(FUSIONS[n], counter, targets=targets) for n in names]
     finally:
         tuning.ROW_SPLIT = saved
+    _BUILT[tag] = compiled
     path = workdir / f"rowsplit_{tag}.kpack"
     kp.save(compiled, str(path))
     return kp.load(str(path))
+
+
+def _differ(tag_a: str, tag_b: str, names: tuple[str, ...] = tuple(FUSIONS)) -> None:
+    """SystemExit unless builds ``tag_a`` and ``tag_b`` differ for every fusion of ``names``."""
+    for name, a, b in zip(names, _BUILT[tag_a], _BUILT[tag_b]):
+        must_differ(a, b, f"rowsplit.py {name}: {tag_a} vs {tag_b}")
+
+
+def _distinct_configs(tags: dict[tuple[int, int, int], str]) -> None:
+    """SystemExit when two sweep configurations built the same code (all their fusions)."""
+    seen: dict[str, tuple[int, int, int]] = {}
+    for cfg, tag in tags.items():
+        digest = artifact_digest(_BUILT[tag])
+        if digest in seen:
+            raise SystemExit(f"rowsplit.py --sweep: configurations {seen[digest]} and {cfg} "
+                             f"(SPLIT_CHUNK, SPLIT_BLOCK, SPLIT_COMBINE_BLOCK) build the same "
+                             f"code")
+        seen[digest] = cfg
 
 
 class _Patched:
@@ -182,16 +211,20 @@ def dry_run(sweep: bool) -> int:
         t0 = time.perf_counter()
         packs = {"split": build(True, ["sm_90"], Path(tmp), "split"),
                  "rows": build(False, ["sm_90"], Path(tmp), "rows")}
+        _differ("split", "rows")
         for line in check_plans(packs, SHAPES):
             print(line)
         if sweep:
+            tags = {}
             for i, (chunk, block, comb) in enumerate(_sweep_configs()):
                 with _Patched(SPLIT_CHUNK=chunk, SPLIT_BLOCK=block, SPLIT_COMBINE_BLOCK=comb):
                     pack = build(True, ["sm_90"], Path(tmp), f"sweep{i}", ("softmax", "rowsum"))
                     grid = pack["rowsum"].plan(x=(4, 10 ** 7)).launches[0].grid[0]
                     if grid != 4 * -(-10 ** 7 // chunk):
                         raise SystemExit(f"chunk {chunk}: partial grid {grid}")
+                tags[chunk, block, comb] = f"sweep{i}"
                 print(f"sweep config chunk {chunk} block {block} combine {comb}: compiled")
+            _distinct_configs(tags)
         print(f"dry run: every plan as expected ({time.perf_counter() - t0:.1f} s)")
     return 0
 
@@ -223,11 +256,13 @@ def sweep(torch: Any, target: str, shapes: list[tuple[int, int]], md: str | None
     with tempfile.TemporaryDirectory() as tmp:
         forced = dict(SPLIT_MIN_LENGTH=1, SPLIT_MAX_ROWS=1 << 40, SPLIT_REDUCE_MIN_LENGTH=1,
                       SPLIT_REDUCE_MAX_ROWS=1 << 40)  # split every shape
-        packs = {}
+        packs, tags = {}, {}
         for i, (chunk, block, comb) in enumerate(_sweep_configs()):
             with _Patched(SPLIT_CHUNK=chunk, SPLIT_BLOCK=block, SPLIT_COMBINE_BLOCK=comb,
                           **forced):
                 packs[chunk, block, comb] = build(True, [target], Path(tmp), f"s{i}", names)
+            tags[chunk, block, comb] = f"s{i}"
+        _distinct_configs(tags)
         for shape in shapes:
             for name in names:
                 args = _inputs(torch, name, shape)
@@ -245,6 +280,7 @@ def sweep(torch: Any, target: str, shapes: list[tuple[int, int]], md: str | None
         with _Patched(**forced):
             split = build(True, [target], Path(tmp), "cross_split", ("softmax", "rowsum"))
         rowwise = build(False, [target], Path(tmp), "cross_rows", ("softmax", "rowsum"))
+        _differ("cross_split", "cross_rows", ("softmax", "rowsum"))
         cross = []
         for name in ("softmax", "rowsum"):
             for n in CROSS_LENGTHS:
@@ -271,7 +307,9 @@ def sweep(torch: Any, target: str, shapes: list[tuple[int, int]], md: str | None
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from _cli import parser_for
+
+    ap = parser_for(__doc__)
     ap.add_argument("--quick", action="store_true", help="four shapes only")
     ap.add_argument("--sweep", action="store_true", help="try the split's constants instead")
     ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
@@ -298,6 +336,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         packs = {"split": build(True, [target], Path(tmp), "split"),
                  "rows": build(False, [target], Path(tmp), "rows")}
+        _differ("split", "rows")
         check_plans(packs, shapes)
         copy_bw = copy_bandwidth()
         times: dict[tuple, float] = {}
@@ -340,7 +379,9 @@ def main() -> int:
         "what ran before), timed after every split and torch kernel. Cells: median time (CUDA "
         "events, L2 flushed) and bytes read + written once / time as a fraction of the copy "
         f"bandwidth of this run ({copy_bw / 1e9:.0f} GB/s). Every result checked against "
-        "float64 torch (relative error <= 1e-5, float64 1e-12) before timing.",
+        "float64 torch (relative error <= 1e-5, float64 1e-12) before timing. Both builds are "
+        "real compiles (kp.compile's memo emptied), differ for every fusion, and their plans "
+        "take the split kernels exactly where 'split?' says yes.",
         "",
         *markdown_table(["workload", "shape", "split?", "split", "rows (before)",
                          "torch eager", "rows / split", "split / eager"], rows),
