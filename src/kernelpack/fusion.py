@@ -69,7 +69,8 @@ class Fusion:
                 raise TraceError(f"fusion {self.name}: parameter {p.name!r} is variadic; every "
                                  f"input needs its own annotated parameter")
             check_parameter(self.name, p)
-            ann = _numpy_scalar_type(_kernelpack_metadata(hints.get(p.name)))
+            ann = _numpy_scalar_type(_kernelpack_metadata(
+                hints.get(p.name), f"fusion {self.name}: parameter {p.name!r}"))
             if not isinstance(ann, (TensorType, DType)):
                 raise TraceError(f"fusion {self.name}: parameter {p.name!r} needs an annotation "
                                  f"kp.Tensor[dtype, dims...] or a scalar dtype such as kp.f32 "
@@ -186,18 +187,23 @@ class Fusion:
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _kernelpack_metadata(ann: object) -> object:
+def _kernelpack_metadata(ann: object, where: str) -> object:
     """The kernelpack annotation inside ``typing.Annotated[T, kp.Tensor[...]]`` (or
-    ``Annotated[float, kp.f32]``), else ``ann``. How a mypy/pyright user annotates a fusion:
-    ``kp.Tensor[kp.f32, "n"]`` is no type to them (its dims are strings), while ``T`` is what
-    they see and kernelpack reads the metadata (README: "Type checkers")."""
+    ``Annotated[float, kp.f32]``); ``T`` when the metadata holds none (PEP 593: metadata a
+    tool does not know is ignored, so ``Annotated[np.float32, "doc"]`` is ``np.float32``); else
+    ``ann``. How a mypy/pyright user annotates a fusion: ``kp.Tensor[kp.f32, "n"]`` is no type
+    to them (its dims are strings), while ``T`` is what they see and kernelpack reads the
+    metadata (README: "Type checkers"). Two different kernelpack annotations (a nested
+    ``Annotated`` is flattened) are a TraceError: neither may silently win."""
     if getattr(ann, "__origin__", None) is None or not hasattr(ann, "__metadata__"):
         return ann
-    for meta in ann.__metadata__:  # type: ignore[attr-defined]
-        meta = _numpy_scalar_type(meta)
-        if isinstance(meta, (TensorType, DType)):
-            return meta
-    return ann
+    found = [meta for meta in map(_numpy_scalar_type, ann.__metadata__)  # type: ignore
+             if isinstance(meta, (TensorType, DType))]
+    if any(meta != found[0] for meta in found[1:]):
+        raise TraceError(f"{where} is annotated {ann!r}: its metadata holds "
+                         f"{len(found)} different kernelpack annotations ({found[0]!r}, "
+                         f"{next(m for m in found if m != found[0])!r}); give one")
+    return found[0] if found else ann.__origin__  # type: ignore[attr-defined]
 
 
 def _numpy_scalar_type(ann: object) -> object:

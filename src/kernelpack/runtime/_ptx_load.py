@@ -7,6 +7,7 @@ import or compile this code.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from .._warn import warn_caller
@@ -20,12 +21,14 @@ def ptx_cache_path(ptx: bytes, arch_sm: str, toolchain: str) -> Path | None:
     """Where the cubin compiled from ``ptx`` for ``arch_sm`` by ``toolchain`` is kept; None
     when there is no cache directory (no home directory and no ``KERNELPACK_CACHE_DIR``, as
     for an arbitrary container uid): the PTX is then compiled on every first load, never a
-    failed launch."""
+    failed launch. Absolute, as the disk tier's root is (a relative ``KERNELPACK_CACHE_DIR``
+    is the working directory's; none when that was removed)."""
     from ..config import default_cache_dir
+    from ..filewrite import absolute
 
     try:
-        root = default_cache_dir()
-    except ValueError:
+        root = Path(absolute(os.path.expanduser(os.fspath(default_cache_dir()))))
+    except (ValueError, OSError):
         return None
     from ..toolchain.ptxas_guard import GUARD_ID
 
@@ -46,7 +49,7 @@ def _usable(path: Path) -> bool:
     root = path.parents[2]  # <root>/runtime-ptx/<shard>/<name>.cubin
     try:
         why = DiskStore(root).untrusted(path.parent, "runtime-ptx")
-    except ValueError as exc:  # the root is no directory
+    except (ValueError, OSError) as exc:  # the root is no directory, or cannot be looked at
         why = str(exc)
     if why is None:
         return True
