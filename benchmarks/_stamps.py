@@ -82,7 +82,7 @@ for _module, _path, _label in STAMPS:
 # A warm start (``warmstart.py --gpu --stamps``): fifty ``kp.compile`` cache hits and first
 # calls in one process, each step summed over them.
 WARM_STAMPS: tuple[tuple[str, str, str], ...] = (
-    ("kernelpack.compile_entry", "fusion_key", "cache keys (trace, canonical bytes, digest)"),
+    ("kernelpack.compile_entry", "_traced_key", "cache keys (trace, canonical bytes, digest)"),
     ("kernelpack.cache.disk_tier", "DiskTier.entry", "disk hits (read, kp.load, decode, digests)"),
     ("kernelpack.cache", "Cache._decode", "  kp.load + Pack.compiled of the entries"),
     ("kernelpack.program", "decode_program", "  decode the summaries"),
