@@ -179,6 +179,31 @@ def test_compile_error_carries_the_log_and_the_target() -> None:
         _scale(cuda=broken, targets=["compute_80"])
 
 
+def test_a_worker_thread_compiles_on_a_large_stack_and_gets_its_errors() -> None:
+    """Outside the main thread NVRTC runs on a thread of its own with a 16 MiB stack
+    (toolchain/nvrtc.py: a caller's small stack killed the process); the result, and a compile
+    error with its log, come back to the calling thread as if compiled there."""
+    import threading
+
+    broken = SRC.replace("x[i] *= a * FACTOR;", "x[i] *= a * undefined_name;")
+    got: dict = {}
+
+    def work() -> None:
+        got["ok"] = _scale(cuda=SRC, targets=["sm_90"])
+        try:
+            _scale(cuda=broken, targets=["sm_90"])
+        except CompileError as exc:
+            got["error"] = exc
+        got["threads"] = {t.name for t in threading.enumerate()}
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert got["ok"] == _scale(cuda=SRC, targets=["sm_90"])  # the same bytes as on the main thread
+    assert 'identifier "undefined_name" is undefined' in got["error"].log
+    assert "kernelpack-nvrtc" not in got["threads"]  # each compile's thread has ended
+
+
 def test_unsupported_architecture_is_named() -> None:
     with pytest.raises(CompileError, match=r"cannot compile for sm_30 \(it supports sm_"):
         _scale(targets=["sm_30"])

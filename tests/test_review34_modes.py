@@ -425,9 +425,7 @@ CUDA_SRC = ('extern "C" __global__ void scale(float* x, float a, unsigned n) {'
             ' unsigned i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= a; }')
 
 
-@pytest.mark.parametrize("what", ["compile", pytest.param("external_cuda", marks=pytest.mark.skip(
-    reason="known, left open (session 32): NVRTC runs on the caller's stack and needs more "
-           "than 64 KiB (LLVM more than 48 KiB)"))])
+@pytest.mark.parametrize("what", ["compile", "external_cuda"])
 def test_compiling_in_a_64k_stack_thread(what: str, tmp_path: Path) -> None:
     """``threading.stack_size(64 * 1024)`` then a compile in a thread. kp.compile (LLVM,
     nvJitLink) works there. BUG: kp.external(cuda=...) kills the process with SIGSEGV inside

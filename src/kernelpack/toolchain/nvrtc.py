@@ -20,9 +20,10 @@ with it): with those options the name passed is absolute already. One thing rema
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import CompileError
 from ..targets import Arch
@@ -227,10 +228,51 @@ def needs_name_expression(entry: str) -> bool:
     return any(mark in entry for mark in ("(", "<", "::"))
 
 
+# NVRTC compiles on the calling thread's stack and needs more than 64 KiB of it (a thread made
+# after threading.stack_size(64 * 1024) died with SIGSEGV in nvrtcCompileProgram: review 34).
+# A thread other than the main one (whose stack is the process's, RLIMIT_STACK) may have any
+# size, unknown from Python, so its compiles run on a thread of this size.
+COMPILE_STACK_BYTES = 16 << 20
+_STACK_SIZE_LOCK = threading.Lock()
+
+
+def _on_a_large_stack(fn: Callable[[], NvrtcOutput]) -> NvrtcOutput:
+    """``fn()`` on a stack of :data:`COMPILE_STACK_BYTES`: the main thread's own, else a new
+    thread's (the caller waits; its exception is re-raised here). The new thread owns the
+    whole NVRTC program (created, compiled, destroyed): a caller that stops waiting (an
+    exception raised into it meanwhile) cannot destroy a program still compiling."""
+    if threading.current_thread() is threading.main_thread():
+        return fn()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    with _STACK_SIZE_LOCK:  # (process-wide: another thread started meanwhile gets it too)
+        previous = threading.stack_size(COMPILE_STACK_BYTES)
+        try:
+            worker = threading.Thread(target=run, name="kernelpack-nvrtc", daemon=True)
+            worker.start()
+        finally:
+            threading.stack_size(previous)
+    worker.join()
+    if "error" in box:
+        error = box.pop("error")
+        try:
+            raise error
+        finally:
+            del error  # (no cycle through this frame)
+    return box["value"]  # type: ignore[no-any-return]
+
+
 def compile_program(source: bytes, arch: Arch, *, ptx: bool, options: tuple[str, ...] = (),
                     name_expression: str | None = None, name: str = "kernel.cu",
                     headers: tuple[tuple[str, bytes], ...] = ()) -> NvrtcOutput:
-    """Compile CUDA C++ ``source`` for one target.
+    """Compile CUDA C++ ``source`` for one target (on a stack large enough for NVRTC,
+    whatever the calling thread's: :func:`_on_a_large_stack`).
 
     Parameters
     ----------
@@ -254,6 +296,13 @@ def compile_program(source: bytes, arch: Arch, *, ptx: bool, options: tuple[str,
         NVRTC is missing, does not support ``arch``, or rejected the source or options; the
         message names the target and NVRTC's log is attached.
     """
+    return _on_a_large_stack(lambda: _compile_program(source, arch, ptx, options,
+                                                      name_expression, name, headers))
+
+
+def _compile_program(source: bytes, arch: Arch, ptx: bool, options: tuple[str, ...],
+                     name_expression: str | None, name: str,
+                     headers: tuple[tuple[str, bytes], ...]) -> NvrtcOutput:
     nvrtc = _bindings()
     target = arch.compute if ptx else arch.sm
     if arch.major * 10 + arch.minor not in supported_archs():
