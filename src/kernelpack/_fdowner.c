@@ -50,8 +50,20 @@ static PyObject *fdowner_close(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* No copies: a copy would close the descriptor a second time (or, made through object's own
+ * pickling, descriptor 0, which it never owned). */
+static PyObject *fdowner_reduce(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    PyErr_SetString(PyExc_TypeError, "an FdOwner cannot be pickled or copied (it owns a file "
+                                     "descriptor of this process)");
+    return NULL;
+}
+
 static PyMethodDef fdowner_methods[] = {
     {"fileno", fdowner_fileno, METH_NOARGS, "fileno() -> int: the owned descriptor."},
+    {"__reduce__", fdowner_reduce, METH_NOARGS, "Refused: see _fdowner.c."},
+    {"__reduce_ex__", (PyCFunction)(void (*)(void))fdowner_reduce, METH_O, "Refused."},
     {"close", fdowner_close, METH_NOARGS, "close(): close it now (deallocation does otherwise)."},
     {NULL, NULL, 0, NULL},
 };
@@ -63,9 +75,10 @@ static PyType_Slot fdowner_slots[] = {
     {0, NULL},
 };
 
+/* made only by owned_dup: FdOwner() or FdOwner.__new__ would own descriptor 0 (zeroed memory) */
 static PyType_Spec fdowner_spec = {
-    "kernelpack.runtime._launch.FdOwner", sizeof(FdOwner), 0, Py_TPFLAGS_DEFAULT,
-    fdowner_slots,
+    "kernelpack.runtime._launch.FdOwner", sizeof(FdOwner), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, fdowner_slots,
 };
 
 static PyTypeObject *FdOwnerType = NULL;

@@ -10,6 +10,7 @@ when read. A failed load raises and leaves nothing behind.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -396,6 +397,23 @@ def _open_nonblocking(path: str, flags: int) -> int:
     return os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
 
 
+def _mmap_module(source: str | os.PathLike[str]) -> Any:
+    """``mmap``, imported only for a file that needs it: importing it costs a small file's
+    load a quarter millisecond. Its import opens the extension module's file: with no
+    descriptor left (the artifact took the last one) it failed as an ImportError naming
+    ``mmap.cpython-*.so`` (review 39); that is the OSError of load's other steps, naming the
+    artifact."""
+    try:
+        import mmap
+    except ImportError as exc:
+        if os.strerror(errno.EMFILE) not in str(exc) and os.strerror(errno.ENFILE) not in str(exc):
+            raise
+        code = errno.EMFILE if os.strerror(errno.EMFILE) in str(exc) else errno.ENFILE
+        raise OSError(code, f"{os.strerror(code)} (importing mmap to map the artifact)",
+                      os.fspath(source)) from None
+    return mmap
+
+
 def _open(source: object) -> tuple[memoryview, PackFile | None]:
     """The bytes to verify, and for a memory-mapped file the file to read images from."""
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -426,7 +444,7 @@ def _open(source: object) -> tuple[memoryview, PackFile | None]:
         if size <= _READ_LIMIT or not hasattr(os, "pread"):
             # small files: one read costs less than mapping (and unmapping)
             return memoryview(f.read()), None
-        import mmap  # only here: importing it costs a small file's load a quarter millisecond
+        mmap = _mmap_module(source)
 
         # The map serves load's checks (the structure, the body copied out); images are read
         # later through PackFile, since touching a map of a file truncated meanwhile is SIGBUS.
@@ -464,18 +482,49 @@ def load(path_or_bytes: object, *, trusted_keys: Iterable[object] | None = None)
         # errors name the parameter, as kp.Cache's and kp.save's do ("trusted_keys: ...")
         trusted_keys = [load_for("trusted_keys", load_public_key, k) for k in trusted_keys]
     try:
-        buf, file = _open(path_or_bytes)
-        return Pack(buf, trusted_keys=trusted_keys, file=file)
-    except KernelPackError as exc:
+        try:
+            return _opened(path_or_bytes, trusted_keys)
+        except KernelPackError as exc:
+            if isinstance(path_or_bytes, (str, os.PathLike)):
+                name_file(exc, os.fspath(path_or_bytes))
+            raise
+        except OSError as exc:
+            # the map's and the image reader's own descriptors (os.dup: EMFILE) named no file
+            if exc.filename is None and exc.errno is not None and isinstance(
+                    path_or_bytes, (str, os.PathLike)):
+                raise type(exc)(exc.errno, exc.strerror, os.fspath(path_or_bytes)) from None
+            raise
+    except BaseException as exc:
         if isinstance(path_or_bytes, (str, os.PathLike)):
-            name_file(exc, os.fspath(path_or_bytes))
+            _let_go_of_the_file(exc)
         raise
-    except OSError as exc:
-        # the map's and the image reader's own descriptors (os.dup: EMFILE) named no file
-        if exc.filename is None and exc.errno is not None and isinstance(
-                path_or_bytes, (str, os.PathLike)):
-            raise type(exc)(exc.errno, exc.strerror, os.fspath(path_or_bytes)) from None
-        raise
+
+
+def _opened(source: object, trusted_keys: Iterable[object] | None) -> Pack:
+    # a frame of its own, which _let_go_of_the_file can clear after a failure (load's own
+    # frame, still running then, cannot be)
+    buf, file = _open(source)
+    return Pack(buf, trusted_keys=trusted_keys, file=file)
+
+
+def _let_go_of_the_file(exc: BaseException) -> None:
+    """Clear the locals of the finished frames of a failed load's traceback (and of the
+    exceptions it chains): they held a large file's memory map and image reader, so an error
+    kept by its caller (``sys.last_value`` in a notebook, a retry loop's last error) kept two
+    descriptors of the file open and it mapped (review 39). The stack's lines stay. (What
+    ``traceback.clear_frames`` does, without importing it: out of descriptors, that import
+    failed and replaced the error.)"""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen and len(seen) < 8:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            try:
+                tb.tb_frame.clear()
+            except RuntimeError:  # a frame still running (load's own)
+                pass
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
 
 
 def check_intact(signed: tuple[bytes, bytes, bytes] | None) -> None:
