@@ -9,9 +9,13 @@ share entries, and a changed header is never a stale hit).
 
 Arguments are encoded by :func:`canonical`: dataclasses field by field, containers element by
 element, expressions by :func:`kernelpack.expr.canonical_text` (complete, where ``repr`` of a
-large expression is cut short for printing), anything else by its ``repr``. Two spellings of
-one launch (``block=256`` vs ``block=(256,)``) give two keys, which costs a compile, never a
-stale hit.
+large expression is cut short for printing), sets in a sorted order, anything else by its
+``repr`` unless that names a memory address (an object's default ``repr``, a generator's),
+which is refused: the address is reused as soon as the object is freed, and two calls with
+different arguments shared a key (review 40). One-shot iterators (a generator of
+constraints) are read once into lists, which both the key and the build then use. Two
+spellings of one launch (``block=256`` vs ``block=(256,)``) give two keys, which costs a
+compile, never a stale hit.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
 from ..compiled import Compiled
@@ -55,10 +60,23 @@ def canonical(value: object) -> str:
     if isinstance(value, (list, tuple)):
         inner = ",".join(canonical(v) for v in value)
         return f"[{inner}]" if isinstance(value, list) else f"({inner})"
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return "{" + ",".join(f"{canonical(k)}:{canonical(v)}"
                               for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))) + "}"
-    return repr(value)
+    if isinstance(value, (set, frozenset)):  # iteration order follows per-process str hashes
+        return "set{" + ",".join(sorted(canonical(v) for v in value)) + "}"
+    text = repr(value)
+    if " at 0x" in text:
+        raise TypeError(f"kp.Cache.external cannot key an argument of type "
+                        f"{type(value).__name__} ({text[:80]}): its repr names a memory address, "
+                        f"not its content; pass a list, tuple or the data model's objects")
+    return text
+
+
+def _read_once(value: object) -> object:
+    """A one-shot iterator (a generator, ``map``) as the list it yields, so that the key and
+    ``kp.external`` see the same items (and the key sees items, not an address)."""
+    return list(value) if isinstance(value, Iterator) else value
 
 
 # ---- headers of cuda= sources ------------------------------------------------------------------
@@ -153,7 +171,8 @@ def external_key(args: tuple, kwargs: dict[str, Any]) -> tuple[CacheKey, Callabl
     source already read. Misuse (no source, two sources) is left to ``kp.external``."""
     from ..external import DEFAULT_TARGETS, _sequence, external
 
-    kwargs = dict(kwargs)
+    args = tuple(_read_once(a) for a in args)
+    kwargs = {k: _read_once(v) for k, v in kwargs.items()}
     asked = kwargs.pop("targets", None)
     # checked as kp.external checks it: a bare "sm_80" is not a list of characters
     targets = list(_sequence(DEFAULT_TARGETS if asked is None else asked, "targets"))
@@ -163,11 +182,11 @@ def external_key(args: tuple, kwargs: dict[str, Any]) -> tuple[CacheKey, Callabl
         raise TypeError(f"kp.external needs exactly one of {_SOURCES} (got {given})")
     kind = given[0]
     value = kwargs.pop(kind)
-    if asked is None and kind == "cubin" and isinstance(value, dict):
-        targets = sorted(str(t) for t in value)  # the dict's keys are its targets
-    # kp.external checks targets= beside a cubin dict only when given: passed on as given
+    if asked is None and kind == "cubin" and isinstance(value, Mapping):
+        targets = sorted(str(t) for t in value)  # the mapping's keys are its targets
+    # kp.external checks targets= beside a cubin mapping only when given: passed on as given
     passed = {} if asked is None else {"targets": targets}
-    if kind == "cubin" and isinstance(value, dict):
+    if kind == "cubin" and isinstance(value, Mapping):
         source = b"".join(len(t).to_bytes(8, "big") + t.encode() + len(d).to_bytes(8, "big")
                           + bytes(d) for t, d in sorted(value.items()))
     elif kind == "cubin":
