@@ -150,3 +150,17 @@ def test_cache_entries_symlink_is_named_not_a_crash(tmp_path: Path, sm90_cubin: 
         got = cache.external("axpy", "axpy", _params(), 1, 256, ptx=PTX, targets=["sm_90"])
     assert got.origin == "compiled" and os.listdir(other) == []
     assert any("is a symbolic link" in str(w.message) for w in caught)
+
+
+def test_a_linked_entries_directory_is_named_a_link_not_world_writable(tmp_path) -> None:
+    """lstat of a symbolic link reports mode 0777: the exposure check called a linked
+    ``entries/`` "writable by every user" (review 40's side note)."""
+    from kernelpack.cache.disk import DiskStore
+
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    (root / "entries").symlink_to(target)
+    why = DiskStore(root).exposed("0" * 64)
+    assert why is not None and "symbolic link" in why and "writable by every user" not in why

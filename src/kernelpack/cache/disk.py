@@ -202,6 +202,9 @@ class DiskStore:
                 st = os.lstat(path)
             except OSError:
                 continue
+            if stat.S_ISLNK(st.st_mode):  # (a link's own mode is always 0777: not "writable")
+                return f"{path} is a symbolic link (the cache's own directories are never " \
+                       f"followed)"
             if st.st_mode & stat.S_IWOTH:
                 return f"{path} (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}) " \
                        f"is writable by every user"
