@@ -48,7 +48,8 @@ def _row(body: str, method: str) -> float:
 
 
 def _ratio(body: str, label: str) -> float:
-    m = re.search(re.escape(label) + r" = ([\d.]+)", body)
+    # "label = 1.06 (...)", or since session 34 "label (target <= 1.3): **1.04** against ..."
+    m = re.search(re.escape(label) + r"(?: = | \([^)]*\): \*\*)([\d.]+)", body)
     assert m, f"no ratio {label!r}"
     return float(m.group(1))
 
