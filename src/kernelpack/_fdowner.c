@@ -29,7 +29,7 @@ static void fdowner_dealloc(PyObject *self) {
     if (fd >= 0)
         close(fd); /* (EINTR: Linux closes the descriptor anyway; nothing to retry) */
     tp_free(self);
-    Py_DECREF(type); /* instances of a heap type hold a reference to it */
+    Py_DECREF((PyObject *)type); /* instances of a heap type hold a reference to it */
 }
 
 static PyObject *fdowner_fileno(PyObject *self, PyObject *unused) {
@@ -123,9 +123,9 @@ int kp_fdowner_init(PyObject *module) {
     FdOwnerType = (PyTypeObject *)PyType_FromSpec(&fdowner_spec);
     if (FdOwnerType == NULL)
         return -1;
-    Py_INCREF(FdOwnerType);
+    Py_INCREF((PyObject *)FdOwnerType);
     if (PyModule_AddObject(module, "FdOwner", (PyObject *)FdOwnerType) < 0) {
-        Py_DECREF(FdOwnerType);
+        Py_DECREF((PyObject *)FdOwnerType);
         return -1;
     }
     return PyModule_AddFunctions(module, module_methods);

@@ -32,6 +32,11 @@ def axpy32(x: T[kp.f32, "n"], y: T[kp.f32, "n"], a: kp.f32):
     return a * x + y
 
 
+@kp.fusion
+def exp32(x: T[kp.f32, "n"], y: T[kp.f32, "n"]):
+    return kp.exp(x) * y
+
+
 def _gelu(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
@@ -39,7 +44,7 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 
 def test_heavy_kernels_take_groups_light_ones_do_not():
     block, groups = tuning.HEAVY_POINTWISE
-    g = kp.compile(gelu32, targets=["sm_90"]).summary.variants[0].launches[0]
+    g = kp.compile(exp32, targets=["sm_90"]).summary.variants[0].launches[0]
     assert int(g.block[0]) == block and g.grid[0] == kp.emin(kp.cdiv("n", block * groups * 4),
                                                               tuning.GRID_X_MAX)
     a = kp.compile(axpy32, targets=["sm_90"]).summary.variants[0].launches[0]
@@ -126,19 +131,25 @@ def tanh32(x: T[kp.f32, "n"]):
     return kp.tanh(x)
 
 
+@kp.fusion
+def silu32(x: T[kp.f32, "n"]):
+    return x * kp.sigmoid(x)
+
+
 def _launch(f):
     return kp.compile(f, targets=["sm_90"]).summary.variants[0].launches[0]
 
 
 @pytest.mark.parametrize("f, vec, expected", [
     (trig32, 4, "long"), (trig16, 8, "long"), (cexp64, 2, "long"), (gelu64, 2, "long"),
-    (silu64, 2, "long"), (trig_pow32, 4, "heavy"), (trig64, 2, "heavy"), (gelu32, 4, "heavy"),
-    (tanh32, 4, "heavy"), (tanh_exp64, 2, "heavy"), (tanh_sin64, 2, "heavy"),
-    (ratio64, 2, "heavy")])
+    (silu64, 2, "long"), (gelu32, 4, "long"), (tanh32, 4, "long"), (trig_pow32, 4, "heavy"),
+    (trig64, 2, "heavy"), (tanh_exp64, 2, "heavy"), (tanh_sin64, 2, "heavy"),
+    (ratio64, 2, "heavy"), (exp32, 4, "heavy"), (silu32, 4, "heavy")])
 def test_long_libdevice_routines_take_one_group_per_thread(f, vec, expected):
     """float32-or-narrower sin/cos/tan (complex64 exp) without a pow, float64 tanh/sigmoid
-    with divisions only beside them: LONG_MATH_POINTWISE; float64 trig, a pow beside the trig,
-    tanh beside another transcendental, float32 tanh, exp and divisions: HEAVY_POINTWISE."""
+    and float32 tanh with divisions only beside them: LONG_MATH_POINTWISE; float64 trig, a
+    pow beside the trig, tanh beside another transcendental, float32 sigmoid, exp and
+    divisions: HEAVY_POINTWISE."""
     block, groups = (tuning.LONG_MATH_POINTWISE if expected == "long"
                      else tuning.HEAVY_POINTWISE)
     launch = _launch(f)

@@ -111,6 +111,9 @@ HEAVY_POINTWISE = (64, 2)
 # holds. H200 against HEAVY_POINTWISE (notes/compile-time.md, session 17; outputs identical):
 # float32 sin/tan 0.99-1.00, sin+cos 0.91, float16 sin+cos 0.54, float64 gelu 0.98; compile
 # about halved. Not with a pow, float64 trig or other transcendentals (1.00-1.08 slower).
+# Session 34 (.gpu/probe34/tanh_ab.py, outputs identical; 2^24..2^27 + tails): float32 gelu
+# 0.982-0.995 and tanh(x)*y 0.984-0.997, so float32 tanh takes it too (gelu compiles in ~60%
+# of the time); float32 x*sigmoid(x) 1.002-1.012: it keeps HEAVY_POINTWISE.
 LONG_MATH_POINTWISE = (128, 1)
 GRID_X_MAX = 2**31 - 1  # the grid's x limit on every CUDA device kernelpack targets
 ROW_SPLIT = True
