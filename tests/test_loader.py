@@ -247,3 +247,31 @@ def test_a_loaded_pack_or_program_is_not_pickled_but_says_what_to_send() -> None
     with pytest.raises(TypeError, match=r"pack.compiled\('axpy'\)"):
         pickle.dumps(pack["axpy"])
     assert pickle.loads(pickle.dumps(pack.compiled("axpy"))).summary == pack["axpy"].summary
+
+
+def test_a_failed_load_leaves_the_callers_frames_alone(tmp_path) -> None:
+    """A failed load clears kernelpack's own finished frames of the error (review 39: they held
+    a large file open), never a frame of the caller's: here the exception being handled when
+    load was called, which the load's error chains as its __context__."""
+    import kernelpack as kp
+
+    bad = tmp_path / "bad.kpack"
+    bad.write_bytes(b"not an artifact at all" * 100)
+
+    def users_code() -> None:
+        precious = "kept"  # noqa: F841 (read back through the traceback below)
+        raise ValueError("the caller's own error")
+
+    try:
+        users_code()
+    except ValueError:
+        try:
+            kp.load(bad)
+        except kp.KernelPackError as exc:
+            caught = exc
+    context = caught.__context__
+    assert isinstance(context, ValueError)
+    tb = context.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    assert tb.tb_frame.f_locals.get("precious") == "kept"

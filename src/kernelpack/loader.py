@@ -507,22 +507,27 @@ def _opened(source: object, trusted_keys: Iterable[object] | None) -> Pack:
     return Pack(buf, trusted_keys=trusted_keys, file=file)
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def _let_go_of_the_file(exc: BaseException) -> None:
-    """Clear the locals of the finished frames of a failed load's traceback (and of the
-    exceptions it chains): they held a large file's memory map and image reader, so an error
-    kept by its caller (``sys.last_value`` in a notebook, a retry loop's last error) kept two
-    descriptors of the file open and it mapped (review 39). The stack's lines stay. (What
-    ``traceback.clear_frames`` does, without importing it: out of descriptors, that import
-    failed and replaced the error.)"""
+    """Clear the locals of kernelpack's finished frames in a failed load's traceback (and in
+    the exceptions it chains): they held a large file's memory map and image reader, so an
+    error kept by its caller (``sys.last_value`` in a notebook, a retry loop's last error) kept
+    two descriptors of the file open and it mapped (review 39). The stack's lines stay, and
+    no frame of the caller's (a load called while handling another exception chains that
+    one) is touched. (What ``traceback.clear_frames`` does, without importing it: out of
+    descriptors, that import failed and replaced the error.)"""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen and len(seen) < 8:
         seen.add(id(exc))
         tb = exc.__traceback__
         while tb is not None:
-            try:
-                tb.tb_frame.clear()
-            except RuntimeError:  # a frame still running (load's own)
-                pass
+            if tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+                try:
+                    tb.tb_frame.clear()
+                except RuntimeError:  # a frame still running (load's own)
+                    pass
             tb = tb.tb_next
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
 
