@@ -43,7 +43,7 @@ def _usable(path: Path) -> bool:
     """Whether the cubin at ``path`` may be read and written as this user's own: the cache's
     directories on the way are directories of their own (a planted link is never followed)
     and none is writable by every user (anyone could have planted the cubin the driver would
-    then load: review 37). Warns when not; the PTX is then assembled on every first load."""
+    then load). Warns when not; the PTX is then assembled on every first load."""
     from ..cache.disk import DiskStore
 
     root = path.parents[2]  # <root>/runtime-ptx/<shard>/<name>.cubin
