@@ -173,6 +173,9 @@ def test_power_forms_with_negative_bases_zeros_and_specials_match_numpy(kdt, ndt
         _check_ulps(g, r, ndt, tol, f"{ndt.__name__} power form {k}", x)
 
 
+@pytest.mark.skipif(tuple(int(p) for p in np.__version__.split(".")[:2]) < (2, 3),
+                    reason="NumPy before 2.3 computes np.power(x, 0.5) with C's pow, not sqrt "
+                           "(the oracle this test holds kernelpack to; Python 3.10 has 2.2)")
 def test_power_by_a_numpy_scalar_one_half_is_numpys_sqrt():
     """Bug (review 27): ``x ** np.float32(0.5)`` goes to powf, ``x ** 0.5`` to sqrt. NumPy
     takes sqrt for a scalar exponent 0.5 however it is spelled (``np.power(x, 0.5)`` too), so

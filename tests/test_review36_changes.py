@@ -304,6 +304,7 @@ def test_numpy_bools_are_accepted_as_flags(tmp_path: Path) -> None:
 
 
 # ---- CudaResultError pickling (8f44f55) -------------------------------------------------------
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes (add_note) are 3.11+")
 def test_cuda_result_error_pickle_keeps_notes_and_attributes() -> None:
     """BUG (fix incomplete): CudaResultError.__reduce__ returns (type, (code, name, text)) and
     drops the instance's state, so a pickled error (a worker's, through multiprocessing or
