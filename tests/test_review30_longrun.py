@@ -264,15 +264,29 @@ def _killed_child(script: str, *args: str, ready: bytes) -> Iterator[None]:
             proc.stdout.close()
 
 
+def _written_temporaries(root: Path) -> list[Path]:
+    """The temporaries under ``root`` that hold bytes already (one just created is empty)."""
+    out = []
+    for p in root.rglob("*.tmp"):
+        try:
+            if p.stat().st_size > 0:
+                out.append(p)
+        except FileNotFoundError:  # renamed into place meanwhile
+            pass
+    return out
+
+
 def _kill_a_writer_mid_put(root: Path, big: Path) -> list[Path]:
-    """SIGKILL a process while its ``put`` has a temporary file open; the temporaries left."""
+    """SIGKILL a process while its ``put`` has a temporary file open, with bytes in it (killed
+    right at the temporary's creation it left an empty one: a Python 3.13 run); the
+    temporaries left."""
     for _ in range(8):
         with _killed_child(_PUT_LOOP, str(root), str(big), ready=b"ready"):
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and not list(root.rglob("*.tmp")):
+            while time.monotonic() < deadline and not _written_temporaries(root):
                 time.sleep(0.001)
         left = sorted(root.rglob("*.tmp"))
-        if left:
+        if _written_temporaries(root):
             return left
     pytest.fail("could not kill a cache writer in the middle of a put in 8 attempts")
 
