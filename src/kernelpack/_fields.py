@@ -17,7 +17,16 @@ from .dtypes import DType, as_dtype, is_numpy_bool
 from .expr import Expr, ExprLike, as_expr, const
 from .limits import MAX_NAME_LENGTH, MAX_RANK, fits_name
 
-__all__ = ["_name", "_dim", "_dtype", "_flag", "_shape", "_items", "_dim3"]
+__all__ = ["_name", "_dim", "_dtype", "_flag", "_shape", "_items", "_dim3", "_set", "DTypeLike"]
+
+# A dtype as the data model takes it: a kp.DType, a name ("float32"), or a NumPy/torch dtype
+DTypeLike = object
+# Each class of the data model writes its __init__ (dataclass keeps one a class defines): its
+# parameters say what a caller may pass (lists, dims as ints or names), which __post_init__
+# normalizes into the fields' stored form with the helpers below. The generated one would
+# announce the stored form (tuple[Expr, ...]) as the parameters' types, refusing to a type
+# checker the README's own kp.Tensor("x", kp.f32, ["n"]) (review 37). Fields are set with:
+_set = object.__setattr__
 
 
 def _name(value: object, what: str) -> str:

@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+from ._fields import _set
 from .summary import KernelSummary, _name
 from .targets import Arch, parse_arch
-
-_set = object.__setattr__
 
 __all__ = ["Image", "Module", "Compiled", "IMAGE_KINDS"]
 
@@ -38,7 +37,7 @@ class Image:
     cuda_version: int = 0
     ptx_isa: tuple[int, int] | None = None
 
-    # (written out, as each class of the data model does: see kernelpack.summary)
+    # (written out, as each class of the data model does: see kernelpack._fields)
     def __init__(self, kind: str, arch: Arch | str, data: bytes | bytearray | memoryview,
                  toolchain: str = "", cuda_version: int = 0,
                  ptx_isa: tuple[int, int] | Sequence[int] | None = None) -> None:

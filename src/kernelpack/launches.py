@@ -13,16 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence, Union
 
-from ._fields import _dim, _dim3, _dtype, _flag, _items, _name, _shape
+from ._fields import DTypeLike, _dim, _dim3, _dtype, _flag, _items, _name, _set, _shape
 from .dtypes import DType, as_dtype
 from .expr import Expr, ExprLike, as_expr, const
 from .limits import MAX_ARGS, MAX_LAUNCHES, MAX_NAME_LENGTH, MAX_SCRATCH, fits_name
 
 __all__ = ["Scratch", "Arg", "Launch", "Variant"]
 
-# What the constructors take (see kernelpack.summary: each class writes its __init__)
+# What the constructors take (each class writes its __init__: see kernelpack._fields)
 Dim3Like = Union[ExprLike, Sequence[ExprLike]]
-_set = object.__setattr__
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ class Scratch:
     shape: tuple[Expr, ...]
     zero_init: bool = False
 
-    def __init__(self, name: str, dtype: object, shape: Iterable[ExprLike],
+    def __init__(self, name: str, dtype: DTypeLike, shape: Iterable[ExprLike],
                  zero_init: bool = False) -> None:
         _set(self, "name", name)
         _set(self, "dtype", dtype)

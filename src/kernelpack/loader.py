@@ -406,11 +406,11 @@ def _mmap_module(source: str | os.PathLike[str]) -> Any:
     try:
         import mmap
     except ImportError as exc:
-        if os.strerror(errno.EMFILE) not in str(exc) and os.strerror(errno.ENFILE) not in str(exc):
-            raise
-        code = errno.EMFILE if os.strerror(errno.EMFILE) in str(exc) else errno.ENFILE
-        raise OSError(code, f"{os.strerror(code)} (importing mmap to map the artifact)",
-                      os.fspath(source)) from None
+        for code in (errno.EMFILE, errno.ENFILE):  # the dynamic loader's words for them
+            if os.strerror(code) in str(exc):
+                raise OSError(code, f"{os.strerror(code)} (importing mmap to map the "
+                                    f"artifact)", os.fspath(source)) from None
+        raise
     return mmap
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
-from ._fields import _dim, _dtype, _flag, _items, _name, _shape
+from ._fields import DTypeLike, _dim, _dtype, _flag, _items, _name, _set, _shape
 from .dtypes import DType, as_dtype, strict_index
 from .expr import Expr, ExprLike, as_expr
 from .launches import Arg, Launch, Scratch, Variant
@@ -37,14 +37,6 @@ __all__ = [
 ]
 
 ROLES = ("in", "out", "inout")
-# A dtype as the data model takes it: a kp.DType, a name ("float32"), or a NumPy/torch dtype
-DTypeLike = object
-# Each class of the data model writes its __init__ (dataclass keeps one a class defines): its
-# parameters say what a caller may pass (lists, dims as ints or names), which __post_init__
-# normalizes into the fields' stored form. The generated one would announce the stored form
-# (tuple[Expr, ...]) as the parameters' types, refusing to a type checker the README's own
-# kp.Tensor("x", kp.f32, ["n"]) (review 37).
-_set = object.__setattr__
 
 
 @dataclass(frozen=True)

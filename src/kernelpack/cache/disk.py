@@ -186,12 +186,11 @@ class DiskStore:
         None when they can (components not made yet included). For the cache's other
         directories, e.g. the runtime's cubins assembled from PTX (``runtime-ptx/``)."""
         try:
-            found = self._first_not_dir(directory)
+            found = self._not_own(directory)
         except OSError as exc:
             return f"{exc.filename or directory} cannot be looked at ({exc.strerror})"
-        if found is not None and found[1] is not None:
-            path, mode = found
-            return f"{path} is {'a symbolic link' if stat.S_ISLNK(mode) else 'not a directory'}"
+        if found is not None:
+            return f"{found[0]} is {found[1]}"
         return self._exposed(directory, top)
 
     def _exposed(self, directory: Path, top: str) -> str | None:
@@ -218,13 +217,23 @@ class DiskStore:
                     f"{stat.S_IMODE(st.st_mode):04o}) and its {top}/ belongs to uid {owner}")
         return None
 
+    def _not_own(self, directory: Path) -> tuple[Path, str] | None:
+        """The first component of ``directory`` below the root that exists and is not a
+        directory of its own, and what it is (``"a symbolic link"``, ``"not a directory"``);
+        None when there is none (missing ones are made by a write). OSError as
+        :meth:`_first_not_dir`."""
+        found = self._first_not_dir(directory)
+        if found is None or found[1] is None:
+            return None
+        path, mode = found
+        return path, "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
+
     def _check_no_links(self, directory: Path) -> None:
         """OSError (ELOOP, naming it) when a component of ``directory`` below the root exists
         and is not a directory of its own; missing ones are made by the write."""
-        found = self._first_not_dir(directory)
-        if found is not None and found[1] is not None:
-            path, mode = found
-            what = "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
+        found = self._not_own(directory)
+        if found is not None:
+            path, what = found
             raise OSError(errno.ELOOP, f"{path} is {what}: the cache's own directories are "
                                        f"never followed (remove it)", str(path))
 
