@@ -2,10 +2,12 @@
 measures and the RESULTS.md appender.
 
 Timing follows ``triton.testing.do_bench``: before every timed call a 256 MiB buffer is zeroed
-(this flushes L2 and, since it keeps the GPU busy, lets the host queue the timed call ahead so
-its launch overhead does not land inside the events), a pair of CUDA events brackets the call,
-and the median over many calls is reported. Callers that pass several closures get them in
-rotation, so inputs that would fit in L2 are not re-read from it. ``per_call_us`` times host
+(this flushes L2), then a spin kernel keeps the GPU busy for ``HOST_LEAD_US`` more (the zeroing
+alone hides only ~70 µs of host work: a peer that enqueues several launches per call had its
+host time land inside the events), so the host queues the timed call ahead of the GPU; a pair
+of CUDA events brackets the call, and the median over many calls is reported. Callers that
+pass several closures get them in rotation, so inputs that would fit in L2 are not re-read from
+it. ``per_call_us`` times host
 overhead instead: many calls back to back, then a sync.
 
 Only torch is needed (imported on first use), so ``benchmarks/kernels.py`` stays importable on a
@@ -29,7 +31,9 @@ __all__ = ["cuda_torch", "median_ms", "per_call_us", "copy_bandwidth", "time_cel
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 FLUSH_BYTES = 256 << 20
+HOST_LEAD_US = 300.0  # GPU time queued ahead of each timed call, after the flush
 _flush_buf: Any = None
+_spin_cycles: int | None = None
 
 
 def _torch() -> Any:
@@ -53,11 +57,38 @@ def cuda_torch(script: str) -> Any:
 
 
 def _flush() -> None:
+    """Flush L2, then queue ``HOST_LEAD_US`` of spinning on the GPU (where torch has its
+    ``torch.cuda._sleep`` spin kernel; without it only the zeroing's own time hides host work)."""
     global _flush_buf
     torch = _torch()
     if _flush_buf is None:
         _flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
     _flush_buf.zero_()
+    cycles = _lead_cycles()
+    if cycles:
+        torch.cuda._sleep(cycles)
+
+
+def _lead_cycles() -> int:
+    """Spin-kernel cycles lasting about ``HOST_LEAD_US`` on this device (measured once with
+    events), or 0 without ``torch.cuda._sleep``."""
+    global _spin_cycles
+    if _spin_cycles is None:
+        torch = _torch()
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is None:
+            _spin_cycles = 0
+            return 0
+        probe = 1_000_000
+        sleep(probe)  # first use: module load
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        sleep(probe)
+        end.record()
+        torch.cuda.synchronize()
+        us = max(start.elapsed_time(end) * 1e3, 1.0)
+        _spin_cycles = max(1, int(probe * HOST_LEAD_US / us))
+    return _spin_cycles
 
 
 def median_ms(fns: Callable[[], object] | Sequence[Callable[[], object]], *,
