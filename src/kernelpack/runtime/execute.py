@@ -14,7 +14,7 @@ queued, as with any sequence of CUDA calls).
 from __future__ import annotations
 
 import struct
-from typing import Any, NoReturn, Sequence
+from typing import Any, Collection, NoReturn, Sequence
 
 from ..dtypes import uint8
 from ..errors import KernelPackError, LaunchError
@@ -118,7 +118,8 @@ def _run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan:
         if len(results) > 1:
             _check_disjoint(name, spans)
         if inputs:
-            _check_aliasing(name, spans, inputs)
+            _check_aliasing(name, spans, inputs,
+                            {a.name for a in bs.outputs if a.zero_init})
     else:
         results = []
         for alloc in bs.outputs:
@@ -174,15 +175,24 @@ def partially_overlaps(p0: int, n0: int, p1: int, n1: int) -> bool:
 
 
 def _check_aliasing(program: str, outs: list[tuple[int, int, str]],
-                    inputs: Sequence[tuple[int, int, str]]) -> None:
+                    inputs: Sequence[tuple[int, int, str]],
+                    zero_filled: Collection[str] = ()) -> None:
     """Refuse an ``out=`` array that partially overlaps an input (``out=x[1:]`` for ``x``):
     the threads that write it race with the threads that still read the input, so the result
     depends on scheduling. The very same memory (same start, same size) is in-place use and
-    is allowed: it is defined for a program that reads each element before writing it."""
+    is allowed: it is defined for a program that reads each element before writing it. Not
+    for an output in ``zero_filled`` (``zero_init``): kernelpack zero-fills it before the
+    first launch, which would erase the input the program then reads."""
     for p0, n0, a in outs:
         if not n0:
             continue
         for p1, n1, b in inputs:
+            if n1 and a in zero_filled and p1 < p0 + n0 and p0 < p1 + n1:
+                raise LaunchError(
+                    f"{program}: out {a!r} shares memory with argument {b!r} (out {n0} bytes "
+                    f"at {p0:#x}, {b!r} {n1} bytes at {p1:#x}), and {a!r} is zero-filled "
+                    f"before the launch (zero_init), which would erase {b!r}; pass a "
+                    f"separate array")
             if n1 and partially_overlaps(p0, n0, p1, n1):
                 raise LaunchError(
                     f"{program}: out {a!r} partially overlaps argument {b!r} in memory "
