@@ -36,7 +36,7 @@ __all__ = [
     "Expr", "ExprLike", "sym", "const", "as_expr",
     "cdiv", "product", "floordiv", "mod", "emin", "emax", "shl", "shr", "select",
     "eq", "ne", "lt", "le", "gt", "ge", "land", "lor", "lnot",
-    "INT64_MIN", "INT64_MAX", "OPERATORS", "evaluate", "canonical_text",
+    "INT64_MIN", "INT64_MAX", "OPERATORS", "evaluate", "canonical_text", "can_fail",
 ]
 
 # operator name -> arity. The names are stable: the format maps them to opcodes.
@@ -498,6 +498,12 @@ def _make(op: str, *args: Expr) -> Expr:
 
 
 _FALLIBLE = frozenset({"add", "sub", "mul", "floordiv", "ceildiv", "mod", "neg", "shl", "shr"})
+
+
+def can_fail(e: Expr) -> bool:
+    """Whether evaluating ``e`` may raise (a division by zero, an int64 overflow, a shift
+    count outside 0..63); a large expression counts as one that may."""
+    return not _cannot_fail(e)
 
 
 def _cannot_fail(e: Expr, budget: int = 32) -> bool:

@@ -15,7 +15,7 @@ from typing import NamedTuple, Sequence
 
 from llvmlite import ir
 
-from ..dtypes import DType, float64, int64
+from ..dtypes import DType, complex64, complex128, float64, int64
 from ..errors import CompileError
 from ..expr import Expr
 from ..graph import BINARY, COMPARE, UNARY, Graph, Node
@@ -53,8 +53,13 @@ def acc_dtype(kind: str, dt: DType) -> DType:
     if kind in ("sum", "mean", "prod") and dt.kind == "f" and dt.itemsize < 8:
         return float64
     if kind in ("sum", "mean", "prod") and dt.kind == "c" and dt.itemsize == 8:
-        return dt  # complex64 sums stay complex64 (rare; accuracy is the caller's choice)
+        return dt  # complex64 stays (the fallback loop widens it: _reduce)
     return dt
+
+
+def _parts(v: Val) -> tuple[ir.Value, ...]:
+    """A value's components: (re, im) of a complex one, else the value alone."""
+    return v if isinstance(v, tuple) else (v,)
 
 
 def _same(a: ir.Value, b: ir.Value) -> bool:
@@ -363,15 +368,21 @@ class Emitter(Memory):
         src = self.graph.nodes[node.inputs[0]]
         dims = [src.shape[a] for a in axes]
         acc_dt = acc_dtype(kind, node.dtype)
+        if acc_dt is complex64 and kind in ("sum", "mean"):
+            # one thread sums the whole axis: in complex64 even a compensated sum of 1e6
+            # terms drifted 6e-5 (its compensation term's own rounding), 1e-2 without
+            acc_dt = complex128
         from .mathops import combine, fabs, finalize, identity, neumaier_add
 
         slots = self.acc_slots(acc_dt, identity(kind, acc_dt))
         # One thread runs the whole reduction here, in order: a float sum carries Neumaier's
         # compensation, or a sum of 1e5 float64 terms drifted past 1e-12 of NumPy's pairwise
         # one (GPU fuzz seed 3349). Only this fallback loop pays for it.
-        compensated = kind in ("sum", "mean") and acc_dt.kind == "f"
-        comp = self.acc_slots(acc_dt, ir.Constant(component(acc_dt), 0.0)) if compensated \
-            else ()
+        # (a complex sum per part)
+        compensated = kind in ("sum", "mean") and acc_dt.kind in "fc"
+        zero = ir.Constant(component(acc_dt), 0.0)
+        comp = self.acc_slots(acc_dt, (zero, zero) if acc_dt.is_complex else zero) \
+            if compensated else ()
         self.push()
         with self.loops.range(ZERO, self.numel(dims), ir.Constant(I64, 1), "r") as k:
             comps = list(ctx.comps)
@@ -380,16 +391,20 @@ class Emitter(Memory):
             v = convert(self.b, self.value(src.id, Ctx(src.shape, tuple(comps), None)),
                         src.dtype, acc_dt)
             if compensated:
-                neumaier_add(self.b, slots[0], comp[0], v)
+                for sum_slot, comp_slot, part in zip(slots, comp, _parts(v)):
+                    neumaier_add(self.b, sum_slot, comp_slot, part)
             else:
                 self.acc_store(slots, combine(self, kind, acc_dt, self.acc_load(slots, acc_dt),
                                               v))
         self.pop()
         total = self.acc_load(slots, acc_dt)
         if compensated:  # an infinite term makes the compensation NaN: the plain sum then
-            c = self.acc_load(comp, acc_dt)
-            finite = self.b.fcmp_ordered("<", fabs(self.b, c), ir.Constant(c.type, float("inf")))
-            total = self.b.select(finite, self.b.fadd(total, c), total)
+            parts = []
+            for t, c in zip(_parts(total), _parts(self.acc_load(comp, acc_dt))):
+                finite = self.b.fcmp_ordered("<", fabs(self.b, c),
+                                             ir.Constant(c.type, float("inf")))
+                parts.append(self.b.select(finite, self.b.fadd(t, c), t))
+            total = tuple(parts) if acc_dt.is_complex else parts[0]
         return convert(self.b, finalize(self, kind, acc_dt, total, self.numel(dims)), acc_dt,
                        node.dtype)
 

@@ -23,6 +23,7 @@ from ..compiled import Compiled, Image, Module
 from ..summary import Arg, Constraint, KernelSummary, Launch, Scalar, Tensor, Variant
 from ..targets import Arch, parse_target_list, portable_lowest
 from .schedule import Choice, Stage, lockstep, plan, variants
+from .size_checks import computed_size_constraints
 
 __all__ = ["Options", "Build", "STAGES", "run", "compile_fusion", "compile_traced"]
 
@@ -258,9 +259,12 @@ def summarize(b: Build) -> Build:
                 launches.append(Launch(spec.name, graph.name, (spec.grid,), (spec.block,),
                                        tuple(args)))
         out_variants.append(Variant(tuple(launches), tuple(ws), pred))
+    constraints = _pad_constraints(graph)
+    evaluated = [d for p in params if isinstance(p, Tensor) for d in p.shape]
+    constraints += computed_size_constraints(graph, evaluated
+                                             + [c.predicate for c in constraints])
     try:
-        summary = KernelSummary(graph.name, tuple(params), tuple(out_variants),
-                                _pad_constraints(graph))
+        summary = KernelSummary(graph.name, tuple(params), tuple(out_variants), constraints)
     except ValueError as exc:
         raise TraceError(f"fusion {graph.name}: {exc}") from None
     return dataclasses.replace(b, summary=summary)
