@@ -55,9 +55,16 @@ class Fusion:
     def __init__(self, fn: Callable[..., Any], name: str | None = None,
                  localns: Mapping[str, Any] | None = None) -> None:
         check_function(fn)
-        self.fn = fn
-        self.name = _program_name(getattr(fn, "__name__", None) if name is None else name)
+        if name is None:  # a fusion wrapped again keeps its program name, not its def's
+            name = fn.name if isinstance(fn, Fusion) else getattr(fn, "__name__", None)
+        checked = _program_name(name)
+        # update_wrapper copies the function's __dict__ over this instance's: set the name and
+        # the function after it, or a function's own ``name`` attribute (a registry's label),
+        # or a wrapped fusion's, replaced the checked name (an unchecked one then aborted the
+        # process in LLVM's NVPTX backend)
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        self.fn = fn.fn if isinstance(fn, Fusion) else fn
+        self.name = checked
         sig = inspect.signature(fn)
         hints = annotations(fn, self.name, localns)
         self.params: list[tuple[str, object]] = []

@@ -17,7 +17,8 @@ import operator
 from typing import Any, Callable, Sequence
 
 from .dtypes import DType, bool_, int64, is_numpy_bool, strict_index
-from ._host_math import host_extremum, host_where, on_host, plain_floats, plain_numbers
+from ._host_math import (as_float, host_extremum, host_where, on_host, plain_floats,
+                         plain_numbers)
 from .errors import TraceError
 from .expr import Expr, as_expr, cdiv, const, emax, emin
 from .limits import MAX_EXPR_DEPTH
@@ -171,8 +172,14 @@ def where(cond: object, a: object, b: object) -> Any:
     return g.add("where", dt, shape, (vc.id, va.id, vb.id))
 
 
-def complex(re: object, im: object) -> Value:  # noqa: A001
-    """``re + i·im`` from float32 (→ complex64) or float64 (→ complex128) parts."""
+def complex(re: object, im: object) -> Any:  # noqa: A001
+    """``re + i·im`` from float32 (→ complex64) or float64 (→ complex128) parts. Of two plain
+    Python numbers, the Python complex computed on the host (a weak scalar in a fusion, as
+    the literal ``1j`` is), as the math functions of plain numbers are: ``kp.exp(1j)``'s
+    error points here."""
+    if plain_numbers(re, im):
+        parts = (as_float("kp.complex", re), as_float("kp.complex", im))  # type: ignore[arg-type]
+        return builtins.complex(*parts)
     return _binary("complex", re, im)
 
 

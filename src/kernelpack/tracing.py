@@ -264,6 +264,9 @@ def _graph_of(*values: object) -> Graph:
     for v in values:
         if isinstance(v, Value):
             return v.graph
+    if current_graph() is not None:  # inside a fusion: "call them inside" would mislead
+        raise TraceError(f"kp operations need at least one traced tensor among their operands "
+                         f"(got {', '.join(f'{v!r:.40}' for v in values)})")
     raise TraceError("kp operations need at least one traced tensor (call them inside @kp.fusion)")
 
 
