@@ -54,8 +54,10 @@ def compile(f: Fusion, targets: Sequence[str] = ("sm_80", "sm_90", "ptx"), *,  #
     ----------
     f: the ``@kp.fusion`` function.
     targets: ``"sm_XY"`` (also ``sm_90a``, ``sm_100f``) for a cubin each, ``"ptx"`` for a PTX
-        image of the lowest architecture (drivers of newer GPUs compile it). At least one
-        architecture; the order does not matter.
+        image of the lowest architecture (drivers of newer GPUs compile it); ``"compute_XY"``
+        asks for the PTX and lists XY among the architectures, so it also gives an ``sm_XY``
+        cubin (``kp.external`` gives only the PTX). At least one architecture; the order does
+        not matter.
     static: ``{"dim": size}`` makes those dims constants in the code (a call with another
         size is a ``ConstraintError``); everything else stays symbolic.
     cache: a :class:`Cache`: a hit returns the stored artifact (``.origin`` ``"disk"`` or
