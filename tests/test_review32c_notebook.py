@@ -486,11 +486,16 @@ def test_pickle_between_processes_and_stale_fusions(tmp_path) -> None:
     """), ns)
     main = sys.modules["__main__"]
     saved = main.__dict__.get("f", None), main.__dict__.get("old", None)
-    main.__dict__["f"], main.__dict__["old"] = ns["f"], ns["old"]
+    main.__dict__["f"] = ns["f"]
+    main.__dict__.pop("old", None)
     try:
         assert pickle.loads(pickle.dumps(ns["f"])) is ns["f"]
-        with pytest.raises(pickle.PicklingError):
+        with pytest.raises(pickle.PicklingError):  # shadowed, and held by no module name
             pickle.dumps(ns["old"])
+        # held by another module name (a renamed or kept fusion): pickled under that name,
+        # never as the new ``f``
+        main.__dict__["old"] = ns["old"]
+        assert pickle.loads(pickle.dumps(ns["old"])) is ns["old"]
     finally:
         for key, value in zip(("f", "old"), saved):
             if value is None:

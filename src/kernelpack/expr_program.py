@@ -183,8 +183,10 @@ class ExprProgram:
             label = f" ({what})" if what else ""
             env = ", ".join(f"{name}={frame[i]}" for i, name in enumerate(self.symbols)
                             if i < len(frame) and isinstance(frame[i], int))
-            raise ExpressionError(f"cannot evaluate {self.exprs[root]}{label}: {exc}"
-                                  + (f" (with {env})" if env else "")) from None
+            error = ExpressionError(f"cannot evaluate {self.exprs[root]}{label}: {exc}"
+                                    + (f" (with {env})" if env else ""))
+            error.reason = str(exc)  # for a caller that words the error its own way
+            raise error from None
         frame[slot] = result
         return result
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import sys
 from typing import Any, Callable, Mapping, overload
 
 from .dtypes import DType, strict_index
@@ -62,7 +63,11 @@ class Fusion:
         # the function after it, or a function's own ``name`` attribute (a registry's label),
         # or a wrapped fusion's, replaced the checked name (an unchecked one then aborted the
         # process in LLVM's NVPTX backend)
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn, updated=())  # type: ignore[arg-type]
+        if not isinstance(fn, Fusion):  # the function's own attributes, not over a method
+            for key, value in getattr(fn, "__dict__", {}).items():
+                if not hasattr(Fusion, key):
+                    self.__dict__[key] = value
         self.fn = fn.fn if isinstance(fn, Fusion) else fn
         self.name = checked
         sig = inspect.signature(fn)
@@ -108,7 +113,14 @@ class Fusion:
         """Pickled by reference, as a function is: ``module.qualname`` is this object (the
         decorator replaced the function there), so pickle found "not the same object" and
         ``ProcessPoolExecutor().map(kp.compile, fusions)`` failed. A fusion that is no module
-        attribute still cannot be pickled, with pickle's own error."""
+        attribute still cannot be pickled, with pickle's own error. A renamed fusion
+        (``g16 = kp.fusion(name="g16")(g)``) carries ``g``'s qualname: it is found under the
+        module attribute that holds it."""
+        module = sys.modules.get(self.__module__)
+        if module is not None and getattr(module, self.__qualname__, None) is not self:
+            for key, value in list(vars(module).items()):
+                if value is self:
+                    return key
         return self.__qualname__
 
     def trace(self, static: Mapping[str, int] | None = None) -> Graph:
@@ -257,8 +269,9 @@ def _check_constant_sizes(g: Graph) -> None:
     checked: set[Expr] = set()
     for nid in g.reachable(nid for _, nid in g.outputs):
         node = g.nodes[nid]
-        for e in node.shape:
-            if e.is_const and e.value < 0:  # type: ignore[operator]
+        values = [a for a in node.attrs if isinstance(a, Expr)] if node.op == "dim" else []
+        for e in (*node.shape, *values):  # a dim used as a value is computed by the kernel
+            if e.is_const and e.value < 0 and e not in values:  # type: ignore[operator]
                 raise TraceError(f"fusion {g.name}: {node.op} has a negative size {e}")
             if e in checked or e.is_const or e.symbols():
                 continue

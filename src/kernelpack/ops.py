@@ -46,8 +46,8 @@ def _math(op: str) -> Callable[[Any], Any]:
             return on_host(op, x)  # type: ignore[arg-type]
         if isinstance(x, builtins.complex):
             raise TraceError(f"kp.{op}: a Python complex number ({x!r}) is not computed on the "
-                             f"host; make a traced tensor with kp.complex(re, im) inside a "
-                             f"@kp.fusion")
+                             f"host; pass it as a complex tensor or scalar parameter, or make "
+                             f"it from traced float tensors with kp.complex(re, im)")
         graph = current_graph()
         if isinstance(x, Expr) and graph is not None:
             # kp.sqrt(x.shape[-1]): the dim as a traced int64 (a float64 result, weak beside

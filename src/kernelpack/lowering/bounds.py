@@ -34,7 +34,9 @@ def shift_count_syms(graph: Graph) -> frozenset[str]:
         seen.add(id(e))
         if e.op in ("shl", "shr") and e.args[1].op == "sym":
             found.add(str(e.args[1].value))
-        stack.extend(e.args)
+        # a select's arms are evaluated only when taken: a shift in one bounds nothing
+        # (kp.where(k < 63, 1 << k, 1) plans k = 66)
+        stack.extend(e.args[:1] if e.op == "select" else e.args)
     return frozenset(found)
 
 

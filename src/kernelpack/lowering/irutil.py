@@ -315,6 +315,14 @@ class Loops:
 _ZERO64 = ir.Constant(I64, 0)
 
 
+def _nonzero(b: ir.IRBuilder, d: ir.Value) -> ir.Value:
+    """A divisor that is never 0: ``select`` computes both of its arms, so a size division
+    in the arm a zero divisor does not take (``kp.where(m > 0, n // m, 0)``) still ran, and a
+    division by zero is undefined behaviour (the plan has refused every zero divisor the
+    taken arms meet)."""
+    return b.select(b.icmp_signed("==", d, _ZERO64), ir.Constant(I64, 1), d)
+
+
 def int_expr_op(b: ir.IRBuilder, op: str, a: list[ir.Value]) -> ir.Value:
     """An Expr operator on i64 values (the evaluator's semantics for valid inputs): the dims
     and sizes a kernel computes from its i64 dim parameters."""
@@ -323,17 +331,19 @@ def int_expr_op(b: ir.IRBuilder, op: str, a: list[ir.Value]) -> ir.Value:
     if op == "mul": return b.mul(a[0], a[1])
     if op == "neg": return b.sub(_ZERO64, a[0])
     if op == "floordiv":
-        q, r = b.sdiv(a[0], a[1]), b.srem(a[0], a[1])
+        d = _nonzero(b, a[1])
+        q, r = b.sdiv(a[0], d), b.srem(a[0], d)
         fix = b.and_(b.icmp_signed("!=", r, _ZERO64),
-                     b.icmp_signed("<", b.xor(r, a[1]), _ZERO64))
+                     b.icmp_signed("<", b.xor(r, d), _ZERO64))
         return b.sub(q, b.zext(fix, I64))
     if op == "ceildiv":
         return b.sub(_ZERO64, int_expr_op(b, "floordiv", [b.sub(_ZERO64, a[0]), a[1]]))
     if op == "mod":
-        r = b.srem(a[0], a[1])
+        d = _nonzero(b, a[1])
+        r = b.srem(a[0], d)
         fix = b.and_(b.icmp_signed("!=", r, _ZERO64),
-                     b.icmp_signed("<", b.xor(r, a[1]), _ZERO64))
-        return b.select(fix, b.add(r, a[1]), r)
+                     b.icmp_signed("<", b.xor(r, d), _ZERO64))
+        return b.select(fix, b.add(r, d), r)
     if op == "min": return b.select(b.icmp_signed("<=", a[0], a[1]), a[0], a[1])
     if op == "max": return b.select(b.icmp_signed(">=", a[0], a[1]), a[0], a[1])
     if op == "shl": return b.shl(a[0], a[1])
