@@ -59,10 +59,11 @@ class Fusion:
         if name is None:  # a fusion wrapped again keeps its program name, not its def's
             name = fn.name if isinstance(fn, Fusion) else getattr(fn, "__name__", None)
         checked = _program_name(name)
-        # update_wrapper copies the function's __dict__ over this instance's: set the name and
-        # the function after it, or a function's own ``name`` attribute (a registry's label),
-        # or a wrapped fusion's, replaced the checked name (an unchecked one then aborted the
-        # process in LLVM's NVPTX backend)
+        # The function's attributes are copied here, not by update_wrapper (which merges its
+        # __dict__ over this instance's), and the name and function are set after them: a
+        # function's own ``name`` attribute (a registry's label), or a wrapped fusion's,
+        # replaced the checked name (an unchecked one then aborted the process in LLVM's NVPTX
+        # backend), and one named like a method (``trace``) replaced the method
         functools.update_wrapper(self, fn, updated=())  # type: ignore[arg-type]
         if not isinstance(fn, Fusion):  # the function's own attributes, not over a method
             for key, value in getattr(fn, "__dict__", {}).items():
