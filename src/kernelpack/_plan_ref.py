@@ -226,12 +226,11 @@ class ReferencePlanner:
             try:
                 holds = f if f.__class__ is int else value(frame, f.root, f.what)
             except ExpressionError as exc:
-                reason = getattr(exc, "reason", None)
-                if not c.message or reason is None:
+                if not c.message or exc.reason is None:
                     raise
                 # the constraint's own words, not its encoding (a size check is a select)
                 raise ExpressionError(f"{self.summary.name}: constraint failed: {c.message}: "
-                                      f"{reason} (with {self._env(symbols)})") from None
+                                      f"{exc.reason} (with {self._env(symbols)})") from None
             if not holds:
                 raise ConstraintError(f"{self.summary.name}: constraint failed: "
                                       f"{c.message or c.predicate} (with {self._env(symbols)})")

@@ -51,7 +51,11 @@ class ConstraintError(KernelPackError):
 
 
 class ExpressionError(ConstraintError):
-    """Evaluating a symbolic expression failed (overflow, division by zero, unbound symbol)."""
+    """Evaluating a symbolic expression failed (overflow, division by zero, unbound symbol).
+    ``reason``: the evaluator's own words for it, where it says (``"division by zero in
+    floordiv"``), for a caller that words the error its own way."""
+
+    reason: str | None = None
 
 
 class CompileError(KernelPackError):

@@ -185,7 +185,7 @@ class ExprProgram:
                             if i < len(frame) and isinstance(frame[i], int))
             error = ExpressionError(f"cannot evaluate {self.exprs[root]}{label}: {exc}"
                                     + (f" (with {env})" if env else ""))
-            error.reason = str(exc)  # for a caller that words the error its own way
+            error.reason = str(exc)
             raise error from None
         frame[slot] = result
         return result

@@ -114,17 +114,21 @@ def exchange(launch_path, monkeypatch):
     return fx
 
 
-@pytest.fixture
-def torch(monkeypatch):
+def make_torch(monkeypatch):
+    """A stand-in torch installed for this test (float32, int32, complex64 and uint8 for
+    scratch buffers); the ``torch`` fixture, and a plain function for a test that installs
+    one per ``monkeypatch.context()``."""
     mod = types.ModuleType("torch")
     mod.float32, mod.int32 = FakeDtype("float32", "f"), FakeDtype("int32", "i")
     mod.complex64 = FakeDtype("complex64", "f", 8)  # values: interleaved float32 pairs
+    mod.uint8 = FakeDtype("uint8", "B", 1)
     mod.Tensor = Tensor
     mod.current_stream = None  # what ``torch.cuda.stream(s)`` made current (None: default)
 
-    def empty(shape, dtype, device):
-        # ``itemsize // 4`` values of the dtype's format per element (complex64: a float pair)
-        t = Tensor([0] * (_prod(shape) * dtype.itemsize // 4), dtype, tuple(shape))
+    def empty(*shape, dtype, device):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):  # empty((n, m)) or (n, m)
+            shape = shape[0]
+        t = Tensor(_values(dtype, _prod(shape)), dtype, tuple(shape))
         t.allocated_on = mod.current_stream  # the caching allocator's pool it came from
         return t
 
@@ -138,14 +142,25 @@ def torch(monkeypatch):
 
     mod.empty = empty
     mod.strided = "strided"  # the layout of a dense tensor (Tensor.layout)
-    mod.empty_like = lambda t: Tensor([0] * (_prod(t.shape) * t.dtype.itemsize // 4), t.dtype,
-                                      t.shape, device=t._device)
+    mod.empty_like = lambda t: Tensor(_values(t.dtype, _prod(t.shape)), t.dtype, t.shape,
+                                      device=t._device)
     mod.device = lambda kind, index: (kind, index)
     mod._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: 0)
     mod.cuda = types.SimpleNamespace(ExternalStream=lambda handle, device=None: ("ext", handle),
                                      default_stream=lambda device=None: ("default", device),
                                      stream=stream)
     return install_framework(monkeypatch, "torch", mod)
+
+
+@pytest.fixture
+def torch(monkeypatch):
+    return make_torch(monkeypatch)
+
+
+def _values(dtype: FakeDtype, count: int) -> list:
+    """Zero values filling ``count`` elements of ``dtype`` (its format's items per element:
+    two float32 values per complex64)."""
+    return [0] * (count * dtype.itemsize // struct.calcsize(dtype.fmt))
 
 
 def _prod(shape) -> int:

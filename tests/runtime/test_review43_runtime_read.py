@@ -38,7 +38,6 @@ import subprocess
 import sys
 import textwrap
 import tracemalloc
-import types
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,8 +51,8 @@ from kernelpack.summary import (Arg, Compiled, Image, KernelSummary, Launch, Mod
                                 Scratch, Tensor, Variant)
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_driver import FakeDriver, install, install_framework  # noqa: E402
-from test_fastpath_fake import FakeDtype, Tensor as T  # noqa: E402
+from fake_driver import FakeDriver, install  # noqa: E402
+from test_fastpath_fake import Tensor as T, _prod, make_torch  # noqa: E402
 
 _launch = pytest.importorskip("kernelpack.runtime._launch",
                               reason="the C extension kernelpack.runtime._launch is not built")
@@ -65,49 +64,12 @@ def _noop(*args: Any) -> None:
     return None
 
 
-def _prod(shape: tuple) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _values(dtype: FakeDtype, count: int) -> list:
-    """Zero values filling ``count`` elements of ``dtype`` (its format's items per element)."""
-    return [0] * (count * dtype.itemsize // struct.calcsize(dtype.fmt))
-
-
-def _torch(monkeypatch) -> Any:
-    """A stand-in torch (test_fastpath_fake's, with uint8 for scratch buffers)."""
-    mod = types.ModuleType("torch")
-    mod.float32, mod.int32 = FakeDtype("float32", "f"), FakeDtype("int32", "i")
-    mod.complex64 = FakeDtype("complex64", "f", 8)
-    mod.uint8 = FakeDtype("uint8", "B", 1)
-    mod.Tensor = T
-
-    def empty(*shape, dtype, device):
-        if len(shape) == 1 and isinstance(shape[0], tuple):
-            shape = shape[0]
-        return T(_values(dtype, _prod(shape)), dtype, tuple(shape))
-
-    mod.empty = empty
-    mod.strided = "strided"
-    mod.empty_like = lambda t: T(_values(t.dtype, _prod(t.shape)), t.dtype, t.shape,
-                                 device=t._device)
-    mod.device = lambda kind, index: (kind, index)
-    mod._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: 0)
-    mod.cuda = types.SimpleNamespace(ExternalStream=lambda h, device=None: ("ext", h),
-                                     default_stream=lambda device=None: ("default", device),
-                                     stream=None)
-    return install_framework(monkeypatch, "torch", mod)
-
-
 def _setup(path: str, monkeypatch, kernels: dict) -> tuple[Any, FakeDriver, Any]:
     """(stand-in torch, fake driver, the stand-in exchange API or None) for ``path``:
     "general" (the fast path never built), "closure", "C" or "C-dlpack"."""
     if path == "closure":
         monkeypatch.setenv("KERNELPACK_NATIVE_LAUNCH", "0")
-    torch = _torch(monkeypatch)
+    torch = make_torch(monkeypatch)
     fx = None
     if path == "C-dlpack":
         from dlpack_exchange import FakeExchange

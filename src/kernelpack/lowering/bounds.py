@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..expr import Expr
 from ..graph import Graph
+from .size_checks import kernel_sizes, surely_evaluated
 
 __all__ = ["int_max", "shift_count_syms", "expr_max"]
 
@@ -21,23 +22,11 @@ def shift_count_syms(graph: Graph) -> frozenset[str]:
     Only nodes the outputs read count: the planner never evaluates a dead node's shape (an
     unused ``kp.arange(1 << n)``), so it bounds nothing, and with it ``x >> kp.arange(n)``
     lost its guard and shifted by 64..n-1 modulo the width instead of giving 0 or -1."""
-    found: set[str] = set()
-    live = [graph.nodes[nid] for nid in sorted(graph.reachable(nid for _, nid in graph.outputs))]
-    stack: list[Expr] = [d for node in live for d in node.shape]
-    stack += [a for node in live if node.op == "dim" for a in node.attrs
-              if isinstance(a, Expr)]
-    seen: set[int] = set()
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if e.op in ("shl", "shr") and e.args[1].op == "sym":
-            found.add(str(e.args[1].value))
-        # a select's arms are evaluated only when taken: a shift in one bounds nothing
-        # (kp.where(k < 63, 1 << k, 1) plans k = 66)
-        stack.extend(e.args[:1] if e.op == "select" else e.args)
-    return frozenset(found)
+    # what the plan surely evaluates of them (lowering/size_checks): a select's arms are
+    # evaluated only when taken, so a shift in one bounds nothing (kp.where(k < 63, 1 << k, 1)
+    # plans k = 66)
+    return frozenset(str(e.args[1].value) for e in surely_evaluated(kernel_sizes(graph))
+                     if e.op in ("shl", "shr") and e.args[1].op == "sym")
 
 
 def expr_max(e: Expr, shift_syms: frozenset[str]) -> int | None:

@@ -21,7 +21,7 @@ from ..expr import Expr
 from ..graph import BINARY, COMPARE, UNARY, Graph, Node
 from .bounds import int_max, shift_count_syms
 from .irutil import I32, I64, Loops, Val, call_function, component, const_of, convert, \
-    int_expr_op, round_result, storage_type, to_compute
+    int_expr_op, parts_of, round_result, storage_type, to_compute
 from .memory import Memory
 
 __all__ = ["Ctx", "Emitter", "NotRowSchedulable", "acc_dtype", "ZERO"]
@@ -55,11 +55,6 @@ def acc_dtype(kind: str, dt: DType) -> DType:
     if kind in ("sum", "mean", "prod") and dt.kind == "c" and dt.itemsize == 8:
         return dt  # complex64 stays (the fallback loop widens it: _reduce)
     return dt
-
-
-def _parts(v: Val) -> tuple[ir.Value, ...]:
-    """A value's components: (re, im) of a complex one, else the value alone."""
-    return v if isinstance(v, tuple) else (v,)
 
 
 def _same(a: ir.Value, b: ir.Value) -> bool:
@@ -336,14 +331,14 @@ class Emitter(Memory):
         """``compute()`` emitted under ``if cond`` (its values stay inside), zero otherwise."""
         b = self.b
         zero = const_of(dt, 0)
-        parts = zero if isinstance(zero, tuple) else (zero,)
+        parts = parts_of(zero)
         slots = [self.loops.alloca(component(dt)) for _ in parts]
         for s, z in zip(slots, parts):
             b.store(z, s)
         with b.if_then(cond):
             self.push()
             v = compute()
-            for s, p in zip(slots, v if isinstance(v, tuple) else (v,)):
+            for s, p in zip(slots, parts_of(v)):
                 b.store(p, s)
             self.pop()
         loaded = tuple(b.load(s, typ=component(dt)) for s in slots)
@@ -391,7 +386,7 @@ class Emitter(Memory):
             v = convert(self.b, self.value(src.id, Ctx(src.shape, tuple(comps), None)),
                         src.dtype, acc_dt)
             if compensated:
-                for sum_slot, comp_slot, part in zip(slots, comp, _parts(v)):
+                for sum_slot, comp_slot, part in zip(slots, comp, parts_of(v)):
                     neumaier_add(self.b, sum_slot, comp_slot, part)
             else:
                 self.acc_store(slots, combine(self, kind, acc_dt, self.acc_load(slots, acc_dt),
@@ -400,7 +395,7 @@ class Emitter(Memory):
         total = self.acc_load(slots, acc_dt)
         if compensated:  # an infinite term makes the compensation NaN: the plain sum then
             parts = []
-            for t, c in zip(_parts(total), _parts(self.acc_load(comp, acc_dt))):
+            for t, c in zip(parts_of(total), parts_of(self.acc_load(comp, acc_dt))):
                 finite = self.b.fcmp_ordered("<", fabs(self.b, c),
                                              ir.Constant(c.type, float("inf")))
                 parts.append(self.b.select(finite, self.b.fadd(t, c), t))
@@ -410,7 +405,7 @@ class Emitter(Memory):
 
     # accumulators in entry-block allocas (SROA makes them registers)
     def acc_slots(self, dt: DType, init: Val) -> tuple[ir.Value, ...]:
-        parts = init if isinstance(init, tuple) else (init,)
+        parts = parts_of(init)
         slots = tuple(self.loops.alloca(component(dt)) for _ in parts)
         for s, p in zip(slots, parts):
             self.b.store(p, s)
@@ -421,7 +416,7 @@ class Emitter(Memory):
         return vals if dt.is_complex else vals[0]
 
     def acc_store(self, slots: tuple[ir.Value, ...], v: Val) -> None:
-        for s, p in zip(slots, v if isinstance(v, tuple) else (v,)):
+        for s, p in zip(slots, parts_of(v)):
             self.b.store(p, s)
 
     def libcall(self, name: str, ret: ir.Type, args: Sequence[ir.Value]) -> ir.Value:

@@ -10,7 +10,7 @@ from llvmlite import ir
 
 from ..dtypes import DType
 from .codegen import ZERO, Emitter
-from .irutil import F32, F64, I32, I64, Val, call_function
+from .irutil import F32, F64, I32, I64, Val, call_function, parts_of
 from .mathops import combine
 
 __all__ = ["warp_reduce", "block_reduce"]
@@ -67,8 +67,7 @@ def block_reduce(em: Emitter, kind: str, dt: DType, v: Val, tid: ir.Value, threa
     reads of the shared buffer, the second publishes the writes."""
     b = em.b
     smem = _smem(em)
-    parts = warp_reduce(em, kind, dt, v)
-    parts = parts if isinstance(parts, tuple) else (parts,)
+    parts = parts_of(warp_reduce(em, kind, dt, v))
     warp = b.lshr(tid, ir.Constant(I64, 5))
     lane = b.and_(tid, ir.Constant(I64, 31))
     # llvmlite types globals with typed pointers, which refuse float stores: go through a

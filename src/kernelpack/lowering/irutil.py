@@ -19,11 +19,16 @@ from ..errors import CompileError
 
 __all__ = ["I1", "I8", "I32", "I64", "F32", "F64", "Val", "compute_type", "storage_type",
            "component", "const_of", "convert", "to_compute", "to_storage", "Loops", "sreg",
-           "int_expr_op", "round_result"]
+           "int_expr_op", "round_result", "parts_of"]
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 I16, F16, F32, F64 = ir.IntType(16), ir.HalfType(), ir.FloatType(), ir.DoubleType()
 Val = Union[ir.Value, tuple]
+
+
+def parts_of(v: Val) -> tuple[ir.Value, ...]:
+    """A value's components: (re, im) of a complex one, else the value alone."""
+    return v if isinstance(v, tuple) else (v,)
 
 
 class _BFloatType(ir.Type):

@@ -20,7 +20,7 @@ from ..expr import Expr, can_fail, emax, eq, product, select
 from ..graph import Graph
 from ..summary import Constraint
 
-__all__ = ["computed_size_constraints", "surely_evaluated"]
+__all__ = ["computed_size_constraints", "kernel_sizes", "surely_evaluated"]
 
 _NAMED = 6  # sizes the constraint's message names (then "and N more")
 
@@ -40,26 +40,33 @@ def surely_evaluated(roots: Iterable[Expr]) -> set[Expr]:
     return seen
 
 
-def computed_size_constraints(graph: Graph, evaluated: Iterable[Expr]) -> tuple[Constraint, ...]:
-    """One constraint over the sizes the kernels may compute that can fail to evaluate and
-    that the plan does not surely evaluate anyway (``evaluated``: the parameters' shapes and
-    the other constraints); none when there are no such sizes. Only nodes the outputs read
-    count."""
-    done = surely_evaluated(evaluated)
+def kernel_sizes(graph: Graph) -> list[Expr]:
+    """The size expressions the kernels may compute, of the nodes the outputs read: their
+    shapes, the values of dims used as values, and a reduction's element count (the general
+    schedule loops over that many terms)."""
     live = [graph.nodes[nid] for nid in sorted(graph.reachable(nid for _, nid in graph.outputs))]
     sizes: list[Expr] = []
     for node in live:
-        candidates = list(node.shape)
+        sizes += node.shape
         if node.op == "dim":
-            candidates += [a for a in node.attrs if isinstance(a, Expr)]
-        if node.op == "reduce":  # the general schedule's loop runs over this many terms
+            sizes += [a for a in node.attrs if isinstance(a, Expr)]
+        if node.op == "reduce":
             src = graph.nodes[node.inputs[0]]
-            candidates.append(product(src.shape[a] for a in node.attrs[1]))
-        for e in candidates:
-            if e.is_const or e in done or not can_fail(e):
-                continue
-            done.add(e)
-            sizes.append(e)
+            sizes.append(product(src.shape[a] for a in node.attrs[1]))
+    return sizes
+
+
+def computed_size_constraints(graph: Graph, evaluated: Iterable[Expr]) -> tuple[Constraint, ...]:
+    """One constraint over the :func:`kernel_sizes` that can fail to evaluate and that the
+    plan does not surely evaluate anyway (``evaluated``: the parameters' shapes and the other
+    constraints); none when there are no such sizes."""
+    done = surely_evaluated(evaluated)
+    sizes: list[Expr] = []
+    for e in kernel_sizes(graph):
+        if e.is_const or e in done or not can_fail(e):
+            continue
+        done.add(e)
+        sizes.append(e)
     if not sizes:
         return ()
     # select(c, 1, 1) with a fallible c is kept by the simplifier and is 1 whenever c can be

@@ -167,11 +167,17 @@ def _check_disjoint(program: str, spans: list[tuple[int, int, str]]) -> None:
                               f"separate array for each output")
 
 
+def overlaps(p0: int, n0: int, p1: int, n1: int) -> bool:
+    """Whether the non-empty byte ranges at ``p0`` (``n0`` bytes) and ``p1`` (``n1``) share
+    memory."""
+    return p1 < p0 + n0 and p0 < p1 + n1
+
+
 def partially_overlaps(p0: int, n0: int, p1: int, n1: int) -> bool:
     """Whether the non-empty byte ranges at ``p0`` (``n0`` bytes) and ``p1`` (``n1``) share
     memory without being the very same range (in-place use). The general path and the fast
     paths (:func:`~.fastpath.out_overlaps_input`) decide with this one test."""
-    return p1 < p0 + n0 and p0 < p1 + n1 and (p0 != p1 or n0 != n1)
+    return overlaps(p0, n0, p1, n1) and (p0 != p1 or n0 != n1)
 
 
 def _check_aliasing(program: str, outs: list[tuple[int, int, str]],
@@ -187,7 +193,7 @@ def _check_aliasing(program: str, outs: list[tuple[int, int, str]],
         if not n0:
             continue
         for p1, n1, b in inputs:
-            if n1 and a in zero_filled and p1 < p0 + n0 and p0 < p1 + n1:
+            if n1 and a in zero_filled and overlaps(p0, n0, p1, n1):
                 raise LaunchError(
                     f"{program}: out {a!r} shares memory with argument {b!r} (out {n0} bytes "
                     f"at {p0:#x}, {b!r} {n1} bytes at {p1:#x}), and {a!r} is zero-filled "
