@@ -205,3 +205,68 @@ def test_a_mean_of_row_reductions_matches_numpy(shape):
     lse = np.log(np.exp(x - m).sum(1)) + m[:, 0]
     ref = (lse - x[np.arange(shape[0]), t]).mean()
     assert_close(got, np.array(ref), 1e-12, f"cross-entropy {shape}")
+
+
+# ---- row reductions read at another row (found by the codegen, pipeline._row_read_elsewhere)
+
+@kp.fusion
+def sym_norm(a: T[kp.f64, "n", "n"]):
+    """D^-1/2 A D^-1/2, a graph Laplacian's normalization: row sums read per row and per
+    column."""
+    d = kp.rsqrt(a.sum(-1))
+    return a * d[:, None] * d[None, :]
+
+
+@kp.fusion
+def centred_sym_norm(a: T[kp.f64, "n", "n"]):
+    """The row sums read across rows read a column mean that is a workspace already
+    (materialize() chose it before scheduling): the second workspace comes after it."""
+    c = a - a.mean(axis=0, keepdims=True)
+    d = (c * c).sum(-1)
+    return d, c / kp.sqrt(d[:, None] * d[None, :])
+
+
+def _ran(k: Kernels, *inputs) -> list[str]:
+    plan = k.planner.plan(*[v.shape for v in inputs])
+    return [launch.kernel for launch in plan.launches if all(launch.grid)]
+
+
+def test_row_sums_read_at_another_row_are_a_workspace():
+    """Before, the stage fell back to the general schedule, where every element summed two
+    whole rows (O(n^3) loads); now a row kernel writes the sums once and a pointwise kernel
+    reads them."""
+    for variant in _summary(sym_norm).variants:
+        (space,) = [w for w in variant.scratch if w.name == "sym_norm_m0"]
+        assert [str(d) for d in space.shape] == ["n", "1"]  # the sums, kept as a column
+        *sums, last = (launch.kernel for launch in variant.launches)
+        assert last == "sym_norm_1_pointwise", variant.launches
+        assert sums and all(k.startswith("sym_norm_0_") for k in sums), sums
+        assert not [k for k in sums if k.endswith("_pointwise")], sums  # a row schedule
+    a = np.random.default_rng(3).random((33, 33)) + 0.5
+    assert _ran(Kernels(sym_norm), a)[-1] == "sym_norm_1_pointwise"
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 33, 130])
+def test_row_sums_read_at_another_row_match_numpy(n):
+    a = np.random.default_rng(n).random((n, n)) + 0.5
+    (got,) = Kernels(sym_norm)(a)
+    d = 1 / np.sqrt(a.sum(-1))
+    assert_close(got, a * d[:, None] * d[None, :], 1e-13, f"n={n}")
+
+
+def test_a_row_read_elsewhere_that_reads_a_workspace_comes_after_it():
+    s = _summary(centred_sym_norm)
+    for variant in s.variants:
+        names = [w.name for w in variant.scratch if "_m" in w.name]
+        assert names == ["centred_sym_norm_m0", "centred_sym_norm_m1"], names
+        written = [launch.args[0].name for launch in variant.launches]
+        assert written.index("centred_sym_norm_m0") < written.index("centred_sym_norm_m1")
+    for n in (1, 7, 40):
+        a = np.random.default_rng(n).random((n, n)) * 3
+        got_d, got = Kernels(centred_sym_norm)(a)
+        c = a - a.mean(0, keepdims=True)
+        d = (c * c).sum(-1)
+        assert_close(got_d, d, 1e-12, f"d n={n}")
+        with np.errstate(all="ignore"):
+            ref = c / np.sqrt(d[:, None] * d[None, :])
+        assert_close(got, ref, 1e-12, f"n={n}")

@@ -2,9 +2,9 @@
 
 Suspicions were proved or disproved on the CPU: the summary's plan for concrete shapes
 (``Planner.plan``), and the SIMT emulator (:mod:`.simt`) against NumPy. Each bug below failed
-on the code as reviewed; the first and third are fixed (lowering/size_checks.py; the general
-schedule's complex64 sums accumulate in complex128, compensated), the second is still an
-``xfail(strict=True)``; the rest pin behaviour that was checked and holds:
+on the code as reviewed; all three are fixed (lowering/size_checks.py; the row sums become a
+workspace, pipeline._row_read_elsewhere, a session later; the general schedule's complex64
+sums accumulate in complex128, compensated); the rest pin behaviour that was checked and holds:
 
 - expressions a kernel computes that no plan evaluates: a dim used as a value
   (``x.shape[0] // y.shape[0]``, ``1 << x.shape[0]``) and a size that only a general-schedule
@@ -151,14 +151,13 @@ def sym_norm_columns(a: T[kp.f32, "n", "n"]):
     return a * d[:, None] * d[None, :]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: d = a.sum(-1) read at another row (d[None, :]) "
-                   "raises NotRowSchedulable in llvm_ir, which reschedules the stage general "
-                   "without materializing (pipeline.schedule materializes once): every element "
-                   "recomputes both row sums, O(n^3) loads, against the README's 'a reduction "
-                   "that other work reads is computed once, into a workspace'")
 def test_row_sums_read_across_rows_are_computed_once():
+    """Was a bug: NotRowSchedulable rescheduled the stage general without materializing, so
+    every element recomputed both row sums (O(n^3) loads). Now the sums are a workspace
+    (pipeline._row_read_elsewhere); test_materialize covers it further."""
     plan = Planner(_summary(sym_norm)).plan(a=(4096, 4096))
-    assert plan.allocations.keys() - {"out"} or len(plan.launches) > 1, plan
+    assert "sym_norm_m0" in plan.allocations
+    assert [launch.kernel for launch in plan.launches][-1] == "sym_norm_1_pointwise"
 
 
 def test_column_sums_read_across_columns_are_materialized():

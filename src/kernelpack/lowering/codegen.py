@@ -36,7 +36,13 @@ _LIBM = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "ta
 
 
 class NotRowSchedulable(Exception):
-    """A reduction cached per row was read at another row: use the general schedule."""
+    """A reduction cached per row was read at another row (``d[None, :]`` of a row sum
+    ``d``): the pipeline computes that reduction into a workspace first
+    (:func:`.materialize.materialize_nodes`), or, failing that, schedules the stage general."""
+
+    def __init__(self, node: int) -> None:
+        super().__init__(f"reduction {node} read at another row")
+        self.node = node
 
 
 class Ctx(NamedTuple):
@@ -355,7 +361,7 @@ class Emitter(Memory):
         if node.id in self.rowcache:
             val, outer = self.rowcache[node.id]
             if not all(_same(a, c) for a, c in zip(ctx.comps[:len(outer)], outer)):
-                raise NotRowSchedulable(f"reduction {node.id} read at another row")
+                raise NotRowSchedulable(node.id)
             return val
         if node.id in self.stored:
             return self.load(self.stored[node.id], node.dtype, self.ravel(ctx.comps, node.shape))

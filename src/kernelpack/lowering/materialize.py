@@ -38,7 +38,7 @@ from typing import Callable, Iterable, Sequence
 from ..expr import Expr
 from ..graph import Graph, Node
 
-__all__ = ["materialize", "workspace_stages", "NESTED"]
+__all__ = ["materialize", "materialize_nodes", "workspace_stages", "NESTED"]
 
 #: materialize reductions that are reduced again (see the module docstring); False gives the
 #: schedules from before, for benchmarks/losses.py's comparison
@@ -114,6 +114,22 @@ def materialize(graph: Graph, general: Iterable[Sequence[int]]
                   or (column_axes(graph, n.id) is not None and n.id not in kept))]
     if not chosen:
         return graph, ()
+    return materialize_nodes(graph, chosen, ())
+
+
+def materialize_nodes(graph: Graph, chosen: Sequence[int], workspaces: Sequence[str]
+                      ) -> tuple[Graph, tuple[str, ...]]:
+    """``graph`` with the reductions ``chosen`` (node ids) computed into new workspaces, and
+    the names of all its workspaces: ``workspaces`` (those ``graph`` already has) and the
+    new ones. The new graph lists every workspace output first, in dependency order (by the
+    node computing it: a workspace added later may read one made before), then the other
+    outputs.
+
+    :func:`materialize` decides before scheduling; the pipeline also calls this when the
+    codegen finds a row reduction read at another row (``rsqrt(a.sum(-1))[None, :]``, the
+    symmetric normalization of a matrix), which no row kernel can keep: computed once into a
+    workspace, the row sums are then read by a pointwise kernel, where the general schedule
+    made every element sum two whole rows (O(n^3) loads for an n x n matrix)."""
     taken = {p[0] for p in graph.params} | {name for name, _ in graph.outputs}
     names: dict[int, str] = {}
     k = 0
@@ -134,9 +150,12 @@ def materialize(graph: Graph, general: Iterable[Sequence[int]]
             out.nodes.append(Node(len(out.nodes), "input", node.dtype, node.shape, (),
                                   (names[node.id],)))
             read[node.id] = len(out.nodes) - 1
-    out.outputs = [(names[nid], computed[nid]) for nid in chosen] + [
-        (name, read[nid]) for name, nid in graph.outputs]
-    return out, tuple(names[nid] for nid in chosen)
+    existing = set(workspaces)
+    spaces = [(names[nid], computed[nid]) for nid in chosen] + [
+        (name, computed[nid]) for name, nid in graph.outputs if name in existing]
+    out.outputs = sorted(spaces, key=lambda o: o[1]) + [
+        (name, read[nid]) for name, nid in graph.outputs if name not in existing]
+    return out, tuple(name for name, _ in out.outputs[:len(spaces)])
 
 
 def workspace_stages(graph: Graph, workspaces: Iterable[str]) -> list[tuple[tuple, str, int]]:

@@ -40,7 +40,7 @@ class Build:
     graph: Graph | None = None
     workspaces: tuple[str, ...] | None = None  # materialized reductions (None: not yet looked)
     stages: tuple[Stage, ...] = ()
-    general: frozenset[int] = frozenset()
+    general: frozenset[str] = frozenset()  # outputs whose stages take the general schedule
     scratch: tuple[tuple[str, DType], ...] = ()
     ir: str = ""
     kernels: tuple[str, ...] = ()
@@ -158,6 +158,21 @@ def _symbols_read(graph: Graph) -> set[str]:
     return read
 
 
+def _row_read_elsewhere(b: Build, stage: Stage, node: int) -> Build:
+    """``b`` to schedule again after the codegen found reduction ``node``, kept per row by a
+    kernel of ``stage``, read at another row: that reduction computed into a workspace of
+    its own, which the stage then reads like an input; or, when it already is one, the stage
+    on the general schedule (one thread per output element)."""
+    from .materialize import materialize_nodes
+
+    graph, spaces = b.graph, b.workspaces or ()
+    assert graph is not None
+    if not any(nid == node for name, nid in graph.outputs if name in spaces):
+        graph, spaces = materialize_nodes(graph, [node], spaces)
+        return dataclasses.replace(b, graph=graph, workspaces=spaces)
+    return dataclasses.replace(b, general=b.general | set(stage.outputs))
+
+
 def llvm_ir(b: Build) -> Build:
     from llvmlite import ir
 
@@ -172,17 +187,15 @@ def llvm_ir(b: Build) -> Build:
     module.data_layout = data_layout()
     names: list[str] = []
     uses_libdevice = False
-    for gi, st in enumerate(b.stages):
+    for st in b.stages:
         for alt in st.alternatives:
             for spec in alt.kernels:
                 if spec.name in names:
                     continue
                 try:
                     em = emit(module, graph, spec, dict(b.scratch), symbols_of(graph))
-                except NotRowSchedulable:
-                    # rebuild with this group on the general schedule (rare broadcast patterns)
-                    again = dataclasses.replace(b, general=b.general | {gi})
-                    return llvm_ir(schedule(again))
+                except NotRowSchedulable as exc:
+                    return llvm_ir(schedule(_row_read_elsewhere(b, st, exc.node)))
                 names.append(spec.name)
                 uses_libdevice |= em.uses_libdevice
     module.add_named_metadata("llvm.module.flags",

@@ -170,10 +170,10 @@ def row_outer(graph: Graph, reduces: list[int], out_shape: tuple[Expr, ...]) -> 
     return outer
 
 
-def plan(graph: Graph, general: frozenset[int] = frozenset(),
+def plan(graph: Graph, general: frozenset[str] = frozenset(),
          workspaces: frozenset[str] = frozenset()) -> list[Stage]:
-    """The stages of ``graph``; groups listed in ``general`` are forced to the fallback
-    schedule (the codegen found their reductions read across rows). Outputs named in
+    """The stages of ``graph``; the stages of outputs named in ``general`` are forced to the
+    fallback schedule (the codegen found their reductions read across rows). Outputs named in
     ``workspaces`` are materialized reductions (:mod:`.materialize`): each is a stage of its
     own, declared as scratch of its shape, not a program output."""
     # workspaces avoid parameter and output names (an output "f_0_ws0" was a TraceError)
@@ -187,7 +187,8 @@ def plan(graph: Graph, general: frozenset[int] = frozenset(),
     stages: list[Stage] = []
     for gi, outs in enumerate(groups.values()):
         shape = graph.nodes[outs[0][1]].shape
-        stage = _stage(graph, f"{graph.name}_{gi}", shape, outs, gi in general, taken)
+        forced = any(name in general for name, _ in outs)
+        stage = _stage(graph, f"{graph.name}_{gi}", shape, outs, forced, taken)
         # nothing after an unconditional alternative can run (a column stage whose static
         # dims always give enough splits): neither compile nor list it as a variant
         always = next((i for i, c in enumerate(stage.alternatives) if c.predicate is None),
