@@ -22,9 +22,9 @@ the stand-in DLPack exchange API):
 Two bugs, both in the general path's aliasing rules (execute._run): out= the very same array
 as an input was "in-place use" even when the output is zero_init, whose zero fill erased the
 input before the kernel read it (silent zeros; fixed: a LaunchError); and an inout argument
-partially overlapping another input is launched (the race that out= refuses): left open, a
-strict xfail below, and said in README (refusing it needs the same check in every fast path,
-C included, for every program with an inout).
+partially overlapping another input was launched (the race that out= refuses; fixed a session
+later in every path: execute.check_written_arguments, fastpath.written_pairs, and
+tests/runtime/test_inout_overlap.py).
 """
 
 from __future__ import annotations
@@ -547,11 +547,6 @@ def test_in_place_use_of_a_zero_init_output_is_refused(monkeypatch) -> None:
     assert not [c for c in fake.calls if c[0] in ("cuMemsetD8Async", "cuLaunchKernel")]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an inout argument that partially overlaps another "
-                   "input is launched (a race on the device: its writes land in memory other "
-                   "threads still read), while the same overlap through out= is a LaunchError; "
-                   "execute._check_aliasing only looks at out= arrays (README says it is not "
-                   "checked; the fast paths would need the check too)")
 def test_an_inout_argument_partially_overlapping_an_input_is_refused(monkeypatch) -> None:
     """y += a * x with y (inout) the first three floats of a buffer and x the last three:
     each thread's write of y[i+1] races with another's read of x[i]. README: an out= array

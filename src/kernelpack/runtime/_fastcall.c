@@ -315,6 +315,7 @@ static void entry_free(Entry *e) {
     PyMem_Free(e->likes);
     PyMem_Free(e->views);
     PyMem_Free(e->spans);
+    PyMem_Free(e->pairs);
     PyMem_Free(e->scratch);
     if (e->launches != NULL)
         for (k = 0; k < e->nlaunch; k++)
@@ -401,17 +402,74 @@ static int scratch_from(FastCall *self, Entry *e, PyObject *scratch) {
     return 0;
 }
 
+/* hooks.entry's written pairs: ((slot a, nbytes a, slot b, nbytes b, both written), ...)
+ * into e->pairs. -1 with an exception set when malformed. */
+static int pairs_from(FastCall *self, Entry *e, PyObject *pairs) {
+    Py_ssize_t k;
+    if (!PyTuple_Check(pairs)) {
+        PyErr_SetString(PyExc_TypeError, "FastCall: hooks.entry's written pairs are a tuple");
+        return -1;
+    }
+    e->npairs = PyTuple_Size(pairs);
+    e->pairs = PyMem_Calloc(e->npairs ? e->npairs : 1, sizeof(WrittenPair));
+    if (e->pairs == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (k = 0; k < e->npairs; k++) {
+        PyObject *item = PyTuple_GetItem(pairs, k);
+        WrittenPair *wp = &e->pairs[k];
+        long a, b;
+        if (!PyTuple_Check(item) || PyTuple_Size(item) != 5) {
+            PyErr_SetString(PyExc_TypeError, "FastCall: a written pair is (slot, nbytes, slot, "
+                            "nbytes, both written)");
+            return -1;
+        }
+        a = PyLong_AsLong(PyTuple_GetItem(item, 0));
+        wp->na = PyLong_AsUnsignedLongLong(PyTuple_GetItem(item, 1));
+        b = PyLong_AsLong(PyTuple_GetItem(item, 2));
+        wp->nb = PyLong_AsUnsignedLongLong(PyTuple_GetItem(item, 3));
+        wp->both_written = PyObject_IsTrue(PyTuple_GetItem(item, 4));
+        if (PyErr_Occurred() || wp->both_written < 0)
+            return -1;
+        if (a < 0 || a >= self->nvalues || b < 0 || b >= self->nvalues) {
+            PyErr_SetString(PyExc_ValueError, "FastCall: a value slot of a written pair is out "
+                            "of range");
+            return -1;
+        }
+        wp->a = (int)a;
+        wp->b = (int)b;
+    }
+    return 0;
+}
+
+/* Whether two arguments of a pair share memory in a way the general path refuses
+ * (execute.check_written_arguments): any byte when both are written, else all but the very
+ * same range (in-place use). vals holds the inputs' pointers (read_arguments). */
+static int written_conflict(const Entry *e, const Value *vals) {
+    Py_ssize_t k;
+    for (k = 0; k < e->npairs; k++) {
+        const WrittenPair *wp = &e->pairs[k];
+        uint64_t pa = vals[wp->a].u, pb = vals[wp->b].u;
+        if ((pb >= pa ? pb - pa < wp->na : pa - pb < wp->nb) &&
+            (wp->both_written || pa != pb || wp->na != wp->nb))
+            return 1;
+    }
+    return 0;
+}
+
 /* The C entry for hooks.entry(key)'s answer (shapes, likes, launches, views, view_out,
- * overlap, scratch); NULL with an exception set when the answer is malformed (a bug in
- * fast_native.py, reported as such). */
+ * overlap, scratch[, written pairs]); NULL with an exception set when the answer is malformed
+ * (a bug in fast_native.py, reported as such). */
 static Entry *entry_from(FastCall *self, PyObject *answer) {
     PyObject *shapes, *likes, *launches, *views;
     Entry *e;
     Py_ssize_t k, n;
     int view_out;
-    if (!PyTuple_Check(answer) || PyTuple_Size(answer) != 7) {
+    if (!PyTuple_Check(answer) || (PyTuple_Size(answer) != 7 && PyTuple_Size(answer) != 8)) {
         PyErr_SetString(PyExc_TypeError, "FastCall: hooks.entry must answer None or "
-                        "(shapes, likes, launches, views, view_out, overlap, scratch)");
+                        "(shapes, likes, launches, views, view_out, overlap, scratch[, "
+                        "written pairs])");
         return NULL;
     }
     shapes = PyTuple_GetItem(answer, 0);
@@ -450,7 +508,8 @@ static Entry *entry_from(FastCall *self, PyObject *answer) {
     }
     if (slot_values(self, PyTuple_GetItem(answer, 5), "overlap", &e->out_nbytes, &e->nspans,
                     &e->spans) < 0 ||
-        scratch_from(self, e, PyTuple_GetItem(answer, 6)) < 0) {
+        scratch_from(self, e, PyTuple_GetItem(answer, 6)) < 0 ||
+        (PyTuple_Size(answer) == 8 && pairs_from(self, e, PyTuple_GetItem(answer, 7)) < 0)) {
         entry_free(e);
         return NULL;
     }
@@ -1095,6 +1154,12 @@ static PyObject *fastcall_run(FastCall *self, PyObject *const *argv, Py_ssize_t 
             Py_DECREF(device_obj);
             goto slow;
         }
+    }
+    if (e->npairs && written_conflict(e, vals)) { /* the general path refuses it */
+        Py_DECREF(st);
+        Py_DECREF(capsule);
+        Py_DECREF(device_obj);
+        goto slow;
     }
     if (out == Py_None) {
         result = allocate_outputs(self, e, args, device_obj, vals);

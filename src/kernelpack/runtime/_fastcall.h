@@ -142,6 +142,12 @@ typedef struct {
 } SlotValue;
 
 typedef struct {
+    int a, b;           /* value slots: an argument the program writes (role inout), another */
+    int both_written;   /* b is written too: any shared byte conflicts, not only a partial one */
+    uint64_t na, nb;    /* their sizes in bytes (non-zero) */
+} WrittenPair;
+
+typedef struct {
     PyObject *shapes;   /* tuple of the outputs' shapes */
     Py_ssize_t *likes;  /* per output: argument to allocate it like, or -1 */
     int nlaunch;
@@ -152,6 +158,9 @@ typedef struct {
     uint64_t out_nbytes; /* a single out=: its size, and the non-empty tensor inputs' value */
     Py_ssize_t nspans;  /* slots and sizes it must not partially overlap (fastpath.out_overlap) */
     SlotValue *spans;
+    /* argument pairs that may not share memory (fastpath.written_pairs): checked per call */
+    Py_ssize_t npairs;
+    WrittenPair *pairs;
     /* the variant's scratch as one allocation (fastpath.scratch_layout): hooks.scratch(
      * scratch_nbytes, device) per call, each buffer's slot at its offset; nscratch 0: none */
     uint64_t scratch_nbytes;

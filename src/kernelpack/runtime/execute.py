@@ -206,6 +206,34 @@ def _check_aliasing(program: str, outs: list[tuple[int, int, str]],
                     f"separate array, or the very same array as {b!r} for in-place use")
 
 
+def check_written_arguments(program: str, spans: Sequence[tuple[int, int, str]],
+                            written: Collection[str]) -> None:
+    """Refuse an argument the program writes (role ``inout``, named in ``written``) that
+    shares memory with another tensor argument (``spans``: each one's ``(pointer, nbytes,
+    name)``) other than as the very same array: ``y`` the first three floats of a buffer
+    and ``x`` its last three in ``y += a * x`` race on the device (a thread's write of
+    ``y[i + 1]`` lands in the ``x[i]`` another thread still reads). The very same memory as
+    a read-only argument is in-place use, allowed as it is for ``out=``; two written
+    arguments may not share any memory (as two ``out=`` arrays may not)."""
+    for i, (p0, n0, a) in enumerate(spans):
+        if not n0 or a not in written:
+            continue
+        for j, (p1, n1, b) in enumerate(spans):
+            if j == i or not n1:
+                continue
+            if b in written and overlaps(p0, n0, p1, n1):
+                raise LaunchError(
+                    f"{program}: arguments {a!r} and {b!r} overlap in memory ({a!r} {n0} bytes "
+                    f"at {p0:#x}, {b!r} {n1} bytes at {p1:#x}), and the program writes both "
+                    f"(role 'inout'); pass a separate array for each")
+            if partially_overlaps(p0, n0, p1, n1):
+                raise LaunchError(
+                    f"{program}: argument {a!r}, which the program writes (role 'inout'), "
+                    f"partially overlaps argument {b!r} in memory ({a!r} {n0} bytes at "
+                    f"{p0:#x}, {b!r} {n1} bytes at {p1:#x}); pass a separate array, or the "
+                    f"very same array as {b!r} for in-place use")
+
+
 def _queue(bp: Any, st: Any, plan: Any, variant: Any, vals: list, cs: Any,
            memsets: list) -> None:
     """Check that every (repeated) launch's values fit their parameters, then zero-fill and

@@ -20,7 +20,8 @@ from typing import Any
 
 from .arrays import stream_device, stream_handle
 from .fast_native import native_cupy_call
-from .fastpath import FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, split_scalars
+from .fastpath import (FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, split_scalars,
+                       written_conflict)
 
 INF = float("inf")
 
@@ -160,9 +161,12 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
             entry = plan(k)
         if not entry or st is None or get_device() != device:
             return slow(args, out, stream)  # the general path switches devices itself
-        fills, shapes, todo, likes, one, _, _, overlap, scratch = entry  # no lazy views in CuPy
+        # no lazy views in CuPy
+        fills, shapes, todo, likes, one, _, _, overlap, scratch, pairs = entry
         if scratch is not None and stream is not None:
             return slow(args, out, stream)  # scratch is allocated for the current stream
+        if pairs and written_conflict(vals, pairs):  # the general path refuses it
+            return slow(args, out, stream)
         if fills is not None:
             vals[fill_from:] = fills
         if out is None:

@@ -61,23 +61,24 @@ class Hooks:
         return self._stream_handle(stream)
 
     def entry(self, key: tuple) -> tuple | None:
-        """``(output shapes, likes, launches, views, view_out, overlap, scratch)`` for
+        """``(output shapes, likes, launches, views, view_out, overlap, scratch, pairs)`` for
         ``key``, each launch ``(j, gx, gy, gz, bx, by, bz, shared_mem, template)`` where
         ``template`` is the parameter block with the planner's computed values in place (the
         call writes the rest); ``views`` / ``view_out``: the arguments (and whether ``out=``)
         to ask for torch's lazy views (:func:`~.fastpath.lazy_view_checks`); ``overlap``: what
         a single ``out=`` must not partially overlap (:func:`~.fastpath.out_overlap`);
         ``scratch``: :func:`~.fastpath.scratch_layout`'s ``(nbytes, ((slot, offset), ...))``
-        or None. None when the key's calls go to the general path (:meth:`FastCore.plan`) or a
-        computed value does not fit its parameter (the general path then explains);
-        ``FastCall`` remembers that per key."""
+        or None; ``pairs``: the arguments that may not share memory
+        (:func:`~.fastpath.written_pairs`). None when the key's calls go to the general path
+        (:meth:`FastCore.plan`) or a computed value does not fit its parameter (the general
+        path then explains); ``FastCall`` remembers that per key."""
         core = self.core
         entry = core.cache.get(key)
         if entry is None:
             entry = core.plan(key)
         if not entry:
             return None
-        fills, shapes, todo, likes, _, views, view_out, overlap, scratch = entry
+        fills, shapes, todo, likes, _, views, view_out, overlap, scratch, pairs = entry
         vals: list[Any] = [0] * self._nvals
         if fills is not None:
             vals[core.fill_from:] = fills
@@ -89,7 +90,7 @@ class Hooks:
             except (struct.error, OverflowError, TypeError):
                 return None
             launches.append((j, gx, gy, gz, bx, by, bz, smem, bytes(block)))
-        return shapes, likes, tuple(launches), views, view_out, overlap, scratch
+        return shapes, likes, tuple(launches), views, view_out, overlap, scratch, pairs
 
     def launch_failed(self, err: int, j: int, gx: int, gy: int, gz: int, bx: int, by: int,
                       bz: int, smem: int) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 
 from .arrays import stream_device, stream_handle
 from .fast_native import native_torch_call
-from .fastpath import FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, split_scalars
+from .fastpath import (FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, split_scalars,
+                       written_conflict)
 
 INF = float("inf")
 
@@ -111,9 +112,11 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
             entry = plan(k)
         if not entry or st is None:  # or a first call on this device (or host memory)
             return slow(args, out, stream)
-        fills, shapes, todo, likes, one, views, view_out, overlap, scratch = entry
+        fills, shapes, todo, likes, one, views, view_out, overlap, scratch, pairs = entry
         if scratch is not None and stream is not None:
             return slow(args, out, stream)  # scratch is allocated for the current stream
+        if pairs and written_conflict(vals, pairs):  # the general path refuses it
+            return slow(args, out, stream)
         for i in views:  # lazy conjugate/negative views: the general path refuses them
             t = args[i]
             if t.is_conj() or t.is_neg():

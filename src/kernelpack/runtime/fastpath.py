@@ -47,11 +47,12 @@ from typing import Any, Callable
 from ..errors import KernelPackError
 from .binding import fills_of
 from .device import PUSHED
-from .execute import DEFAULT_SHARED_MEM, partially_overlaps
+from .execute import DEFAULT_SHARED_MEM, overlaps, partially_overlaps
 from .native import launcher
 
 __all__ = ["make_fast_path", "fits", "fast_variant", "split_scalars", "keyed_symbols",
-           "lazy_view_checks", "out_overlap", "out_overlaps_input", "scratch_layout", "FastCore",
+           "lazy_view_checks", "out_overlap", "out_overlaps_input", "scratch_layout",
+           "written_pairs", "written_conflict", "FastCore",
            "ThreadState", "GENERAL", "FLOAT32_OVERFLOW"]
 
 Call = Callable[[Any, Any, Any], Any]
@@ -154,6 +155,7 @@ class FastCore:
         self.in_tokens = in_tokens
         # per tensor input (in key order): its value slot and element size (see out_overlap)
         self.in_spans = [(s.slot, s.dtype.itemsize) for s in bs.inputs if s.is_tensor]
+        self.in_written = [s.written for s in bs.inputs if s.is_tensor]  # role inout
         # the planner's scalars: a key carries the symbols an expression reads; the others
         # do not matter to a launch entry (see keyed_symbols)
         self.keyed = keyed = keyed_symbols(bs)
@@ -194,7 +196,8 @@ class FastCore:
         takes more than 48 KiB of dynamic shared memory (the general path raises the
         function's limit first). Cached per key, :data:`GENERAL` included.
 
-        Returns ``(fills, shapes, todo, likes, one, views, view_out, overlap, scratch)``: the
+        Returns ``(fills, shapes, todo, likes, one, views, view_out, overlap, scratch,
+        pairs)``: the
         computed values (the value list's last ``len(fills)`` slots, or None when there are
         none), output shapes, the non-empty launches ``(getter, pack_into, j, gx, gy, gz, bx,
         by, bz, smem)``, per output the index of an input it can be allocated like (-1: none),
@@ -202,7 +205,8 @@ class FastCore:
         lazy conjugate/negative views, whether ``out=`` needs that check (see
         :func:`lazy_view_checks`), what a single ``out=`` is checked against for partial
         overlap with an input (see :func:`out_overlap`), and the variant's scratch as one
-        allocation (see :func:`scratch_layout`), None when it has none."""
+        allocation (see :func:`scratch_layout`), None when it has none, and the argument
+        pairs that may not share memory (see :func:`written_pairs`)."""
         entry = self._plan(key)
         if len(self.cache) >= PLAN_CACHE_SIZE:
             self.cache.clear()
@@ -247,8 +251,9 @@ class FastCore:
         overlap = (out_overlap(self.in_spans, key, plan.allocations[self.outputs[0][1]].nbytes)
                    if len(self.outputs) == 1 else (0, ()))
         scratch = scratch_layout(self.variants[plan.variant], plan.allocations)
+        pairs = written_pairs(self.in_spans, self.in_written, key) if any(self.in_written) else ()
         return (fills or None, shapes, tuple(todo), tuple(likes), one, views, view_out,
-                overlap, scratch)
+                overlap, scratch, pairs)
 
     # ---- once per thread ----------------------------------------------------------------------
     def thread_state(self) -> ThreadState:
@@ -430,6 +435,37 @@ def out_overlaps_input(vals: list, out_ptr: int,
     out_nbytes, spans = overlap
     return any(partially_overlaps(out_ptr, out_nbytes, vals[slot], nbytes)
                for slot, nbytes in spans)
+
+
+def written_pairs(in_spans: list[tuple[int, int]], written: list[bool], key: tuple
+                  ) -> tuple[tuple[int, int, int, int, bool], ...]:
+    """The tensor-argument pairs a call must check for shared memory, as ``(value slot a,
+    nbytes a, value slot b, nbytes b, b written too)``: each non-empty argument the program
+    writes (``written``: role inout) against every other non-empty one (``in_spans`` and
+    ``key``'s shapes as in :func:`out_overlap`). A call where one conflicts
+    (:func:`written_conflict`) goes to the general path, which refuses it
+    (:func:`~.execute.check_written_arguments`). Empty for programs without inout
+    arguments, whose calls check nothing."""
+    sizes = [itemsize * math.prod(shape) for (_, itemsize), shape in zip(in_spans, key)]
+    pairs = []
+    for i, ((slot, _), n) in enumerate(zip(in_spans, sizes)):
+        if not written[i] or not n:
+            continue
+        for j, ((other, _), m) in enumerate(zip(in_spans, sizes)):
+            if j != i and m and not (written[j] and j < i):  # a written pair once
+                pairs.append((slot, n, other, m, written[j]))
+    return tuple(pairs)
+
+
+def written_conflict(vals: list, pairs: tuple[tuple[int, int, int, int, bool], ...]) -> bool:
+    """Whether the call's arguments (``vals``: its value slots) share memory as one of
+    :func:`written_pairs` may not: any byte when both are written, else all but the very
+    same range (in-place use)."""
+    for a, na, b, nb, both in pairs:
+        pa, pb = vals[a], vals[b]
+        if overlaps(pa, na, pb, nb) and (both or pa != pb or na != nb):
+            return True
+    return False
 
 
 def keyed_symbols(bs: Any) -> set[str]:
