@@ -24,7 +24,7 @@ import hashlib
 from typing import Any, Callable, Iterable
 
 __all__ = ["forget_compiles", "CompileCounter", "fresh_compile", "patched_build",
-           "artifact_digest", "must_differ"]
+           "artifact_digest", "must_differ", "now_and_before"]
 
 
 def forget_compiles() -> None:
@@ -119,3 +119,30 @@ def must_differ(first: Any, second: Any, what: str) -> None:
     if artifact_digest(first) == artifact_digest(second):
         raise SystemExit(f"{what}: the two builds are identical (same summary and image "
                          f"bytes): the tuning switch did not reach the compile")
+
+
+def now_and_before(fusion: Any, module: Any, switch: str, target: str, workdir: Any,
+                   what: str) -> tuple[Any, Any]:
+    """The loaded programs of ``fusion`` compiled afresh for ``target`` with ``module.switch``
+    True ('now') and False ('before', the schedule a change replaced), each saved under
+    ``workdir`` and loaded back; SystemExit when the two builds are the same code (see
+    :func:`must_differ`). The benchmarks that time a lowering change against what it
+    replaced (``losses.py``, ``reads_elsewhere.py``) build both this way."""
+    import kernelpack as kp
+    from pathlib import Path
+
+    programs, builds = [], []
+    for value in (True, False):
+        saved = getattr(module, switch)
+        setattr(module, switch, value)
+        try:
+            with CompileCounter() as counter:
+                compiled = fresh_compile(fusion, counter, targets=[target])
+        finally:
+            setattr(module, switch, saved)
+        path = Path(workdir) / f"{fusion.name}_{switch}_{int(value)}.kpack"
+        kp.save([compiled], str(path))
+        programs.append(kp.load(str(path))[fusion.name])
+        builds.append(compiled)
+    must_differ(builds[0], builds[1], what)
+    return programs[0], programs[1]

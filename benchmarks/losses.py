@@ -19,7 +19,6 @@ around the lowering; ``_compiles.py``), and the two builds must differ, or the s
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -31,7 +30,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 import kernelpack as kp  # noqa: E402
 from kernelpack.lowering import materialize  # noqa: E402
-from _compiles import CompileCounter, fresh_compile, must_differ  # noqa: E402
+from _compiles import now_and_before  # noqa: E402
 
 T = kp.Tensor
 SHAPES = [(256, 1000), (1024, 4096), (8192, 32000), (65536, 1000), (1 << 20, 16)]
@@ -47,39 +46,17 @@ def cross_entropy(x: T[kp.f32, "b", "v"], t: T[kp.i64, "b"]):
     return (lse - picked).mean()
 
 
-def build(nested: bool, target: str, tmp: Path) -> tuple[Any, Any]:
-    """The fusion compiled (a real compile) with ``materialize.NESTED = nested``; the loaded
-    program and the compiled one."""
-    saved = materialize.NESTED
-    materialize.NESTED = nested
-    try:
-        with CompileCounter() as counter:
-            compiled = fresh_compile(cross_entropy, counter, targets=[target])
-    finally:
-        materialize.NESTED = saved
-    path = tmp / f"losses_{int(nested)}.kpack"
-    kp.save([compiled], str(path))
-    return kp.load(str(path))["cross_entropy"], compiled
-
-
 def build_both(target: str, tmp: Path) -> tuple[Any, Any]:
-    """'now' and 'before' programs; stops when the two builds are the same code."""
-    now, now_c = build(True, target, tmp)
-    before, before_c = build(False, target, tmp)
-    must_differ(now_c, before_c, "losses.py cross_entropy: now vs before")
-    return now, before
+    """'now' and 'before' programs (``materialize.NESTED`` True and False); stops when the
+    two builds are the same code."""
+    return now_and_before(cross_entropy, materialize, "NESTED", target, tmp,
+                          "losses.py cross_entropy: now vs before")
 
 
 def main() -> int:
-    from _cli import parser_for
+    from _cli import comparison_args
 
-    ap = parser_for(__doc__)
-    ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
-    ap.add_argument("--md", default=None, help="also write the section here (default "
-                    "$OUT/losses.md when $OUT is set)")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="no GPU: build both ways for sm_90 and check that they differ")
-    args = ap.parse_args()
+    args = comparison_args(__doc__, "losses")
     if args.dry_run:
         with tempfile.TemporaryDirectory() as tmp:
             build_both("sm_90", Path(tmp))
@@ -133,10 +110,8 @@ def main() -> int:
             f"emptied) and differ.", "",
             *markdown_table(["shape", "MiB read", "kernelpack now", "kernelpack before",
                              "torch eager", "before / now", "now / eager"], rows)]
-    md = args.md or (os.path.join(os.environ["OUT"], "losses.md") if os.environ.get("OUT")
-                     else None)
     print(append_results("Losses averaged over a batch (`benchmarks/losses.py`)", body,
-                         results=None if args.no_results else RESULTS, md_out=md))
+                         results=None if args.no_results else RESULTS, md_out=args.md))
     return 0
 
 

@@ -38,11 +38,15 @@ from typing import Callable, Iterable, Sequence
 from ..expr import Expr
 from ..graph import Graph, Node
 
-__all__ = ["materialize", "materialize_nodes", "workspace_stages", "NESTED"]
+__all__ = ["materialize", "materialize_nodes", "workspace_stages", "NESTED",
+           "ROWS_READ_ELSEWHERE"]
 
 #: materialize reductions that are reduced again (see the module docstring); False gives the
 #: schedules from before, for benchmarks/losses.py's comparison
 NESTED = True
+#: materialize a row reduction the codegen finds read at another row (materialize_nodes);
+#: False gives the general schedule from before, for benchmarks/reads_elsewhere.py
+ROWS_READ_ELSEWHERE = True
 
 
 def _squeezed(shape: tuple[Expr, ...]) -> tuple[Expr, ...]:

@@ -163,12 +163,13 @@ def _row_read_elsewhere(b: Build, stage: Stage, node: int) -> Build:
     kernel of ``stage``, read at another row: that reduction computed into a workspace of
     its own, which the stage then reads like an input; or, when it already is one, the stage
     on the general schedule (one thread per output element)."""
-    from .materialize import materialize_nodes
+    from . import materialize
 
     graph, spaces = b.graph, b.workspaces or ()
     assert graph is not None
-    if not any(nid == node for name, nid in graph.outputs if name in spaces):
-        graph, spaces = materialize_nodes(graph, [node], spaces)
+    if materialize.ROWS_READ_ELSEWHERE and not any(
+            nid == node for name, nid in graph.outputs if name in spaces):
+        graph, spaces = materialize.materialize_nodes(graph, [node], spaces)
         return dataclasses.replace(b, graph=graph, workspaces=spaces)
     return dataclasses.replace(b, general=b.general | set(stage.outputs))
 
