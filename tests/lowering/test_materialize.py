@@ -270,3 +270,29 @@ def test_a_row_read_elsewhere_that_reads_a_workspace_comes_after_it():
         with np.errstate(all="ignore"):
             ref = c / np.sqrt(d[:, None] * d[None, :])
         assert_close(got, ref, 1e-12, f"n={n}")
+
+
+@kp.fusion
+def row_beside_strided(a: T[kp.f32, "n", "m"], c: T[kp.f32, "p", "n", "q"]):
+    return a.sum(-1), c.sum(axis=(0, 2))
+
+
+@kp.fusion
+def short_row_beside_strided(a: T[kp.f32, "n", 3], c: T[kp.f32, "p", "n", "q"]):
+    return a.sum(-1), c.sum(axis=(0, 2))
+
+
+def test_a_row_sum_in_a_general_stage_is_a_workspace_unless_short_and_constant():
+    """Both outputs have shape (n,): one stage, general for the (0, 2) sum. Its row sum was
+    one thread per row over the whole row; now a row kernel writes it to a workspace. A
+    row of 3 elements known at compile time stays inline (materialize.SHORT_ROW)."""
+    for variant in _summary(row_beside_strided).variants:
+        assert "row_beside_strided_m0" in [w.name for w in variant.scratch]
+    for variant in _summary(short_row_beside_strided).variants:
+        assert not [w.name for w in variant.scratch if "_m" in w.name]
+    rng = np.random.default_rng(5)
+    for n, m, p, q in ((4, 300, 2, 3), (0, 5, 1, 1), (7, 1, 3, 0)):
+        a, c = rng.random((n, m)), rng.random((p, n, q))
+        got_a, got_c = Kernels(row_beside_strided)(a.astype(np.float32), c.astype(np.float32))
+        assert_close(got_a, a.sum(-1), 1e-6, f"rows {n}x{m}")
+        assert_close(got_c, c.sum(axis=(0, 2)), 1e-6, f"strided {p}x{n}x{q}")

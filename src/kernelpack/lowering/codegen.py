@@ -43,6 +43,7 @@ class NotRowSchedulable(Exception):
     def __init__(self, node: int) -> None:
         super().__init__(f"reduction {node} read at another row")
         self.node = node
+        self.kernel: str | None = None  # the kernel being emitted (set by the pipeline)
 
 
 class Ctx(NamedTuple):

@@ -18,7 +18,9 @@ once for a mean, a max and a sum of the same columns).
 Column reductions below such a stage (``x.sum(axis=0)`` read by other work of its shape) are
 materialized too, broadcast or not: a stage whose outputs are column reductions alone splits
 them across many threads (:mod:`.columns`), where the general schedule loops over a whole
-column in one thread.
+column in one thread. So are row reductions (``a.sum(-1)`` beside ``c.sum(axis=(0, 2))``,
+both of shape ``(n,)``: one stage, general for the second), unless they reduce a few
+elements known at compile time (:data:`SHORT_ROW`): a (4, 10^7) row sum was 4 threads.
 
 A reduction that is reduced again (per-row losses averaged over the batch) is materialized too:
 the general schedule gives the outer reduction's output one thread, which ran every inner
@@ -44,6 +46,8 @@ __all__ = ["materialize", "materialize_nodes", "workspace_stages", "NESTED",
 #: materialize reductions that are reduced again (see the module docstring); False gives the
 #: schedules from before, for benchmarks/losses.py's comparison
 NESTED = True
+#: row reductions of at most this many elements (constant) stay inline in a general stage
+SHORT_ROW = 32
 #: materialize a row reduction the codegen finds read at another row (materialize_nodes);
 #: False gives the general schedule from before, for benchmarks/reads_elsewhere.py
 ROWS_READ_ELSEWHERE = True
@@ -91,6 +95,21 @@ def _nested(graph: Graph, users: dict[int, list[int]], nid: int) -> bool:
     return _reaches(graph, users, nid, lambda n: n.op == "reduce", lambda n: True)
 
 
+def _short_row(graph: Graph, nid: int) -> bool:
+    """Whether row reduction ``nid`` reduces a constant number of elements, at most
+    :data:`SHORT_ROW`: one thread per output sums it as fast as a row kernel would, without
+    the workspace's extra launch (a static 3-vector's norm)."""
+    node = graph.nodes[nid]
+    src = graph.nodes[node.inputs[0]]
+    count = 1
+    for axis in node.attrs[1]:
+        dim = src.shape[axis]
+        if not dim.is_const:
+            return False
+        count *= dim.value
+    return count <= SHORT_ROW
+
+
 def materialize(graph: Graph, general: Iterable[Sequence[int]]
                 ) -> tuple[Graph, tuple[str, ...]]:
     """``graph`` with reductions below the stages on the general schedule (``general``: each
@@ -100,7 +119,7 @@ def materialize(graph: Graph, general: Iterable[Sequence[int]]
     graph whose outputs are the workspaces (in dependency order) and then ``graph``'s
     outputs, and the workspaces' names; ``graph`` itself (and no names) when nothing needs
     it."""
-    from .columns import column_axes, column_group
+    from .columns import column_axes, column_group, row_axes
 
     users: dict[int, list[int]] = {}
     for node in graph.nodes:
@@ -115,7 +134,8 @@ def materialize(graph: Graph, general: Iterable[Sequence[int]]
     chosen = [n.id for n in graph.nodes
               if n.id in below and n.op == "reduce" and (
                   _broadcast(graph, users, n.id) or (NESTED and _nested(graph, users, n.id))
-                  or (column_axes(graph, n.id) is not None and n.id not in kept))]
+                  or (column_axes(graph, n.id) is not None and n.id not in kept)
+                  or (row_axes(graph, n.id) is not None and not _short_row(graph, n.id)))]
     if not chosen:
         return graph, ()
     return materialize_nodes(graph, chosen, ())

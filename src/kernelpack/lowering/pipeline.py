@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..dtypes import DType, int64
 from ..errors import TraceError
@@ -177,32 +177,85 @@ def _row_read_elsewhere(b: Build, stage: Stage, node: int) -> Build:
 def llvm_ir(b: Build) -> Build:
     from llvmlite import ir
 
+    from .codegen import NotRowSchedulable
+
+    graph = b.graph
+    assert graph is not None
+    module = _module(graph.name)
+    names: list[str] = []
+    uses_libdevice = False
+    for st in b.stages:
+        try:
+            uses_libdevice |= _emit_stage(module, b, st, names)
+        except NotRowSchedulable as exc:
+            return llvm_ir(_settle(b, st, exc.node, exc.kernel))
+    module.add_named_metadata("llvm.module.flags",
+                              [ir.Constant(ir.IntType(32), 4),
+                               ir.MetaDataString(module, "nvvm-reflect-ftz"),
+                               ir.Constant(ir.IntType(32), 0)])
+    return dataclasses.replace(b, ir=str(module), kernels=tuple(names), libdevice=uses_libdevice)
+
+
+def _module(name: str) -> Any:
+    """An empty LLVM module for the NVPTX target."""
+    from llvmlite import ir
+
     from ..toolchain.llvm import TRIPLE, data_layout
+
+    module = ir.Module(name=name)
+    module.triple = TRIPLE
+    module.data_layout = data_layout()
+    return module
+
+
+def _emit_stage(module: Any, b: Build, stage: Stage, names: list[str],
+                first: str | None = None) -> bool:
+    """Emit the kernels of ``stage`` not in ``names`` into ``module`` (their names appended),
+    the one named ``first`` (when the stage has it) before the others; whether one calls
+    libdevice. Raises the codegen's NotRowSchedulable, its ``kernel`` set to the kernel that
+    raised it."""
     from .codegen import NotRowSchedulable
     from .kernels import emit
 
     graph = b.graph
     assert graph is not None
-    module = ir.Module(name=graph.name)
-    module.triple = TRIPLE
-    module.data_layout = data_layout()
-    names: list[str] = []
+    specs = [spec for alt in stage.alternatives for spec in alt.kernels]
+    specs.sort(key=lambda spec: spec.name != first)  # stable: the others keep their order
     uses_libdevice = False
-    for st in b.stages:
-        for alt in st.alternatives:
-            for spec in alt.kernels:
-                if spec.name in names:
-                    continue
-                try:
-                    em = emit(module, graph, spec, dict(b.scratch), symbols_of(graph))
-                except NotRowSchedulable as exc:
-                    return llvm_ir(schedule(_row_read_elsewhere(b, st, exc.node)))
-                names.append(spec.name)
-                uses_libdevice |= em.uses_libdevice
-    module.add_named_metadata("llvm.module.flags",
-                              [ir.Constant(ir.IntType(32), 4), ir.MetaDataString(module, "nvvm-reflect-ftz"),
-                               ir.Constant(ir.IntType(32), 0)])
-    return dataclasses.replace(b, ir=str(module), kernels=tuple(names), libdevice=uses_libdevice)
+    for spec in specs:
+        if spec.name in names:
+            continue
+        try:
+            em = emit(module, graph, spec, dict(b.scratch), symbols_of(graph))
+        except NotRowSchedulable as exc:
+            exc.kernel = spec.name
+            raise
+        names.append(spec.name)
+        uses_libdevice |= em.uses_libdevice
+    return uses_libdevice
+
+
+def _settle(b: Build, stage: Stage, node: int, failed: str | None) -> Build:
+    """``b`` scheduled again until ``stage`` (found again by an output's name) emits: each
+    reduction its kernels read at another row is materialized in turn
+    (:func:`_row_read_elsewhere`). Only this stage is emitted while probing, into a scratch
+    module, so k such reductions cost k emissions of one stage and one restart of the whole
+    program, not k restarts (each re-emitting every workspace stage made so far: 32
+    reductions took ~11 s). The kernel that raised is probed first: the split's partial
+    kernels before it in the stage never read a row's value, and emitting them on every
+    probe kept the cost quadratic."""
+    from .codegen import NotRowSchedulable
+
+    key = stage.outputs[0]
+    while True:
+        b = schedule(_row_read_elsewhere(b, stage, node))
+        stage = next(st for st in b.stages if key in st.outputs)
+        try:
+            _emit_stage(_module("probe"), b, stage, [], failed)
+        except NotRowSchedulable as exc:
+            node, failed = exc.node, exc.kernel
+            continue
+        return b
 
 
 def ptx(b: Build) -> Build:
