@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
 from hypothesis import settings
 
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
@@ -25,3 +26,21 @@ settings.register_profile("kernelpack-fixed", derandomize=True)
 settings.register_profile("kernelpack-random", derandomize=False)
 settings.load_profile("kernelpack-random" if os.environ.get("KERNELPACK_TEST_HYPOTHESIS_RANDOM")
                       else "kernelpack-fixed")
+
+
+@pytest.fixture
+def emitted_kernels(monkeypatch) -> list[str]:
+    """The names of the kernels the lowering emits while the test runs, in order, a repeated
+    emission counted again (``lowering.kernels.emit`` wrapped): how tests see that a compile
+    re-emitted kernels it had already made."""
+    from kernelpack.lowering import kernels
+
+    names: list[str] = []
+    original = kernels.emit
+
+    def counting(*args, **kwargs):
+        names.append(args[2].name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "emit", counting)
+    return names

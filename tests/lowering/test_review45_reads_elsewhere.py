@@ -49,7 +49,7 @@ import pytest
 
 import kernelpack as kp
 from kernelpack.expr import product
-from kernelpack.lowering import kernels as lowering_kernels, pipeline, tuning
+from kernelpack.lowering import pipeline, tuning
 from kernelpack.lowering.schedule import variants
 from kernelpack.planner import Planner
 
@@ -744,19 +744,12 @@ def _reads_across(count: int) -> kp.Fusion:
     return kp.fusion(body)
 
 
-def test_reads_elsewhere_are_materialized_without_quadratic_recompiles(monkeypatch):
+def test_reads_elsewhere_are_materialized_without_quadratic_recompiles(emitted_kernels):
     """Was a bug: llvm_ir restarted the whole program after each NotRowSchedulable and
     materialized one reduction per restart (8 reductions: 129 emits for 13 kernels; 32:
     ~1300 emits, ~11 s). Now pipeline._settle probes only the failing stage, its failing
     kernel first: the emits grow linearly with the reductions."""
-    emitted = []
-    original = lowering_kernels.emit
-
-    def counting(*args, **kwargs):
-        emitted.append(args[2].name)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(lowering_kernels, "emit", counting)
+    emitted = emitted_kernels
     counts = []
     for k in (8, 16):
         emitted.clear()
@@ -768,7 +761,7 @@ def test_reads_elsewhere_are_materialized_without_quadratic_recompiles(monkeypat
     assert counts[1] <= 2.2 * counts[0], counts  # linear (quadratic: ~4x)
 
 
-def test_reads_elsewhere_materialized_up_front_emit_each_kernel_once(monkeypatch):
+def test_reads_elsewhere_materialized_up_front_emit_each_kernel_once(emitted_kernels):
     """The contrast: the same 8 reductions read by another tensor's elementwise work (a general
     stage, so materialize() takes them all before scheduling) emit every kernel once."""
 
@@ -779,17 +772,9 @@ def test_reads_elsewhere_materialized_up_front_emit_each_kernel_once(monkeypatch
             out = out + (a * float(i + 1)).sum(-1)[None, :]
         return out
 
-    emitted = []
-    original = lowering_kernels.emit
-
-    def counting(*args, **kwargs):
-        emitted.append(args[2].name)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(lowering_kernels, "emit", counting)
     build = _build(read_by_other)
     assert len(build.workspaces) == 8
-    assert len(emitted) == len(build.kernels)
+    assert len(emitted_kernels) == len(build.kernels)
 
 
 @kp.fusion

@@ -18,8 +18,9 @@ once for a mean, a max and a sum of the same columns).
 Column reductions below such a stage (``x.sum(axis=0)`` read by other work of its shape) are
 materialized too, broadcast or not: a stage whose outputs are column reductions alone splits
 them across many threads (:mod:`.columns`), where the general schedule loops over a whole
-column in one thread. So are row reductions (``a.sum(-1)`` beside ``c.sum(axis=(0, 2))``,
-both of shape ``(n,)``: one stage, general for the second), unless they reduce a few
+column in one thread. So are row reductions in a stage that is still general once those
+workspaces are in place (``a.sum(-1)`` beside ``c.sum(axis=(0, 2))``, both of shape ``(n,)``:
+one stage, general for the second; :func:`materialize_rows`), unless they reduce a few
 elements known at compile time (:data:`SHORT_ROW`): a (4, 10^7) row sum was 4 threads.
 
 A reduction that is reduced again (per-row losses averaged over the batch) is materialized too:
@@ -40,8 +41,8 @@ from typing import Callable, Iterable, Sequence
 from ..expr import Expr
 from ..graph import Graph, Node
 
-__all__ = ["materialize", "materialize_nodes", "workspace_stages", "NESTED",
-           "ROWS_READ_ELSEWHERE"]
+__all__ = ["materialize", "materialize_rows", "materialize_nodes", "workspace_stages",
+           "NESTED", "SHORT_ROW", "ROWS_READ_ELSEWHERE"]
 
 #: materialize reductions that are reduced again (see the module docstring); False gives the
 #: schedules from before, for benchmarks/losses.py's comparison
@@ -119,7 +120,7 @@ def materialize(graph: Graph, general: Iterable[Sequence[int]]
     graph whose outputs are the workspaces (in dependency order) and then ``graph``'s
     outputs, and the workspaces' names; ``graph`` itself (and no names) when nothing needs
     it."""
-    from .columns import column_axes, column_group, row_axes
+    from .columns import column_axes, column_group
 
     users: dict[int, list[int]] = {}
     for node in graph.nodes:
@@ -134,11 +135,32 @@ def materialize(graph: Graph, general: Iterable[Sequence[int]]
     chosen = [n.id for n in graph.nodes
               if n.id in below and n.op == "reduce" and (
                   _broadcast(graph, users, n.id) or (NESTED and _nested(graph, users, n.id))
-                  or (column_axes(graph, n.id) is not None and n.id not in kept)
-                  or (row_axes(graph, n.id) is not None and not _short_row(graph, n.id)))]
+                  or (column_axes(graph, n.id) is not None and n.id not in kept))]
     if not chosen:
         return graph, ()
     return materialize_nodes(graph, chosen, ())
+
+
+def materialize_rows(graph: Graph, general: Iterable[Sequence[int]],
+                     workspaces: Sequence[str]) -> tuple[Graph, tuple[str, ...]]:
+    """``graph`` with the row reductions below the stages still on the general schedule once
+    :func:`materialize`'s workspaces are in place (``general``: their output nodes) computed
+    into workspaces too, and the names of all its workspaces (``workspaces`` first): see the
+    module docstring. Left out: short constant rows (:data:`SHORT_ROW`), and reductions that
+    are reduced again, which are :data:`NESTED`'s to decide. ``graph`` itself when none."""
+    from .columns import row_axes
+
+    users: dict[int, list[int]] = {}
+    for node in graph.nodes:
+        for i in node.inputs:
+            users.setdefault(i, []).append(node.id)
+    below = graph.reachable([n for g in general for n in g])
+    chosen = [n.id for n in graph.nodes
+              if n.id in below and row_axes(graph, n.id) is not None
+              and not _short_row(graph, n.id) and not _nested(graph, users, n.id)]
+    if not chosen:
+        return graph, tuple(workspaces)
+    return materialize_nodes(graph, chosen, workspaces)
 
 
 def materialize_nodes(graph: Graph, chosen: Sequence[int], workspaces: Sequence[str]

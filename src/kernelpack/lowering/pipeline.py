@@ -58,17 +58,20 @@ def trace(b: Build) -> Build:
 def schedule(b: Build) -> Build:
     planned = None
     if b.workspaces is None:  # once: a rescheduled build keeps its rewritten graph
-        from .materialize import materialize
+        from .materialize import materialize, materialize_rows
 
         graph = b.graph
         assert graph is not None
         planned = plan(graph, b.general)
-        outputs = dict(graph.outputs)
-        general = [[outputs[name] for name in st.outputs] for st in planned if st.general]
-        graph, names = materialize(graph, general)
-        b = dataclasses.replace(b, graph=graph, workspaces=names)
+        graph, names = materialize(graph, _general_outputs(graph, planned))
         if names:  # the graph changed: plan it again
+            planned = plan(graph, b.general, frozenset(names))
+        # row reductions in a stage still general once the others are workspaces (a column
+        # mean subtracted before a row sum made that stage a row stage: nothing to do)
+        rows, names = materialize_rows(graph, _general_outputs(graph, planned), names)
+        if rows is not graph:
             planned = None
+        b = dataclasses.replace(b, graph=rows, workspaces=names)
     if planned is None:
         planned = plan(b.graph, b.general,  # type: ignore[arg-type]
                        frozenset(b.workspaces or ()))
@@ -79,6 +82,12 @@ def schedule(b: Build) -> Build:
             for s in alt.scratch:
                 scratch[s.name] = s.dtype
     return dataclasses.replace(b, stages=stages, scratch=tuple(scratch.items()))
+
+
+def _general_outputs(graph: Graph, stages: Sequence[Stage]) -> list[list[int]]:
+    """The output nodes of each stage on the general schedule."""
+    outputs = dict(graph.outputs)
+    return [[outputs[name] for name in st.outputs] for st in stages if st.general]
 
 
 def fit_variants(stages: Sequence[Stage], most: int = MAX_VARIANTS) -> tuple[Stage, ...]:
@@ -184,11 +193,12 @@ def llvm_ir(b: Build) -> Build:
     module = _module(graph.name)
     names: list[str] = []
     uses_libdevice = False
-    for st in b.stages:
+    for i, st in enumerate(b.stages):
         try:
             uses_libdevice |= _emit_stage(module, b, st, names)
         except NotRowSchedulable as exc:
-            return llvm_ir(_settle(b, st, exc.node, exc.kernel))
+            keys = [later.outputs[0] for later in b.stages[i:]]
+            return llvm_ir(_settle(b, keys, exc.node, exc.kernel))
     module.add_named_metadata("llvm.module.flags",
                               [ir.Constant(ir.IntType(32), 4),
                                ir.MetaDataString(module, "nvvm-reflect-ftz"),
@@ -235,27 +245,32 @@ def _emit_stage(module: Any, b: Build, stage: Stage, names: list[str],
     return uses_libdevice
 
 
-def _settle(b: Build, stage: Stage, node: int, failed: str | None) -> Build:
-    """``b`` scheduled again until ``stage`` (found again by an output's name) emits: each
-    reduction its kernels read at another row is materialized in turn
-    (:func:`_row_read_elsewhere`). Only this stage is emitted while probing, into a scratch
-    module, so k such reductions cost k emissions of one stage and one restart of the whole
-    program, not k restarts (each re-emitting every workspace stage made so far: 32
-    reductions took ~11 s). The kernel that raised is probed first: the split's partial
-    kernels before it in the stage never read a row's value, and emitting them on every
-    probe kept the cost quadratic."""
+def _settle(b: Build, keys: list[str], node: int, failed: str | None) -> Build:
+    """``b`` scheduled again until the stages named by ``keys`` (an output of each: the stage
+    whose kernel ``failed`` found reduction ``node`` read at another row, then the stages
+    after it) emit: each reduction their kernels read at another row is materialized in turn
+    (:func:`_row_read_elsewhere`). Only these stages are emitted while probing, into a
+    scratch module, the kernel that raised first (a split's partial kernels before it never
+    read a row's value), so k such reductions in s stages cost about k + s stage emissions
+    and one restart of the whole program, not a restart per reduction or per stage (each
+    re-emitting every stage made so far: 32 reductions took ~11 s)."""
     from .codegen import NotRowSchedulable
 
-    key = stage.outputs[0]
-    while True:
-        b = schedule(_row_read_elsewhere(b, stage, node))
-        stage = next(st for st in b.stages if key in st.outputs)
-        try:
-            _emit_stage(_module("probe"), b, stage, [], failed)
-        except NotRowSchedulable as exc:
-            node, failed = exc.node, exc.kernel
-            continue
-        return b
+    pending: int | None = node
+    for key in keys:
+        while True:
+            stage = next(st for st in b.stages if key in st.outputs)
+            if pending is not None:
+                b = schedule(_row_read_elsewhere(b, stage, pending))
+                stage = next(st for st in b.stages if key in st.outputs)
+            try:
+                _emit_stage(_module("probe"), b, stage, [], failed)
+            except NotRowSchedulable as exc:
+                pending, failed = exc.node, exc.kernel
+                continue
+            pending = failed = None
+            break
+    return b
 
 
 def ptx(b: Build) -> Build:

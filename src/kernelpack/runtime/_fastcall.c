@@ -425,12 +425,15 @@ static int pairs_from(FastCall *self, Entry *e, PyObject *pairs) {
                             "nbytes, both written)");
             return -1;
         }
-        a = PyLong_AsLong(PyTuple_GetItem(item, 0));
-        wp->na = PyLong_AsUnsignedLongLong(PyTuple_GetItem(item, 1));
-        b = PyLong_AsLong(PyTuple_GetItem(item, 2));
-        wp->nb = PyLong_AsUnsignedLongLong(PyTuple_GetItem(item, 3));
-        wp->both_written = PyObject_IsTrue(PyTuple_GetItem(item, 4));
-        if (PyErr_Occurred() || wp->both_written < 0)
+        /* each conversion checked before the next: PyObject_IsTrue may run Python code,
+         * which must not start with an exception pending */
+        if (((a = PyLong_AsLong(PyTuple_GetItem(item, 0))) == -1 && PyErr_Occurred()) ||
+            ((wp->na = PyLong_AsUnsignedLongLong(PyTuple_GetItem(item, 1))) == (uint64_t)-1 &&
+             PyErr_Occurred()) ||
+            ((b = PyLong_AsLong(PyTuple_GetItem(item, 2))) == -1 && PyErr_Occurred()) ||
+            ((wp->nb = PyLong_AsUnsignedLongLong(PyTuple_GetItem(item, 3))) == (uint64_t)-1 &&
+             PyErr_Occurred()) ||
+            (wp->both_written = PyObject_IsTrue(PyTuple_GetItem(item, 4))) < 0)
             return -1;
         if (a < 0 || a >= self->nvalues || b < 0 || b >= self->nvalues) {
             PyErr_SetString(PyExc_ValueError, "FastCall: a value slot of a written pair is out "
@@ -962,10 +965,12 @@ static int check_out(FastCall *self, const Entry *e, PyObject *out, long device,
     if (e->view_out && self->lazy_views && (r = lazy_view(&self->rd, out)) != 0)
         return r < 0 ? -1 : 0;
     for (k = 0; k < e->nspans; k++) { /* vals holds the inputs' pointers (read_arguments) */
-        uint64_t p = vals[e->spans[k].slot].u, n = e->spans[k].value;
+        uint64_t p = vals[e->spans[k].slot].u, n = e->spans[k].value & ~KP_WRITTEN_SPAN;
+        int written = (e->spans[k].value & KP_WRITTEN_SPAN) != 0;
         if ((p >= ptr ? p - ptr < e->out_nbytes : ptr - p < n) &&
-            (p != ptr || n != e->out_nbytes))
-            return 0; /* partially overlaps an input: the general path refuses it */
+            (written || p != ptr || n != e->out_nbytes))
+            return 0; /* partially overlaps an input, or shares memory with an input the
+                       * program writes: the general path refuses it */
     }
     vals[self->outs[0].slot].u = ptr;
     return 1;

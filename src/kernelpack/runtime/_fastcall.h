@@ -141,6 +141,9 @@ typedef struct {
                          * one scratch allocation */
 } SlotValue;
 
+/* fastpath.WRITTEN_SPAN: on an overlap span's size, the input is one the program writes */
+#define KP_WRITTEN_SPAN (1ULL << 63)
+
 typedef struct {
     int a, b;           /* value slots: an argument the program writes (role inout), another */
     int both_written;   /* b is written too: any shared byte conflicts, not only a partial one */

@@ -119,7 +119,7 @@ def _run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan:
             _check_disjoint(name, spans)
         if inputs:
             _check_aliasing(name, spans, inputs,
-                            {a.name for a in bs.outputs if a.zero_init})
+                            {a.name for a in bs.outputs if a.zero_init}, bp.written)
     else:
         results = []
         for alloc in bs.outputs:
@@ -182,13 +182,15 @@ def partially_overlaps(p0: int, n0: int, p1: int, n1: int) -> bool:
 
 def _check_aliasing(program: str, outs: list[tuple[int, int, str]],
                     inputs: Sequence[tuple[int, int, str]],
-                    zero_filled: Collection[str] = ()) -> None:
+                    zero_filled: Collection[str] = (), written: Collection[str] = ()) -> None:
     """Refuse an ``out=`` array that partially overlaps an input (``out=x[1:]`` for ``x``):
     the threads that write it race with the threads that still read the input, so the result
     depends on scheduling. The very same memory (same start, same size) is in-place use and
     is allowed: it is defined for a program that reads each element before writing it. Not
     for an output in ``zero_filled`` (``zero_init``): kernelpack zero-fills it before the
-    first launch, which would erase the input the program then reads."""
+    first launch, which would erase the input the program then reads. Nor for an input in
+    ``written`` (role inout): the program stores to both arrays, and the two stores to each
+    element race."""
     for p0, n0, a in outs:
         if not n0:
             continue
@@ -200,10 +202,17 @@ def _check_aliasing(program: str, outs: list[tuple[int, int, str]],
                     f"before the launch (zero_init), which would erase {b!r}; pass a "
                     f"separate array")
             if n1 and partially_overlaps(p0, n0, p1, n1):
+                in_place = "" if b in written else (
+                    f", or the very same array as {b!r} for in-place use")
                 raise LaunchError(
                     f"{program}: out {a!r} partially overlaps argument {b!r} in memory "
                     f"(out {n0} bytes at {p0:#x}, {b!r} {n1} bytes at {p1:#x}); pass a "
-                    f"separate array, or the very same array as {b!r} for in-place use")
+                    f"separate array{in_place}")
+            if n1 and b in written and overlaps(p0, n0, p1, n1):  # the very same array
+                raise LaunchError(
+                    f"{program}: out {a!r} shares memory with argument {b!r} (out {n0} bytes "
+                    f"at {p0:#x}, {b!r} {n1} bytes at {p1:#x}), and the program writes both "
+                    f"({b!r} has role 'inout'); pass a separate array for {a!r}")
 
 
 def check_written_arguments(program: str, spans: Sequence[tuple[int, int, str]],

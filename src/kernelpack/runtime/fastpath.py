@@ -52,7 +52,7 @@ from .native import launcher
 
 __all__ = ["make_fast_path", "fits", "fast_variant", "split_scalars", "keyed_symbols",
            "lazy_view_checks", "out_overlap", "out_overlaps_input", "scratch_layout",
-           "written_pairs", "written_conflict", "FastCore",
+           "written_pairs", "written_conflict", "WRITTEN_SPAN", "FastCore",
            "ThreadState", "GENERAL", "FLOAT32_OVERFLOW"]
 
 Call = Callable[[Any, Any, Any], Any]
@@ -248,8 +248,8 @@ class FastCore:
         one = todo[0] if len(todo) == 1 else None
         views, view_out = lazy_view_checks(self.tensor_index, key, self.complex_in, shapes,
                                            self.complex_out)
-        overlap = (out_overlap(self.in_spans, key, plan.allocations[self.outputs[0][1]].nbytes)
-                   if len(self.outputs) == 1 else (0, ()))
+        overlap = (out_overlap(self.in_spans, key, plan.allocations[self.outputs[0][1]].nbytes,
+                               self.in_written) if len(self.outputs) == 1 else (0, ()))
         scratch = scratch_layout(self.variants[plan.variant], plan.allocations)
         pairs = written_pairs(self.in_spans, self.in_written, key) if any(self.in_written) else ()
         return (fills or None, shapes, tuple(todo), tuple(likes), one, views, view_out,
@@ -413,28 +413,42 @@ def lazy_view_checks(tensor_index: list[int], key: tuple, complex_in: set[int],
     return views, view_out
 
 
-def out_overlap(in_spans: list[tuple[int, int]], key: tuple,
-                out_nbytes: int) -> tuple[int, tuple[tuple[int, int], ...]]:
+#: flag on an :func:`out_overlap` span's size: the program writes that argument (role inout),
+#: so a single ``out=`` may not share any of its bytes, not even as the very same array
+WRITTEN_SPAN = 1 << 63
+
+
+def out_overlap(in_spans: list[tuple[int, int]], key: tuple, out_nbytes: int,
+                written: list[bool] | None = None) -> tuple[int, tuple[tuple[int, int], ...]]:
     """What a single ``out=`` of ``out_nbytes`` is checked against per call: ``(out_nbytes,
     ((value slot, nbytes), ...))`` of the non-empty tensor inputs (``in_spans``: their slots
-    and element sizes, ``key``: their shapes first). A call whose ``out=`` partially overlaps
-    one (:func:`out_overlaps_input`) goes to the general path, which refuses it
-    (execute._check_aliasing); the fast paths then compare a few integers per input, only in
-    calls with ``out=``. ``(0, ())`` when ``out=`` is empty."""
+    and element sizes, ``key``: their shapes first), ``nbytes`` carrying :data:`WRITTEN_SPAN`
+    for the inputs ``written`` marks. A call whose ``out=`` partially overlaps one, or shares
+    memory with a written one (:func:`out_overlaps_input`), goes to the general path, which
+    refuses it (execute._check_aliasing); the fast paths then compare a few integers per
+    input, only in calls with ``out=``. ``(0, ())`` when ``out=`` is empty."""
     if not out_nbytes:
         return 0, ()
-    spans = ((slot, itemsize * math.prod(shape)) for (slot, itemsize), shape in zip(in_spans, key))
-    return out_nbytes, tuple((slot, nbytes) for slot, nbytes in spans if nbytes)
+    flags = written or [False] * len(in_spans)
+    spans = ((slot, itemsize * math.prod(shape), w)
+             for (slot, itemsize), shape, w in zip(in_spans, key, flags))
+    return out_nbytes, tuple((slot, nbytes | (WRITTEN_SPAN if w else 0))
+                             for slot, nbytes, w in spans if nbytes)
 
 
 def out_overlaps_input(vals: list, out_ptr: int,
                        overlap: tuple[int, tuple[tuple[int, int], ...]]) -> bool:
-    """Whether a single ``out=`` at ``out_ptr`` partially overlaps a tensor input (``vals``:
-    the call's value slots; ``overlap``: the entry's :func:`out_overlap`). The torch and
-    CuPy fast paths then hand the call to the general path, which refuses it."""
+    """Whether a single ``out=`` at ``out_ptr`` partially overlaps a tensor input, or shares
+    memory with one the program writes (``vals``: the call's value slots; ``overlap``: the
+    entry's :func:`out_overlap`). The torch and CuPy fast paths then hand the call to the
+    general path, which refuses it."""
     out_nbytes, spans = overlap
-    return any(partially_overlaps(out_ptr, out_nbytes, vals[slot], nbytes)
-               for slot, nbytes in spans)
+    for slot, value in spans:
+        nbytes = value & ~WRITTEN_SPAN
+        if (partially_overlaps(out_ptr, out_nbytes, vals[slot], nbytes) or value & WRITTEN_SPAN
+                and overlaps(out_ptr, out_nbytes, vals[slot], nbytes)):
+            return True
+    return False
 
 
 def written_pairs(in_spans: list[tuple[int, int]], written: list[bool], key: tuple

@@ -68,8 +68,8 @@ class BoundProgram:
         self._ranges = [scalar_range(s.dtype) if not s.is_tensor else None for s in bs.inputs]
         self._tokens: dict[Adapter, list[Any]] = {}
         self._nbuf, self._nvals = bs.nbuf, bs.nvals
-        # tensors the program writes (role inout): checked against the others per call
-        self._written = frozenset(s.name for s in bs.inputs if s.is_tensor and s.written)
+        #: tensors the program writes (role inout): checked against the others per call
+        self.written = frozenset(s.name for s in bs.inputs if s.is_tensor and s.written)
         self.planner = _planner_of(program)
         #: ``plan_shapes(shapes, scalars) -> Plan``: the one evaluation of the summary
         self.plan_shapes = self.planner.plan_shapes
@@ -246,9 +246,9 @@ class BoundProgram:
             if first:
                 check_ordinal(device, f"{self.name}: argument {first!r}")
             st = self.state(device)
-        spans = _input_spans(inputs, vals, shapes) if out is not None or self._written else ()
-        if self._written:
-            check_written_arguments(self.name, spans, self._written)
+        spans = _input_spans(inputs, vals, shapes) if out is not None or self.written else ()
+        if self.written:
+            check_written_arguments(self.name, spans, self.written)
         result = run(self, st, device, sh, adapter, vals, plan, out, spans)
         if adapter.name not in self._fast_for and adapter.name in ("torch", "cupy"):
             with self._lock:  # a framework imported after binding: cover it too
