@@ -197,9 +197,8 @@ class FastCore:
         function's limit first). Cached per key, :data:`GENERAL` included.
 
         Returns ``(fills, shapes, todo, likes, one, views, view_out, overlap, scratch,
-        pairs)``: the
-        computed values (the value list's last ``len(fills)`` slots, or None when there are
-        none), output shapes, the non-empty launches ``(getter, pack_into, j, gx, gy, gz, bx,
+        pairs)``: the computed values (the value list's last ``len(fills)`` slots, or None
+        when there are none), output shapes, the non-empty launches ``(getter, pack_into, j, gx, gy, gz, bx,
         by, bz, smem)``, per output the index of an input it can be allocated like (-1: none),
         the launch when there is exactly one (else None), the arguments to check for torch's
         lazy conjugate/negative views, whether ``out=`` needs that check (see
