@@ -96,6 +96,15 @@ def _nested(graph: Graph, users: dict[int, list[int]], nid: int) -> bool:
     return _reaches(graph, users, nid, lambda n: n.op == "reduce", lambda n: True)
 
 
+def _users(graph: Graph) -> dict[int, list[int]]:
+    """node id -> the ids of the nodes that read it."""
+    users: dict[int, list[int]] = {}
+    for node in graph.nodes:
+        for i in node.inputs:
+            users.setdefault(i, []).append(node.id)
+    return users
+
+
 def _short_row(graph: Graph, nid: int) -> bool:
     """Whether row reduction ``nid`` reduces a constant number of elements, at most
     :data:`SHORT_ROW`: one thread per output sums it as fast as a row kernel would, without
@@ -122,10 +131,7 @@ def materialize(graph: Graph, general: Iterable[Sequence[int]]
     it."""
     from .columns import column_axes, column_group
 
-    users: dict[int, list[int]] = {}
-    for node in graph.nodes:
-        for i in node.inputs:
-            users.setdefault(i, []).append(node.id)
+    users = _users(graph)
     groups = [list(g) for g in general]
     below = graph.reachable([n for g in groups for n in g])
     # a stage whose outputs are themselves column reductions of one source and axis block
@@ -150,10 +156,7 @@ def materialize_rows(graph: Graph, general: Iterable[Sequence[int]],
     are reduced again, which are :data:`NESTED`'s to decide. ``graph`` itself when none."""
     from .columns import row_axes
 
-    users: dict[int, list[int]] = {}
-    for node in graph.nodes:
-        for i in node.inputs:
-            users.setdefault(i, []).append(node.id)
+    users = _users(graph)
     below = graph.reachable([n for g in general for n in g])
     chosen = [n.id for n in graph.nodes
               if n.id in below and row_axes(graph, n.id) is not None

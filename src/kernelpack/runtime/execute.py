@@ -175,9 +175,16 @@ def overlaps(p0: int, n0: int, p1: int, n1: int) -> bool:
 
 def partially_overlaps(p0: int, n0: int, p1: int, n1: int) -> bool:
     """Whether the non-empty byte ranges at ``p0`` (``n0`` bytes) and ``p1`` (``n1``) share
-    memory without being the very same range (in-place use). The general path and the fast
-    paths (:func:`~.fastpath.out_overlaps_input`) decide with this one test."""
+    memory without being the very same range (in-place use)."""
     return overlaps(p0, n0, p1, n1) and (p0 != p1 or n0 != n1)
+
+
+def conflicts(p0: int, n0: int, p1: int, n1: int, written: bool) -> bool:
+    """Whether a call may not pass the non-empty byte ranges at ``p0`` and ``p1`` together:
+    any shared byte when ``written`` (the program writes both), else a partial overlap (the
+    very same range is in-place use). The fast paths decide with this one test
+    (:func:`~.fastpath.out_overlaps_input`, :func:`~.fastpath.written_conflict`)."""
+    return overlaps(p0, n0, p1, n1) if written else partially_overlaps(p0, n0, p1, n1)
 
 
 def _check_aliasing(program: str, outs: list[tuple[int, int, str]],

@@ -47,7 +47,7 @@ from typing import Any, Callable
 from ..errors import KernelPackError
 from .binding import fills_of
 from .device import PUSHED
-from .execute import DEFAULT_SHARED_MEM, overlaps, partially_overlaps
+from .execute import DEFAULT_SHARED_MEM, conflicts
 from .native import launcher
 
 __all__ = ["make_fast_path", "fits", "fast_variant", "split_scalars", "keyed_symbols",
@@ -198,14 +198,14 @@ class FastCore:
 
         Returns ``(fills, shapes, todo, likes, one, views, view_out, overlap, scratch,
         pairs)``: the computed values (the value list's last ``len(fills)`` slots, or None
-        when there are none), output shapes, the non-empty launches ``(getter, pack_into, j, gx, gy, gz, bx,
-        by, bz, smem)``, per output the index of an input it can be allocated like (-1: none),
-        the launch when there is exactly one (else None), the arguments to check for torch's
-        lazy conjugate/negative views, whether ``out=`` needs that check (see
-        :func:`lazy_view_checks`), what a single ``out=`` is checked against for partial
-        overlap with an input (see :func:`out_overlap`), and the variant's scratch as one
-        allocation (see :func:`scratch_layout`), None when it has none, and the argument
-        pairs that may not share memory (see :func:`written_pairs`)."""
+        when there are none), output shapes, the non-empty launches ``(getter, pack_into, j,
+        gx, gy, gz, bx, by, bz, smem)``, per output the index of an input it can be
+        allocated like (-1: none), the launch when there is exactly one (else None), the
+        arguments to check for torch's lazy conjugate/negative views, whether ``out=`` needs
+        that check (see :func:`lazy_view_checks`), what a single ``out=`` is checked against
+        for partial overlap with an input (see :func:`out_overlap`), and the variant's
+        scratch as one allocation (see :func:`scratch_layout`), None when it has none, and
+        the argument pairs that may not share memory (see :func:`written_pairs`)."""
         entry = self._plan(key)
         if len(self.cache) >= PLAN_CACHE_SIZE:
             self.cache.clear()
@@ -429,10 +429,15 @@ def out_overlap(in_spans: list[tuple[int, int]], key: tuple, out_nbytes: int,
     if not out_nbytes:
         return 0, ()
     flags = written or [False] * len(in_spans)
-    spans = ((slot, itemsize * math.prod(shape), w)
-             for (slot, itemsize), shape, w in zip(in_spans, key, flags))
+    spans = zip(in_spans, _input_nbytes(in_spans, key), flags)
     return out_nbytes, tuple((slot, nbytes | (WRITTEN_SPAN if w else 0))
-                             for slot, nbytes, w in spans if nbytes)
+                             for (slot, _), nbytes, w in spans if nbytes)
+
+
+def _input_nbytes(in_spans: list[tuple[int, int]], key: tuple) -> list[int]:
+    """The tensor inputs' sizes in bytes (``in_spans``: their slots and element sizes,
+    ``key``: their shapes first)."""
+    return [itemsize * math.prod(shape) for (_, itemsize), shape in zip(in_spans, key)]
 
 
 def out_overlaps_input(vals: list, out_ptr: int,
@@ -442,12 +447,8 @@ def out_overlaps_input(vals: list, out_ptr: int,
     entry's :func:`out_overlap`). The torch and CuPy fast paths then hand the call to the
     general path, which refuses it."""
     out_nbytes, spans = overlap
-    for slot, value in spans:
-        nbytes = value & ~WRITTEN_SPAN
-        if (partially_overlaps(out_ptr, out_nbytes, vals[slot], nbytes) or value & WRITTEN_SPAN
-                and overlaps(out_ptr, out_nbytes, vals[slot], nbytes)):
-            return True
-    return False
+    return any(conflicts(out_ptr, out_nbytes, vals[slot], value & ~WRITTEN_SPAN,
+                         bool(value & WRITTEN_SPAN)) for slot, value in spans)
 
 
 def written_pairs(in_spans: list[tuple[int, int]], written: list[bool], key: tuple
@@ -459,7 +460,7 @@ def written_pairs(in_spans: list[tuple[int, int]], written: list[bool], key: tup
     (:func:`written_conflict`) goes to the general path, which refuses it
     (:func:`~.execute.check_written_arguments`). Empty for programs without inout
     arguments, whose calls check nothing."""
-    sizes = [itemsize * math.prod(shape) for (_, itemsize), shape in zip(in_spans, key)]
+    sizes = _input_nbytes(in_spans, key)
     pairs = []
     for i, ((slot, _), n) in enumerate(zip(in_spans, sizes)):
         if not written[i] or not n:
@@ -474,11 +475,7 @@ def written_conflict(vals: list, pairs: tuple[tuple[int, int, int, int, bool], .
     """Whether the call's arguments (``vals``: its value slots) share memory as one of
     :func:`written_pairs` may not: any byte when both are written, else all but the very
     same range (in-place use)."""
-    for a, na, b, nb, both in pairs:
-        pa, pb = vals[a], vals[b]
-        if overlaps(pa, na, pb, nb) and (both or pa != pb or na != nb):
-            return True
-    return False
+    return any(conflicts(vals[a], na, vals[b], nb, both) for a, na, b, nb, both in pairs)
 
 
 def keyed_symbols(bs: Any) -> set[str]:
