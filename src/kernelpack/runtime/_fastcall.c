@@ -446,16 +446,21 @@ static int pairs_from(FastCall *self, Entry *e, PyObject *pairs) {
     return 0;
 }
 
+/* Whether a call may not pass the non-empty byte ranges [a, a + na) and [b, b + nb)
+ * together: any shared byte when the program writes both, else a partial overlap (the very
+ * same range is in-place use). execute.conflicts is the Python twin; both fast-path checks
+ * below decide with this one test. */
+static int conflicts(uint64_t a, uint64_t na, uint64_t b, uint64_t nb, int both_written) {
+    return (b >= a ? b - a < na : a - b < nb) && (both_written || a != b || na != nb);
+}
+
 /* Whether two arguments of a pair share memory in a way the general path refuses
- * (execute.check_written_arguments): any byte when both are written, else all but the very
- * same range (in-place use). vals holds the inputs' pointers (read_arguments). */
+ * (execute.check_written_arguments). vals holds the inputs' pointers (read_arguments). */
 static int written_conflict(const Entry *e, const Value *vals) {
     Py_ssize_t k;
     for (k = 0; k < e->npairs; k++) {
         const WrittenPair *wp = &e->pairs[k];
-        uint64_t pa = vals[wp->a].u, pb = vals[wp->b].u;
-        if ((pb >= pa ? pb - pa < wp->na : pa - pb < wp->nb) &&
-            (wp->both_written || pa != pb || wp->na != wp->nb))
+        if (conflicts(vals[wp->a].u, wp->na, vals[wp->b].u, wp->nb, wp->both_written))
             return 1;
     }
     return 0;
@@ -966,9 +971,7 @@ static int check_out(FastCall *self, const Entry *e, PyObject *out, long device,
         return r < 0 ? -1 : 0;
     for (k = 0; k < e->nspans; k++) { /* vals holds the inputs' pointers (read_arguments) */
         uint64_t p = vals[e->spans[k].slot].u, n = e->spans[k].value & ~KP_WRITTEN_SPAN;
-        int written = (e->spans[k].value & KP_WRITTEN_SPAN) != 0;
-        if ((p >= ptr ? p - ptr < e->out_nbytes : ptr - p < n) &&
-            (written || p != ptr || n != e->out_nbytes))
+        if (conflicts(ptr, e->out_nbytes, p, n, (e->spans[k].value & KP_WRITTEN_SPAN) != 0))
             return 0; /* partially overlaps an input, or shares memory with an input the
                        * program writes: the general path refuses it */
     }
