@@ -248,7 +248,8 @@ class BoundProgram:
             st = self.state(device)
         spans = _input_spans(inputs, vals, shapes) if out is not None or self.written else ()
         if self.written:
-            check_written_arguments(self.name, spans, self.written)
+            check_written_arguments(self.name, spans, self.written,
+                                    self.bound.late_reads(plan.variant))
         result = run(self, st, device, sh, adapter, vals, plan, out, spans)
         if adapter.name not in self._fast_for and adapter.name in ("torch", "cupy"):
             with self._lock:  # a framework imported after binding: cover it too

@@ -1,0 +1,231 @@
+"""In-place use (``out=`` or an ``inout`` argument that is the very same array as an input) is
+refused when a later launch of the program reads that input after an earlier one stored to
+the written array: ``x * 2, x.sum(0)`` compiles to two kernels, and with ``out=(x, s)`` the
+second summed the doubled ``x``. The pairs come from the summary's launch order
+(``BoundSummary.late_reads``); every path refuses them with ``LaunchError`` and launches
+nothing. A program whose launches read the input before (or in the launch where) they store
+keeps in-place use. Stand-in frameworks over host memory, the fake driver."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+import kernelpack as kp
+from kernelpack.errors import LaunchError
+from kernelpack.runtime import call_program
+from kernelpack.runtime.binding import BoundSummary
+from kernelpack.runtime.fastpath import written_pairs
+from kernelpack.runtime.launcher import bind
+from kernelpack.summary import (Arg, Compiled, KernelSummary, Launch, Module, Scalar, Scratch,
+                                Tensor as TensorSpec, Variant)
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from fake_driver import FakeDriver, HostArray, install  # noqa: E402
+from kp_samples import fake_image  # noqa: E402
+from test_fastpath_fake import NDArray, Tensor, cupy, exchange, launch_path, \
+    torch  # noqa: E402,F401 - the fixtures
+from test_inout_overlap import _fast_calls, _floats, _host_view, _launches  # noqa: E402
+from test_launch_fake import _f32  # noqa: E402
+from test_review9_outputs_fast import _array_view, _tensor_view  # noqa: E402
+
+
+def _put(addr: int, values: list) -> None:
+    ctypes.memmove(addr, struct.pack(f"<{len(values)}f", *values), 4 * len(values))
+
+
+def _double_impl(grid, block, shmem, v) -> None:
+    """``dst = 2 * src``."""
+    src, dst, n = v
+    _put(dst, [2 * p for p in _f32(src, n)])
+
+
+def _add_impl(grid, block, shmem, v) -> None:
+    """``dst += src``."""
+    src, dst, n = v
+    _put(dst, [p + q for p, q in zip(_f32(dst, n), _f32(src, n))])
+
+
+def _kernels() -> dict:
+    return {"twice": ("QQI", _double_impl), "plus": ("QQI", _add_impl)}
+
+
+def _module(name: str) -> tuple[Module, ...]:
+    return (Module(name, ("twice", "plus"), (fake_image("cubin", "sm_80"),
+                                             fake_image("cubin", "sm_90", seed=3))),)
+
+
+def _launch(kernel: str, module: str, src: str, dst: str, count: object = None) -> Launch:
+    return Launch(kernel, module, (kp.cdiv("n", 256),), (256,),
+                  (Arg.buffer(src), Arg.buffer(dst), Arg.scalar("n32")), count=count)
+
+
+def three_x(order: str = "late") -> Compiled:
+    """"late": ``o = 3x`` in two launches, ``o = 2x`` then ``o += x`` (the second reads ``x``
+    after the first stored to ``o``). "early": ``t += x`` into a zero-filled workspace, then
+    ``o = 2x``: every launch that reads ``x`` stores to ``o`` in that launch or not at all."""
+    name = f"three_x_{order}"
+    launches = [_launch("twice", name, "x", "o"), _launch("plus", name, "x", "o")]
+    scratch: tuple = ()
+    if order == "early":
+        launches = [_launch("plus", name, "x", "t"), _launch("twice", name, "x", "o")]
+        scratch = (Scratch("t", kp.f32, ("n",), zero_init=True),)
+    summary = KernelSummary(
+        name, (TensorSpec("x", kp.f32, ("n",)), TensorSpec("o", kp.f32, ("n",), role="out"),
+               Scalar("n32", kp.u32, value="n")),
+        (Variant(tuple(launches), scratch),))
+    return Compiled(summary, _module(name))
+
+
+def bump_then_add() -> Compiled:
+    """``y = 2y + x`` in two launches on an ``inout`` ``y``: ``y = 2y`` then ``y += x``."""
+    summary = KernelSummary(
+        "bump_then_add",
+        (TensorSpec("x", kp.f32, ("n",)), TensorSpec("y", kp.f32, ("n",), role="inout"),
+         Scalar("n32", kp.u32, value="n")),
+        (Variant((_launch("twice", "bump_then_add", "y", "y"),
+                  _launch("plus", "bump_then_add", "x", "y"))),))
+    return Compiled(summary, _module("bump_then_add"))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    return install(monkeypatch, FakeDriver(kernels=_kernels()))
+
+
+# ---- the pairs -------------------------------------------------------------------------------
+
+def _late(launches, params=None) -> frozenset:
+    params = params or (TensorSpec("x", kp.f32, ("n",)), TensorSpec("w", kp.f32, ("n",)),
+                        TensorSpec("o", kp.f32, ("n",), role="out"),
+                        TensorSpec("p", kp.f32, ("n",), role="out"),
+                        Scalar("n32", kp.u32, value="n"))
+    return BoundSummary(KernelSummary("late", params, (Variant(tuple(launches)),))
+                        ).late_reads(0)
+
+
+def test_late_reads_follow_the_launch_order() -> None:
+    assert _late([_launch("twice", "m", "x", "o"), _launch("plus", "m", "w", "p")]) == {
+        ("o", "w")}
+    assert _late([_launch("twice", "m", "x", "o"), _launch("plus", "m", "x", "p"),
+                  _launch("plus", "m", "w", "p")]) == {("o", "x"), ("o", "w"), ("p", "w")}
+    # each launch reads before it stores, and nothing reads after: in-place use stays
+    assert _late([_launch("twice", "m", "x", "o")]) == frozenset()
+    assert _late([_launch("twice", "m", "x", "o"), _launch("plus", "m", "o", "p")]) == \
+        frozenset()  # o is not an input
+    # a repeated launch reads again after its own first copy stored
+    assert _late([_launch("plus", "m", "x", "o", count="n")]) == {("o", "x")}
+    assert _late([_launch("plus", "m", "x", "o", count=1)]) == frozenset()
+
+
+def test_late_reads_of_an_inout_argument() -> None:
+    assert BoundSummary(bump_then_add().summary).late_reads(0) == {("y", "x")}
+
+
+def test_written_pairs_mark_late_pairs() -> None:
+    spans, key = [(0, 4), (1, 4)], ((3,), (3,))
+    assert written_pairs(spans, [False, True], key, ("x", "y"), {("y", "x")}) == (
+        (1, 12, 0, 12, True),)
+    assert written_pairs(spans, [False, True], key, ("x", "y"), {("x", "y")}) == (
+        (1, 12, 0, 12, False),)  # x is not written: that pair means nothing here
+
+
+def test_a_compiled_fusion_knows_its_late_reads() -> None:
+    @kp.fusion
+    def double_and_colsum(x: kp.Tensor[kp.f32, "n", "m"]):
+        return x * 2, x.sum(0)
+
+    compiled = kp.compile(double_and_colsum, targets=["sm_90"])
+    bs = BoundSummary(compiled.summary)
+    for i, variant in enumerate(compiled.summary.variants):
+        assert len(variant.launches) >= 2
+        # the stage the scheduler puts first stores its output before the other reads x
+        first = {a.name for a in variant.launches[0].args if a.kind == "buffer"}
+        written = next(t.name for t in compiled.summary.outputs if t.name in first)
+        assert bs.late_reads(i) == {(written, "x")}, variant
+
+
+# ---- the general path --------------------------------------------------------------------------
+
+def test_in_place_out_read_by_a_later_launch_is_refused(fake) -> None:
+    x = HostArray([1.0, 2.0, 3.0])
+    with pytest.raises(LaunchError, match=r"three_x_late: out 'o' is the very same array as "
+                       r"argument 'x', which .* pass a separate array"):
+        call_program(three_x(), x, out=x)
+    assert _launches(fake) == 0
+    assert _floats(x, 3) == [1.0, 2.0, 3.0]
+    o = HostArray([0.0] * 3)
+    call_program(three_x(), x, out=o)
+    assert _floats(o, 3) == [3.0, 6.0, 9.0]
+
+
+def test_in_place_out_stored_last_runs(fake) -> None:
+    x = HostArray([1.0, 2.0, 3.0])
+    call_program(three_x("early"), x, out=x)  # t += x, then o = 2x in the launch reading x
+    assert _floats(x, 3) == [2.0, 4.0, 6.0]
+    assert _launches(fake) == 2
+    assert bind(three_x("early")).bound.late_reads(0) == frozenset()
+
+
+def test_in_place_inout_read_by_a_later_launch_is_refused(fake) -> None:
+    base = HostArray([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    x = _host_view(base, 0, 3)
+    with pytest.raises(LaunchError, match=r"bump_then_add: argument 'y' is the very same "
+                       r"array as argument 'x'"):
+        call_program(bump_then_add(), x, x)
+    assert _launches(fake) == 0
+    call_program(bump_then_add(), x, _host_view(base, 12, 3))
+    assert _floats(base, 6) == [1.0, 2.0, 3.0, 9.0, 12.0, 15.0]
+
+
+# ---- the fast paths ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("framework", ["torch", "cupy"])
+def test_fast_paths_send_late_in_place_use_to_the_general_path(fake, launch_path, framework,
+                                                               request) -> None:
+    mod = request.getfixturevalue(framework)  # that framework alone: its own fast path
+    make, view = ((lambda v: Tensor(v, mod.float32), _tensor_view) if framework == "torch"
+                  else (NDArray, _array_view))
+    mem = make([float(i) for i in range(8)])
+    x, o = view(mem, 0, 4), view(mem, 16, 4)
+    prog = three_x()
+    call_program(prog, x, out=o)
+    call_program(prog, x, out=o)  # the fast path is built and taken from here on
+    assert o.values() == [0.0, 3.0, 6.0, 9.0]
+    fast = _fast_calls(prog, launch_path)
+    launches = _launches(fake)
+    with pytest.raises(LaunchError, match="out 'o' is the very same array as argument 'x'"):
+        call_program(prog, x, out=x)
+    assert x.values() == [0.0, 1.0, 2.0, 3.0]
+    assert _launches(fake) == launches
+    call_program(prog, x, out=o)
+    if fast is not None:
+        assert _fast_calls(prog, launch_path) == fast + 1
+
+    prog = bump_then_add()
+    y = view(mem, 16, 4)
+    call_program(prog, x, y)
+    call_program(prog, x, y)
+    fast = _fast_calls(prog, launch_path)
+    launches = _launches(fake)
+    with pytest.raises(LaunchError, match="argument 'y' is the very same array as argument 'x'"):
+        call_program(prog, x, x)
+    assert x.values() == [0.0, 1.0, 2.0, 3.0]
+    assert _launches(fake) == launches
+    call_program(prog, x, y)
+    if fast is not None:
+        assert _fast_calls(prog, launch_path) == fast + 1
+
+
+def test_bound_programs_ask_only_when_aliasing_is_possible(fake) -> None:
+    x, o = HostArray([1.0, 2.0]), HostArray([0.0, 0.0])
+    prog = three_x()
+    call_program(prog, x)  # allocating: nothing can alias
+    assert bind(prog).bound._late == {}
+    call_program(prog, x, out=o)
+    assert bind(prog).bound._late == {0: {("o", "x")}}
