@@ -196,7 +196,7 @@ def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
         constraints.append(FConstraint.End(b))
     variants = []
     for v, (pred, scratch_roots, launch_roots) in zip(s.variants, variant_roots):
-        scratch = []
+        scratch_tables = []
         for sc, dims in zip(v.scratch, scratch_roots):
             name = text(b, sc.name, f"program {s.name!r}: scratch name")
             shape = u32_vector(b, [r[d] for d in dims])
@@ -205,8 +205,8 @@ def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
             FScratch.AddDtype(b, sc.dtype.code)
             FScratch.AddShape(b, shape)
             FScratch.AddZeroInit(b, sc.zero_init)
-            scratch.append(FScratch.End(b))
-        launches = []
+            scratch_tables.append(FScratch.End(b))
+        launch_tables = []
         for ln, (grid, block, smem, count, arg_roots) in zip(v.launches, launch_roots):
             args = []
             for a, root in zip(ln.args, arg_roots):
@@ -232,8 +232,8 @@ def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
                 FLaunch.AddCount(b, r[count])
             FLaunch.AddLoop(b, loop)
             FLaunch.AddArgs(b, args_vec)
-            launches.append(FLaunch.End(b))
-        scratch_vec, launch_vec = offset_vector(b, scratch), offset_vector(b, launches)
+            launch_tables.append(FLaunch.End(b))
+        scratch_vec, launch_vec = offset_vector(b, scratch_tables), offset_vector(b, launch_tables)
         FVariant.Start(b)
         if pred >= 0:
             FVariant.AddPredicate(b, r[pred])

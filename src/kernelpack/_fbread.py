@@ -128,6 +128,7 @@ def tree_spec(table: str, fields: tuple[Any, ...]) -> tuple[tuple[Any, ...], ...
     table)``. One ``(slot, kind, arg, default, name)`` item per field; arg is the scalar code,
     a struct's member codes or a table's own spec. Made once, at import, by whoever reads."""
     items = []
+    sub: Any  # a table's fields when it names one (checked below), else None
     for f in fields:
         name, sub = (f, None) if isinstance(f, str) else f
         slot, cat, reader, default = _SLOTS[table][name]

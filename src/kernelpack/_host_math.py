@@ -12,7 +12,7 @@ so that a float it cannot hold is a TraceError saying what to write.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, cast
 
 from .errors import TraceError
 from .expr import INT64_MAX, INT64_MIN, Expr, select
@@ -57,10 +57,11 @@ def as_float(op: str, x: int | float) -> float:
     either), which names the int without ``str()`` (refused past 4300 digits)."""
     try:
         return float(x)
-    except OverflowError:
-        digits = int((x.bit_length() - 1) * math.log10(2))  # an exponent that fits a message
+    except OverflowError:  # only an int overflows float()
+        bits = cast(int, x).bit_length()
+        digits = int((bits - 1) * math.log10(2))  # an exponent that fits a message
         raise TraceError(f"{op}: an int too large for a float64 (got one of magnitude "
-                         f"1e{digits} or more, {x.bit_length()} bits)") from None
+                         f"1e{digits} or more, {bits} bits)") from None
 
 
 def on_host(op: str, x: int | float) -> int | float:

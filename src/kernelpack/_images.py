@@ -76,7 +76,7 @@ class PackFile:
             return
         with deferred_interrupts():  # no Ctrl-C between the dup and its finalizer
             closer = weakref.finalize(self, os.close, os.dup(fd))
-        self.fd = closer.peek()[2][0]
+        self.fd = closer.peek()[2][0]  # type: ignore[index]  # None once finalized only
 
     def read(self, start: int, size: int, where: str) -> bytes:
         """Bytes [start, start + size): IntegrityError if the file is shorter now."""

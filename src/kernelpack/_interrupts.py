@@ -82,7 +82,8 @@ class _Restarts:
         native = cls._native
         if native is None:
             try:  # ~1 µs a signal, where ctypes' first use cost a first kp.load ~40 µs
-                from .runtime._launch import signal_restarts as native
+                # (rebinds the local read above, as intended)
+                from .runtime._launch import signal_restarts as native  # type: ignore[no-redef]
             except ImportError:
                 native = False
             cls._native = native

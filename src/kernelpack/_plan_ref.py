@@ -74,12 +74,13 @@ class ReferencePlanner:
         # declaration) and the scalar is checked against it.
         for p in tensors_first(s.inputs):
             if isinstance(p, Tensor):
-                dims = []
+                dims: list[tuple[int, int | None, str]] = []
                 for i, d in enumerate(p.shape):
                     where = f"{p.name}.shape[{i}]"
+                    # (a symbol's value is its name)
                     if d.is_sym and d.value not in origin:
                         origin[d.value] = where  # type: ignore[index]
-                        dims.append((0, sym_index[d.value], where))
+                        dims.append((0, sym_index[d.value], where))  # type: ignore[index]
                     elif d.is_sym:
                         dims.append((1, sym_index[d.value], origin[d.value]))  # type: ignore[index]
                     elif d.is_const:
@@ -108,7 +109,8 @@ class ReferencePlanner:
                           t.zero_init) for t in s.outputs]
         self._variants = []
         for vi, v in enumerate(s.variants):
-            pred = field(v.predicate, f"variant {vi} predicate") if v.predicate is not None else 1
+            pred: Any = (field(v.predicate, f"variant {vi} predicate")
+                         if v.predicate is not None else 1)
             scratch = [(sc.name, "scratch", sc.dtype,
                         [field(d, f"scratch {sc.name}.shape[{i}]") for i, d in enumerate(sc.shape)],
                         sc.zero_init) for sc in v.scratch]

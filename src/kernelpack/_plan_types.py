@@ -53,7 +53,7 @@ class PlannedLaunch(NamedTuple):
     block: tuple[int, int, int]
     shared_mem: int
     args: tuple[tuple[Any, ...], ...]
-    index: int = 0
+    index: int = 0  # type: ignore[assignment]  # a field that shadows tuple.index
 
 
 NO_COMPUTED: Mapping[str, int] = MappingProxyType({})

@@ -16,7 +16,7 @@ __all__ = ["Record", "FrozenRecord"]
 class Record:
     """``repr`` from the public names in ``__slots__``, in order."""
 
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__
@@ -28,7 +28,7 @@ class FrozenRecord(Record):
     """Fields set once by :meth:`_set` (from ``__init__``), never assigned or deleted after;
     equal to a record of the same class with equal fields."""
 
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
 
     def _set(self, **fields: Any) -> None:
         for name, value in fields.items():

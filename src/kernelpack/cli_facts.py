@@ -7,7 +7,7 @@ Expressions appear in their readable form (``cdiv(n, 256)``); nothing here touch
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, cast
 
 from .expr import Expr
 from .expr_text import whole_text
@@ -74,7 +74,8 @@ class ExprText:
 def arg_text(arg: Arg, text: ExprText | None = None) -> str:
     """``x`` for a buffer or scalar, ``uint32(1 << s)`` for a computed value."""
     if arg.kind == "value":
-        return f"{arg.dtype}({(text or ExprText())(arg.value)})"
+        # (a "value" argument holds its expression)
+        return f"{arg.dtype}({(text or ExprText())(cast(Expr, arg.value))})"
     return arg.name
 
 

@@ -185,6 +185,7 @@ class Compiled:
             raise TypeError(f"summary must be a kp.KernelSummary (got "
                             f"{type(self.summary).__name__})")
         object.__setattr__(self, "modules", tuple(self.modules))
+        module: Module | None  # a loop variable, then by_name.get's below
         for module in self.modules:
             if not isinstance(module, Module):
                 raise TypeError(f"program {self.name!r}: modules must be kp.Module (got "

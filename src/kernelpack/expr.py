@@ -103,7 +103,7 @@ _NUMPY_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
     "greater": operator.gt, "greater_equal": operator.ge}
 
 
-def _traced(self: "Expr", dunder: str, o: object) -> object:
+def _traced(self: "Expr", dunder: str, o: object) -> Any:
     """Inside a ``@kp.fusion`` trace, a dim combined with a float (``1.0 / x.shape[1]``) or by
     an operator no int64 expression has (``/``, ``**``, ``&``, ``|``, ``^``) is the dim as a
     traced int64 value, as in ``x / x.shape[1]``: NumPy's rules then apply. Outside a trace,
@@ -157,7 +157,7 @@ class Expr:
         # a constant hashes as its int, which it equals (__eq__)
         self._hash = hash(value) if op == "const" else hash((op, args, value))
         # nesting: what recurses refuses a tree deeper than MAX_EXPR_DEPTH up front
-        self._depth = 1 + max([a._depth for a in args]) if args else 1
+        self._depth: int = 1 + max([a._depth for a in args]) if args else 1
 
     # ---- structure -------------------------------------------------------------------------
     def __eq__(self, other: object) -> bool:
@@ -355,7 +355,7 @@ class Expr:
 # ---- construction ------------------------------------------------------------------------------
 # expr_eval's and expr_text's annotations name Expr (typing.get_type_hints resolves them in
 # their globals); they cannot import it, since this module imports them
-_expr_eval.Expr = _expr_text.Expr = Expr  # type: ignore[attr-defined]
+_expr_eval.Expr = _expr_text.Expr = Expr  # type: ignore[misc]
 
 
 def _check_node(op: object, args: object, value: object) -> None:

@@ -16,7 +16,7 @@ root only when something needs it, so ``select`` and unused variants never raise
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, cast
 
 from ._records import FrozenRecord
 from .errors import ExpressionError, FormatError
@@ -44,6 +44,9 @@ class EncodedExprs(FrozenRecord):
     the dataclass cost about a millisecond of a process's first ``kp.load``)."""
 
     __slots__ = ("symbols", "ops", "imms")
+    symbols: tuple[str, ...]
+    ops: bytes
+    imms: tuple[int, ...]
 
     def __init__(self, symbols: tuple[str, ...], ops: bytes, imms: tuple[int, ...]) -> None:
         self._set(symbols=symbols, ops=ops, imms=imms)
@@ -315,8 +318,8 @@ class ExprProgram:
             nonlocal roots
             cached = frame[slot]
             if cached is _MISSING:
-                if roots is None:
-                    roots = self._roots
+                if roots is None:  # _build set it before any evaluator could run
+                    roots = cast("list[Evaluator]", self._roots)
                 cached = frame[slot] = roots[index](frame)
             return cached
 

@@ -270,7 +270,7 @@ def _sequence(value: object, what: str) -> tuple:
     if isinstance(value, (str, bytes, Mapping, Expr, Tensor, Scalar, Scratch, Constraint, Arg)):
         raise TypeError(f"{what} must be a list (got {value!r:.80})")
     try:
-        return tuple(value)  # type: ignore[call-overload]
+        return tuple(value)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(f"{what} must be a list (got {value!r:.80})") from None
 

@@ -227,6 +227,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     if os.path.isdir(asked):
         raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file path", asked)
     path, direct = _write_target(asked)
+    f: io.BufferedWriter | None  # the file being written; None once closed
     if direct:
         with open(path, "wb") as f:
             write_file_object(f, data)

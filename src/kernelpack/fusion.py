@@ -21,7 +21,7 @@ import functools
 import inspect
 import re
 import sys
-from typing import Any, Callable, Mapping, overload
+from typing import TYPE_CHECKING, Any, Callable, Mapping, overload
 
 from .dtypes import DType, strict_index
 from .errors import TraceError
@@ -53,6 +53,9 @@ __all__ = [
 class Fusion:
     """A traced-on-demand fusion. ``trace(static=...)`` gives its :class:`Graph`."""
 
+    if TYPE_CHECKING:
+        __qualname__: str  # the function's, copied by functools.update_wrapper
+
     def __init__(self, fn: Callable[..., Any], name: str | None = None,
                  localns: Mapping[str, Any] | None = None) -> None:
         check_function(fn)
@@ -69,10 +72,11 @@ class Fusion:
             for key, value in getattr(fn, "__dict__", {}).items():
                 if not hasattr(Fusion, key):
                     self.__dict__[key] = value
-        self.fn = fn.fn if isinstance(fn, Fusion) else fn
-        self.name = checked
+        self.fn: Callable[..., Any] = fn.fn if isinstance(fn, Fusion) else fn
+        self.name: str = checked
         sig = inspect.signature(fn)
-        hints = annotations(fn, self.name, localns)
+        # (mypy takes the name for fusion_signature's `from __future__ import annotations`)
+        hints = annotations(fn, self.name, localns)  # type: ignore[operator]
         self.params: list[tuple[str, object]] = []
         # per parameter, whether it is keyword-only (after a bare *): each trace passes those by
         # name, and reading the signature again per trace cost ~20 µs of a cache hit's key

@@ -50,7 +50,8 @@ def check_function(fn: object) -> None:
                         f"{fn!r:.60}); write @kp.fusion or @kp.fusion(name='...') above a def")
 
 
-def annotations(fn: Callable[..., Any], name: str,
+# (``from __future__ import annotations`` binds this name too; mypy keeps that binding)
+def annotations(fn: Callable[..., Any], name: str,  # type: ignore[no-redef]
                 extra_locals: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The parameters' annotations, string ones (``from __future__ import annotations``, or
     quoted) evaluated where the function was defined: its module's globals, then the locals of
@@ -152,7 +153,8 @@ def check_inlined_arguments(fusion: Fusion, arguments: Mapping[str, Any]) -> Non
                                  f"{ann.dtype} of rank {len(ann.dims)}")
             for i, (want, got) in enumerate(zip(ann.dims, v.shape)):
                 if isinstance(want, int):
-                    if not (got.is_const and int(got.value) == want):
+                    # (a constant's value is an int)
+                    if not (got.is_const and int(got.value) == want):  # type: ignore[arg-type]
                         raise TraceError(f"{where}: {pname}.shape[{i}] is {got}, annotated "
                                          f"{want}")
                     continue

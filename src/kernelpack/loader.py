@@ -221,7 +221,8 @@ class Pack:
         self._buf = buf
         fbody = Table.root(body, "Body")
         self.generator: str = fbody.get("generator")
-        blobs: ByteViews | FileBlobs = fpack.byte_views("blobs")  # made when an image names one
+        blobs: ByteViews | FileBlobs
+        blobs = fpack.byte_views("blobs")  # made when an image names one
         if file is not None:  # images of a mapped file are read with pread, never via the map
             blobs = FileBlobs(blobs, file)
         self._file = file
@@ -244,8 +245,8 @@ class Pack:
         self._modules: dict[str, ModuleInfo] = {m.name: m for m in modules}
         programs = fbody.tables("programs")
         # a large pack's Program tables are made when each is decoded
-        self._programs: Sequence[Table] = (programs if len(programs) > _DEFER_TABLES_FROM
-                                           else list(programs))
+        self._programs: Tables | list[Table] = (programs if len(programs) > _DEFER_TABLES_FROM
+                                                else list(programs))
         names = [name for name, in fbody.tree(_PROGRAM_NAMES)[0]]
         _sorted_unique(names, "program")
         for name in names:
@@ -556,5 +557,5 @@ def name_file(exc: BaseException, path: str) -> BaseException:
 
 
 # program.py's annotations name these (typing.get_type_hints resolves them in its globals); it
-# cannot import them itself, since this module imports it
-_program_module.Pack, _program_module.ModuleInfo = Pack, ModuleInfo
+# cannot import them itself, since this module imports it (it does for mypy: TYPE_CHECKING)
+_program_module.Pack, _program_module.ModuleInfo = Pack, ModuleInfo  # type: ignore[misc]

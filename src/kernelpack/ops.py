@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import builtins
 import operator
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from .dtypes import DType, bool_, int64, is_numpy_bool, strict_index
 from ._host_math import (as_float, host_extremum, host_where, on_host, plain_floats,
@@ -25,7 +25,7 @@ from .limits import MAX_EXPR_DEPTH
 from .promotion import dsl_dtype
 # The underscore builders are package-internal: this module and tracing are one layer, split
 # so the rules and the public entry points each stay readable.
-from .tracing import (Value, _axes, _binary, _desc, _fmt, _graph_of, _promote, _reduce,
+from .tracing import (Value, _axes, _binary, _desc, _fmt, _graph_of, _promote,
                       _unary, astype, broadcast_shapes, conj, current_graph, pow, reduce_api,
                       reduction_keywords, trace_value)
 
@@ -87,7 +87,7 @@ def maximum(a: object, b: object) -> Any:
     """Elementwise maximum (NaN-propagating, like NumPy); on ints/Exprs, ``kp.emax``; on two
     plain numbers with a float among them, the host's float (``emax`` takes no float)."""
     if plain_floats(a, b):
-        return host_extremum("maximum", a, b)
+        return host_extremum("maximum", cast(float, a), cast(float, b))
     if not isinstance(a, Value) and not isinstance(b, Value):
         return emax(a, b)  # type: ignore[arg-type]
     return _binary("max", a, b)
@@ -97,7 +97,7 @@ def minimum(a: object, b: object) -> Any:
     """Elementwise minimum (NaN-propagating); on ints/Exprs, ``kp.emin``; on two plain numbers
     with a float among them, the host's float."""
     if plain_floats(a, b):
-        return host_extremum("minimum", a, b)
+        return host_extremum("minimum", cast(float, a), cast(float, b))
     if not isinstance(a, Value) and not isinstance(b, Value):
         return emin(a, b)  # type: ignore[arg-type]
     return _binary("min", a, b)
@@ -117,7 +117,8 @@ def max(a: object, b: object = None, *, axis: object = None,  # noqa: A001
     """``kp.max(x, axis=...)`` reduces; ``kp.max(a, b)`` is the elementwise maximum."""
     reduction_keywords("max", unknown, "kp")
     if b is None:
-        return _reduce("max", a, axis, keepdims) if isinstance(a, Value) else a
+        # keepdims checked as x.max() and kp.sum() check it (a non-bool kept the axis)
+        return reduce_api("max", a, axis, None, None, keepdims) if isinstance(a, Value) else a
     _two_operands("max", axis, keepdims)
     return maximum(a, b)
 
@@ -127,7 +128,8 @@ def min(a: object, b: object = None, *, axis: object = None,  # noqa: A001
     """``kp.min(x, axis=...)`` reduces; ``kp.min(a, b)`` is the elementwise minimum."""
     reduction_keywords("min", unknown, "kp")
     if b is None:
-        return _reduce("min", a, axis, keepdims) if isinstance(a, Value) else a
+        # keepdims checked as x.min() and kp.sum() check it (a non-bool kept the axis)
+        return reduce_api("min", a, axis, None, None, keepdims) if isinstance(a, Value) else a
     _two_operands("min", axis, keepdims)
     return minimum(a, b)
 
@@ -357,7 +359,8 @@ def iota(shape: Sequence[object] | object, axis: int = 0, dtype: object = int64)
         raise TraceError("kp.iota is only available inside a @kp.fusion trace")
     items = shape if isinstance(shape, (tuple, list)) else (shape,)
     dims = tuple(dim_expr(d) for d in items)
-    negative = [d for d in dims if d.is_const and d.value < 0]
+    # (a constant's value is an int)
+    negative = [d for d in dims if d.is_const and d.value < 0]  # type: ignore[operator]
     if negative:
         raise TraceError(f"iota: shape {_fmt(dims)} has a negative size")
     try:
@@ -382,7 +385,8 @@ def pad(x: Value, size: object, axis: int = -1) -> Value:
     shape[ax] = dim_expr(size)
     if shape[ax].is_const and shape[ax].value < 0:  # type: ignore[operator]
         raise TraceError(f"pad: size {shape[ax]} of axis {ax} of {_desc(x)} is negative")
-    if shape[ax].is_const and x.shape[ax].is_const and shape[ax].value < x.shape[ax].value:
+    if (shape[ax].is_const and x.shape[ax].is_const  # (a constant's value is an int)
+            and shape[ax].value < x.shape[ax].value):  # type: ignore[operator]
         raise TraceError(f"pad: size {shape[ax]} is below the length {x.shape[ax]} of axis {ax} "
                          f"of {_desc(x)} (pad only adds zeros at the end)")
     return x.graph.add("pad", x.dtype, shape, (x.id,), attrs=(ax,))

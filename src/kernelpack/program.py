@@ -29,6 +29,10 @@ class _PythonCall:
 
     _kp_bound: Any = None
 
+    if TYPE_CHECKING:  # Program's (the subclass), which __call__ falls back to
+        def _kp_general_call(self, *args: Any, out: Any = None, stream: Any = None,
+                             **kwargs: Any) -> Any: ...
+
     def __call__(self, *args: Any, out: Any = None, stream: Any = None, **kwargs: Any) -> Any:
         """Launch on the GPU (see :func:`kernelpack.runtime.call_program`)."""
         bound = self._kp_bound

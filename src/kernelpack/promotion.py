@@ -19,7 +19,7 @@ from __future__ import annotations
 import builtins
 import numbers
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._plan_types import dtype_range
 from .dtypes import (DType, as_dtype, bool_, complex64, complex128, float16, float32, float64,
@@ -255,7 +255,7 @@ def trace_value(graph: Graph, v: object, like: DType | None = None) -> Value:
         return graph.add("const", bool_, (), attrs=(v, True))
     if isinstance(v, int):
         numeric = like is not None and like.kind in ("i", "u", "f", "c")
-        dt = like if numeric else int64
+        dt = cast(DType, like) if numeric else int64  # numeric: like is not None
         _check_int_fits(v, dt)
         return graph.add("const", dt, (), attrs=(v, True))
     if isinstance(v, float):

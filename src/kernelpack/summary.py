@@ -20,7 +20,7 @@ are :mod:`kernelpack._fields`. Import every name of the data model from here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Union, cast
 
 from ._fields import DTypeLike, _dim, _dtype, _flag, _items, _name, _set, _shape
 from .dtypes import DType, as_dtype, strict_index
@@ -67,7 +67,9 @@ class Tensor:
         items = item if isinstance(item, tuple) else (item,)
         if not items:
             raise TypeError("kp.Tensor[...] needs a dtype and dims, e.g. kp.Tensor[kp.f32, 'n']")
-        return TensorType(as_dtype(items[0]), tuple(_annotated_dim(d) for d in items[1:]))
+        # (TensorType refuses a dim that is no name or int)
+        return TensorType(as_dtype(items[0]), cast("tuple[str | int, ...]",
+                                                   tuple(_annotated_dim(d) for d in items[1:])))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", _name(self.name, "tensor name"))

@@ -52,7 +52,7 @@ _Plan = tuple[tuple[str, str, int, int, object, int], ...]
 
 
 def _compile(fields: tuple[tuple[str, str, int], ...]) -> _Plan:
-    out = []
+    out: list[tuple[str, str, int, int, object, int]] = []
     for name, ftype, limit in fields:
         if ftype in SCALARS:
             size, code = SCALARS[ftype]

@@ -58,6 +58,17 @@ def test_reductions_take_numpys_positional_dtype_and_check_keepdims():
     _refused([(lambda x: x.sum(keepdims="yes"), r"sum: keepdims must be True or False"),
               (lambda x: x.max(0, x), r"max: out= is not supported"),
               (lambda x: x.sum(0, "float99"), r"not a kernelpack dtype")])
+    # kp.max / kp.min of one tensor check keepdims as x.max() does (session 37: a typing
+    # pass found them passing it on unchecked, so keepdims="no" or kp.f64 kept the axis)
+    _refused([(lambda x: kp.max(x, axis=0, keepdims="no"), r"max: keepdims must be True"),
+              (lambda x: kp.min(x, axis=0, keepdims=kp.f64), r"min: keepdims must be True"),
+              (lambda x: kp.max(x, keepdims=2), r"max: keepdims must be True")])
+
+    @kp.fusion
+    def kept(x: T[kp.f32, "a", "b"]):
+        return kp.max(x, axis=1, keepdims=True), kp.min(x, axis=0, keepdims=np.False_)
+
+    assert _types(kept) == [("float32", ("a", "1")), ("float32", ("b",))]
 
 
 def test_elementwise_max_of_two_tensors_refuses_an_axis():

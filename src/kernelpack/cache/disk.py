@@ -44,7 +44,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator, cast
 
 from .._interrupts import deferred_interrupts
 from ..errors import CacheError
@@ -226,7 +226,7 @@ class DiskStore:
         if found is None or found[1] is None:
             return None
         path, mode = found
-        return path, "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
+        return path, "a symbolic link" if stat.S_ISLNK(cast(int, mode)) else "not a directory"
 
     def _check_no_links(self, directory: Path) -> None:
         """OSError (ELOOP, naming it) when a component of ``directory`` below the root exists

@@ -23,7 +23,7 @@ import stat
 import time
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..compiled import Compiled
 from ..errors import KernelPackError
@@ -167,7 +167,7 @@ class DiskTier:
             elif self._warned.first(("too large", digest)):  # (a warning raised as an
                 # error, after the compile, lost its result at every call: review 36)
                 # E2BIG's "[Errno 7]" would name an "argument list too long" nobody passed
-                cache._warn(f"{what} skipped: {exc.strerror}")
+                cache._warn(f"{what} skipped: {cast(OSError, exc).strerror}")
 
     def failed(self, what: str, exc: BaseException, message: str | None = None) -> None:
         """Report a failed read, write or lock: a failure of one key's path (a foreign shard,

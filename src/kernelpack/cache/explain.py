@@ -72,12 +72,12 @@ def explain_miss(disk: DiskStore, key: CacheKey, program: str | None = None) -> 
             _differences(key, own[1])
     if best is None:
         return f"{what}: no recorded key of kind {kind!r} to compare"
-    other = best[1].digest[:16] + ("" if best[2] is None else f" (program {best[2]!r})")
+    nearest = best[1].digest[:16] + ("" if best[2] is None else f" (program {best[2]!r})")
     first = ("" if program is None else
              "no recorded key of this program; nearest: " if best[2] is not None else
              # a record written before records named their program: it may be this one's
              "no key recorded under this program's name (older records name none); nearest: ")
-    return f"{what}: {first}differs from {other} in {_differences(key, best[1])}"
+    return f"{what}: {first}differs from {nearest} in {_differences(key, best[1])}"
 
 
 def _differences(key: CacheKey, other: CacheKey) -> str:

@@ -185,7 +185,7 @@ def external_key(args: tuple, kwargs: dict[str, Any]) -> tuple[CacheKey, Callabl
     if asked is None and kind == "cubin" and isinstance(value, Mapping):
         targets = sorted(str(t) for t in value)  # the mapping's keys are its targets
     # kp.external checks targets= beside a cubin mapping only when given: passed on as given
-    passed = {} if asked is None else {"targets": targets}
+    passed: dict[str, Any] = {} if asked is None else {"targets": targets}
     if kind == "cubin" and isinstance(value, Mapping):
         source = b"".join(len(t).to_bytes(8, "big") + t.encode() + len(d).to_bytes(8, "big")
                           + bytes(d) for t, d in sorted(value.items()))
@@ -203,4 +203,5 @@ def external_key(args: tuple, kwargs: dict[str, Any]) -> tuple[CacheKey, Callabl
 
         options["nvrtc"] = nvrtc.key_identity()
     key = make_key("external", source, options, targets)
-    return key, lambda: external(*args, **passed, **{kind: value}, **kwargs)
+    # (the mappings share no key: targets and the source were popped from kwargs above)
+    return key, lambda: external(*args, **passed, **{kind: value}, **kwargs)  # type: ignore[misc]

@@ -152,7 +152,8 @@ def column_group(graph: Graph, outputs: list[int]) -> list[int] | None:
     bases = [base_reduction(graph, n) for n in outputs]
     keys = {(column_axes(graph, r), graph.nodes[graph.nodes[r].inputs[0]].shape)
             if graph.nodes[r].op == "reduce" else None for r in bases}
-    if len(keys) != 1 or None in keys or next(iter(keys))[0] is None:
+    # (the key's [0] is read once None is known not to be in keys)
+    if len(keys) != 1 or None in keys or next(iter(keys))[0] is None:  # type: ignore[index]
         return None
     below = graph.reachable([graph.nodes[r].inputs[0] for r in set(bases)])
     if any(n in bases for n in below):
@@ -262,8 +263,8 @@ def column_choices(graph: Graph, base: str, outs: list[tuple[str, int]],
               ("block", ROW_BLOCK, emin(kept, GRID_CAP), None))
     choices = []
     enough = ge(by, SPLIT_MIN)
-    for group, threads, grid, fits in finals:
-        pred = enough if fits is None else land(enough, fits)
+    for group, threads, grid, final_fits in finals:
+        pred = enough if final_fits is None else land(enough, final_fits)
         if pred.is_const and not pred.value:
             continue
         final = KernelSpec(f"{base}_colfinal{group}", "row", stored, out_shape, threads,

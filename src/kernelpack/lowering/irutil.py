@@ -110,11 +110,11 @@ def const_of(dt: DType, value: object) -> Val:
     if dt.kind == "b":
         return ir.Constant(I1, int(bool(value)))
     if dt.kind in "iu":
-        v = int(value)  # type: ignore[arg-type]
+        v = int(value)  # type: ignore[call-overload]
         bits = 8 * dt.itemsize
         return ir.Constant(t, v & ((1 << bits) - 1) if v < 0 and dt.kind == "u" else v)
     if dt.kind == "c":
-        z = complex(value)  # type: ignore[arg-type]
+        z = complex(value)  # type: ignore[call-overload]
         return (ir.Constant(t, z.real), ir.Constant(t, z.imag))
     if dt.name in _NARROW:
         return ir.Constant(t, _narrow_value(float(value), dt))  # type: ignore[arg-type]
@@ -183,7 +183,7 @@ def convert(b: ir.IRBuilder, v: Val, src: DType, dst: DType) -> Val:
             return b.or_(_truth(b, v[0], src.real), _truth(b, v[1], src.real))
         return convert(b, v[0], src.real, dst)
     if dst.kind == "c":
-        re = convert(b, v, src, dst.real)
+        re: ir.Value = convert(b, v, src, dst.real)  # of a real dtype: no (re, im) pair
         return (re, ir.Constant(re.type, 0.0))
     st, dt_ = component(src), component(dst)
     if dst.kind == "b":

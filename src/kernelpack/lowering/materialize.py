@@ -229,7 +229,7 @@ def workspace_stages(graph: Graph, workspaces: Iterable[str]) -> list[tuple[tupl
                  if graph.nodes[n].op == "input" and graph.nodes[n].attrs[0] in level]
         level[name] = 1 + max((level[b] for b in below), default=-1)
         block = column_axes(graph, nid)
-        key = ("workspace", name) if block is None else (
+        key: tuple = ("workspace", name) if block is None else (
             "columns", level[name], block, graph.nodes[graph.nodes[nid].inputs[0]].shape)
         rows = row_axes(graph, nid) if block is None else None
         if rows is not None:

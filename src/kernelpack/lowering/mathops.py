@@ -9,7 +9,7 @@ Transcendentals call libdevice (``__nv_expf`` ...), whose accuracy matches CUDA'
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from llvmlite import ir
 
@@ -96,6 +96,7 @@ def unary(em: "Emitter", op: str, x: Val, dt: DType, out: DType) -> Val:
                 return (c, s)  # exp of an imaginary value: no exp, no multiplies
             return _cexp_specials(em, x, _scaled_product(em, dt.real, x[0], c, s))
         raise CompileError(f"{op} of a complex tensor is not supported by the lowering")
+    x = cast(ir.Value, x)  # of a real dtype: one value, not a (re, im) pair
     if dt.kind in "iub":
         if op == "neg":
             return b.sub(ir.Constant(x.type, 0), x)
@@ -428,8 +429,9 @@ def combine(em: "Emitter", kind: str, dt: DType, acc: Val, v: Val) -> Val:
     """``acc <kind> v``. A float sum of a product just emitted (``acc + a·b``) is one fused
     multiply-add, as CUDA compiles it by default (one rounding instead of two; exact where the
     product is, e.g. the encodings' ``x_k · bit``): one instruction per term instead of two."""
+    # (dt.kind "f": acc is one value, not a complex pair)
     if (kind in ("sum", "mean") and dt.kind == "f" and isinstance(v, ir.Instruction)
-            and v.opname == "fmul" and v.type == acc.type):
+            and v.opname == "fmul" and v.type == acc.type):  # type: ignore[union-attr]
         return em.b.fma(v.operands[0], v.operands[1], acc)
     if kind in ("sum", "mean"):
         return binary(em, "add", acc, v, dt)

@@ -20,7 +20,7 @@ from ..fusion import Fusion
 from ..graph import Graph
 from ..limits import MAX_VARIANTS
 from ..compiled import Compiled, Image, Module
-from ..summary import Arg, Constraint, KernelSummary, Launch, Scalar, Tensor, Variant
+from ..summary import Arg, Constraint, KernelSummary, Launch, Scalar, Scratch, Tensor, Variant
 from ..targets import Arch, parse_target_list, portable_lowest
 from .schedule import Choice, Stage, lockstep, plan, variants
 from .size_checks import computed_size_constraints
@@ -331,7 +331,8 @@ def summarize(b: Build) -> Build:
 
     out_variants = []
     for pred, chosen in variants(list(b.stages)):
-        launches, ws = [], []
+        launches: list[Launch] = []
+        ws: list[Scratch] = []
         for alt in chosen:
             ws.extend(alt.scratch)
             for spec in alt.kernels:

@@ -284,13 +284,14 @@ def _stage(graph: Graph, base: str, shape: tuple[Expr, ...], outs: list[tuple[st
         nonempty = ge(length, 1)  # empty rows: the loop schedule (nothing to load)
         light = not _heavy(graph, [n for _, n in outs], set(reduces))
         if light:
-            table = tuning.REG_GROUPS_LIGHT if vec >= 4 else tuning.REG_GROUPS_LIGHT_WIDE
+            table: tuple[tuple[str, int, int] | tuple[str, int, int, int], ...] = (
+                tuning.REG_GROUPS_LIGHT if vec >= 4 else tuning.REG_GROUPS_LIGHT_WIDE)
         else:
             table = tuning.REG_GROUPS if vec >= 4 else tuning.REG_GROUPS_WIDE
-        for group, k, threads, *most in table:
+        for group, k, threads, *resident in table:
             cap = (32 if group == "warp" else threads) * vec * k
             options.append((group, land(nonempty, le(length, cap)), k, threads, False,
-                            most[0] if most else tuning.MIN_THREADS_PER_SM))
+                            resident[0] if resident else tuning.MIN_THREADS_PER_SM))
     heavy_terms = _heavy(graph, [n for _, n in outs], set(reduces))
     if uniform and not keeps_row and tuning.TILE_CHUNKS and not heavy_terms:
         # Tiles keep loads in flight for memory-bound terms (masked means). Terms with a

@@ -10,12 +10,15 @@ lists keyword shapes to exercise (``{"x": (4, 7)}``); scalar parameters take fix
 # no `from __future__ import annotations`: the fusions annotate with the closure variable dtype
 
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Annotated, Any, Callable
 
 from .. import dtypes as kd
 import importlib
 
-F = importlib.import_module("kernelpack.fusion")  # kp.fusion (the decorator) shadows the module name
+if TYPE_CHECKING:
+    import kernelpack.fusion as F
+else:
+    F = importlib.import_module("kernelpack.fusion")  # kp.fusion (the decorator) shadows the name
 from ..summary import Tensor
 
 __all__ = ["WORKLOADS", "SCALARS", "axpy", "gelu", "softmax", "layernorm", "total", "masked_mean",
@@ -27,40 +30,47 @@ fusion = F.fusion
 
 def make(dtype: kd.DType) -> dict[str, F.Fusion]:
     """The workloads for one float dtype (float32 or float64)."""
+    # Annotated (README, "Type checkers"): mypy sees a traced tensor as Any and a scalar as a
+    # number, kp.fusion reads the kp.Tensor[...] or dtype in the metadata (the same fusions).
+    # Tensor, not T: mypy reads T[...] in an alias's metadata as a generic alias's arguments
+    Vec = Annotated[Any, Tensor[dtype, "n"]]
+    Rows = Annotated[Any, Tensor[dtype, "b", "n"]]
+    Num = Annotated[float, dtype]
+    Int = Annotated[int, kd.int64]
 
     @fusion(name=f"axpy_{dtype.name}")
-    def axpy(x: T[dtype, "n"], y: T[dtype, "n"], a: dtype):
+    def axpy(x: Vec, y: Vec, a: Num):
         return a * x + y
 
     @fusion(name=f"gelu_{dtype.name}")
-    def gelu(x: T[dtype, "n"]):
+    def gelu(x: Vec):
         return 0.5 * x * (1.0 + F.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
 
     @fusion(name=f"softmax_{dtype.name}")
-    def softmax(x: T[dtype, "b", "n"]):
+    def softmax(x: Rows):
         e = F.exp(x - x.max(axis=-1, keepdims=True))
         return e / e.sum(axis=-1, keepdims=True)
 
     @fusion(name=f"layernorm_{dtype.name}")
-    def layernorm(x: T[dtype, "b", "n"], w: T[dtype, "n"], bias: T[dtype, "n"], eps: dtype):
+    def layernorm(x: Rows, w: Vec, bias: Vec, eps: Num):
         mu = x.mean(axis=-1, keepdims=True)
         d = x - mu
         var = (d * d).mean(axis=-1, keepdims=True)
         return d * F.rsqrt(var + eps) * w + bias
 
     @fusion(name=f"total_{dtype.name}")
-    def total(x: T[dtype, "n"]):
+    def total(x: Vec):
         return x.sum()
 
     @fusion(name=f"masked_mean_{dtype.name}")
-    def masked_mean(x: T[dtype, "b", "n"], mask: T[kd.bool_, "b", "n"]):
+    def masked_mean(x: Rows, mask: Annotated[Any, Tensor[kd.bool_, "b", "n"]]):
         s = F.where(mask, x, 0.0).sum(axis=-1)
         return s / mask.astype(dtype).sum(axis=-1)
 
     ctype = kd.complex64 if dtype == kd.float32 else kd.complex128
 
     @fusion(name=f"phase_{dtype.name}")
-    def phase(x: T[dtype, "b", "n"]):
+    def phase(x: Rows):
         n = x.shape[1]
         idx = F.arange(1 << n)
         bits = ((idx[:, None] >> F.arange(n)[None, :]) & 1).astype(dtype)      # (N, n)
@@ -69,19 +79,19 @@ def make(dtype: kd.DType) -> dict[str, F.Fusion]:
         return F.complex(F.cos(phi) * norm, F.sin(phi) * norm)
 
     @fusion(name=f"angle_{dtype.name}")
-    def angle(x: T[dtype, "b", "n"]):
+    def angle(x: Rows):
         n = x.shape[1]
         idx = F.arange(1 << n)
         bit = ((idx[:, None] >> F.arange(n)[None, :]) & 1) == 1                # (N, n)
         return F.where(bit[None], F.sin(x)[:, None, :], F.cos(x)[:, None, :]).prod(axis=-1)
 
     @fusion(name=f"basis_{dtype.name}")
-    def basis(j: T[kd.int64, "b"], n: kd.int64):
+    def basis(j: Annotated[Any, Tensor[kd.int64, "b"]], n: Int):
         hit = F.arange(1 << n)[None, :] == j[:, None]
         return hit.astype(ctype)
 
     @fusion(name=f"amplitude_{dtype.name}")
-    def amplitude(v: T[dtype, "b", "l"], n: kd.int64):
+    def amplitude(v: Annotated[Any, Tensor[dtype, "b", "l"]], n: Int):
         inv = F.rsqrt((v * v).sum(axis=-1, keepdims=True))
         return F.pad(v * inv, 1 << n, axis=-1).astype(ctype)
 
@@ -146,7 +156,7 @@ def _refs() -> dict[str, Callable[..., Any]]:
             "amplitude": amplitude}
 
 
-SHAPES: dict[str, list[dict[str, tuple[int, ...]]]] = {
+SHAPES: dict[str, list[dict[str, tuple[int, ...] | int]]] = {  # an int: a scalar's value
     "axpy": [{"x": (n,), "y": (n,)} for n in (0, 1, 7, 1000, 65537, 1 << 20)],
     "gelu": [{"x": (n,)} for n in (0, 1, 13, 4099, 1 << 20)],
     "softmax": [{"x": s} for s in ((1, 1), (3, 7), (64, 1000), (5, 3000), (2, 70001), (0, 5))],

@@ -121,7 +121,7 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
     def call(args: Any, out: Any, stream: Any) -> Any:
         if len(args) != n_in or (stream is not None and out is None):
             return slow(args, out, stream)  # outputs for another stream: general path
-        vals = [0] * nvals
+        vals: list[Any] = [0] * nvals
         a = args[first_i]
         if (a.__class__ is not ndarray or (dty := a.dtype) is not first_dt and dty != first_dt
                 or not contiguous(a)):

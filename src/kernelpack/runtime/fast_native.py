@@ -106,7 +106,7 @@ def _layouts(bp: Any, core: FastCore) -> tuple | None:
     where ``dynamic`` lists ``(offset, struct code, value slot)`` of the parameters a call
     writes (none for a variant the fast paths do not take: no entry launches those); None
     when a launch's parameters are beyond ``FastCall`` (see :class:`~.binding.LaunchSpec`)."""
-    out = []
+    out: list[tuple[Any, tuple[Any, ...], tuple[Any, ...]]] = []
     fill_from = core.fill_from
     for variant, fast in zip(bp.bound.variants, core.fast):
         for ls in variant.launches:

@@ -75,7 +75,7 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
     def call(args: Any, out: Any, stream: Any) -> Any:
         if len(args) != n_in or (stream is not None and out is None):
             return slow(args, out, stream)  # outputs for another stream: general path
-        vals = [0] * nvals
+        vals: list[Any] = [0] * nvals
         t = args[first_i]
         try:  # a sparse or mkldnn tensor raises in is_contiguous() / data_ptr(): no strides
             if t.__class__ is not Tensor or t.dtype is not first_dt or not t.is_contiguous():

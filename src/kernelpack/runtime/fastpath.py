@@ -168,7 +168,7 @@ class FastCore:
         self.nfill = bs.nvals - bs.fill_from
         self.outputs = [(o.slot, o.name, tok) for o, tok in zip(bs.outputs, out_tokens)]
         # every variant's launches in one list (``j`` below): ``first[v]`` is variant v's first
-        self.launches = []
+        self.launches: list[tuple[Any, Any, Any]] = []  # (getter, pack_into, kernel)
         self.first: list[int] = []
         self.layouts: list[tuple[int, list[int]]] = []
         identity = list(range(bs.nvals))
@@ -252,7 +252,7 @@ class FastCore:
         # in-place use is refused for an input a later launch reads (BoundSummary.late_reads):
         # such inputs are checked like written ones
         late = self.late_reads(plan.variant)
-        overlap = (0, ())
+        overlap: tuple[int, tuple[tuple[int, int], ...]] = (0, ())
         if len(self.outputs) == 1:
             oname = self.outputs[0][1]
             flags = [w or (oname, n) in late for w, n in zip(self.in_written, self.in_names)]
@@ -511,7 +511,7 @@ FLOAT32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
 def _float32_slots(bs: Any, fast: list[bool]) -> set[int]:
     """The value-list positions that some launch of a fast variant (``fast``: per variant,
     :attr:`FastCore.fast`) packs as float32."""
-    out = set()
+    out: set[int] = set()
     for v, taken in zip(bs.variants, fast):
         if taken:
             for ls in v.launches:

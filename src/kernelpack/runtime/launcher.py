@@ -211,10 +211,10 @@ class BoundProgram:
                 if not contiguous:
                     raise LaunchError(f"{self.name}: argument {spec.name!r} is not "
                                       f"C-contiguous (pass .contiguous() / a packed copy)")
-                why = readonly_why(arg) if spec.written and ad is GENERIC else None
-                if why is not None:
+                readonly = readonly_why(arg) if spec.written and ad is GENERIC else None
+                if readonly is not None:
                     raise LaunchError(f"{self.name}: argument {spec.name!r} is read-only "
-                                      f"({why}), but the program writes it (role 'inout')")
+                                      f"({readonly}), but the program writes it (role 'inout')")
                 vals[spec.slot] = ptr
             else:
                 value = convert_scalar(arg, spec.dtype, self._ranges[i], spec.name, self.name)

@@ -50,7 +50,8 @@ def _overflowed(value: Any, v: float) -> bool:
     if not math.isinf(v) or value.__class__ is float:
         return False
     try:
-        same = type(value).__eq__(value, v)
+        # (the class's own __eq__, called unbound: mypy binds type's to the class)
+        same = type(value).__eq__(value, v)  # type: ignore[call-arg]
         if same is NotImplemented:
             same = float.__eq__(v, value)
         if same is NotImplemented:  # a type that does not compare with floats: trust float()
@@ -96,6 +97,7 @@ def convert_scalar(value: Any, dtype: DType, rng: tuple[int, int] | None, name: 
                    program: str) -> Any:
     """Convert ``value`` for a scalar parameter ``name`` of ``dtype``; ``rng`` is the integer
     range (None for floating types). Returns an int or a float (bfloat16: its bit pattern)."""
+    v: float  # an int for an integer dtype
     if rng is not None:
         if value.__class__ is int:
             v = value
