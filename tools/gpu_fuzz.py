@@ -8,6 +8,11 @@ reference, a tolerance per dtype). Run on the GPU machine from a tree holding sr
     bash tools/gpu-run.sh .gpu/tree "tools/gpu_fuzz.py LO HI"    # seeds LO .. HI-1
     SKIP=2078,2163 bash tools/gpu-run.sh ...                     # seeds to leave out
     HALVES=1 bash tools/gpu-run.sh ...                           # the half mode's cases
+    ELSEWHERE=1 bash tools/gpu-run.sh ...                        # the elsewhere mode's cases
+
+The elsewhere mode (fusion_gen/elsewhere.py, a seed space of its own; with HALVES=1 too, both)
+reads reductions at other rows of square tensors and puts row reductions beside general ones:
+the lowering's workspaces for them (materialize_nodes, materialize_rows).
 
 A seed whose kernels do not finish within 25 s dumps the Python stack and ends the run (a GPU
 kernel cannot be interrupted): the last "seed N start" line names it. Every wrong result is
@@ -29,6 +34,7 @@ ROOT = pathlib.Path.cwd()
 sys.path.insert(0, str(ROOT / "src"))
 SEED_TIMEOUT_S = 25
 HALVES = os.environ.get("HALVES", "") not in ("", "0")  # fusion_gen's half mode
+ELSEWHERE = os.environ.get("ELSEWHERE", "") not in ("", "0")  # fusion_gen's elsewhere mode
 RUN_BUDGET_S = 480  # stop starting seeds after this (the device tool allows 600 s a call)
 
 
@@ -51,7 +57,7 @@ def compile_seed(seed: int) -> tuple[int, bytes | None, str | None]:
     import kernelpack as kp
 
     try:
-        case = load_generator()(seed, "gpu", halves=HALVES)
+        case = load_generator()(seed, "gpu", halves=HALVES, elsewhere=ELSEWHERE)
         compiled = kp.compile(case.fusion, targets=["sm_90"])
         return seed, bytes(kp.save([compiled])), None
     except Exception as exc:  # noqa: BLE001 - reported per seed
@@ -81,7 +87,7 @@ def main() -> None:
             uncompiled += 1
             print(f"seed {seed}: COMPILE ERROR {err}", flush=True)
             continue
-        case = generate(seed, "gpu", halves=HALVES)
+        case = generate(seed, "gpu", halves=HALVES, elsewhere=ELSEWHERE)
         print(f"seed {seed} start", flush=True)
         faulthandler.dump_traceback_later(SEED_TIMEOUT_S, exit=True)
         program = kp.load(data)[case.name]
@@ -97,7 +103,8 @@ def main() -> None:
         if time.time() - t0 > RUN_BUDGET_S:
             print(f"time budget reached at seed {seed}", flush=True)
             break
-    mode = " (half mode)" if HALVES else ""
+    mode = "".join(f" ({m} mode)" for m, on in (("half", HALVES), ("elsewhere", ELSEWHERE))
+                   if on)
     print(f"seeds {lo}..{hi}{mode}: ok {ok}, failed {bad}, compile errors {uncompiled}, "
           f"{time.time() - t0:.0f} s", flush=True)
 

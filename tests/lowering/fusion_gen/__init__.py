@@ -43,6 +43,11 @@ which later steps keep away from and which widens that output's tolerance
 (``Case.tolerance``). bfloat16 arrays are held as their uint16 bit patterns (NumPy has no
 bfloat16); :mod:`.torch_io` moves them to and from torch on a GPU.
 
+The elsewhere mode (``generate(seed, elsewhere=True)``, a seed space of its own, with or
+without ``halves``) reads reductions at other rows of square tensors and puts row reductions
+beside general ones (:mod:`.elsewhere`), with the default mode's ops, references and
+tolerances.
+
 An output whose reference is exactly 0 everywhere (a cancellation: a row of one constant
 centred on its mean, a sum of centred values) has no scale for a relative error; the kernel
 leaves a rounding residue there, which is compared absolutely against the output's tolerance
