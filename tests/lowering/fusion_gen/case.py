@@ -109,6 +109,9 @@ class Case:
         other: dict[str, list] = {}
         for i, (g, r) in enumerate(zip(got, refs)):
             tol = self.tolerance(i)
+            if r.size and self._tie_decides(inputs, i, r, tol, other):
+                skipped.append(i)
+                continue
             if tol and r.size:
                 mode = self.conditioning_mode(i)
                 if mode not in other:
@@ -122,6 +125,20 @@ class Case:
             if msg:
                 failures.append(f"output {i} ({self.out_dtypes[i]}): {msg}")
         return failures, skipped
+
+    def _tie_decides(self, inputs: list, i: int, ref: np.ndarray, tol: float,
+                     other: dict[str, list]) -> bool:
+        """Whether output ``i`` moves (by more than a quarter of its tolerance; at all for
+        bools and integers) when every floating sum is rounded once from its exact value
+        (mode "r", :data:`.reference.MODES`): an exact tie then decides it, and the kernel's
+        order of additions may break the tie the other way."""
+        if "r" not in other:
+            other["r"] = self.expected(inputs, "r")
+        alt = other["r"][i]
+        if ref.dtype.kind in "fc":
+            alt = alt.astype(np.complex128 if ref.dtype.kind == "c" else np.float64)
+        return compare(to_storage(alt, self.out_dtypes[i].name), ref, self.out_dtypes[i],
+                       tol / 4) is not None
 
     def describe(self, sizes: dict[str, int] | None = None) -> str:
         text = f"seed {self.seed}\n{self.source}"

@@ -29,8 +29,17 @@ from .values import Param
 # even a correct evaluation in the kernel's precision could not meet the tolerance (a mean of
 # values centred on their mean is 0 plus rounding noise), the comparison means nothing and the
 # output is skipped (and counted).
+#
+# "r" is "64" with every real floating sum and mean rounded once from its exact value
+# (math.fsum): a comparison or a floor that an exact tie decides (an element equal to a sum of
+# other elements, a sum that is an integer before rounding) turns on the order of the
+# additions, which the kernel's and NumPy's pairwise order need not share. Where "r" differs
+# from "64", any output (bools and integers too) hangs on such a tie and is skipped as
+# ill-conditioned (GPU fuzz, elsewhere mode, seed 358: the kernel's row sum was the exact -3.0
+# where NumPy's was -2.999999999999986, and an element -3.0 compared equal to it).
 MODES = {
     "64": NP_MODEL,
+    "r": NP_MODEL,
     "32": dict(NP_MODEL, float16=np.float32, float32=np.float32, complex64=np.complex64),
     "ld": dict(NP_MODEL, float16=np.longdouble, float32=np.longdouble, float64=np.longdouble,
                complex64=np.clongdouble, complex128=np.clongdouble),
@@ -47,6 +56,7 @@ HALF_MODES = {
     "32": dict(MODES["32"], **_HALF32),
     "ld": dict(MODES["ld"], **_HALF32),
     "x": dict(MODES["64"], float16=np.float64, bfloat16=np.float64),
+    "r": dict(MODES["64"], **_HALF32),
 }
 _UNROUNDED = {"x"}
 
@@ -61,6 +71,7 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
     mode's set with ``halves``)."""
     types = modes_of(halves)[mode]
     rounds = halves and mode not in _UNROUNDED
+    exact_sums = mode == "r"
 
     def _model(v: Any, name: str) -> np.ndarray:
         """``v`` as the reference's array of the DSL dtype ``name``."""
@@ -101,6 +112,8 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
             w = v.astype(acc_t)
             if kind == "mean" and w.dtype.kind == "c":
                 r = _complex_mean(w, axis, keepdims)
+            elif exact_sums and kind != "prod" and w.dtype.kind == "f":
+                r = _exact_sum(w, axis, keepdims, kind == "mean")
             else:
                 fn = {"sum": np.sum, "prod": np.prod, "mean": np.mean}[kind]
                 r = fn(w, axis=axis, keepdims=keepdims)
@@ -116,6 +129,28 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
         count = w.size // total.size if total.size else 0  # elements per reduced value
         with np.errstate(invalid="ignore", divide="ignore"):
             return _complex(total.real / count, total.imag / count).astype(w.dtype)
+
+    def _exact_sum(w: np.ndarray, axis: Any, keepdims: bool, mean: bool) -> np.ndarray:
+        """The sum (or mean) of ``w`` over ``axis``, each rounded once from its exact value
+        (mode "r"); non-finite values give NumPy's own answer."""
+        axes = tuple(range(w.ndim)) if axis is None else tuple(
+            a % w.ndim for a in (axis if isinstance(axis, tuple) else (axis,)))
+        kept = [a for a in range(w.ndim) if a not in axes]
+        rows = np.moveaxis(w, axes, tuple(range(w.ndim - len(axes), w.ndim)))
+        count = math.prod(w.shape[a] for a in axes)
+        n_out = math.prod(w.shape[a] for a in kept)
+        flat = rows.reshape(n_out, count)
+        sums = np.empty(n_out, w.dtype)
+        for i in range(n_out):
+            row = flat[i]
+            sums[i] = math.fsum(row.tolist()) if np.isfinite(row).all() else np.sum(row)
+        if mean:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                sums = sums / w.dtype.type(count) if count else np.full(n_out, np.nan, w.dtype)
+        out = sums.reshape(tuple(w.shape[a] for a in kept))
+        if keepdims:
+            out = out.reshape(tuple(1 if a in axes else w.shape[a] for a in range(w.ndim)))
+        return out
 
     def _erf(x: Any) -> np.ndarray:
         x = np.asarray(x)
