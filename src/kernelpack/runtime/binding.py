@@ -223,7 +223,7 @@ class BoundSummary:
             launches = [self._launch(li, launch, local, scalar_index, computed, fills)
                         for li, launch in enumerate(variant.launches)]
             self.variants.append(VariantSpec(scratch, launches, vslot, fills))
-        self._late: dict[int, frozenset[tuple[str, str]]] = {}
+        self._refused: dict[int, dict[tuple[str, str], str]] = {}
         self.nbuf = max(v.buffer_count for v in self.variants)
         self.fill_from = self.nbuf + self.n_scalars
         self.nvals = self.fill_from + max(len(v.fills) for v in self.variants)
@@ -233,23 +233,21 @@ class BoundSummary:
                     ls.order = [r if k == ARG_BUFFER else self.nbuf + r for k, r in ls.args]
                     ls.getter = _getter(ls.order)
 
-    def late_reads(self, variant: int) -> frozenset[tuple[str, str]]:
-        """The ``(written, read)`` name pairs of ``variant`` (an index) that in-place use
-        cannot have: an output or ``inout`` tensor that a launch writes, and a tensor input
-        that a later launch reads (or the same launch, when it repeats). Passing them as the
-        very same array would hand the later launch what the earlier one stored instead of
-        the input (``x * 2, x.sum(0)`` with ``out=(x, s)``: two kernels, the second summing
-        the doubled ``x``). Made on first use: only calls with ``out=`` or ``inout``
+    def in_place_refused(self, variant: int) -> dict[tuple[str, str], str]:
+        """``{(written, read): why}``: the output or ``inout`` tensor and read-only input of
+        ``variant`` (an index) that a call may not pass as the very same memory
+        (:mod:`.in_place`). Made on first use: only calls with ``out=`` or ``inout``
         arguments ask."""
-        late = self._late.get(variant)
-        if late is None:
-            launches = self.summary.variants[variant].launches
-            late = self._late[variant] = frozenset() if (
-                len(launches) == 1 and launches[0].count is None) else _late_reads(
-                launches,
-                {o.name for o in self.outputs} | {s.name for s in self.inputs if s.written},
-                {s.name for s in self.inputs if s.is_tensor})
-        return late
+        refused = self._refused.get(variant)
+        if refused is None:
+            from .in_place import refused_pairs
+
+            written = {o.name: o.dtype.itemsize for o in self.outputs}
+            written.update((s.name, s.dtype.itemsize) for s in self.inputs if s.written)
+            refused = self._refused[variant] = refused_pairs(
+                self.summary.variants[variant].launches, written,
+                {s.name: s.dtype.itemsize for s in self.inputs if s.is_tensor})
+        return refused
 
     def _launch(self, li: int, launch: Any, buffers: dict[str, int], scalars: dict[str, int],
                 computed: dict[str, Scalar], fills: list[tuple[str, int, int]]) -> LaunchSpec:
@@ -279,23 +277,6 @@ class BoundSummary:
                     args.append((ARG_SCALAR, self.n_scalars + len(fills) - 1))
                 codes.append(STRUCT_CODES[arg.dtype.name])  # type: ignore[union-attr]
         return LaunchSpec(launch.module, launch.kernel, li, args, codes)
-
-
-def _late_reads(launches: Any, written: set[str], read: set[str]
-                ) -> frozenset[tuple[str, str]]:
-    """See :meth:`BoundSummary.late_reads`: ``launches`` in order, ``written`` the names a
-    launch taking them may store to, ``read`` the tensor inputs."""
-    pairs: set[tuple[str, str]] = set()
-    before: set[str] = set()  # written by an earlier launch
-    for launch in launches:
-        names = {a.name for a in launch.args if a.kind == "buffer"}
-        wrote = names & written
-        repeated = launch.count is not None and not (
-            launch.count.is_const and launch.count.value <= 1)
-        for w in (before | wrote) if repeated else before:
-            pairs.update((w, r) for r in names & read if r != w)
-        before |= wrote
-    return frozenset(pairs)
 
 
 def _getter(order: list[int]) -> Callable[[list], tuple]:

@@ -14,7 +14,7 @@ queued, as with any sequence of CUDA calls).
 from __future__ import annotations
 
 import struct
-from typing import Any, Collection, NoReturn, Sequence
+from typing import Any, Collection, Mapping, NoReturn, Sequence
 
 from ..dtypes import uint8
 from ..errors import KernelPackError, LaunchError
@@ -120,7 +120,7 @@ def _run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan:
         if inputs:
             _check_aliasing(name, spans, inputs,
                             {a.name for a in bs.outputs if a.zero_init}, bp.written,
-                            bs.late_reads(plan.variant))
+                            bs.in_place_refused(plan.variant))
     else:
         results = []
         for alloc in bs.outputs:
@@ -191,7 +191,7 @@ def conflicts(p0: int, n0: int, p1: int, n1: int, written: bool) -> bool:
 def _check_aliasing(program: str, outs: list[tuple[int, int, str]],
                     inputs: Sequence[tuple[int, int, str]],
                     zero_filled: Collection[str] = (), written: Collection[str] = (),
-                    late: Collection[tuple[str, str]] = ()) -> None:
+                    refused: Mapping[tuple[str, str], str] = {}) -> None:
     """Refuse an ``out=`` array that partially overlaps an input (``out=x[1:]`` for ``x``):
     the threads that write it race with the threads that still read the input, so the result
     depends on scheduling. The very same memory (same start, same size) is in-place use and
@@ -199,9 +199,8 @@ def _check_aliasing(program: str, outs: list[tuple[int, int, str]],
     for an output in ``zero_filled`` (``zero_init``): kernelpack zero-fills it before the
     first launch, which would erase the input the program then reads. Nor for an input in
     ``written`` (role inout): the program stores to both arrays, and the two stores to each
-    element race. Nor for an ``(output, input)`` pair in ``late``
-    (:meth:`~.binding.BoundSummary.late_reads`): a later launch would read what an earlier
-    one stored into the output."""
+    element race. Nor for an ``(output, input)`` pair in ``refused``
+    (:meth:`~.binding.BoundSummary.in_place_refused`, which says why)."""
     for p0, n0, a in outs:
         if not n0:
             continue
@@ -224,29 +223,28 @@ def _check_aliasing(program: str, outs: list[tuple[int, int, str]],
                     f"{program}: out {a!r} shares memory with argument {b!r} (out {n0} bytes "
                     f"at {p0:#x}, {b!r} {n1} bytes at {p1:#x}), and the program writes both "
                     f"({b!r} has role 'inout'); pass a separate array for {a!r}")
-            if n1 and (a, b) in late and overlaps(p0, n0, p1, n1):  # the very same array
-                raise LaunchError(late_read_message(program, f"out {a!r}", b))
+            if n1 and (a, b) in refused and overlaps(p0, n0, p1, n1):  # the very same array
+                raise LaunchError(in_place_message(program, f"out {a!r}", b, refused[a, b]))
 
 
-def late_read_message(program: str, what: str, read: str) -> str:
-    """Why ``what`` (``out 'y'``, ``argument 'y'``) may not be the very same array as the
-    input ``read``: see :meth:`~.binding.BoundSummary.late_reads`."""
-    return (f"{program}: {what} is the very same array as argument {read!r}, which a later "
-            f"kernel of the program reads after an earlier one stored to {what.split()[-1]}: "
-            f"in place, it would read the stored values instead of {read!r}; pass a "
-            f"separate array")
+def in_place_message(program: str, what: str, read: str, why: str) -> str:
+    """Why ``what`` (``out 'y'``, ``argument 'y'``) may not be the very same memory as the
+    input ``read``: ``why``, from :meth:`~.binding.BoundSummary.in_place_refused`."""
+    return (f"{program}: {what} is the very same memory as argument {read!r}, but {why}: "
+            f"in place, the result would depend on the order of the device's stores and "
+            f"loads; pass a separate array")
 
 
 def check_written_arguments(program: str, spans: Sequence[tuple[int, int, str]],
                             written: Collection[str],
-                            late: Collection[tuple[str, str]] = ()) -> None:
+                            refused: Mapping[tuple[str, str], str] = {}) -> None:
     """Refuse an argument the program writes (role ``inout``, named in ``written``) that
     shares memory with another tensor argument (``spans``: each one's ``(pointer, nbytes,
     name)``) other than as the very same array: ``y`` the first three floats of a buffer
     and ``x`` its last three in ``y += a * x`` race on the device (a thread's write of
     ``y[i + 1]`` lands in the ``x[i]`` another thread still reads). The very same memory as
     a read-only argument is in-place use, allowed as it is for ``out=`` (not for a pair in
-    ``late``: see :func:`_check_aliasing`); two written arguments may not share any memory
+    ``refused``: see :func:`_check_aliasing`); two written arguments may not share any memory
     (as two ``out=`` arrays may not)."""
     for i, (p0, n0, a) in enumerate(spans):
         if not n0 or a not in written:
@@ -259,8 +257,9 @@ def check_written_arguments(program: str, spans: Sequence[tuple[int, int, str]],
                     f"{program}: arguments {a!r} and {b!r} overlap in memory ({a!r} {n0} bytes "
                     f"at {p0:#x}, {b!r} {n1} bytes at {p1:#x}), and the program writes both "
                     f"(role 'inout'); pass a separate array for each")
-            if (a, b) in late and overlaps(p0, n0, p1, n1):
-                raise LaunchError(late_read_message(program, f"argument {a!r}", b))
+            if (a, b) in refused and overlaps(p0, n0, p1, n1):
+                raise LaunchError(in_place_message(program, f"argument {a!r}", b,
+                                                   refused[a, b]))
             if partially_overlaps(p0, n0, p1, n1):
                 raise LaunchError(
                     f"{program}: argument {a!r}, which the program writes (role 'inout'), "

@@ -157,7 +157,7 @@ class FastCore:
         self.in_spans = [(s.slot, s.dtype.itemsize) for s in bs.inputs if s.is_tensor]
         self.in_written = [s.written for s in bs.inputs if s.is_tensor]  # role inout
         self.in_names = [s.name for s in bs.inputs if s.is_tensor]
-        self.late_reads = bs.late_reads
+        self.in_place_refused = bs.in_place_refused
         # the planner's scalars: a key carries the symbols an expression reads; the others
         # do not matter to a launch entry (see keyed_symbols)
         self.keyed = keyed = keyed_symbols(bs)
@@ -249,17 +249,17 @@ class FastCore:
         one = todo[0] if len(todo) == 1 else None
         views, view_out = lazy_view_checks(self.tensor_index, key, self.complex_in, shapes,
                                            self.complex_out)
-        # in-place use is refused for an input a later launch reads (BoundSummary.late_reads):
-        # such inputs are checked like written ones
-        late = self.late_reads(plan.variant)
+        # inputs an output or inout argument may not be in place over (in_place.py) are
+        # checked like written ones
+        refused = self.in_place_refused(plan.variant)
         overlap: tuple[int, tuple[tuple[int, int], ...]] = (0, ())
         if len(self.outputs) == 1:
             oname = self.outputs[0][1]
-            flags = [w or (oname, n) in late for w, n in zip(self.in_written, self.in_names)]
+            flags = [w or (oname, n) in refused for w, n in zip(self.in_written, self.in_names)]
             overlap = out_overlap(self.in_spans, key, plan.allocations[oname].nbytes, flags)
         scratch = scratch_layout(self.variants[plan.variant], plan.allocations)
         pairs = written_pairs(self.in_spans, self.in_written, key, self.in_names,
-                              late) if any(self.in_written) else ()
+                              refused) if any(self.in_written) else ()
         return (fills or None, shapes, tuple(todo), tuple(likes), one, views, view_out,
                 overlap, scratch, pairs)
 
@@ -461,15 +461,15 @@ def out_overlaps_input(vals: list, out_ptr: int,
 
 
 def written_pairs(in_spans: list[tuple[int, int]], written: list[bool], key: tuple,
-                  names: Sequence[str] = (), late: Collection[tuple[str, str]] = ()
+                  names: Sequence[str] = (), refused: Collection[tuple[str, str]] = ()
                   ) -> tuple[tuple[int, int, int, int, bool], ...]:
     """The tensor-argument pairs a call must check for shared memory, as ``(value slot a,
     nbytes a, value slot b, nbytes b, any shared byte conflicts)``: each non-empty argument
     the program writes (``written``: role inout) against every other non-empty one
     (``in_spans`` and ``key``'s shapes as in :func:`out_overlap`); any shared byte conflicts
-    when ``b`` is written too, or when a later launch reads ``b`` after ``a`` was stored to
-    (``(names[a], names[b])`` in ``late``: see
-    :meth:`~.binding.BoundSummary.late_reads`). A call where one conflicts
+    when ``b`` is written too, or when ``a`` may not be in place over ``b``
+    (``(names[a], names[b])`` in ``refused``: see
+    :meth:`~.binding.BoundSummary.in_place_refused`). A call where one conflicts
     (:func:`written_conflict`) goes to the general path, which refuses it
     (:func:`~.execute.check_written_arguments`). Empty for programs without inout
     arguments, whose calls check nothing."""
@@ -481,7 +481,7 @@ def written_pairs(in_spans: list[tuple[int, int]], written: list[bool], key: tup
         for j, ((other, _), m) in enumerate(zip(in_spans, sizes)):
             if j != i and m and not (written[j] and j < i):  # a written pair once
                 pairs.append((slot, n, other, m, written[j] or (
-                    bool(late) and (names[i], names[j]) in late)))
+                    bool(refused) and (names[i], names[j]) in refused)))
     return tuple(pairs)
 
 

@@ -249,7 +249,7 @@ class BoundProgram:
         spans = _input_spans(inputs, vals, shapes) if out is not None or self.written else ()
         if self.written:
             check_written_arguments(self.name, spans, self.written,
-                                    self.bound.late_reads(plan.variant))
+                                    self.bound.in_place_refused(plan.variant))
         result = run(self, st, device, sh, adapter, vals, plan, out, spans)
         if adapter.name not in self._fast_for and adapter.name in ("torch", "cupy"):
             with self._lock:  # a framework imported after binding: cover it too

@@ -1,10 +1,12 @@
-"""In-place use (``out=`` or an ``inout`` argument that is the very same array as an input) is
-refused when a later launch of the program reads that input after an earlier one stored to
-the written array: ``x * 2, x.sum(0)`` compiles to two kernels, and with ``out=(x, s)`` the
-second summed the doubled ``x``. The pairs come from the summary's launch order
-(``BoundSummary.late_reads``); every path refuses them with ``LaunchError`` and launches
-nothing. A program whose launches read the input before (or in the launch where) they store
-keeps in-place use. Stand-in frameworks over host memory, the fake driver."""
+"""In-place use (``out=`` or an ``inout`` argument that is the very same memory as an input) is
+refused where the summary shows the result would depend on the device's order of stores and
+loads (runtime/in_place.py): a later launch reads that input after an earlier one stored to
+the written array (``x * 2, x.sum(0)`` compiles to two kernels, and with ``out=(x, s)`` the
+second summed the doubled ``x``), the storing launch stores to another array too, or the element
+sizes differ. ``BoundSummary.in_place_refused`` gives the pairs; every path refuses them with
+``LaunchError`` and launches nothing. A program whose kernels read the input before they store
+over it keeps in-place use. Stand-in frameworks over host memory, the fake driver. The
+emulator side (review 48) is tests/lowering/test_review48_in_place.py."""
 
 from __future__ import annotations
 
@@ -100,13 +102,13 @@ def fake(monkeypatch):
 
 # ---- the pairs -------------------------------------------------------------------------------
 
-def _late(launches, params=None) -> frozenset:
+def _late(launches, params=None) -> set:
     params = params or (TensorSpec("x", kp.f32, ("n",)), TensorSpec("w", kp.f32, ("n",)),
                         TensorSpec("o", kp.f32, ("n",), role="out"),
                         TensorSpec("p", kp.f32, ("n",), role="out"),
                         Scalar("n32", kp.u32, value="n"))
     return BoundSummary(KernelSummary("late", params, (Variant(tuple(launches)),))
-                        ).late_reads(0)
+                        ).in_place_refused(0).keys()
 
 
 def test_late_reads_follow_the_launch_order() -> None:
@@ -123,8 +125,27 @@ def test_late_reads_follow_the_launch_order() -> None:
     assert _late([_launch("plus", "m", "x", "o", count=1)]) == frozenset()
 
 
+def test_a_launch_storing_two_outputs_refuses_in_place_over_what_it_reads() -> None:
+    two = Launch("two", "m", (1,), (32,), (Arg.buffer("x"), Arg.buffer("o"), Arg.buffer("p"),
+                                           Arg.scalar("n32")))
+    assert _late([two]) == {("o", "x"), ("p", "x")}
+    assert _late([_launch("plus", "m", "w", "w"), two]) == {("o", "x"), ("p", "x")}
+
+
+def test_element_sizes_must_match_for_in_place_use() -> None:
+    params = (TensorSpec("x", kp.f64, ("n",)), TensorSpec("w", kp.f32, ("n",)),
+              TensorSpec("o", kp.f32, ("n",), role="out"),
+              TensorSpec("p", kp.i32, ("n",), role="out"), Scalar("n32", kp.u32, value="n"))
+    refused = BoundSummary(KernelSummary("sizes", params, (Variant((_launch(
+        "twice", "m", "x", "o"),)),))).in_place_refused(0)
+    assert refused.keys() == {("o", "x"), ("p", "x")}  # float32 and int32 over float64
+    assert refused["o", "x"] == ("'o' has 4-byte elements and 'x' 8-byte ones, so a store "
+                                 "to one lands on elements of the other that other threads "
+                                 "still read")
+
+
 def test_late_reads_of_an_inout_argument() -> None:
-    assert BoundSummary(bump_then_add().summary).late_reads(0) == {("y", "x")}
+    assert BoundSummary(bump_then_add().summary).in_place_refused(0).keys() == {("y", "x")}
 
 
 def test_written_pairs_mark_late_pairs() -> None:
@@ -147,15 +168,16 @@ def test_a_compiled_fusion_knows_its_late_reads() -> None:
         # the stage the scheduler puts first stores its output before the other reads x
         first = {a.name for a in variant.launches[0].args if a.kind == "buffer"}
         written = next(t.name for t in compiled.summary.outputs if t.name in first)
-        assert bs.late_reads(i) == {(written, "x")}, variant
+        assert bs.in_place_refused(i).keys() == {(written, "x")}, variant
 
 
 # ---- the general path --------------------------------------------------------------------------
 
 def test_in_place_out_read_by_a_later_launch_is_refused(fake) -> None:
     x = HostArray([1.0, 2.0, 3.0])
-    with pytest.raises(LaunchError, match=r"three_x_late: out 'o' is the very same array as "
-                       r"argument 'x', which .* pass a separate array"):
+    with pytest.raises(LaunchError, match=r"three_x_late: out 'o' is the very same memory as "
+                       r"argument 'x', but a later kernel of the program reads 'x' after an "
+                       r"earlier one stored to 'o': .* pass a separate array"):
         call_program(three_x(), x, out=x)
     assert _launches(fake) == 0
     assert _floats(x, 3) == [1.0, 2.0, 3.0]
@@ -164,19 +186,38 @@ def test_in_place_out_read_by_a_later_launch_is_refused(fake) -> None:
     assert _floats(o, 3) == [3.0, 6.0, 9.0]
 
 
+def test_in_place_out_of_another_element_size_is_refused(fake) -> None:
+    summary = KernelSummary(
+        "narrow", (TensorSpec("x", kp.f64, ("n",)),
+                   TensorSpec("o", kp.f32, (kp.sym("n") * 2,), role="out"),
+                   Scalar("n32", kp.u32, value="n")),
+        (Variant((_launch("twice", "narrow", "x", "o"),)),))
+    prog = Compiled(summary, _module("narrow"))
+    base = HostArray([1.0, 2.0, 3.0, 4.0])  # 16 bytes
+    x, o = _host_view(base, 0, 4), _host_view(base, 0, 4)
+    x.typestr, x.shape = "<f8", (2,)  # as float64, n = 2; o: the four float32 over it
+    with pytest.raises(LaunchError, match=r"narrow: out 'o' is the very same memory as "
+                       r"argument 'x', but 'o' has 4-byte elements and 'x' 8-byte ones"):
+        call_program(prog, x, out=o)
+    assert _launches(fake) == 0
+    assert _floats(base, 4) == [1.0, 2.0, 3.0, 4.0]
+    call_program(prog, x, out=HostArray([0.0] * 4))  # separate: runs
+    assert _launches(fake) == 1
+
+
 def test_in_place_out_stored_last_runs(fake) -> None:
     x = HostArray([1.0, 2.0, 3.0])
     call_program(three_x("early"), x, out=x)  # t += x, then o = 2x in the launch reading x
     assert _floats(x, 3) == [2.0, 4.0, 6.0]
     assert _launches(fake) == 2
-    assert bind(three_x("early")).bound.late_reads(0) == frozenset()
+    assert bind(three_x("early")).bound.in_place_refused(0) == {}
 
 
 def test_in_place_inout_read_by_a_later_launch_is_refused(fake) -> None:
     base = HostArray([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
     x = _host_view(base, 0, 3)
     with pytest.raises(LaunchError, match=r"bump_then_add: argument 'y' is the very same "
-                       r"array as argument 'x'"):
+                       r"memory as argument 'x'"):
         call_program(bump_then_add(), x, x)
     assert _launches(fake) == 0
     call_program(bump_then_add(), x, _host_view(base, 12, 3))
@@ -199,7 +240,7 @@ def test_fast_paths_send_late_in_place_use_to_the_general_path(fake, launch_path
     assert o.values() == [0.0, 3.0, 6.0, 9.0]
     fast = _fast_calls(prog, launch_path)
     launches = _launches(fake)
-    with pytest.raises(LaunchError, match="out 'o' is the very same array as argument 'x'"):
+    with pytest.raises(LaunchError, match="out 'o' is the very same memory as argument 'x'"):
         call_program(prog, x, out=x)
     assert x.values() == [0.0, 1.0, 2.0, 3.0]
     assert _launches(fake) == launches
@@ -213,7 +254,7 @@ def test_fast_paths_send_late_in_place_use_to_the_general_path(fake, launch_path
     call_program(prog, x, y)
     fast = _fast_calls(prog, launch_path)
     launches = _launches(fake)
-    with pytest.raises(LaunchError, match="argument 'y' is the very same array as argument 'x'"):
+    with pytest.raises(LaunchError, match="argument 'y' is the very same memory as argument 'x'"):
         call_program(prog, x, x)
     assert x.values() == [0.0, 1.0, 2.0, 3.0]
     assert _launches(fake) == launches
@@ -226,6 +267,6 @@ def test_bound_programs_ask_only_when_aliasing_is_possible(fake) -> None:
     x, o = HostArray([1.0, 2.0]), HostArray([0.0, 0.0])
     prog = three_x()
     call_program(prog, x)  # allocating: nothing can alias
-    assert bind(prog).bound._late == {}
+    assert bind(prog).bound._refused == {}
     call_program(prog, x, out=o)
-    assert bind(prog).bound._late == {0: {("o", "x")}}
+    assert set(bind(prog).bound._refused[0]) == {("o", "x")}

@@ -40,9 +40,9 @@ def test_in_place_undone_by_a_later_kernel_is_refused(pack, n, m):
     prog = pack["s37_double_and_colsum"]
     xh = np.random.default_rng(n).standard_normal((n, m)).astype(np.float32)
     x, s = cuda(xh), torch.full((m,), float("nan"), device="cuda")
-    with pytest.raises(LaunchError, match="is the very same array as argument 'x'"):
+    with pytest.raises(LaunchError, match="is the very same memory as argument 'x'"):
         prog(x, out=(x, s))
-    with pytest.raises(LaunchError, match="is the very same array as argument 'x'"):
+    with pytest.raises(LaunchError, match="is the very same memory as argument 'x'"):
         prog(x, out={"out0": x, "out1": s})
     torch.cuda.synchronize()
     np.testing.assert_array_equal(host(x), xh)

@@ -1,0 +1,71 @@
+"""Which arrays a call may not pass as the very same memory: the limits of in-place use.
+
+An ``out=`` array (or an ``inout`` argument) that is the very same memory as a read-only input
+(same start, same size) is in-place use. It is right when each thread reads the input elements
+it needs before it stores over them, and no other thread or later kernel reads them after.
+What a kernel does inside is not in the summary. Three cases are, and each makes the right
+answer depend on the order of the device's stores and loads:
+
+- **a later launch reads the input** after an earlier one stored to the written array (or the
+  same launch repeats). ``x * 2, x.sum(0)`` compiles to a pointwise kernel, then a column
+  sum; with ``out=(x, s)`` the sum read the doubled ``x``;
+- **the launch that stores it stores another output or inout array too**, and reads the
+  input. Inside such a kernel one output's store can come before the loads of another
+  output's values: the loop row schedule writes each output in a loop of its own, and
+  ``x * 2, x / x.sum(-1, keepdims=True)`` with ``out=(x, y)`` divided the doubled ``x``;
+- **the element sizes differ.** The bytes are the same but element ``k`` of one is not on
+  element ``k`` of the other: a float32 ``(2, m)`` output over the float64 ``(m,)`` bias it
+  broadcasts has row 0's stores land on ``v[m/2:]``, which row 1 still reads. (With equal
+  sizes, equal bytes means an equal count of elements, which broadcasting then maps one to
+  one.)
+
+Found by review 48 (tests/lowering/test_review48_in_place.py), which runs every in-place call
+the runtime allows on the SIMT emulator, thread by thread in both orders, against separate
+buffers. The general path raises ``LaunchError`` for these pairs
+(:func:`~.execute._check_aliasing`, :func:`~.execute.check_written_arguments`); the fast
+paths check them like written arguments (:func:`~.fastpath.out_overlap`,
+:func:`~.fastpath.written_pairs`) and hand such a call over.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+__all__ = ["refused_pairs"]
+
+
+def refused_pairs(launches: Iterable[Any], written: dict[str, int], read: dict[str, int]
+                  ) -> dict[tuple[str, str], str]:
+    """``{(written name, read name): why}`` for one variant (``launches``: the summary's, in
+    order) of the pairs in-place use may not have (see the module docstring). ``written``:
+    the outputs and ``inout`` tensors, ``read``: the tensor inputs, each name with its
+    element size in bytes. ``why`` finishes a sentence about the pair."""
+    pairs: dict[tuple[str, str], str] = {}
+    for w, wsize in written.items():
+        for r, rsize in read.items():
+            if r != w and wsize != rsize:
+                pairs[(w, r)] = (f"{w!r} has {wsize}-byte elements and {r!r} {rsize}-byte "
+                                 f"ones, so a store to one lands on elements of the other "
+                                 f"that other threads still read")
+    before: set[str] = set()  # stored to by an earlier launch
+    for launch in launches:
+        names = {a.name for a in launch.args if a.kind == "buffer"}
+        wrote = {n for n in names if n in written}
+        loads = [r for r in names if r in read]
+        for w in before:
+            for r in loads:
+                if r != w:
+                    pairs.setdefault((w, r), f"a later kernel of the program reads {r!r} "
+                                             f"after an earlier one stored to {w!r}")
+        repeated = launch.count is not None and not (
+            launch.count.is_const and launch.count.value <= 1)
+        if repeated or len(wrote) > 1:
+            for w in wrote:
+                for r in loads:
+                    if r != w:
+                        pairs.setdefault((w, r), (
+                            f"the kernel that stores to {w!r} runs again and reads {r!r}"
+                            if repeated else f"the kernel that stores to {w!r} stores "
+                            f"to another array too and may read {r!r} after storing {w!r}"))
+        before |= wrote
+    return pairs
