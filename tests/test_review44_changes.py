@@ -656,16 +656,24 @@ def test_zero_init_output_into_separate_arrays(fake):
     assert got == (z2, w2) and (z2.values(), w2.values()) == ([1, 2], [2, 4])
 
 
-def test_in_place_normal_output_beside_a_zero_init_one_is_allowed(fake):
-    """Only the zero-filled output may not share the input's memory: w = 2 * x in place
-    (the documented in-place use) still runs."""
+def test_in_place_normal_output_beside_a_zero_init_one_is_refused_too(fake):
+    """w = 2 * x in place over x ran here until session 37; its kernel stores the zero-filled
+    z as well, and a kernel storing two arrays may load x again after storing w
+    (runtime/in_place.py, review 48): refused, nothing launched, x untouched. Separate
+    arrays run."""
     from fake_driver import HostArray
+    from kernelpack.errors import LaunchError
     from kernelpack.runtime import call_program
 
     prog = _acc2_program()
     x, z = HostArray([1.0, 2.0]), HostArray([0.0, 0.0])
-    call_program(prog, x, out=(z, x))
-    assert z.values() == [1, 2] and x.values() == [2, 4]
+    with pytest.raises(LaunchError, match="out 'w' is the very same memory as argument 'x', "
+                       "but the kernel that stores to 'w' stores to another array too"):
+        call_program(prog, x, out=(z, x))
+    assert x.values() == [1.0, 2.0]
+    w = HostArray([0.0, 0.0])
+    call_program(prog, x, out=(z, w))
+    assert z.values() == [1, 2] and w.values() == [2, 4]
 
 
 def test_empty_arrays_are_not_refused(fake):
