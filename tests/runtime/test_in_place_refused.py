@@ -181,6 +181,10 @@ def test_in_place_out_read_by_a_later_launch_is_refused(fake) -> None:
         call_program(three_x(), x, out=x)
     assert _launches(fake) == 0
     assert _floats(x, 3) == [1.0, 2.0, 3.0]
+    base = HostArray([1.0, 2.0, 3.0, 4.0])  # a partial overlap: no in-place advice here
+    with pytest.raises(LaunchError, match=r"out 'o' partially overlaps argument 'x' .*; "
+                       r"pass a separate array$"):
+        call_program(three_x(), _host_view(base, 0, 3), out=_host_view(base, 4, 3))
     o = HostArray([0.0] * 3)
     call_program(three_x(), x, out=o)
     assert _floats(o, 3) == [3.0, 6.0, 9.0]
@@ -220,6 +224,9 @@ def test_in_place_inout_read_by_a_later_launch_is_refused(fake) -> None:
                        r"memory as argument 'x'"):
         call_program(bump_then_add(), x, x)
     assert _launches(fake) == 0
+    with pytest.raises(LaunchError, match=r"argument 'y', which the program writes .* "
+                       r"partially overlaps argument 'x' .*; pass a separate array$"):
+        call_program(bump_then_add(), x, _host_view(base, 4, 3))
     call_program(bump_then_add(), x, _host_view(base, 12, 3))
     assert _floats(base, 6) == [1.0, 2.0, 3.0, 9.0, 12.0, 15.0]
 

@@ -212,7 +212,7 @@ def _check_aliasing(program: str, outs: list[tuple[int, int, str]],
                     f"before the launch (zero_init), which would erase {b!r}; pass a "
                     f"separate array")
             if n1 and partially_overlaps(p0, n0, p1, n1):
-                in_place = "" if b in written else (
+                in_place = "" if b in written or (a, b) in refused else (
                     f", or the very same array as {b!r} for in-place use")
                 raise LaunchError(
                     f"{program}: out {a!r} partially overlaps argument {b!r} in memory "
@@ -257,15 +257,16 @@ def check_written_arguments(program: str, spans: Sequence[tuple[int, int, str]],
                     f"{program}: arguments {a!r} and {b!r} overlap in memory ({a!r} {n0} bytes "
                     f"at {p0:#x}, {b!r} {n1} bytes at {p1:#x}), and the program writes both "
                     f"(role 'inout'); pass a separate array for each")
-            if (a, b) in refused and overlaps(p0, n0, p1, n1):
-                raise LaunchError(in_place_message(program, f"argument {a!r}", b,
-                                                   refused[a, b]))
             if partially_overlaps(p0, n0, p1, n1):
+                in_place = "" if (a, b) in refused else (
+                    f", or the very same array as {b!r} for in-place use")
                 raise LaunchError(
                     f"{program}: argument {a!r}, which the program writes (role 'inout'), "
                     f"partially overlaps argument {b!r} in memory ({a!r} {n0} bytes at "
-                    f"{p0:#x}, {b!r} {n1} bytes at {p1:#x}); pass a separate array, or the "
-                    f"very same array as {b!r} for in-place use")
+                    f"{p0:#x}, {b!r} {n1} bytes at {p1:#x}); pass a separate array{in_place}")
+            if (a, b) in refused and overlaps(p0, n0, p1, n1):  # the very same array
+                raise LaunchError(in_place_message(program, f"argument {a!r}", b,
+                                                   refused[a, b]))
 
 
 def _queue(bp: Any, st: Any, plan: Any, variant: Any, vals: list, cs: Any,
