@@ -8,6 +8,10 @@ least one mutant that survived (named in its docstring). No GPU: the runtime tes
 the fake driver over host memory (``tests/runtime/fake_driver.py``) with the stand-in torch of
 ``tests/runtime/test_fastpath_fake.py``; the lowering tests call ``materialize`` on traced
 graphs, and one runs its kernels on the SIMT emulator (``tests/lowering/simt.py``). About 2 s.
+Survivors judged equivalent (no test can tell them apart) are listed in the review's report:
+``allow_shared`` at exactly 48 KiB (its own guard returns first), ``written_conflict`` with
+its ranges swapped (``conflicts`` is symmetric), unpadded fills (a per-call value list), and
+three ``workspace_stages`` keys or depths that carry no information.
 """
 
 from __future__ import annotations
@@ -83,9 +87,15 @@ def _toint_impl(grid, block, shmem, v) -> None:
     ctypes.memmove(z, struct.pack(f"<{count}i", *[int(a) for a in _f32(x, count)]), 4 * count)
 
 
+def _copy_impl(grid, block, shmem, v) -> None:
+    """z = x."""
+    x, z, count = v
+    ctypes.memmove(z, ctypes.string_at(x, 4 * count), 4 * count)
+
+
 KERNELS = {"mix": ("QQQQI", _mix_impl), "pair": ("QQQQII", _pair_impl),
            "bump": ("QI", _bump_impl), "acc": ("QQI", _acc_impl),
-           "toint": ("QQI", _toint_impl)}
+           "toint": ("QQI", _toint_impl), "copy": ("QQI", _copy_impl)}
 
 
 def _compiled(summary: KernelSummary, kernel: str, seed: int) -> Compiled:
@@ -143,6 +153,22 @@ def toint() -> Compiled:
                                        (Arg.buffer("x"), Arg.buffer("z"),
                                         Arg.of(n, kp.u32))),)),))
     return _compiled(s, "toint", 15)
+
+
+def twostep() -> Compiled:
+    """y += 1 (inout), then z = x in a launch of its own that neither reads y nor stores
+    anything else: no in-place pair of ``in_place.py`` names (z, y), so only y's role
+    keeps ``out=y`` out."""
+    s = KernelSummary("twostep", (TensorSpec("x", kp.f32, ("n",)),
+                                  TensorSpec("y", kp.f32, ("n",), role="inout"),
+                                  TensorSpec("z", kp.f32, ("n",), role="out")),
+                      (Variant((Launch("bump", "twostep", (1,), (1,),
+                                       (Arg.buffer("y"), Arg.of(n, kp.u32))),
+                                Launch("copy", "twostep", (1,), (1,),
+                                       (Arg.buffer("x"), Arg.buffer("z"),
+                                        Arg.of(n, kp.u32))))),))
+    return Compiled(s, (Module("twostep", ("bump", "copy"),
+                               (fake_image("cubin", "sm_90", seed=17),)),))
 
 
 @pytest.fixture
@@ -387,6 +413,27 @@ def test_a_zero_init_output_is_zero_filled_on_every_call(fake, path, torch, gene
         assert z.values() == [1.0, 2.0, 3.0]
     assert len(general) == 3  # the fast paths do not take a zero_init output
     assert len(_named(fake, "cuMemsetD8Async")) == 3
+
+
+def test_out_the_very_same_array_as_an_inout_argument_is_refused_on_the_fast_paths(
+        fake, path, torch, general) -> None:
+    """Mutant: ``FastCore.plan`` flagging an input for ``out=`` only when ``in_place.py``
+    refuses the pair, not for its role inout (``w or`` dropped). Here the launch that stores
+    ``z`` reads nothing the other one stores, so no refused pair covers ``(z, y)``: with
+    ``out=y`` the fast paths launched both kernels (the copy overwrote ``y += 1``), where the
+    general path refuses it because the program writes both."""
+    prog = twostep()
+    x, y = Tensor([1.0, 2.0], torch.float32), Tensor([5.0, 6.0], torch.float32)
+    z = Tensor([0.0, 0.0], torch.float32)
+    for _ in range(2):  # the general path (it binds the device), then a fast one
+        assert call_program(prog, x, y, out=z) is z
+    assert general == ["twostep"] and y.values() == [7.0, 8.0] and z.values() == [1.0, 2.0]
+    launches = len(_launches(fake))
+    with pytest.raises(LaunchError, match=r"^twostep: out 'z' shares memory with argument "
+                                          r"'y' .* the program writes both"):
+        call_program(prog, x, y, out=y)
+    assert y.values() == [7.0, 8.0] and len(_launches(fake)) == launches
+    assert general == ["twostep"] * 2  # handed over, and refused there
 
 
 def test_out_overlap_of_an_empty_out_or_with_empty_inputs() -> None:
