@@ -44,7 +44,8 @@ sys.path.insert(0, str(ROOT / "runtime"))
 
 from fake_driver import FakeDriver, HostArray, install  # noqa: E402
 from kp_samples import fake_image  # noqa: E402
-from test_fastpath_fake import Tensor, select_path, torch  # noqa: E402,F401 - the fixture
+from test_fastpath_fake import Tensor, torch  # noqa: E402,F401 - the fixture
+from test_review46_changes import path  # noqa: E402,F401 - the fixture: every fast path
 
 n, m, k = kp.sym("n"), kp.sym("m"), kp.sym("k")
 
@@ -174,20 +175,6 @@ def twostep() -> Compiled:
 @pytest.fixture
 def fake(monkeypatch):
     return install(monkeypatch, FakeDriver(kernels=KERNELS))
-
-
-@pytest.fixture(params=["C", "C-dlpack", "closure"])
-def path(request, monkeypatch):
-    """Each torch fast path: C FastCall, C through DLPack's exchange API, the closure."""
-    which = select_path(request.param, monkeypatch)
-    fx = None
-    if which == "C-dlpack":
-        from dlpack_exchange import FakeExchange
-
-        fx = FakeExchange()  # alive while the test runs (the capsule points into it)
-        monkeypatch.setattr(Tensor, "__dlpack_c_exchange_api__", fx.capsule, raising=False)
-    yield which
-    del fx
 
 
 @pytest.fixture
