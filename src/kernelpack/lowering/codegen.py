@@ -21,7 +21,7 @@ from ..expr import Expr
 from ..graph import BINARY, COMPARE, UNARY, Graph, Node
 from .bounds import int_max, shift_count_syms
 from .irutil import I32, I64, Loops, Val, call_function, component, const_of, convert, \
-    int_expr_op, parts_of, round_result, storage_type, to_compute
+    drop_unused_arguments, int_expr_op, parts_of, round_result, storage_type, to_compute
 from .memory import Memory
 
 __all__ = ["Ctx", "Emitter", "NotRowSchedulable", "acc_dtype", "ZERO"]
@@ -136,8 +136,15 @@ class Emitter(Memory):
         return j
 
     def finish(self) -> None:
+        """Close the function and remove the buffer parameters its body never uses
+        (:func:`~.irutil.drop_unused_arguments`); :attr:`buffers` keeps the others, in
+        parameter order, which the summary's launch arguments follow."""
         self.entry.branch(self.body)
         self.b.ret_void()
+        dropped = drop_unused_arguments(self.fn, [a for a, _ in self.buffers.values()])
+        if dropped:
+            gone = {id(a) for a in dropped}
+            self.buffers = {n: v for n, v in self.buffers.items() if id(v[0]) not in gone}
 
     # ---- integer expressions over dims (emitted once, in the entry block) ---------------------
     def expr(self, e: Expr) -> ir.Value:

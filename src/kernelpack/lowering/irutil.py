@@ -19,7 +19,7 @@ from ..errors import CompileError
 
 __all__ = ["I1", "I8", "I32", "I64", "F32", "F64", "Val", "compute_type", "storage_type",
            "component", "const_of", "convert", "to_compute", "to_storage", "Loops", "sreg",
-           "int_expr_op", "round_result", "parts_of"]
+           "int_expr_op", "round_result", "parts_of", "drop_unused_arguments"]
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 I16, F16, F32, F64 = ir.IntType(16), ir.HalfType(), ir.FloatType(), ir.DoubleType()
@@ -272,6 +272,30 @@ def call_function(b: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]
     fn = module.globals.get(name) or ir.Function(
         module, ir.FunctionType(ret, [a.type for a in args]), name)
     return b.call(fn, args)
+
+
+def drop_unused_arguments(fn: ir.Function, droppable: list[ir.Argument]
+                          ) -> list[ir.Argument]:
+    """Remove from ``fn`` (its body emitted) each argument of ``droppable`` that no instruction
+    uses; the removed ones, in order. The kernels are emitted with every tensor the program
+    has, because which ones a kernel reads is known only once its body is written; passing
+    it only those lets the summary say what each kernel reads and stores (the runtime's
+    in-place rule, runtime/in_place.py, reads that from the launches' buffer arguments). A
+    use this scan missed would leave the IR naming an undefined value, which LLVM's parser
+    refuses: it cannot go unnoticed."""
+    used: set[int] = set()
+    for block in fn.blocks:
+        for instr in block.instructions:
+            used.update(id(v) for v in instr.operands)
+            used.update(id(v) for v, _ in getattr(instr, "incomings", ()))  # phi
+            used.update(id(v) for v, _ in getattr(instr, "cases", ()))      # switch
+    dropped = [a for a in droppable if id(a) not in used]
+    if dropped:
+        gone = {id(a) for a in dropped}
+        fn.args = tuple(a for a in fn.args if id(a) not in gone)
+        fn.ftype = ir.FunctionType(fn.ftype.return_type, [a.type for a in fn.args])
+        fn.type = fn.ftype.as_pointer()  # metadata names the function by its typed pointer
+    return dropped
 
 
 def sreg(b: ir.IRBuilder, module: ir.Module, name: str) -> ir.Value:

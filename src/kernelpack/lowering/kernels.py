@@ -32,7 +32,9 @@ def signature(graph: Graph, spec: KernelSpec, scratch: dict[str, DType]
               ) -> tuple[list[tuple[str, DType]], list[tuple[str, DType]]]:
     """(buffers, scalars) of a kernel, in parameter order: its outputs (or workspace), the
     workspaces it reads, every input tensor, every materialized reduction's workspace, every
-    scalar. Dims (i64) follow them."""
+    scalar. Dims (i64) follow them. The kernel is emitted with all of these; the buffers its
+    body never uses are then dropped (:meth:`.codegen.Emitter.finish`), and the summary's
+    launch passes the rest (``Build.kernel_buffers``)."""
     buffers: list[tuple[str, DType]] = []
     for name, nid in spec.outputs:
         buffers.append((name, scratch[name] if name in scratch else graph.nodes[nid].dtype))

@@ -44,6 +44,8 @@ class Build:
     scratch: tuple[tuple[str, DType], ...] = ()
     ir: str = ""
     kernels: tuple[str, ...] = ()
+    # each kernel's buffer parameters as emitted (those its body uses), in order
+    kernel_buffers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     libdevice: bool = False
     ptx: bytes = b""
     images: tuple[Image, ...] = ()
@@ -192,10 +194,11 @@ def llvm_ir(b: Build) -> Build:
     assert graph is not None
     module = _module(graph.name)
     names: list[str] = []
+    buffers: dict[str, tuple[str, ...]] = {}
     uses_libdevice = False
     for i, st in enumerate(b.stages):
         try:
-            uses_libdevice |= _emit_stage(module, b, st, names)
+            uses_libdevice |= _emit_stage(module, b, st, names, buffers=buffers)
         except NotRowSchedulable as exc:
             keys = [later.outputs[0] for later in b.stages[i:]]
             return llvm_ir(_settle(b, keys, exc.node, exc.kernel))
@@ -203,7 +206,8 @@ def llvm_ir(b: Build) -> Build:
                               [ir.Constant(ir.IntType(32), 4),
                                ir.MetaDataString(module, "nvvm-reflect-ftz"),
                                ir.Constant(ir.IntType(32), 0)])
-    return dataclasses.replace(b, ir=str(module), kernels=tuple(names), libdevice=uses_libdevice)
+    return dataclasses.replace(b, ir=str(module), kernels=tuple(names),
+                               kernel_buffers=tuple(buffers.items()), libdevice=uses_libdevice)
 
 
 def _module(name: str) -> Any:
@@ -219,11 +223,12 @@ def _module(name: str) -> Any:
 
 
 def _emit_stage(module: Any, b: Build, stage: Stage, names: list[str],
-                first: str | None = None) -> bool:
-    """Emit the kernels of ``stage`` not in ``names`` into ``module`` (their names appended),
-    the one named ``first`` (when the stage has it) before the others; whether one calls
-    libdevice. Raises the codegen's NotRowSchedulable, its ``kernel`` set to the kernel that
-    raised it."""
+                first: str | None = None, buffers: dict[str, tuple[str, ...]] | None = None
+                ) -> bool:
+    """Emit the kernels of ``stage`` not in ``names`` into ``module`` (their names appended,
+    their buffer parameters put in ``buffers``), the one named ``first`` (when the stage has
+    it) before the others; whether one calls libdevice. Raises the codegen's
+    NotRowSchedulable, its ``kernel`` set to the kernel that raised it."""
     from .codegen import NotRowSchedulable
     from .kernels import emit
 
@@ -241,6 +246,8 @@ def _emit_stage(module: Any, b: Build, stage: Stage, names: list[str],
             exc.kernel = spec.name
             raise
         names.append(spec.name)
+        if buffers is not None:
+            buffers[spec.name] = tuple(em.buffers)
         uses_libdevice |= em.uses_libdevice
     return uses_libdevice
 
@@ -329,6 +336,7 @@ def summarize(b: Build) -> Build:
     scratch = dict(b.scratch)
     from .kernels import signature
 
+    emitted = dict(b.kernel_buffers)  # a build stopped before llvm_ir: every buffer
     out_variants = []
     for pred, chosen in variants(list(b.stages)):
         launches: list[Launch] = []
@@ -337,6 +345,9 @@ def summarize(b: Build) -> Build:
             ws.extend(alt.scratch)
             for spec in alt.kernels:
                 bufs, scalars = signature(graph, spec, scratch)
+                kept = emitted.get(spec.name)
+                if kept is not None:
+                    bufs = [(n, dt) for n, dt in bufs if n in kept]
                 args = [Arg.buffer(n) for n, _ in bufs] + [Arg.scalar(n) for n, _ in scalars] \
                     + [Arg.of(sym(s), int64) for s in syms]
                 launches.append(Launch(spec.name, graph.name, (spec.grid,), (spec.block,),
