@@ -28,9 +28,14 @@ def s37_rowsum_and_double(x: T[kp.f32, "n", "m"]):
     return x.sum(1), x * 2
 
 
+@kp.fusion
+def s38_double_and_other_sum(x: T[kp.f32, "n"], y: T[kp.f32, "n"]):
+    return x * 2, y.sum()
+
+
 @pytest.fixture(scope="module")
 def pack():
-    fusions = (s37_double_and_colsum, s37_rowsum_and_double)
+    fusions = (s37_double_and_colsum, s37_rowsum_and_double, s38_double_and_other_sum)
     return kp.load(kp.save([kp.compile(f, targets=targets(_NO_GPU)) for f in fusions]))
 
 
@@ -66,3 +71,27 @@ def test_in_place_stored_by_the_last_kernel_runs(pack, n, m):
     assert prog(x, out=(s, x))[1] is x
     check(host(x), 2 * xh.astype(np.float64), 1e-6, f"x * 2 in place ({n}, {m})")
     check(host(s), xh.astype(np.float64).sum(1), 1e-5, f"x.sum(1) ({n}, {m})")
+
+
+@on_gpu
+@pytest.mark.parametrize("n", [5, 70000, 3000001])
+def test_in_place_beside_kernels_that_never_read_the_input_runs(pack, n):
+    """Session 38: each kernel takes only the arrays its code uses, so the sum's kernels are
+    not given ``x`` and ``out=(x, s)`` is in-place use of the pointwise kernel alone (refused
+    before, when every kernel took every input). Called three times: the first call plans on
+    the general path, the later ones take the fast path."""
+    prog = pack["s38_double_and_other_sum"]
+    assert all("x" not in [a.name for a in launch.args if a.kind == "buffer"]
+               for launch in prog.summary.variants[0].launches if "out1" in
+               [a.name for a in launch.args])
+    rng = np.random.default_rng(n)
+    xh = rng.standard_normal(n).astype(np.float32)
+    yh = rng.standard_normal(n).astype(np.float32)
+    x, y, s = cuda(xh), cuda(yh), torch.empty((), device="cuda")
+    want = xh.astype(np.float64)
+    for call in range(3):
+        got = prog(x, y, out=(x, s))
+        assert got[0] is x and got[1] is s
+        want = 2 * want
+        check(host(x), want, 1e-6, f"x * 2 in place, call {call} (n={n})")
+        check(host(s), np.array(yh.astype(np.float64).sum()), 1e-5, f"y.sum() (n={n})")
