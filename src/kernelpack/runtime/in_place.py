@@ -3,8 +3,10 @@
 An ``out=`` array (or an ``inout`` argument) that is the very same memory as a read-only input
 (same start, same size) is in-place use. It is right when each thread reads the input elements
 it needs before it stores over them, and no other thread or later kernel reads them after.
-What a kernel does inside is not in the summary. Three cases are, and each makes the right
-answer depend on the order of the device's stores and loads:
+What a kernel does inside is not in the summary; which arrays it takes is (a launch's buffer
+arguments: a compiled fusion's kernels take only those their code loads or stores, since
+session 38). Three cases are, and each makes the right answer depend on the order of the
+device's stores and loads:
 
 - **a later launch reads the input** after an earlier one stored to the written array (or the
   same launch repeats). ``x * 2, x.sum(0)`` compiles to a pointwise kernel, then a column

@@ -37,9 +37,22 @@ from .values import Param
 # from "64", any output (bools and integers too) hangs on such a tie and is skipped as
 # ill-conditioned (GPU fuzz, elsewhere mode, seed 358: the kernel's row sum was the exact -3.0
 # where NumPy's was -2.999999999999986, and an element -3.0 compared equal to it).
+#
+# "r+" and "r-" are "r" with each sum moved up (down) by the most any order of additions can
+# err, (count - 1) u / (1 - (count - 1) u) times the sum of the magnitudes (u = 2^-53; a mean
+# is that sum divided by the count), then rounded once. An output that moves under either hangs
+# on how its sums round even without an exact tie: a sum that cancels to about 1e-17 (one
+# decimal's values in a row summing to nearly 0) has its sign decided by the order of
+# additions, and a comparison of 0.0 with it (session 38, elsewhere seeds 826, 904, 943) or a
+# floor of it follows that sign. "r0" is "r" with every sum whose bound reaches 0 made exactly
+# 0.0, which some order of additions gives (0.1 + 0.2 - 0.3 is not 0 in that order, but is
+# in another): an equality with 0 (seed 943) then holds.
 MODES = {
     "64": NP_MODEL,
     "r": NP_MODEL,
+    "r+": NP_MODEL,
+    "r-": NP_MODEL,
+    "r0": NP_MODEL,
     "32": dict(NP_MODEL, float16=np.float32, float32=np.float32, complex64=np.complex64),
     "ld": dict(NP_MODEL, float16=np.longdouble, float32=np.longdouble, float64=np.longdouble,
                complex64=np.clongdouble, complex128=np.clongdouble),
@@ -57,7 +70,11 @@ HALF_MODES = {
     "ld": dict(MODES["ld"], **_HALF32),
     "x": dict(MODES["64"], float16=np.float64, bfloat16=np.float64),
     "r": dict(MODES["64"], **_HALF32),
+    "r+": dict(MODES["64"], **_HALF32),
+    "r-": dict(MODES["64"], **_HALF32),
+    "r0": dict(MODES["64"], **_HALF32),
 }
+SUM_MODES = ("r", "r+", "r-", "r0")  # the modes whose floating sums are rounded from exact ones
 _UNROUNDED = {"x"}
 
 
@@ -71,7 +88,9 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
     mode's set with ``halves``)."""
     types = modes_of(halves)[mode]
     rounds = halves and mode not in _UNROUNDED
-    exact_sums = mode == "r"
+    exact_sums = mode in SUM_MODES
+    nudge = {"r+": 1.0, "r-": -1.0}.get(mode, 0.0)
+    zeroes = mode == "r0"
 
     def _model(v: Any, name: str) -> np.ndarray:
         """``v`` as the reference's array of the DSL dtype ``name``."""
@@ -132,7 +151,9 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
 
     def _exact_sum(w: np.ndarray, axis: Any, keepdims: bool, mean: bool) -> np.ndarray:
         """The sum (or mean) of ``w`` over ``axis``, each rounded once from its exact value
-        (mode "r"); non-finite values give NumPy's own answer."""
+        (mode "r"), or from it moved by the error bound of any order of additions (modes
+        "r+", "r-"), or 0 where that bound reaches it (mode "r0"); non-finite values give
+        NumPy's own answer."""
         axes = tuple(range(w.ndim)) if axis is None else tuple(
             a % w.ndim for a in (axis if isinstance(axis, tuple) else (axis,)))
         kept = [a for a in range(w.ndim) if a not in axes]
@@ -141,9 +162,19 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
         n_out = math.prod(w.shape[a] for a in kept)
         flat = rows.reshape(n_out, count)
         sums = np.empty(n_out, w.dtype)
+        k = (count - 1) * 2.0 ** -53
+        gamma = k / (1 - k) if k < 0.5 else math.inf
         for i in range(n_out):
             row = flat[i]
-            sums[i] = math.fsum(row.tolist()) if np.isfinite(row).all() else np.sum(row)
+            if not np.isfinite(row).all():
+                sums[i] = np.sum(row)
+                continue
+            terms = row.tolist()
+            bound = gamma * math.fsum(abs(t) for t in terms) if count > 1 else 0.0
+            if nudge:
+                terms.append(nudge * bound)
+            total = math.fsum(terms)
+            sums[i] = 0.0 if zeroes and abs(total) <= bound else total
         if mean:
             with np.errstate(invalid="ignore", divide="ignore"):
                 sums = sums / w.dtype.type(count) if count else np.full(n_out, np.nan, w.dtype)
