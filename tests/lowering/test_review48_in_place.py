@@ -50,8 +50,9 @@ Since session 38 a kernel takes only the buffers its code uses (tests/lowering/
 test_kernel_buffers.py): over fusion_gen seeds 0..199 at emulator sizes (multi-output
 programs included, both orders) the runtime allows 282 pairs (191 of them in programs of
 several outputs) and refuses 315, where it allowed 163 (72) and refused 434; none of either
-gave other bits than separate buffers. Still too strict: a row sum to float64 over float32 pairs (``x.astype(kp.f64).sum(-1)`` for ``x`` of shape
-``(n, 2)``) is right in place but refused for its element sizes. Of the pairs refused for
+gave other bits than separate buffers. Still too strict: a row sum to float64 over float32
+pairs (``x.astype(kp.f64).sum(-1)`` for ``x`` of shape ``(n, 2)``) is right in place but
+refused for its element sizes. Of the pairs refused for
 fusion_gen seeds 0..119 (emulator sizes, ascending order), 78 of 120 gave the separate-buffer
 bits when forced through under ``late_reads``, 192 of 244 under b53d011's rule (an upper bound
 on what a finer rule could allow: some are right only for these inputs).
