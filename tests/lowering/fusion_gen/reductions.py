@@ -2,29 +2,45 @@
 value with :meth:`.rows.RowOps.op_reduce`'s rules, its shape, and where else it can be read.
 
 ``op_reduce`` draws its own axes and call style from the generator's random stream; these take
-the axes as given, so the elsewhere mode can reduce exactly the axes a pattern needs. (Making
-``op_reduce`` call :func:`reduce_val` would change the order of its draws, and with it every
-default-mode program: test_fusion_gen_elsewhere.py checks the two agree instead.)
+the axes as given, so the elsewhere mode can reduce exactly the axes a pattern needs. Both take
+the result's dtype, interval and flags from :func:`reduction`, which draws nothing: op_reduce
+keeps its own draws (axes, call style) in their order, and so every default-mode program.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from kernelpack.dtypes import DType
 
 from .dtypes import C64, F32, F64, I32, I64, IMAX, INF, ISAFE
 from .values import Val, powb
 
-__all__ = ["reduce_val", "reduced_shape", "relocations"]
+__all__ = ["Reduced", "reduction", "reduce_val", "reduced_shape", "relocations"]
 
 
-def reduce_val(g: Any, a: Val, kind: str, axes: tuple[int, ...] | None, keep: bool
-               ) -> Val | None:
-    """``a.kind(axis=axes, keepdims=keep)`` emitted into generator ``g``, with
-    :meth:`.rows.RowOps.op_reduce`'s dtype, interval, flags and reference; None where
-    op_reduce declines (a sum or product that may overflow, a float max over an axis that may
-    be empty). ``axes``: sorted indices into ``a``'s dims; None: all."""
+@dataclass(frozen=True)
+class Reduced:
+    """What a reduction's result is: dtype, value interval and the generator's flags."""
+
+    dt: DType
+    lo: float
+    hi: float
+    r32: bool
+    amin: float
+    fuzz: float
+    nan: bool
+
+
+def reduction(g: Any, a: Val, kind: str, axes: Sequence[int] | None) -> Reduced | None:
+    """``a.kind`` over ``axes`` (indices into ``a``'s dims; None: all) in generator ``g``: its
+    dtype, interval and flags; None where the mode declines it (a sum or product that may
+    overflow, a float one past 1e8, a half value out of range). Draws nothing from ``g``'s
+    random stream, so :meth:`.rows.RowOps.op_reduce` and :func:`reduce_val` share it without
+    changing any program."""
     r = a.rank
     n, empty = 1, False
     for i in (axes if axes is not None else range(r)):
@@ -64,7 +80,22 @@ def reduce_val(g: Any, a: Val, kind: str, axes: tuple[int, ...] | None, keep: bo
         return None
     if n and not g.half_ok(dt, lo, hi):
         return None
+    # half sums, means and products: accumulated wider (float32 partials in some schedules,
+    # float64 in others) and rounded once: the order is not modelled
     fuzz = g.fuzz_of(dt) if kind in ("sum", "mean", "prod") else 0.0
+    nan = a.nan or (kind == "mean" and empty) and dt.kind in "fc"
+    return Reduced(dt, lo, hi, r32, amin, fuzz, nan)
+
+
+def reduce_val(g: Any, a: Val, kind: str, axes: tuple[int, ...] | None, keep: bool
+               ) -> Val | None:
+    """``a.kind(axis=axes, keepdims=keep)`` emitted into generator ``g`` (:func:`reduction`'s
+    dtype, interval and flags, op_reduce's reference); None where :func:`reduction` declines.
+    ``axes``: sorted indices into ``a``'s dims; None: all."""
+    red = reduction(g, a, kind, axes)
+    if red is None:
+        return None
+    r = a.rank
     ax_src = repr(axes[0] - (r if g.chance(0.3) else 0)) if axes is not None and len(
         axes) == 1 else repr(None if axes is None else tuple(axes))
     if (axes is None or len(axes) == r) and not keep and g.chance(0.4):
@@ -75,9 +106,9 @@ def reduce_val(g: Any, a: Val, kind: str, axes: tuple[int, ...] | None, keep: bo
         call = f"{a.name}.{kind}(axis={ax_src}, keepdims={keep})"
     ref_axis = "None" if axes is None else repr(tuple(axes))
     pos, ones = reduced_shape(a, axes, keep)
-    return g.emit(call, f"_red({kind!r}, {a.name}, {ref_axis}, {keep}, {dt.name!r})", dt, pos,
-                  ones, lo=lo, hi=hi, r32=r32, amin=amin, fuzz=fuzz,
-                  nan=a.nan or (kind == "mean" and empty) and dt.kind in "fc")
+    return g.emit(call, f"_red({kind!r}, {a.name}, {ref_axis}, {keep}, {red.dt.name!r})",
+                  red.dt, pos, ones, lo=red.lo, hi=red.hi, r32=red.r32, amin=red.amin,
+                  fuzz=red.fuzz, nan=red.nan)
 
 
 def reduced_shape(a: Val, axes: Sequence[int] | None, keep: bool

@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from .dtypes import C64, F32, F64, HALVES, I32, I64, IMAX, INF, ISAFE
+from .dtypes import F32, F64, HALVES
+from .reductions import reduced_shape, reduction
 from .shapes import ShapeOps
-from .values import Val, powb
+from .values import Val
 
 
 class RowOps(ShapeOps):
@@ -34,56 +35,9 @@ class RowOps(ShapeOps):
             else:
                 axes = tuple(sorted(self.rng.choice(r, size=k, replace=False).tolist()))
         full = axes is None or len(axes) == r
-        n = 1
-        empty = False
-        for i in (axes if axes is not None else range(r)):
-            p = a.pos[i]
-            n *= 1 if a.ones[i] else self.extent[p]
-            empty = empty or (not a.ones[i] and self.empty[p])
-        # value intervals
-        lo, hi, r32, amin = a.lo, a.hi, a.r32, 0.0
-        dt = a.dt
-        if kind in ("sum", "prod") and dt.kind == "b" or kind in ("sum", "prod") and dt == I32:
-            dt = I64
-        if kind == "mean" and dt.kind in "bi":
-            dt = F64
-        m = max(abs(lo), abs(hi))
-        if kind == "sum":
-            lo, hi = (min(0.0, lo * n), max(0.0, hi * n)) if dt.kind != "c" else (-m * n, m * n)
-            r32 = r32 or dt in (F32, C64)
-        elif kind == "mean":
-            r32 = r32 or dt in (F32, C64)
-            if dt.kind == "c":
-                lo, hi = -m, m
-        elif kind == "prod":
-            if dt.kind == "c":
-                if m * math.sqrt(2) > 1.25 or n > 64:
-                    return None
-                lo, hi = -2.0, 2.0
-            elif dt.kind == "f":
-                if m > 1.6 or powb(m, n) > 1e12 and m > 1:
-                    return None
-                big = powb(max(m, 1.0), n)
-                lo, hi = (-big if lo < 0 else 0.0), big
-                if a.amin > 0:
-                    amin = powb(a.amin, n)
-            else:
-                big = powb(m, n) if m else 0.0
-                lo, hi = (-big if lo < 0 else 0.0, big)
-            r32 = r32 or dt in (F32, C64)
-        elif empty:  # max/min over an axis that may be empty: the identity
-            lo, hi = (-INF, INF)
-            if dt.kind == "i":
-                lo, hi = -IMAX[dt.name] - 1, IMAX[dt.name]
-        if dt.kind == "i" and not (-ISAFE[dt.name] <= lo and hi <= ISAFE[dt.name]):
-            lo, hi = -IMAX[dt.name] - 1, IMAX[dt.name]
-        if dt.kind == "f" and n and not (abs(lo) < 1e8 and abs(hi) < 1e8):
+        red = reduction(self, a, kind, axes)  # draws nothing: the draws below keep their order
+        if red is None:
             return None
-        if n and not self.half_ok(dt, lo, hi):
-            return None
-        # half sums, means and products: accumulated wider (float32 partials in some
-        # schedules, float64 in others) and rounded once: the order is not modelled
-        fuzz = self.fuzz_of(dt) if kind in ("sum", "mean", "prod") else 0.0
         keep = self.chance(0.5)
         style = self.chance(0.5)
         if axes is None:
@@ -100,15 +54,10 @@ class RowOps(ShapeOps):
         else:
             call_kp = f"{a.name}.{kind}(axis={ax_src}, keepdims={keep})"
         ref_axis = "None" if axes is None else repr(axes)
-        call_np = f"_red({kind!r}, {a.name}, {ref_axis}, {keep}, {dt.name!r})"
-        red = set(axes if axes is not None else range(r))
-        if keep:
-            pos, ones = a.pos, tuple(True if i in red else o for i, o in enumerate(a.ones))
-        else:
-            pos = tuple(p for i, p in enumerate(a.pos) if i not in red)
-            ones = tuple(o for i, o in enumerate(a.ones) if i not in red)
-        return self.emit(call_kp, call_np, dt, pos, ones, lo=lo, hi=hi, r32=r32, amin=amin,
-                         nan=a.nan or (kind == "mean" and empty) and dt.kind in "fc", fuzz=fuzz)
+        call_np = f"_red({kind!r}, {a.name}, {ref_axis}, {keep}, {red.dt.name!r})"
+        pos, ones = reduced_shape(a, axes, keep)
+        return self.emit(call_kp, call_np, red.dt, pos, ones, lo=red.lo, hi=red.hi, r32=red.r32,
+                         amin=red.amin, nan=red.nan, fuzz=red.fuzz)
 
     def op_pattern(self) -> Val | None:
         """Row patterns over any axis: softmax, log-sum-exp, layernorm, share of a sum."""
