@@ -83,6 +83,34 @@ def test_get_and_put_cover_both_tiers(tmp_path: Path, signing_keys: tuple[Path, 
         a.get("not-a-key")
 
 
+def test_put_reads_the_artifact_once_when_it_re_signs(tmp_path: Path,
+                                                     signing_keys: tuple[Path, Path],
+                                                     axpy_cubin: bytes,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``put`` verifies the data and re-signs the pack it verified: one ``kp.load`` of it, not
+    a second one for ``resign`` (session 38). The stored entry is the re-signed artifact."""
+    import kernelpack.loader as loader
+
+    private, public = signing_keys
+    data = kp.save(from_cubin("k5", axpy_cubin))
+    cache = Cache(tmp_path, remote=False, sign_with=str(private))
+    loads: list[int] = []
+    real = loader.load
+
+    def counted(*args, **kwargs):
+        loads.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loader, "load", counted)
+    cache.put(key_for(5), data)
+    assert len(loads) == 1
+    monkeypatch.undo()
+    stored = cache.get(key_for(5))
+    assert stored != data
+    assert kp.load(stored, trusted_keys=[str(public)]).signature is not None
+    assert kp.load(stored).compiled("k5") == kp.load(data).compiled("k5")
+
+
 def test_get_quarantines_a_corrupt_entry(tmp_path: Path, axpy_cubin: bytes) -> None:
     cache = Cache(tmp_path, remote=False)
     cache.put(key_for(4), kp.save(from_cubin("k4", axpy_cubin)))

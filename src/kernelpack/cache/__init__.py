@@ -222,10 +222,8 @@ class Cache:
         return self._trusted
 
     @staticmethod
-    def _decode(data: bytes, trusted_keys: list[bytes] | None, origin: str,
-                signer: list | None = None) -> Compiled:
-        """The entry's one program; ``signer`` (a list) gets the public key (hex) that signed
-        the entry, or None for an unsigned one."""
+    def _open(data: bytes, trusted_keys: list[bytes] | None) -> tuple[Any, str]:
+        """The entry loaded (verified) and the name of its one program."""
         from ..loader import load
 
         pack = load(bytes(data), trusted_keys=trusted_keys)
@@ -233,9 +231,17 @@ class Cache:
         if len(names) != 1:
             raise KernelPackError(f"a cache entry must hold exactly 1 program (holds "
                                   f"{len(names)}: {names[:5]})")
+        return pack, names[0]
+
+    @staticmethod
+    def _decode(data: bytes, trusted_keys: list[bytes] | None, origin: str,
+                signer: list | None = None) -> Compiled:
+        """The entry's one program; ``signer`` (a list) gets the public key (hex) that signed
+        the entry, or None for an unsigned one."""
+        pack, name = Cache._open(data, trusted_keys)
         if signer is not None:
             signer.append(pack.signature.public_key if pack.signature is not None else None)
-        return pack.compiled(names[0], origin=origin)
+        return pack.compiled(name, origin=origin)
 
     def _encode(self, compiled: Compiled) -> bytes:
         from ..serializer import save
@@ -292,22 +298,23 @@ class Cache:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data must be artifact bytes (got {type(data).__name__})")
         data = bytes(data)
-        signer: list = []
         try:
-            program = self._decode(data, None, "disk", signer).name
+            pack, program = self._open(data, None)
+            pack.compiled(program, origin="disk")  # its summary decodes: garbage stops here
         except KernelPackError as exc:
             raise ValueError(f"data is not a single-program kernelpack artifact "
                              f"({type(exc).__name__}: {exc})") from None
         if self.sign_with is not None:
             from ..signing import public_key_bytes
 
-            if signer[0] != public_key_bytes(self.sign_with).hex():
+            signer = pack.signature.public_key if pack.signature is not None else None
+            if signer != public_key_bytes(self.sign_with).hex():
                 # signed as the cache signs what it compiles: readers of the remote take an
-                # artifact only with a trusted signature of its own (not only the envelope's)
-                from ..loader import load
+                # artifact only with a trusted signature of its own (not only the envelope's);
+                # the pack verified above is re-signed, not loaded again
                 from ..serializer import resign
 
-                data = resign(load(data), self.sign_with)
+                data = resign(pack, self.sign_with)
         self._put_disk(key, data, program=program)
         if self.remote is not None:
             self._remote_tier.put(key, data)
