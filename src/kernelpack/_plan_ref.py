@@ -100,7 +100,6 @@ class ReferencePlanner:
         self._deferred = deferred
         # (filled in as the fields below are made; read per call, so complete by then)
         self._readers = readers
-        self._symbol_scalars = tuple(i for i, sc in enumerate(self._scalars) if sc[1] >= 0)
         self._computed = [(p.name, field(p.value, f"scalar {p.name}"), dtype_range(p.dtype))
                           for p in s.params if isinstance(p, Scalar) and p.value is not None]
         self._constraints = [(field(c.predicate, "constraint"), c) for c in s.constraints]
