@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=fn, usage_parser=p)
         return p
 
-    p = add("inspect", cmd_inspect, "show programs, launches and images of an artifact")
+    p = add("inspect", cmd_inspect, "show programs, launches and images of an artifact (and "
+                                    "which out=/inout arrays may not be an input's memory)")
     p.add_argument("file", help="a .kpack artifact")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--device", type=_arch, metavar="sm_XY",

@@ -13,8 +13,8 @@ from .expr import Expr
 from .expr_text import whole_text
 from .summary import Arg, KernelSummary, Launch, Scalar, Tensor
 
-__all__ = ["ExprText", "summary_facts", "unprinted_changes", "launch_facts", "arg_text",
-           "image_facts", "module_facts", "pack_facts", "plan_facts", "selection_facts",
+__all__ = ["ExprText", "summary_facts", "in_place_facts", "IN_PLACE_WORK", "unprinted_changes",
+           "launch_facts", "arg_text", "image_facts", "module_facts", "pack_facts", "plan_facts", "selection_facts",
            "diff_facts", "ratio", "printable", "printable_facts"]
 
 
@@ -109,13 +109,14 @@ def summary_facts(summary: KernelSummary, text: ExprText | None = None) -> dict[
                            "role": "computed" if p.value is not None else "in",
                            "dtype": p.dtype.name, "value": x.optional(p.value)})
     variants = []
-    for v in summary.variants:
+    for i, v in enumerate(summary.variants):
         variants.append({
             "predicate": x.optional(v.predicate),
             "scratch": [{"name": s.name, "dtype": s.dtype.name,
                          "shape": [x(d) for d in s.shape], "zero_init": s.zero_init}
                         for s in v.scratch],
             "launches": [launch_facts(launch, x) for launch in v.launches],
+            "in_place_refused": in_place_facts(summary, i),
         })
     return {
         "name": summary.name,
@@ -126,6 +127,27 @@ def summary_facts(summary: KernelSummary, text: ExprText | None = None) -> dict[
         "outputs": [p.name for p in summary.outputs],
         "variants": variants,
     }
+
+
+# How many (written, read) name pairs times launches ``in_place_facts`` looks at, at most: the
+# limits let a hostile file ask for ~64 variants x 4096 launches x 128 x 128 pairs
+IN_PLACE_WORK = 2_000_000
+
+
+def in_place_facts(summary: KernelSummary, variant: int) -> list[dict[str, str]] | None:
+    """The output (or ``inout``) and input pairs of ``variant`` that a call may not pass as
+    the very same memory, each with why (the runtime's rule: runtime/in_place.py), in name
+    order; None where the program is too large to work out (see :data:`IN_PLACE_WORK`)."""
+    from .runtime.in_place import refused_in_variant
+
+    tensors = [p for p in summary.params if isinstance(p, Tensor)]
+    written = sum(1 for t in tensors if t.role != "in")
+    read = sum(1 for t in tensors if t.role != "out")
+    launches = summary.variants[variant].launches
+    if written * read * max(len(launches), 1) > IN_PLACE_WORK:
+        return None
+    refused = refused_in_variant(summary, variant)
+    return [{"output": w, "input": r, "why": why} for (w, r), why in sorted(refused.items())]
 
 
 def ratio(stored: int, raw: int) -> float | None:
@@ -381,7 +403,7 @@ def _dict_changes(a: Any, b: Any, path: str) -> Iterable[str]:
 
 def _short(value: Any) -> str:
     """A record in a few words: ``<x>`` for a parameter, ``<axpy>`` for a launch, ``<variant
-    when m <= 1024: rowsum>``, ``<constraint n >= 1>``."""
+    when m <= 1024: rowsum>``, ``<constraint n >= 1>``, ``<in place out0 over x>``."""
     if isinstance(value, dict) and ("name" in value or "kernel" in value):
         return f"<{value.get('name') or value.get('kernel')}>"
     if isinstance(value, dict) and "launches" in value:
@@ -391,6 +413,8 @@ def _short(value: Any) -> str:
         return f"<constraint {value['predicate']}>"
     if isinstance(value, dict) and "text" in value:
         return f"<{value.get('kind')} {value['text']}>"
+    if isinstance(value, dict) and "output" in value and "input" in value:
+        return f"<in place {value['output']} over {value['input']}>"
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
         return "[" + ", ".join(_short(v) for v in value) + "]"
     return str(value) if isinstance(value, str) else repr(value)

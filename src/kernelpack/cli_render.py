@@ -138,6 +138,24 @@ def _render_program(con: Console, prog: dict[str, Any]) -> None:
                  _dim3(launch["block"]), launch["shared_mem"], repeat,
                  ", ".join(a["text"] for a in launch["args"]))
         con.print(table)
+        _render_in_place(con, variant.get("in_place_refused"))
+
+
+# in-place refusals shown per variant; the rest are counted (--json lists every one)
+IN_PLACE_LINES = 8
+
+
+def _render_in_place(con: Console, refused: list[dict[str, str]] | None) -> None:
+    """What ``out=`` (or an ``inout`` argument) may not share with an input, and why."""
+    if refused is None:
+        _line(con, "  in place: not worked out (too many arrays and launches to look at)")
+        return
+    for r in refused[:IN_PLACE_LINES]:
+        _line(con, "  in place: ", (f"{r['output']} over {r['input']}", "bold"),
+              f" refused: {r['why']}")
+    if len(refused) > IN_PLACE_LINES:
+        _line(con, f"  in place: {len(refused) - IN_PLACE_LINES} more pairs refused "
+                   f"(--json lists them)")
 
 
 def _render_module(con: Console, module: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ from ..dtypes import DType
 from ..summary import KernelSummary, Scalar, Tensor
 # at import, not inside a program's first call with inout or out= arguments (about 80 µs of a
 # fresh process's time to first result for a module this small)
-from .in_place import refused_pairs
+from .in_place import refused_in_variant
 
 __all__ = ["BoundSummary", "InputSpec", "AllocSpec", "LaunchSpec", "VariantSpec", "STRUCT_CODES",
            "ARG_BUFFER", "ARG_SCALAR", "ARG_VALUE", "scalar_range", "fills_of"]
@@ -243,11 +243,7 @@ class BoundSummary:
         ``inout`` arguments, or by the fast paths when they plan a shape."""
         refused = self._refused.get(variant)
         if refused is None:
-            written = {o.name: o.dtype.itemsize for o in self.outputs}
-            written.update((s.name, s.dtype.itemsize) for s in self.inputs if s.written)
-            refused = self._refused[variant] = refused_pairs(
-                self.summary.variants[variant].launches, written,
-                {s.name: s.dtype.itemsize for s in self.inputs if s.is_tensor})
+            refused = self._refused[variant] = refused_in_variant(self.summary, variant)
         return refused
 
     def _launch(self, li: int, launch: Any, buffers: dict[str, int], scalars: dict[str, int],

@@ -33,7 +33,19 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["refused_pairs"]
+from ..summary import KernelSummary, Tensor
+
+__all__ = ["refused_pairs", "refused_in_variant"]
+
+
+def refused_in_variant(summary: KernelSummary, variant: int) -> dict[tuple[str, str], str]:
+    """:func:`refused_pairs` of variant ``variant`` (an index) of a ``KernelSummary``: its
+    outputs and ``inout`` tensors against its tensor inputs. What the runtime refuses
+    (``BoundSummary.in_place_refused``) and what ``kernelpack inspect`` lists."""
+    tensors = [p for p in summary.params if isinstance(p, Tensor)]
+    return refused_pairs(summary.variants[variant].launches,
+                         {t.name: t.dtype.itemsize for t in tensors if t.role != "in"},
+                         {t.name: t.dtype.itemsize for t in tensors if t.role != "out"})
 
 
 def refused_pairs(launches: Iterable[Any], written: dict[str, int], read: dict[str, int]
