@@ -14,8 +14,8 @@ from .expr_text import whole_text
 from .summary import Arg, KernelSummary, Launch, Scalar, Tensor
 
 __all__ = ["ExprText", "summary_facts", "in_place_facts", "IN_PLACE_WORK", "unprinted_changes",
-           "launch_facts", "arg_text", "image_facts", "module_facts", "pack_facts", "plan_facts", "selection_facts",
-           "diff_facts", "ratio", "printable", "printable_facts"]
+           "launch_facts", "arg_text", "image_facts", "module_facts", "pack_facts", "plan_facts",
+           "selection_facts", "diff_facts", "ratio", "printable", "printable_facts"]
 
 
 def printable(text: str) -> str:
