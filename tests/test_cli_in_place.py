@@ -74,6 +74,11 @@ def test_too_large_a_program_is_not_worked_out(monkeypatch: pytest.MonkeyPatch) 
     assert cli_facts.in_place_facts(summary, 1) is None  # 3 launches
     monkeypatch.setattr(cli_facts, "IN_PLACE_WORK", 3 * 2 * 2)
     assert cli_facts.in_place_facts(summary, 0) is not None
+    # one budget for the whole artifact: the first variant uses it up, the second gets None
+    monkeypatch.setattr(cli_facts, "IN_PLACE_WORK", 3 * 2 * 2 + 3 * 2 * 3 - 1)
+    first, second = (v["in_place_refused"]
+                     for v in cli_facts.summary_facts(summary)["variants"])
+    assert first is not None and second is None
 
 
 def _rendered(summary: KernelSummary) -> str:

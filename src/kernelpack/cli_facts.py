@@ -47,6 +47,12 @@ def printable_facts(value: Any) -> Any:
     return value
 
 
+# How many (written, read) tensor pairs times launches ``in_place_facts`` looks at for one
+# artifact, at most (about 0.3 s): the limits let a hostile file ask for 64 variants x 4096
+# launches x 128 x 128 pairs in each of its programs
+IN_PLACE_WORK = 2_000_000
+
+
 class ExprText:
     """Prints the expressions of one ``inspect``/``diff``: each whole up to
     :data:`WHOLE_NODES` nodes (a machine reading ``--json``, or ``diff``, must see all of it;
@@ -59,6 +65,7 @@ class ExprText:
 
     def __init__(self) -> None:
         self.left = self.TOTAL_NODES
+        self.in_place_left = IN_PLACE_WORK  # in_place_facts' budget, shared the same way
 
     def __call__(self, expr: Expr) -> str:
         if self.left <= 0:
@@ -116,7 +123,7 @@ def summary_facts(summary: KernelSummary, text: ExprText | None = None) -> dict[
                          "shape": [x(d) for d in s.shape], "zero_init": s.zero_init}
                         for s in v.scratch],
             "launches": [launch_facts(launch, x) for launch in v.launches],
-            "in_place_refused": in_place_facts(summary, i),
+            "in_place_refused": in_place_facts(summary, i, x),
         })
     return {
         "name": summary.name,
@@ -129,23 +136,22 @@ def summary_facts(summary: KernelSummary, text: ExprText | None = None) -> dict[
     }
 
 
-# How many (written, read) name pairs times launches ``in_place_facts`` looks at, at most: the
-# limits let a hostile file ask for ~64 variants x 4096 launches x 128 x 128 pairs
-IN_PLACE_WORK = 2_000_000
-
-
-def in_place_facts(summary: KernelSummary, variant: int) -> list[dict[str, str]] | None:
+def in_place_facts(summary: KernelSummary, variant: int, text: ExprText | None = None
+                   ) -> list[dict[str, str]] | None:
     """The output (or ``inout``) and input pairs of ``variant`` that a call may not pass as
     the very same memory, each with why (the runtime's rule: runtime/in_place.py), in name
-    order; None where the program is too large to work out (see :data:`IN_PLACE_WORK`)."""
+    order; None once the work (written x read tensors x launches, each variant) would pass
+    what is left of :data:`IN_PLACE_WORK` in ``text`` (one budget for a whole artifact)."""
     from .runtime.in_place import refused_in_variant
 
+    budget = text or ExprText()
     tensors = [p for p in summary.params if isinstance(p, Tensor)]
     written = sum(1 for t in tensors if t.role != "in")
     read = sum(1 for t in tensors if t.role != "out")
-    launches = summary.variants[variant].launches
-    if written * read * max(len(launches), 1) > IN_PLACE_WORK:
+    work = written * read * max(len(summary.variants[variant].launches), 1)
+    if work > budget.in_place_left:
         return None
+    budget.in_place_left -= work
     refused = refused_in_variant(summary, variant)
     return [{"output": w, "input": r, "why": why} for (w, r), why in sorted(refused.items())]
 
