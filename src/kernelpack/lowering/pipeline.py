@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ..dtypes import DType, int64
-from ..errors import TraceError
+from ..errors import CompileError, TraceError
 from ..expr import ge, sym
 from ..compile_entry import Options, static_dims
 from ..fusion import Fusion
@@ -345,8 +345,11 @@ def summarize(b: Build) -> Build:
             ws.extend(alt.scratch)
             for spec in alt.kernels:
                 bufs, scalars = signature(graph, spec, scratch)
-                kept = emitted.get(spec.name)
-                if kept is not None:
+                if emitted:  # the kernel as emitted: its launch must pass what it declares
+                    kept = emitted.get(spec.name)
+                    if kept is None:
+                        raise CompileError(f"fusion {graph.name}: internal error: kernel "
+                                           f"{spec.name} was not emitted")
                     bufs = [(n, dt) for n, dt in bufs if n in kept]
                 args = [Arg.buffer(n) for n, _ in bufs] + [Arg.scalar(n) for n, _ in scalars] \
                     + [Arg.of(sym(s), int64) for s in syms]
