@@ -61,25 +61,42 @@ def refused_pairs(launches: Iterable[Any], written: dict[str, int], read: dict[s
                 pairs[(w, r)] = (f"{w!r} has {wsize}-byte elements and {r!r} {rsize}-byte "
                                  f"ones, so a store to one lands on elements of the other "
                                  f"that other threads still read")
-    before: set[str] = set()  # stored to by an earlier launch
+    # Each pair is looked at once per rule, however many launches repeat it: a file may hold
+    # 4096 launches of 128 outputs and 128 inputs each, which looping over every launch's
+    # pairs took ~24 s to work out. A pair's reason is still that of the first launch where a
+    # rule holds, the later-read rule first (what a launch-by-launch loop would give).
+    stored: list[str] = []  # stored to by an earlier launch, in order of first store
+    stored_set: set[str] = set()
+    covered: dict[str, int] = {}  # read name -> how many of ``stored`` its pairs have seen
+    again: dict[str, set[str]] = {}  # written name -> reads the 2nd rule paired with it
+    done: set[tuple] = set()  # (repeated, wrote, loads) of the launches the 2nd rule saw
     for launch in launches:
         names = {a.name for a in launch.args if a.kind == "buffer"}
-        wrote = {n for n in names if n in written}
-        loads = [r for r in names if r in read]
-        for w in before:
-            for r in loads:
+        wrote = sorted(n for n in names if n in written)
+        loads = frozenset(r for r in names if r in read)
+        for r in loads:
+            first = covered.get(r, 0)
+            for w in stored[first:]:
                 if r != w:
                     pairs.setdefault((w, r), f"a later kernel of the program reads {r!r} "
                                              f"after an earlier one stored to {w!r}")
+            covered[r] = len(stored)
         repeated = launch.count is not None and not (
             launch.count.is_const and launch.count.value <= 1)
-        if repeated or len(wrote) > 1:
+        key = (repeated, tuple(wrote), loads)
+        if (repeated or len(wrote) > 1) and key not in done:
+            done.add(key)
             for w in wrote:
-                for r in loads:
+                seen = again.setdefault(w, set())
+                for r in loads - seen:
                     if r != w:
                         pairs.setdefault((w, r), (
                             f"the kernel that stores to {w!r} runs again and reads {r!r}"
                             if repeated else f"the kernel that stores to {w!r} stores "
                             f"to another array too and may read {r!r} after storing {w!r}"))
-        before |= wrote
+                seen |= loads
+        for w in wrote:
+            if w not in stored_set:
+                stored_set.add(w)
+                stored.append(w)
     return pairs
