@@ -69,16 +69,16 @@ def test_an_inout_argument_counts_as_written() -> None:
 
 def test_too_large_a_program_is_not_worked_out(monkeypatch: pytest.MonkeyPatch) -> None:
     summary = _two_kernels()
-    monkeypatch.setattr(cli_facts, "IN_PLACE_WORK", 3 * 2 * 2 - 1)  # 3 written x 2 read x 2
+    first, second = 2 * (3 + 2) + 3 * 2, 3 * (3 + 2) + 3 * 2  # launches x (3 + 2) + pairs
+    monkeypatch.setattr(cli_facts, "IN_PLACE_WORK", first - 1)
     assert cli_facts.in_place_facts(summary, 0) is None
     assert cli_facts.in_place_facts(summary, 1) is None  # 3 launches
-    monkeypatch.setattr(cli_facts, "IN_PLACE_WORK", 3 * 2 * 2)
+    monkeypatch.setattr(cli_facts, "IN_PLACE_WORK", first)
     assert cli_facts.in_place_facts(summary, 0) is not None
     # one budget for the whole artifact: the first variant uses it up, the second gets None
-    monkeypatch.setattr(cli_facts, "IN_PLACE_WORK", 3 * 2 * 2 + 3 * 2 * 3 - 1)
-    first, second = (v["in_place_refused"]
-                     for v in cli_facts.summary_facts(summary)["variants"])
-    assert first is not None and second is None
+    monkeypatch.setattr(cli_facts, "IN_PLACE_WORK", first + second - 1)
+    listed = [v["in_place_refused"] for v in cli_facts.summary_facts(summary)["variants"]]
+    assert listed[0] is not None and listed[1] is None
 
 
 def _rendered(summary: KernelSummary) -> str:

@@ -47,10 +47,11 @@ def printable_facts(value: Any) -> Any:
     return value
 
 
-# How many (written, read) tensor pairs times launches ``in_place_facts`` looks at for one
-# artifact, at most (about 0.3 s): the limits let a hostile file ask for 64 variants x 4096
-# launches x 128 x 128 pairs in each of its programs
-IN_PLACE_WORK = 2_000_000
+# How much ``in_place_facts`` works out for one artifact, at most (about 2 s on a slow box):
+# each variant costs its launches x its written and read tensors, plus its pairs (what
+# runtime/in_place.py's refused_pairs loops over), and a hostile file may hold thousands of
+# programs of 64 variants of 4096 launches over 128 outputs and 128 inputs
+IN_PLACE_WORK = 10_000_000
 
 
 class ExprText:
@@ -140,15 +141,15 @@ def in_place_facts(summary: KernelSummary, variant: int, text: ExprText | None =
                    ) -> list[dict[str, str]] | None:
     """The output (or ``inout``) and input pairs of ``variant`` that a call may not pass as
     the very same memory, each with why (the runtime's rule: runtime/in_place.py), in name
-    order; None once the work (written x read tensors x launches, each variant) would pass
-    what is left of :data:`IN_PLACE_WORK` in ``text`` (one budget for a whole artifact)."""
+    order; None once the work (see :data:`IN_PLACE_WORK`) would pass what is left of it in
+    ``text`` (one budget for a whole artifact)."""
     from .runtime.in_place import refused_in_variant
 
     budget = text or ExprText()
     tensors = [p for p in summary.params if isinstance(p, Tensor)]
     written = sum(1 for t in tensors if t.role != "in")
     read = sum(1 for t in tensors if t.role != "out")
-    work = written * read * max(len(summary.variants[variant].launches), 1)
+    work = len(summary.variants[variant].launches) * (written + read) + written * read
     if work > budget.in_place_left:
         return None
     budget.in_place_left -= work
