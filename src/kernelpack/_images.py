@@ -247,8 +247,10 @@ class ImageInfo:
             self._data = data
             return data
         stored = self._fetch(where)
-        if not (self._stored_ok and isinstance(self._stored, memoryview)):
-            # bytes read from the file now are checked now: the file may have changed
+        if not (self._stored_ok and isinstance(getattr(self._stored, "obj", None), bytes)):
+            # bytes read from the file now are checked now: the file may have changed; so is
+            # a view of a caller's bytearray, which the caller may have reused since (review
+            # 51); only immutable bytes checked once are not hashed again
             self._check(stored, where)
         data = bytes(stored) if self.codec == "none" else _inflate(stored, self.raw_size, where)
         actual = hashlib.sha256(data).hexdigest()
