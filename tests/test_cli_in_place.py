@@ -127,16 +127,25 @@ def double_and_other_sum(x: T[kp.f32, "n"], y: T[kp.f32, "n"]):
     return x * 2, y.sum()
 
 
+@kp.fusion
+def double_and_colsum(x: T[kp.f32, "n", "m"]):
+    return x * 2, x.sum(0)  # a column sum: several variants, each refusing out0 over x
+
+
 @pytest.mark.skipif(not _COMPILES, reason="the lowering (kernelpack[compile]) is missing")
 def test_inspect_of_compiled_fusions(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                      ) -> None:
     path = tmp_path / "two.kpack"
-    kp.save([kp.compile(f, targets=["sm_80"]) for f in (double_and_sum, double_and_other_sum)],
-            str(path))
+    kp.save([kp.compile(f, targets=["sm_80"])
+             for f in (double_and_sum, double_and_other_sum, double_and_colsum)], str(path))
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
-    assert ("in place: out0 over x refused: a later kernel of the program reads 'x' after an "
-            "earlier one stored to 'out0'") in out
+    # once per program (double_and_sum, double_and_colsum's variant 0), then referred to
+    assert out.count("in place: out0 over x refused: a later kernel of the program reads 'x' "
+                     "after an earlier one stored to 'out0'") == 2
+    variants = len(kp.load(str(path))["double_and_colsum"].summary.variants)
+    assert variants > 1
+    assert out.count("in place: the same pairs refused as in variant 0") == variants - 1
     assert "out0 over y refused" in out  # the other program: the sum reads y, not x
     assert main(["inspect", str(path), "--json"]) == 0
     programs = {p["name"]: p for p in json.loads(capsys.readouterr().out)["programs"]}

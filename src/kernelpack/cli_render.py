@@ -126,6 +126,7 @@ def _render_program(con: Console, prog: dict[str, Any]) -> None:
     _line(con, "symbols: ", ", ".join(prog["symbols"]) or "-")
     for c in prog["constraints"]:
         _line(con, "constraint: ", c["predicate"], f"  ({c['message']})" if c["message"] else "")
+    shown: dict[str, int] = {}  # in-place refusals printed -> the variant that printed them
     for i, variant in enumerate(prog["variants"]):
         _line(con, (f"variant {i}", "bold"), ": when ", variant["predicate"] or "always")
         for s in variant["scratch"]:
@@ -138,7 +139,13 @@ def _render_program(con: Console, prog: dict[str, Any]) -> None:
                  _dim3(launch["block"]), launch["shared_mem"], repeat,
                  ", ".join(a["text"] for a in launch["args"]))
         con.print(table)
-        _render_in_place(con, variant.get("in_place_refused"))
+        refused = variant.get("in_place_refused")
+        key = repr(refused)
+        if refused and key in shown:  # a row program's variants often refuse the same pairs
+            _line(con, f"  in place: the same pairs refused as in variant {shown[key]}")
+        else:
+            shown.setdefault(key, i)
+            _render_in_place(con, refused)
 
 
 # in-place refusals shown per variant; the rest are counted (--json lists every one)
