@@ -15,6 +15,7 @@ import math
 import re
 import sys
 import threading
+from typing import Any, Callable
 from functools import lru_cache
 
 import llvmlite.binding as llvm
@@ -225,7 +226,9 @@ class Kernels:
             self._launch(launch, buffers, values)
         return [buffers[t.name] for t in self.summary.outputs]
 
-    def _launch(self, launch, buffers: dict, values: dict) -> None:
+    def c_call(self, launch, buffers: dict, values: dict) -> tuple[Any, list]:
+        """The planned ``launch``'s host function as a ctypes callable, and its arguments:
+        the arrays of ``buffers`` and the scalars of ``values``, by name."""
         argtypes, argv = [], []
         for arg in launch.args:
             if arg[0] == "buffer":
@@ -238,7 +241,10 @@ class Kernels:
             else:
                 argtypes.append(_CT[arg[2].name])
                 argv.append(arg[1])
-        fn = ctypes.CFUNCTYPE(None, *argtypes)(self.functions[launch.kernel])
+        return ctypes.CFUNCTYPE(None, *argtypes)(self.functions[launch.kernel]), argv
+
+    def _launch(self, launch, buffers: dict, values: dict) -> None:
+        fn, argv = self.c_call(launch, buffers, values)
         grid, block = launch.grid[0], launch.block[0]
         for ctaid in range(grid):
             barrier = threading.Barrier(block)
@@ -253,13 +259,19 @@ class Kernels:
                 except BaseException as exc:  # pragma: no cover - surfaced below
                     errors.append(exc)
 
-            threads = [threading.Thread(target=body, args=(t,)) for t in range(block)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            if errors:
-                raise errors[0]
+            run_block(block, body, errors)
+
+
+def run_block(block: int, body: Callable[[int], None], errors: list[BaseException]) -> None:
+    """One OS thread per thread of a block, each running ``body(tid)``, joined; then the first
+    exception the bodies put in ``errors``, raised here."""
+    threads = [threading.Thread(target=body, args=(t,)) for t in range(block)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def run_fusion(fusion: kp.fusion, *inputs: object) -> list[np.ndarray]:

@@ -68,7 +68,6 @@ passing sweep below keeps them so.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections import deque
 from typing import Any, Callable, Iterator
@@ -83,7 +82,7 @@ from kernelpack.runtime import execute
 from kernelpack.runtime.binding import BoundSummary
 
 from .fusion_gen import generate
-from .simt import _CT, _NP, Kernels, _state
+from .simt import _NP, Kernels, _state, run_block
 from .split_consts import use_small_split
 
 T = kp.Tensor
@@ -147,18 +146,7 @@ class _Warp:
 
 def _launch(k: Kernels, launch: Any, buffers: dict, values: dict, computed: dict,
             reverse: bool) -> None:
-    argtypes, argv = [], []
-    for arg in launch.args:
-        if arg[0] == "buffer":
-            argtypes.append(ctypes.c_void_p)
-            argv.append(buffers[arg[1]].ctypes.data)
-        elif arg[0] == "scalar":
-            argtypes.append(_CT[k.summary.param(arg[1]).dtype.name])
-            argv.append(computed[arg[1]] if arg[1] in computed else values[arg[1]])
-        else:
-            argtypes.append(_CT[arg[2].name])
-            argv.append(arg[1])
-    fn = ctypes.CFUNCTYPE(None, *argtypes)(k.functions[launch.kernel])
+    fn, argv = k.c_call(launch, buffers, {**values, **computed})
     grid, block = launch.grid[0], launch.block[0]
     assert launch.grid[1:] == (1, 1) and launch.block[1:] == (1, 1), launch
     for ctaid in (range(grid - 1, -1, -1) if reverse else range(grid)):
@@ -178,13 +166,7 @@ def _launch(k: Kernels, launch: Any, buffers: dict, values: dict, computed: dict
                 errors.append(exc)
                 sched.fail()
 
-        threads = [threading.Thread(target=body, args=(t,)) for t in range(block)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        run_block(block, body, errors)
 
 
 def run_plan(k: Kernels, inputs: list, alias: tuple[str, str] | None = None,
