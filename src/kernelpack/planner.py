@@ -85,6 +85,13 @@ class Planner:
         A plan depends only on the shapes and the integer (symbol) scalars, so recent plans
         are kept in a small cache keyed by exactly those: a repeated call costs one dict
         lookup. Plans are shared between such calls: treat them as read-only.
+
+        The callers pass checked values: dims and integer scalars of class ``int`` (the
+        launcher reads them from arrays and converts scalars to their dtype; :meth:`plan`
+        converts or refuses what a user passes). The cache does not check them again, as
+        that would cost every call a walk over the dims: since ``1.0 == True == 1`` with
+        equal hashes, a float or bool dim would find the plan cached for the int where the
+        reference planner (a miss) refuses it.
         """
         if not self._cache_size:
             fast = self._fast

@@ -112,3 +112,29 @@ def test_the_session_38_fuzz_failures_hang_on_how_sums_round(seed, a, decided) -
         alt = other["r"][i].astype(np.float64) if r.dtype.kind == "f" else other["r"][i]
         assert compare(to_storage(alt, case.out_dtypes[i].name), r, case.out_dtypes[i],
                        case.tolerance(i) / 4) is None, i
+
+
+def test_an_integer_output_that_a_functions_last_ulp_decides_is_skipped() -> None:
+    """GPU fuzz, elsewhere mode, session 39 (H200): seed 1374's ``(tanh(s) + x).astype(int64)``
+    came out -2 where NumPy's reference said -3, at ``s = -18.25``, ``x = -2.0``. NumPy's tanh
+    there is one ulp above the correctly rounded value, which the kernel gave: the sum rounds
+    to -3.0 in NumPy and to -2.9999999999999996 on the device. The long-double reference
+    (mode "ld") agrees with the kernel, so the output hangs on a last ulp and is skipped; the
+    float output beside it is still checked."""
+    case = generate(1374, "gpu", elsewhere=True)
+    inputs = case.inputs({"a": 5})
+    refs, other = case.expected(inputs), {}
+    assert [case._tie_decides(inputs, i, r, case.tolerance(i), other)
+            for i, r in enumerate(refs)] == [False, False]  # no sum decides it
+    assert [case._last_ulp_decides(inputs, i, r, other) for i, r in enumerate(refs)] \
+        == [True, False]
+    assert refs[0][4, 0, 26] == -3 and other["ld"][0][4, 0, 26] == -2
+    x = inputs[0]
+    s = x.sum(axis=(1, 2))[4]
+    assert s == -18.25 and x[4, 0, 26] == -2.0 and np.tanh(s) + x[4, 0, 26] == -3.0
+    kernel_like = [other["ld"][0].astype(np.int64), np.asarray(refs[1])]
+    failures, skipped = case.check(inputs, kernel_like)
+    assert failures == [] and skipped == [0]
+    wrong = [kernel_like[0], np.asarray(refs[1]) + 1.0]  # the float output is still compared
+    failures, _ = case.check(inputs, wrong)
+    assert len(failures) == 1 and failures[0].startswith("output 1")

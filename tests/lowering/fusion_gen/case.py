@@ -113,7 +113,8 @@ class Case:
         other: dict[str, list] = {}
         for i, (g, r) in enumerate(zip(got, refs)):
             tol = self.tolerance(i)
-            if r.size and self._tie_decides(inputs, i, r, tol, other):
+            if r.size and (self._tie_decides(inputs, i, r, tol, other)
+                           or self._last_ulp_decides(inputs, i, r, other)):
                 skipped.append(i)
                 continue
             if tol and r.size:
@@ -154,6 +155,23 @@ class Case:
                        limit) is not None:
                 return True
         return False
+
+    def _last_ulp_decides(self, inputs: list, i: int, ref: np.ndarray,
+                          other: dict[str, list]) -> bool:
+        """Whether bool or integer output ``i`` changes when the floats are computed in long
+        double (mode "ld"): a comparison or a cast to an integer then falls on a boundary that
+        the last ulp of a function decides, and NumPy's float64 function need not round as the
+        kernel's does. GPU fuzz, elsewhere mode, seed 1374: ``(tanh(s) + x).astype(int64)``
+        with ``s = -18.25`` and ``x = -2.0``; NumPy's tanh is -0.9999999999999998, one ulp
+        above the correctly rounded -0.9999999999999997 that the kernel (and long double)
+        gave, so NumPy's sum rounded to -3.0 and the kernel's to -2.9999999999999996, which
+        truncates to -2. (Float outputs have the "ld"/"32" conditioning check of
+        :meth:`check`; bools and integers, compared exactly, had none.)"""
+        if ref.dtype.kind not in "biu":
+            return False
+        if "ld" not in other:
+            other["ld"] = self.expected(inputs, "ld")
+        return not np.array_equal(other["ld"][i], ref)
 
     def describe(self, sizes: dict[str, int] | None = None) -> str:
         text = f"seed {self.seed}\n{self.source}"
