@@ -99,9 +99,9 @@ def test_the_text_shows_a_few_and_counts_the_rest() -> None:
     text = _rendered(summary)
     lines = [line for line in text.splitlines() if line.strip()]
     assert len(lines) == cli_render.IN_PLACE_LINES + 1
-    assert "in place: o0 over x refused: the kernel that stores to 'o0'" in lines[0]
+    assert "in place: o0 over x reads x from a copy: the kernel that stores to 'o0'" in lines[0]
     assert lines[-1].strip() == (f"in place: {12 - cli_render.IN_PLACE_LINES} more pairs "
-                                 f"refused (--json lists them)")
+                                 f"read from a copy (--json lists them)")
     assert "not worked out" in _render_none()
 
 
@@ -141,12 +141,12 @@ def test_inspect_of_compiled_fusions(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
     # once per program (double_and_sum, double_and_colsum's variant 0), then referred to
-    assert out.count("in place: out0 over x refused: a later kernel of the program reads 'x' "
+    assert out.count("in place: out0 over x reads x from a copy: a later kernel of the program reads 'x' "
                      "after an earlier one stored to 'out0'") == 2
     variants = len(kp.load(str(path))["double_and_colsum"].summary.variants)
     assert variants > 1
-    assert out.count("in place: the same pairs refused as in variant 0") == variants - 1
-    assert "out0 over y refused" in out  # the other program: the sum reads y, not x
+    assert out.count("in place: the same pairs copied as in variant 0") == variants - 1
+    assert "out0 over y reads y from a copy" in out  # the other program: the sum reads y, not x
     assert main(["inspect", str(path), "--json"]) == 0
     programs = {p["name"]: p for p in json.loads(capsys.readouterr().out)["programs"]}
     refused = programs["double_and_other_sum"]["variants"][0]["in_place_refused"]

@@ -142,27 +142,29 @@ def _render_program(con: Console, prog: dict[str, Any]) -> None:
         refused = variant.get("in_place_refused")
         key = repr(refused)
         if refused and key in shown:  # a row program's variants often refuse the same pairs
-            _line(con, f"  in place: the same pairs refused as in variant {shown[key]}")
+            _line(con, f"  in place: the same pairs copied as in variant {shown[key]}")
         else:
             shown.setdefault(key, i)
             _render_in_place(con, refused)
 
 
-# in-place refusals shown per variant; the rest are counted (--json lists every one)
+# pairs refused in place (the call reads the input from a copy) shown per variant; the
+# rest are counted (--json lists every one)
 IN_PLACE_LINES = 8
 
 
 def _render_in_place(con: Console, refused: list[dict[str, str]] | None) -> None:
-    """What ``out=`` (or an ``inout`` argument) may not share with an input, and why."""
+    """The inputs a call reads from a copy when ``out=`` (or an ``inout`` argument) is the
+    very same memory, and why in place would be wrong (runtime/aliasing.py)."""
     if refused is None:
         _line(con, "  in place: not worked out (too many arrays and launches to look at)")
         return
     for r in refused[:IN_PLACE_LINES]:
         _line(con, "  in place: ", (f"{r['output']} over {r['input']}", "bold"),
-              f" refused: {r['why']}")
+              f" reads {r['input']} from a copy: {r['why']}")
     if len(refused) > IN_PLACE_LINES:
-        _line(con, f"  in place: {len(refused) - IN_PLACE_LINES} more pairs refused "
-                   f"(--json lists them)")
+        _line(con, f"  in place: {len(refused) - IN_PLACE_LINES} more pairs read from a "
+                   f"copy (--json lists them)")
 
 
 def _render_module(con: Console, module: dict[str, Any]) -> None:

@@ -3,9 +3,11 @@
 The runtime lets an ``out=`` array be the very same memory as a read-only input (same start,
 same byte size) unless the output is ``zero_init`` (never, for a compiled fusion: the lowering
 declares no such output) or the pair is in ``BoundSummary.in_place_refused`` (runtime/
-in_place.py). Here every pair the runtime's own check (``execute._check_aliasing``, given those
-pairs) lets through is run on the SIMT emulator with the output's buffer *being* the input's
-array, and compared bit for bit with a run on separate buffers.
+in_place.py): such a call reads the input from a copy (runtime/aliasing.py; it raised
+LaunchError until session 39). Here every pair the runtime's own check
+(``aliasing.inputs_to_copy_for_outputs``, given those pairs) runs in place without a copy is
+run on the SIMT emulator with the output's buffer *being* the input's array, and compared bit
+for bit with a run on separate buffers.
 
 The runner (:func:`run_plan`) is modelled on ``simt.Kernels.__call__``/``_launch``, with one
 change: a block's threads run one at a time (a thread runs until it waits at ``bar.sync`` or a
@@ -20,8 +22,8 @@ aliasing's doing.
 Findings, against 3d71a50's rule (only a later launch's read was refused, ``late_reads``):
 the runtime allowed each call below and it gave a wrong result. Fixed in b53d011 (the rule of
 runtime/in_place.py refuses both kinds); the tests below now check that the runtime refuses
-each call, and that forced through it is still wrong (so the refusal is needed, and the case
-still shows what it was written for):
+each call (reads the input from a copy), and that forced through it is still wrong (so the
+refusal is needed, and the case still shows what it was written for):
 
 A. *Same bytes, different layout.* The runtime compares byte ranges only, so an output of
    another dtype or shape over the same bytes passes as "exact" in-place use, but its element
@@ -76,9 +78,8 @@ import numpy as np
 import pytest
 
 import kernelpack as kp
-from kernelpack.errors import LaunchError
 from kernelpack.lowering import tuning
-from kernelpack.runtime import execute
+from kernelpack.runtime import aliasing
 from kernelpack.runtime.binding import BoundSummary
 
 from .fusion_gen import generate
@@ -202,8 +203,9 @@ def run_plan(k: Kernels, inputs: list, alias: tuple[str, str] | None = None,
 
 def allowed_pairs(k: Kernels, inputs: list) -> tuple[list[tuple[str, str]], int]:
     """The ``(output, input)`` pairs of this call whose byte sizes are equal and that the
-    runtime's general path lets through as in-place use (``execute._check_aliasing`` with the
-    summary's refused pairs, zero_init outputs and no inout), and how many it refuses."""
+    runtime's general path runs in place as they are
+    (``aliasing.inputs_to_copy_for_outputs`` with the summary's refused pairs, zero_init
+    outputs and no inout), and how many it reads from a copy instead (refused in place)."""
     plan = k.planner.plan(*[v.shape if isinstance(v, np.ndarray) else v for v in inputs])
     refused_by = BoundSummary(k.summary).in_place_refused(plan.variant)
     zero = {t.name for t in k.summary.outputs if t.zero_init}
@@ -215,11 +217,10 @@ def allowed_pairs(k: Kernels, inputs: list) -> tuple[list[tuple[str, str]], int]
         for name, size in sizes.items():
             if not size or size != nbytes:
                 continue
-            try:
-                execute._check_aliasing("f", [(0x10000, nbytes, t.name)],
-                                        [(0x10000, size, name)], zero, (), refused_by)
-            except LaunchError:
-                refused += 1
+            if aliasing.inputs_to_copy_for_outputs("f", [(0x10000, nbytes, t.name)],
+                                                   [(0x10000, size, name)], zero, (),
+                                                   refused_by):
+                refused += 1  # the call reads the input from a copy
             else:
                 allowed.append((t.name, name))
     return allowed, refused
@@ -570,8 +571,8 @@ def test_the_runner_sees_a_late_read_the_runtime_refuses():
 def _assert_refused_and_needed(k: Kernels, inputs: list, pair: tuple[str, str],
                                kernels: tuple[str, ...]) -> None:
     """The plan of ``inputs`` launches ``kernels`` (name endings), the runtime refuses the
-    in-place call ``pair`` (LaunchError before any launch), and forced through, the call
-    gives another result than separate buffers."""
+    in-place call ``pair`` (reads the input from a copy), and forced through, the call gives
+    another result than separate buffers."""
     launches = _launches(k, inputs)
     assert len(launches) == len(kernels) and all(
         kn.endswith("_" + want) for (kn, _, _), want in zip(launches, kernels)), launches

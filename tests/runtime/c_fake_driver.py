@@ -72,6 +72,8 @@ class CFakeLibcuda:
                 out, f.cuMemAllocAsync(n, _h(s)))),
             "cuMemFreeAsync": ((_Q, _P), lambda p, s: f.cuMemFreeAsync(p, _h(s))[0]),
             "cuMemcpyDtoH": ((_P, _Q, _Z), self._copy),
+            "cuMemcpyDtoDAsync": ((_Q, _Q, _Z, _P), lambda d, s, n, st: f.cuMemcpyDtoDAsync(
+                d, s, n, _h(st))[0]),
             "cuMemsetD8Async": ((_Q, c_ubyte, _Z, _P), lambda p, v, n, s: f.cuMemsetD8Async(
                 p, v, n, _h(s))[0]),
             "cuPointerGetAttribute": ((_P, _I, _Q), self._pointer_attribute),

@@ -267,6 +267,11 @@ class FakeDriver:
             self.pointer_devices.pop(int(ptr), None)
         return (CUresult(0),)
 
+    def cuMemcpyDtoDAsync(self, dst: int, src: int, n: int, stream: Any) -> tuple:
+        self.calls.append(("cuMemcpyDtoDAsync", int(dst), int(src), n, int(stream)))
+        ctypes.memmove(int(dst), int(src), n)
+        return (CUresult(0),)
+
     def cuMemsetD8Async(self, ptr: int, value: int, n: int, stream: Any) -> tuple:
         self.calls.append(("cuMemsetD8Async", int(ptr), n))
         ctypes.memset(int(ptr), value, n)

@@ -1,12 +1,14 @@
-"""In-place use (``out=`` or an ``inout`` argument that is the very same memory as an input) is
-refused where the summary shows the result would depend on the device's order of stores and
+"""In-place use (``out=`` or an ``inout`` argument that is the very same memory as an input) needs
+a copy where the summary shows the result would depend on the device's order of stores and
 loads (runtime/in_place.py): a later launch reads that input after an earlier one stored to
 the written array (``x * 2, x.sum(0)`` compiles to two kernels, and with ``out=(x, s)`` the
 second summed the doubled ``x``), the storing launch stores to another array too, or the element
-sizes differ. ``BoundSummary.in_place_refused`` gives the pairs; every path refuses them with
-``LaunchError`` and launches nothing. A program whose kernels read the input before they store
-over it keeps in-place use. Stand-in frameworks over host memory, the fake driver. The
-emulator side (review 48) is tests/lowering/test_review48_in_place.py."""
+sizes differ. ``BoundSummary.in_place_refused`` gives the pairs; a call passing one as the very
+same memory reads the input from a copy (runtime/aliasing.py; until session 39 every path
+refused it with ``LaunchError``), and gets what separate arrays give. A program whose kernels
+read the input before they store over it runs in place without a copy. Stand-in frameworks
+over host memory, the fake driver. The emulator side (review 48) is
+tests/lowering/test_review48_in_place.py."""
 
 from __future__ import annotations
 
@@ -173,62 +175,85 @@ def test_a_compiled_fusion_knows_its_late_reads() -> None:
 
 # ---- the general path --------------------------------------------------------------------------
 
-def test_in_place_out_read_by_a_later_launch_is_refused(fake) -> None:
+def _addr(a: HostArray) -> int:
+    return ctypes.addressof(a.buf)
+
+
+def _copies(fake) -> list:
+    """The call's ``cuMemcpyDtoDAsync`` calls: ``(dst, src, nbytes, stream)``."""
+    return [c[1:] for c in fake.calls if c[0] == "cuMemcpyDtoDAsync"]
+
+
+def test_in_place_out_read_by_a_later_launch_reads_a_copy(fake) -> None:
+    """``out=x`` for ``o = 2x; o += x``: in place, the second launch would add the doubled
+    ``x`` (4x); the call reads ``x`` from a copy made first and gets what separate arrays give
+    (3x)."""
     x = HostArray([1.0, 2.0, 3.0])
-    with pytest.raises(LaunchError, match=r"three_x_late: out 'o' is the very same memory as "
-                       r"argument 'x', but a later kernel of the program reads 'x' after an "
-                       r"earlier one stored to 'o': .* pass a separate array"):
-        call_program(three_x(), x, out=x)
-    assert _launches(fake) == 0
-    assert _floats(x, 3) == [1.0, 2.0, 3.0]
-    base = HostArray([1.0, 2.0, 3.0, 4.0])  # a partial overlap: no in-place advice here
+    call_program(three_x(), x, out=x)
+    assert _floats(x, 3) == [3.0, 6.0, 9.0]
+    (dst, src, nbytes, _), = _copies(fake)
+    assert (src, nbytes) == (_addr(x), 12) and dst != _addr(x)
+    launches = [c for c in fake.calls if c[0] == "cuLaunchKernel"]
+    assert len(launches) == 2
+    # the copy is queued before the launches and freed (stream-ordered) after them
+    names = [c[0] for c in fake.calls if c[0] in ("cuMemcpyDtoDAsync", "cuLaunchKernel",
+                                                   "cuMemAllocAsync", "cuMemFreeAsync")]
+    assert names == ["cuMemAllocAsync", "cuMemcpyDtoDAsync", "cuLaunchKernel",
+                     "cuLaunchKernel", "cuMemFreeAsync"]
+    base = HostArray([1.0, 2.0, 3.0, 4.0])  # a partial overlap is still refused
     with pytest.raises(LaunchError, match=r"out 'o' partially overlaps argument 'x' .*; "
-                       r"pass a separate array$"):
+                       r"pass a separate array, or the very same array as 'x' for in-place "
+                       r"use$"):
         call_program(three_x(), _host_view(base, 0, 3), out=_host_view(base, 4, 3))
     o = HostArray([0.0] * 3)
-    call_program(three_x(), x, out=o)
-    assert _floats(o, 3) == [3.0, 6.0, 9.0]
+    copies = len(_copies(fake))
+    call_program(three_x(), x, out=o)  # separate arrays: nothing is copied
+    assert _floats(o, 3) == [9.0, 18.0, 27.0] and len(_copies(fake)) == copies
 
 
-def test_in_place_out_of_another_element_size_is_refused(fake) -> None:
+def test_in_place_out_of_another_element_size_reads_a_copy(fake) -> None:
     summary = KernelSummary(
         "narrow", (TensorSpec("x", kp.f64, ("n",)),
                    TensorSpec("o", kp.f32, (kp.sym("n") * 2,), role="out"),
                    Scalar("n32", kp.u32, value="n")),
         (Variant((_launch("twice", "narrow", "x", "o"),)),))
     prog = Compiled(summary, _module("narrow"))
+    separate = HostArray([1.0, 2.0, 3.0, 4.0])  # (the fake kernel stores n floats of 2n)
+    source = HostArray([1.0, 2.0, 3.0, 4.0])
+    whole = _host_view(source, 0, 4)
+    whole.typestr, whole.shape = "<f8", (2,)
+    call_program(prog, whole, out=separate)  # what separate arrays give
     base = HostArray([1.0, 2.0, 3.0, 4.0])  # 16 bytes
     x, o = _host_view(base, 0, 4), _host_view(base, 0, 4)
     x.typestr, x.shape = "<f8", (2,)  # as float64, n = 2; o: the four float32 over it
-    with pytest.raises(LaunchError, match=r"narrow: out 'o' is the very same memory as "
-                       r"argument 'x', but 'o' has 4-byte elements and 'x' 8-byte ones"):
-        call_program(prog, x, out=o)
-    assert _launches(fake) == 0
-    assert _floats(base, 4) == [1.0, 2.0, 3.0, 4.0]
-    call_program(prog, x, out=HostArray([0.0] * 4))  # separate: runs
-    assert _launches(fake) == 1
+    call_program(prog, x, out=o)
+    assert _floats(base, 4) == _floats(separate, 4)
+    assert [(src, n) for _, src, n, _ in _copies(fake)] == [(_addr(base), 16)]
 
 
-def test_in_place_out_stored_last_runs(fake) -> None:
+def test_in_place_out_stored_last_runs_without_a_copy(fake) -> None:
     x = HostArray([1.0, 2.0, 3.0])
     call_program(three_x("early"), x, out=x)  # t += x, then o = 2x in the launch reading x
     assert _floats(x, 3) == [2.0, 4.0, 6.0]
-    assert _launches(fake) == 2
+    assert _launches(fake) == 2 and _copies(fake) == []
     assert bind(three_x("early")).bound.in_place_refused(0) == {}
 
 
-def test_in_place_inout_read_by_a_later_launch_is_refused(fake) -> None:
+def test_in_place_inout_read_by_a_later_launch_reads_a_copy(fake) -> None:
+    """``y = 2y; y += x`` with ``y`` the very same memory as ``x``: ``x`` is read from a copy,
+    so ``y`` becomes ``3x`` (in place, the second launch would add the doubled values)."""
     base = HostArray([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
     x = _host_view(base, 0, 3)
-    with pytest.raises(LaunchError, match=r"bump_then_add: argument 'y' is the very same "
-                       r"memory as argument 'x'"):
-        call_program(bump_then_add(), x, x)
-    assert _launches(fake) == 0
+    call_program(bump_then_add(), x, x)
+    assert _floats(base, 6) == [3.0, 6.0, 9.0, 4.0, 5.0, 6.0]
+    assert [(src, n) for _, src, n, _ in _copies(fake)] == [(_addr(base), 12)]
     with pytest.raises(LaunchError, match=r"argument 'y', which the program writes .* "
-                       r"partially overlaps argument 'x' .*; pass a separate array$"):
+                       r"partially overlaps argument 'x' .*; pass a separate array, or the "
+                       r"very same array as 'x' for in-place use$"):
         call_program(bump_then_add(), x, _host_view(base, 4, 3))
     call_program(bump_then_add(), x, _host_view(base, 12, 3))
-    assert _floats(base, 6) == [1.0, 2.0, 3.0, 9.0, 12.0, 15.0]
+    assert _floats(base, 6) == [3.0, 6.0, 9.0, 11.0, 16.0, 21.0]
+    assert len(_copies(fake)) == 1
 
 
 # ---- the fast paths ----------------------------------------------------------------------------
@@ -247,24 +272,24 @@ def test_fast_paths_send_late_in_place_use_to_the_general_path(fake, launch_path
     assert o.values() == [0.0, 3.0, 6.0, 9.0]
     fast = _fast_calls(prog, launch_path)
     launches = _launches(fake)
-    with pytest.raises(LaunchError, match="out 'o' is the very same memory as argument 'x'"):
-        call_program(prog, x, out=x)
-    assert x.values() == [0.0, 1.0, 2.0, 3.0]
-    assert _launches(fake) == launches
+    call_program(prog, x, out=x)  # the general path, reading x from a copy
+    assert x.values() == [0.0, 3.0, 6.0, 9.0]
+    assert _launches(fake) == launches + 2 and len(_copies(fake)) == 1
+    if fast is not None:
+        assert _fast_calls(prog, launch_path) == fast
     call_program(prog, x, out=o)
     if fast is not None:
         assert _fast_calls(prog, launch_path) == fast + 1
+    assert o.values() == [0.0, 9.0, 18.0, 27.0] and len(_copies(fake)) == 1
 
     prog = bump_then_add()
+    x = view(make([1.0, 2.0, 3.0, 4.0]), 0, 4)
     y = view(mem, 16, 4)
     call_program(prog, x, y)
     call_program(prog, x, y)
     fast = _fast_calls(prog, launch_path)
-    launches = _launches(fake)
-    with pytest.raises(LaunchError, match="argument 'y' is the very same memory as argument 'x'"):
-        call_program(prog, x, x)
-    assert x.values() == [0.0, 1.0, 2.0, 3.0]
-    assert _launches(fake) == launches
+    call_program(prog, x, x)
+    assert x.values() == [3.0, 6.0, 9.0, 12.0] and len(_copies(fake)) == 2
     call_program(prog, x, y)
     if fast is not None:
         assert _fast_calls(prog, launch_path) == fast + 1

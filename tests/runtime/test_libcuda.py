@@ -111,6 +111,12 @@ def test_memory_streams_and_events() -> None:
     ctypes.memmove(ptr, b"abcdefgh", 8)
     host = bytearray(8)
     assert drv.cuMemcpyDtoH(host, ptr, 8) == (0,) and host == b"abcdefgh"
+    err, other = drv.cuMemAlloc(8)
+    assert drv.cuMemcpyDtoDAsync(other, ptr, 6, _Stream(9)) == (0,)
+    assert ctypes.string_at(other, 6) == b"abcdef"
+    assert ("cuMemcpyDtoDAsync", other, ptr, 6, 9) in c.fake.calls
+    with pytest.raises(ValueError, match="nbytes must be 0 or more"):
+        drv.cuMemcpyDtoDAsync(other, ptr, -1, None)
     assert drv.cuMemsetD8Async(ptr, 0, 4, _Stream(7)) == (0,)
     assert ctypes.string_at(ptr, 8) == b"\0\0\0\0efgh"
     assert drv.cuPointerGetAttribute(

@@ -448,14 +448,14 @@ static int pairs_from(FastCall *self, Entry *e, PyObject *pairs) {
 
 /* Whether a call may not pass the non-empty byte ranges [a, a + na) and [b, b + nb)
  * together: any shared byte when the program writes both, else a partial overlap (the very
- * same range is in-place use). execute.conflicts is the Python twin; both fast-path checks
+ * same range is in-place use). aliasing.conflicts is the Python twin; both fast-path checks
  * below decide with this one test. */
 static int conflicts(uint64_t a, uint64_t na, uint64_t b, uint64_t nb, int both_written) {
     return (b >= a ? b - a < na : a - b < nb) && (both_written || a != b || na != nb);
 }
 
 /* Whether two arguments of a pair share memory in a way the general path refuses
- * (execute.check_written_arguments). vals holds the inputs' pointers (read_arguments). */
+ * (aliasing.inputs_to_copy_for_written). vals holds the inputs' pointers (read_arguments). */
 static int written_conflict(const Entry *e, const Value *vals) {
     Py_ssize_t k;
     for (k = 0; k < e->npairs; k++) {

@@ -204,6 +204,8 @@ class BoundSummary:
                 scalar_index[p.name] = scalar_slot
                 scalar_slot += 1
         self.n_tensors = tensor_slot
+        #: a tensor input's name -> its value slot (where an input read from a copy goes)
+        self.input_slot = dict(buffer_index)
         self.n_scalars = scalar_slot
         self.outputs: list[AllocSpec] = []
         slot = tensor_slot

@@ -2,8 +2,9 @@
 
 Split from :mod:`.launcher` (which reads and checks the arguments and asks the planner for
 the call's :class:`~kernelpack.planner.Plan`) to keep each module about one thing. Nothing
-here allocates when ``out=`` covers every output and the program has no scratch buffers, so a
-captured CUDA graph contains only the launches (and memsets of ``zero_init`` outputs).
+here allocates when ``out=`` covers every output, the program has no scratch buffers and no
+input is read from a copy (:mod:`.aliasing`), so a captured CUDA graph contains only the
+launches (and memsets of ``zero_init`` outputs).
 
 Error guarantee: every check runs before the first launch is queued (the summary's checks in
 the planner, before this module runs); a driver failure on a
@@ -14,11 +15,12 @@ queued, as with any sequence of CUDA calls).
 from __future__ import annotations
 
 import struct
-from typing import Any, Collection, Mapping, NoReturn, Sequence
+from typing import Any, Collection, NoReturn, Sequence
 
 from ..dtypes import uint8
 from ..errors import KernelPackError, LaunchError
 from . import driver as _drv
+from .aliasing import check_disjoint_outputs, inputs_to_copy_for_outputs
 from .arrays import GENERIC, adapter_for, readonly_why
 from .binding import ARG_BUFFER, ARG_SCALAR, fills_of
 from .device import PUSHED
@@ -56,10 +58,14 @@ def _outputs_in_order(out: Any, outputs: list, program: str) -> list:
 
 
 def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: Any,
-        out: Any, inputs: Sequence[tuple[int, int, str]] = ()) -> Any:
+        out: Any, inputs: Sequence[tuple[int, int, str]] = (),
+        copies: Collection[str] = ()) -> Any:
     """Allocate (or take ``out=``), write the slots and launch what ``plan`` says.
     ``inputs``: the tensor inputs' ``(pointer, nbytes, name)``, against which ``out=`` is
-    checked for partial overlap (:func:`_check_aliasing`).
+    checked (:func:`~.aliasing.inputs_to_copy_for_outputs`); ``copies``: the inputs already
+    known to be read from a copy (:func:`~.aliasing.inputs_to_copy_for_written`). Each such
+    input is copied on the call's stream into memory of the call, before the zero-fills and
+    the launches, which then read the copy.
 
     The device's context is current while the call allocates and launches; a thread that had
     another device's context current gets it back afterwards (:meth:`.Device.enter`)."""
@@ -68,14 +74,14 @@ def run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: 
     dev = st.device
     pushed = (sh < 3 or adapter is GENERIC) and dev.enter() == PUSHED
     try:
-        return _run(bp, st, device, sh, adapter, vals, plan, out, inputs)
+        return _run(bp, st, device, sh, adapter, vals, plan, out, inputs, copies)
     finally:
         if pushed:
             dev.leave()
 
 
 def _run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan: Any,
-         out: Any, inputs: Sequence[tuple[int, int, str]]) -> Any:
+         out: Any, inputs: Sequence[tuple[int, int, str]], copies: Collection[str]) -> Any:
     """:func:`run` with the device's context current."""
     bs = bp.bound
     name = bp.name
@@ -116,11 +122,11 @@ def _run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan:
                 memsets.append((ptr, planned.nbytes))
         spans = [(vals[a.slot], allocations[a.name].nbytes, a.name) for a in bs.outputs]
         if len(results) > 1:
-            _check_disjoint(name, spans)
+            check_disjoint_outputs(name, spans)
         if inputs:
-            _check_aliasing(name, spans, inputs,
-                            {a.name for a in bs.outputs if a.zero_init}, bp.written,
-                            bs.in_place_refused(plan.variant))
+            copies = set(copies) | inputs_to_copy_for_outputs(
+                name, spans, inputs, {a.name for a in bs.outputs if a.zero_init}, bp.written,
+                bs.in_place_refused(plan.variant))
     else:
         results = []
         for alloc in bs.outputs:
@@ -139,17 +145,19 @@ def _run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan:
     try:
         for alloc in variant.scratch:
             nbytes = allocations[alloc.name].nbytes
-            if adapter.driver_scratch:  # stream-ordered: a graph capture records it
-                ptr = int(_drv.check(drv.cuMemAllocAsync(max(nbytes, 1), cs),
-                                     f"{name}: allocating scratch {alloc.name!r}"))
-                ordered.append(ptr)
-            else:
-                arr, ptr = adapter.empty((nbytes,), uint8, device, sh)
-                keep.append(arr)
+            ptr = _temporary(adapter, drv, cs, nbytes, device, sh, keep, ordered,
+                             f"{name}: allocating scratch {alloc.name!r}")
             vals[alloc.slot] = ptr
             if alloc.zero_init:
                 memsets.append((ptr, nbytes))
-        _queue(bp, st, plan, variant, vals, cs, memsets)
+        copied = []  # (copy, input, nbytes): inputs read from a copy (.aliasing)
+        for ptr, nbytes, input_name in inputs if copies else ():
+            if input_name in copies:
+                copy = _temporary(adapter, drv, cs, nbytes, device, sh, keep, ordered,
+                                  f"{name}: allocating a copy of {input_name!r} (in-place use)")
+                copied.append((copy, ptr, nbytes))
+                vals[bs.input_slot[input_name]] = copy
+        _queue(bp, st, plan, variant, vals, cs, memsets, copied)
     finally:
         for ptr in ordered:
             drv.cuMemFreeAsync(ptr, cs)
@@ -158,121 +166,25 @@ def _run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan:
     return tuple(results) if n_out else None
 
 
-def _check_disjoint(program: str, spans: list[tuple[int, int, str]]) -> None:
-    """Refuse ``out=`` arrays whose memory overlaps (``out=(z, z)``): two outputs written
-    into the same bytes race on the device and leave garbage in both."""
-    spans = sorted(sp for sp in spans if sp[1])
-    for (p0, n0, a), (p1, _, b) in zip(spans, spans[1:]):
-        if p1 < p0 + n0:
-            raise LaunchError(f"{program}: out {a!r} and out {b!r} overlap in memory; pass a "
-                              f"separate array for each output")
-
-
-def overlaps(p0: int, n0: int, p1: int, n1: int) -> bool:
-    """Whether the non-empty byte ranges at ``p0`` (``n0`` bytes) and ``p1`` (``n1``) share
-    memory."""
-    return p1 < p0 + n0 and p0 < p1 + n1
-
-
-def partially_overlaps(p0: int, n0: int, p1: int, n1: int) -> bool:
-    """Whether the non-empty byte ranges at ``p0`` (``n0`` bytes) and ``p1`` (``n1``) share
-    memory without being the very same range (in-place use)."""
-    return overlaps(p0, n0, p1, n1) and (p0 != p1 or n0 != n1)
-
-
-def conflicts(p0: int, n0: int, p1: int, n1: int, written: bool) -> bool:
-    """Whether a call may not pass the non-empty byte ranges at ``p0`` and ``p1`` together:
-    any shared byte when ``written`` (the program writes both), else a partial overlap (the
-    very same range is in-place use). The fast paths decide with this one test
-    (:func:`~.fastpath.out_overlaps_input`, :func:`~.fastpath.written_conflict`)."""
-    return overlaps(p0, n0, p1, n1) if written else partially_overlaps(p0, n0, p1, n1)
-
-
-def _check_aliasing(program: str, outs: list[tuple[int, int, str]],
-                    inputs: Sequence[tuple[int, int, str]],
-                    zero_filled: Collection[str] = (), written: Collection[str] = (),
-                    refused: Mapping[tuple[str, str], str] = {}) -> None:
-    """Refuse an ``out=`` array that partially overlaps an input (``out=x[1:]`` for ``x``):
-    the threads that write it race with the threads that still read the input, so the result
-    depends on scheduling. The very same memory (same start, same size) is in-place use and
-    is allowed: it is defined for a program that reads each element before writing it. Not
-    for an output in ``zero_filled`` (``zero_init``): kernelpack zero-fills it before the
-    first launch, which would erase the input the program then reads. Nor for an input in
-    ``written`` (role inout): the program stores to both arrays, and the two stores to each
-    element race. Nor for an ``(output, input)`` pair in ``refused``
-    (:meth:`~.binding.BoundSummary.in_place_refused`, which says why)."""
-    for p0, n0, a in outs:
-        if not n0:
-            continue
-        for p1, n1, b in inputs:
-            if n1 and a in zero_filled and overlaps(p0, n0, p1, n1):
-                raise LaunchError(
-                    f"{program}: out {a!r} shares memory with argument {b!r} (out {n0} bytes "
-                    f"at {p0:#x}, {b!r} {n1} bytes at {p1:#x}), and {a!r} is zero-filled "
-                    f"before the launch (zero_init), which would erase {b!r}; pass a "
-                    f"separate array")
-            if n1 and partially_overlaps(p0, n0, p1, n1):
-                in_place = "" if b in written or (a, b) in refused else (
-                    f", or the very same array as {b!r} for in-place use")
-                raise LaunchError(
-                    f"{program}: out {a!r} partially overlaps argument {b!r} in memory "
-                    f"(out {n0} bytes at {p0:#x}, {b!r} {n1} bytes at {p1:#x}); pass a "
-                    f"separate array{in_place}")
-            if n1 and b in written and overlaps(p0, n0, p1, n1):  # the very same array
-                raise LaunchError(
-                    f"{program}: out {a!r} shares memory with argument {b!r} (out {n0} bytes "
-                    f"at {p0:#x}, {b!r} {n1} bytes at {p1:#x}), and the program writes both "
-                    f"({b!r} has role 'inout'); pass a separate array for {a!r}")
-            if n1 and (a, b) in refused and overlaps(p0, n0, p1, n1):  # the very same array
-                raise LaunchError(in_place_message(program, f"out {a!r}", b, refused[a, b]))
-
-
-def in_place_message(program: str, what: str, read: str, why: str) -> str:
-    """Why ``what`` (``out 'y'``, ``argument 'y'``) may not be the very same memory as the
-    input ``read``: ``why``, from :meth:`~.binding.BoundSummary.in_place_refused`."""
-    return (f"{program}: {what} is the very same memory as argument {read!r}, but {why}: "
-            f"in place, the result would depend on the order of the device's stores and "
-            f"loads; pass a separate array")
-
-
-def check_written_arguments(program: str, spans: Sequence[tuple[int, int, str]],
-                            written: Collection[str],
-                            refused: Mapping[tuple[str, str], str] = {}) -> None:
-    """Refuse an argument the program writes (role ``inout``, named in ``written``) that
-    shares memory with another tensor argument (``spans``: each one's ``(pointer, nbytes,
-    name)``) other than as the very same array: ``y`` the first three floats of a buffer
-    and ``x`` its last three in ``y += a * x`` race on the device (a thread's write of
-    ``y[i + 1]`` lands in the ``x[i]`` another thread still reads). The very same memory as
-    a read-only argument is in-place use, allowed as it is for ``out=`` (not for a pair in
-    ``refused``: see :func:`_check_aliasing`); two written arguments may not share any memory
-    (as two ``out=`` arrays may not)."""
-    for i, (p0, n0, a) in enumerate(spans):
-        if not n0 or a not in written:
-            continue
-        for j, (p1, n1, b) in enumerate(spans):
-            if j == i or not n1:
-                continue
-            if b in written and overlaps(p0, n0, p1, n1):
-                raise LaunchError(
-                    f"{program}: arguments {a!r} and {b!r} overlap in memory ({a!r} {n0} bytes "
-                    f"at {p0:#x}, {b!r} {n1} bytes at {p1:#x}), and the program writes both "
-                    f"(role 'inout'); pass a separate array for each")
-            if partially_overlaps(p0, n0, p1, n1):
-                in_place = "" if (a, b) in refused else (
-                    f", or the very same array as {b!r} for in-place use")
-                raise LaunchError(
-                    f"{program}: argument {a!r}, which the program writes (role 'inout'), "
-                    f"partially overlaps argument {b!r} in memory ({a!r} {n0} bytes at "
-                    f"{p0:#x}, {b!r} {n1} bytes at {p1:#x}); pass a separate array{in_place}")
-            if (a, b) in refused and overlaps(p0, n0, p1, n1):  # the very same array
-                raise LaunchError(in_place_message(program, f"argument {a!r}", b,
-                                                   refused[a, b]))
+def _temporary(adapter: Any, drv: Any, cs: Any, nbytes: int, device: int, sh: int,
+               keep: list, ordered: list, what: str) -> int:
+    """Device memory for the call's duration (scratch, a copy of an input): stream-ordered
+    from the driver (freed by the caller, from ``ordered``, after the launches are queued; a
+    graph capture records both), or the framework's array (alive in ``keep`` until then)."""
+    if adapter.driver_scratch:
+        ptr = int(_drv.check(drv.cuMemAllocAsync(max(nbytes, 1), cs), what))
+        ordered.append(ptr)
+        return ptr
+    arr, ptr = adapter.empty((nbytes,), uint8, device, sh)
+    keep.append(arr)
+    return ptr
 
 
 def _queue(bp: Any, st: Any, plan: Any, variant: Any, vals: list, cs: Any,
-           memsets: list) -> None:
-    """Check that every (repeated) launch's values fit their parameters, then zero-fill and
-    launch them in order: a failed check queues nothing."""
+           memsets: list, copied: Sequence[tuple[int, int, int]] = ()) -> None:
+    """Check that every (repeated) launch's values fit their parameters, then copy the inputs
+    read from a copy (``copied``: ``(copy, input, nbytes)``), zero-fill, and launch, in that
+    order: a failed check queues nothing."""
     drv = _drv_mod or _driver()
     name = bp.name
     funcs = st.funcs[plan.variant]
@@ -293,6 +205,9 @@ def _queue(bp: Any, st: Any, plan: Any, variant: Any, vals: list, cs: Any,
             allow_shared(name, st, plan.variant, pl.index, funcs[pl.index], pl.shared_mem,
                          ls.kernel)
         queued.append((ls, funcs[pl.index], pl, args))
+    for copy, source, nbytes in copied:
+        _drv.check(drv.cuMemcpyDtoDAsync(copy, source, nbytes, cs),
+                   f"{name}: copying an input for in-place use")
     for ptr, nbytes in memsets:
         if nbytes:
             _drv.check(drv.cuMemsetD8Async(ptr, 0, nbytes, cs), f"{name}: zero-filling an output")

@@ -45,9 +45,10 @@ import threading
 from typing import Any, Callable, Collection, Sequence
 
 from ..errors import KernelPackError
+from .aliasing import conflicts
 from .binding import fills_of
 from .device import PUSHED
-from .execute import DEFAULT_SHARED_MEM, conflicts
+from .execute import DEFAULT_SHARED_MEM
 from .native import launcher
 
 __all__ = ["make_fast_path", "fits", "fast_variant", "split_scalars", "keyed_symbols",
@@ -431,10 +432,12 @@ def out_overlap(in_spans: list[tuple[int, int]], key: tuple, out_nbytes: int,
     """What a single ``out=`` of ``out_nbytes`` is checked against per call: ``(out_nbytes,
     ((value slot, nbytes), ...))`` of the non-empty tensor inputs (``in_spans``: their slots
     and element sizes, ``key``: their shapes first), ``nbytes`` carrying :data:`WRITTEN_SPAN`
-    for the inputs ``written`` marks. A call whose ``out=`` partially overlaps one, or shares
-    memory with a written one (:func:`out_overlaps_input`), goes to the general path, which
-    refuses it (execute._check_aliasing); the fast paths then compare a few integers per
-    input, only in calls with ``out=``. ``(0, ())`` when ``out=`` is empty."""
+    for the inputs ``written`` marks (written ones, and those the call must read from a copy
+    when ``out=`` is the very same memory). A call whose ``out=`` partially overlaps one, or
+    shares memory with a marked one (:func:`out_overlaps_input`), goes to the general path,
+    which refuses it or reads the input from a copy
+    (:func:`~.aliasing.inputs_to_copy_for_outputs`); the fast paths then compare a few
+    integers per input, only in calls with ``out=``. ``(0, ())`` when ``out=`` is empty."""
     if not out_nbytes:
         return 0, ()
     flags = written or [False] * len(in_spans)
@@ -454,7 +457,7 @@ def out_overlaps_input(vals: list, out_ptr: int,
     """Whether a single ``out=`` at ``out_ptr`` partially overlaps a tensor input, or shares
     memory with one the program writes (``vals``: the call's value slots; ``overlap``: the
     entry's :func:`out_overlap`). The torch and CuPy fast paths then hand the call to the
-    general path, which refuses it."""
+    general path, which refuses it or reads that input from a copy."""
     out_nbytes, spans = overlap
     return any(conflicts(out_ptr, out_nbytes, vals[slot], value & ~WRITTEN_SPAN,
                          bool(value & WRITTEN_SPAN)) for slot, value in spans)
@@ -470,8 +473,8 @@ def written_pairs(in_spans: list[tuple[int, int]], written: list[bool], key: tup
     when ``b`` is written too, or when ``a`` may not be in place over ``b``
     (``(names[a], names[b])`` in ``refused``: see
     :meth:`~.binding.BoundSummary.in_place_refused`). A call where one conflicts
-    (:func:`written_conflict`) goes to the general path, which refuses it
-    (:func:`~.execute.check_written_arguments`). Empty for programs without inout
+    (:func:`written_conflict`) goes to the general path, which refuses it or reads ``b`` from
+    a copy (:func:`~.aliasing.inputs_to_copy_for_written`). Empty for programs without inout
     arguments, whose calls check nothing."""
     sizes = _input_nbytes(in_spans, key)
     pairs = []

@@ -1,4 +1,4 @@
-"""Which arrays a call may not pass as the very same memory: the limits of in-place use.
+"""Which inputs a call may not read in place: the limits of in-place use.
 
 An ``out=`` array (or an ``inout`` argument) that is the very same memory as a read-only input
 (same start, same size) is in-place use. It is right when each thread reads the input elements
@@ -23,10 +23,10 @@ device's stores and loads:
 
 Found by review 48 (tests/lowering/test_review48_in_place.py), which runs every in-place call
 the runtime allows on the SIMT emulator, thread by thread in both orders, against separate
-buffers. The general path raises ``LaunchError`` for these pairs
-(:func:`~.execute._check_aliasing`, :func:`~.execute.check_written_arguments`); the fast
-paths check them like written arguments (:func:`~.fastpath.out_overlap`,
-:func:`~.fastpath.written_pairs`) and hand such a call over.
+buffers. A call passing such a pair as the very same memory reads the input from a copy
+(:mod:`.aliasing`; until session 39 it raised ``LaunchError``); the fast paths check the
+pairs like written arguments (:func:`~.fastpath.out_overlap`,
+:func:`~.fastpath.written_pairs`) and hand such a call to the general path.
 """
 
 from __future__ import annotations

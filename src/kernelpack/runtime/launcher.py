@@ -24,13 +24,14 @@ from typing import Any, Callable, Sequence
 
 from ..errors import LaunchError
 from . import driver as _drv
+from .aliasing import inputs_to_copy_for_written
 from .arrays import (GENERIC, Adapter, adapter_for, check_stream_device, readonly_why,
                      release_held, stream_handle)
 from .binding import BoundSummary, scalar_range
 from .device import Device, check_ordinal, current_device_ordinal, get_device
 from .library import load_module, preload
 from .native import launcher
-from .execute import check_written_arguments, run
+from .execute import run
 from .scalars import convert_scalar
 
 __all__ = ["BoundProgram", "bind"]
@@ -247,10 +248,10 @@ class BoundProgram:
                 check_ordinal(device, f"{self.name}: argument {first!r}")
             st = self.state(device)
         spans = _input_spans(inputs, vals, shapes) if out is not None or self.written else ()
-        if self.written:
-            check_written_arguments(self.name, spans, self.written,
-                                    self.bound.in_place_refused(plan.variant))
-        result = run(self, st, device, sh, adapter, vals, plan, out, spans)
+        copies = inputs_to_copy_for_written(self.name, spans, self.written,
+                                            self.bound.in_place_refused(plan.variant)
+                                            ) if self.written else ()
+        result = run(self, st, device, sh, adapter, vals, plan, out, spans, copies)
         if adapter.name not in self._fast_for and adapter.name in ("torch", "cupy"):
             with self._lock:  # a framework imported after binding: cover it too
                 self._refresh_fast_path()

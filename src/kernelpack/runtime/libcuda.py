@@ -340,6 +340,15 @@ class LibCuda:
             return self._call("cuMemcpyDtoH", dst,  # type: ignore[return-value]
                               _handle(src), nbytes)
 
+    def cuMemcpyDtoDAsync(self, dst: Any, src: Any, nbytes: int, stream: Any) -> tuple[int]:
+        """ValueError for a negative ``nbytes`` (it would reach the driver as SIZE_MAX)."""
+        nbytes = int(nbytes)
+        if nbytes < 0:
+            raise ValueError(f"LibCuda.cuMemcpyDtoDAsync: nbytes must be 0 or more "
+                             f"(got {nbytes})")
+        return self._call("cuMemcpyDtoDAsync", _handle(dst),  # type: ignore[return-value]
+                          _handle(src), nbytes, _handle(stream))
+
     def cuMemsetD8Async(self, ptr: Any, value: int, count: int, stream: Any) -> tuple[int]:
         """ValueError for a ``value`` not in 0..255 (an ``unsigned char``: driver_call passes
         64 bits, so 0x1AB's high bits would reach the driver; cuda.bindings refuses it too)."""
