@@ -702,9 +702,12 @@ static int huf_decode(const Ctx *c, const uint8_t *p, size_t n, uint8_t *out, si
             return fail(err, "Huffman jump table: streams of %zu bytes in %zu",
                         sz[0] + sz[1] + sz[2], n - 6);
         sz[3] = n - 6 - sz[0] - sz[1] - sz[2];
-        if (3 * seg > regen)
-            return fail(err, "Huffman literals: %zu literals cannot be split in 4 streams",
-                        regen);
+        /* libzstd (MIN_LITERALS_FOR_4_STREAMS) refuses fewer than 6 literals in 4 streams,
+         * and from 6 on, 3 streams of ceil(regen / 4) leave the fourth its share (review 53:
+         * 3 and 4 literals were decoded here and refused by libzstd and zstandard) */
+        if (regen < 6)
+            return fail(err, "Huffman literals: %zu literals cannot be split in 4 streams "
+                        "(6 at least)", regen);
         for (int k = 0; k < 4; k++) {
             if (bb_init(&b[k], p + at, sz[k]) != 0)
                 return fail(err, "Huffman stream %d is empty or has no end marker", k + 1);
