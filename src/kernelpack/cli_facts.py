@@ -141,8 +141,9 @@ def in_place_facts(summary: KernelSummary, variant: int, text: ExprText | None =
                    ) -> list[dict[str, str]] | None:
     """The output (or ``inout``) and input pairs of ``variant`` that may not run in place: a
     call passing one as the very same memory reads the input from a copy (runtime/
-    aliasing.py), each with why (the runtime's rule: runtime/in_place.py), in name order; None once the work (see :data:`IN_PLACE_WORK`) would pass what is left of it in
-    ``text`` (one budget for a whole artifact)."""
+    aliasing.py), each with why (the runtime's rule: runtime/in_place.py), in name order;
+    None once the work (see :data:`IN_PLACE_WORK`) would pass what is left of it in ``text``
+    (one budget for a whole artifact)."""
     from .runtime.in_place import refused_in_variant
 
     budget = text or ExprText()

@@ -228,20 +228,25 @@ def test_a_failed_copy_raises_and_launches_nothing(fake, monkeypatch) -> None:
     assert _floats(x, 3) == [1.0, 2.0, 3.0]
 
 
-def test_an_empty_out_inside_an_input_shares_nothing(fake) -> None:
-    """Kills G15/G16 (``if not n0: continue`` dropped in ``inputs_to_copy_for_outputs``: an
-    empty ``out=`` whose pointer lies inside an input was refused as a partial overlap)."""
-    assert inputs_to_copy_for_outputs("f", [(104, 0, "o")], [(100, 8, "x")], ("o",), (),
-                                      {("o", "x"): "why"}) == set()
-    name = "empty_out"
+def doubled_z(name: str) -> Compiled:
+    """``o = 2z`` (one launch), beside an input ``x`` that no kernel reads: ``x`` only gives
+    ``out=`` memory to lie in."""
     summary = KernelSummary(
         name, (TensorSpec("x", kp.f32, ("n",)), TensorSpec("z", kp.f32, ("m",)),
                TensorSpec("o", kp.f32, ("m",), role="out"), Scalar("n32", kp.u32, value="m")),
         (Variant((Launch("twice", name, (kp.cdiv("m", 256),), (256,),
                          (Arg.buffer("z"), Arg.buffer("o"), Arg.scalar("n32"))),)),))
+    return Compiled(summary, _module(name))
+
+
+def test_an_empty_out_inside_an_input_shares_nothing(fake) -> None:
+    """Kills G15/G16 (``if not n0: continue`` dropped in ``inputs_to_copy_for_outputs``: an
+    empty ``out=`` whose pointer lies inside an input was refused as a partial overlap)."""
+    assert inputs_to_copy_for_outputs("f", [(104, 0, "o")], [(100, 8, "x")], ("o",), (),
+                                      {("o", "x"): "why"}) == set()
     base = HostArray([1.0, 2.0, 3.0, 4.0])
     o = _host_view(base, 4, 0)  # no element, its pointer inside x
-    assert call_program(Compiled(summary, _module(name)), base, HostArray([]), out=o) is o
+    assert call_program(doubled_z("empty_out"), base, HostArray([]), out=o) is o
     assert _launches(fake) == 0 and _copies(fake) == []
     assert _floats(base, 4) == [1.0, 2.0, 3.0, 4.0]
 
@@ -264,13 +269,7 @@ def test_fast_paths_refuse_an_out_at_an_inputs_start_of_another_size(fake, launc
     mod = request.getfixturevalue(framework)
     make, view = ((lambda v: Tensor(v, mod.float32), _tensor_view) if framework == "torch"
                   else (NDArray, _array_view))
-    name = "shorter_out"
-    summary = KernelSummary(
-        name, (TensorSpec("x", kp.f32, ("n",)), TensorSpec("z", kp.f32, ("m",)),
-               TensorSpec("o", kp.f32, ("m",), role="out"), Scalar("n32", kp.u32, value="m")),
-        (Variant((Launch("twice", name, (kp.cdiv("m", 256),), (256,),
-                         (Arg.buffer("z"), Arg.buffer("o"), Arg.scalar("n32"))),)),))
-    prog = Compiled(summary, _module(name))
+    prog = doubled_z("shorter_out")
     x, z, o = make([1.0, 2.0, 3.0, 4.0]), make([5.0, 6.0]), make([0.0, 0.0])
     call_program(prog, x, z, out=o)
     call_program(prog, x, z, out=o)  # the fast path is built and taken from here on

@@ -84,7 +84,7 @@ def inputs_to_copy_for_outputs(program: str, outs: Sequence[Span], inputs: Seque
         for p1, n1, b in inputs:
             if not n1 or not overlaps(p0, n0, p1, n1):
                 continue
-            if partially_overlaps(p0, n0, p1, n1):
+            if p0 != p1 or n0 != n1:  # shared, but not the very same range
                 in_place = "" if b in written else (
                     f", or the very same array as {b!r} for in-place use")
                 raise LaunchError(
@@ -122,7 +122,7 @@ def inputs_to_copy_for_written(program: str, spans: Sequence[Span], written: Col
                     f"{program}: arguments {a!r} and {b!r} overlap in memory ({a!r} {n0} bytes "
                     f"at {p0:#x}, {b!r} {n1} bytes at {p1:#x}), and the program writes both "
                     f"(role 'inout'); pass a separate array for each")
-            if partially_overlaps(p0, n0, p1, n1):
+            if p0 != p1 or n0 != n1:  # shared, but not the very same range
                 raise LaunchError(
                     f"{program}: argument {a!r}, which the program writes (role 'inout'), "
                     f"partially overlaps argument {b!r} in memory ({a!r} {n0} bytes at "
