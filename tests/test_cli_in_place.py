@@ -140,12 +140,17 @@ def test_inspect_of_compiled_fusions(tmp_path: Path, capsys: pytest.CaptureFixtu
              for f in (double_and_sum, double_and_other_sum, double_and_colsum)], str(path))
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
-    # once per program (double_and_sum, double_and_colsum's variant 0), then referred to
-    assert out.count("in place: out0 over x reads x from a copy: a later kernel of the program reads 'x' "
-                     "after an earlier one stored to 'out0'") == 2
+    # once per program (double_and_sum, double_and_colsum's variant 0), then referred to;
+    # and once more for double_and_colsum's last variant (one thread per column sum), whose
+    # kernel storing out1 reads x down a column: a pair of its own (format 1.1)
+    late = ("in place: out0 over x reads x from a copy: a later kernel of the program reads "
+            "'x' after an earlier one stored to 'out0'")
+    assert out.count(late) == 3
+    assert out.count("in place: out1 over x reads x from a copy: the kernel that stores to "
+                     "'out1' reads 'x' at other elements than the ones it stores") == 1
     variants = len(kp.load(str(path))["double_and_colsum"].summary.variants)
-    assert variants > 1
-    assert out.count("in place: the same pairs copied as in variant 0") == variants - 1
+    assert variants > 2
+    assert out.count("in place: the same pairs copied as in variant 0") == variants - 2
     assert "out0 over y reads y from a copy" in out  # the other program: the sum reads y, not x
     assert main(["inspect", str(path), "--json"]) == 0
     programs = {p["name"]: p for p in json.loads(capsys.readouterr().out)["programs"]}

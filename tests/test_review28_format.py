@@ -52,7 +52,8 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
     "Scratch": [("name", "str"), ("dtype", "u8"), ("shape", "[u32]"), ("zero_init", "bool")],
     "Arg": [("kind", "u8"), ("name", "str"), ("value", "u32"), ("dtype", "u8")],
     "Launch": [("kernel", "str"), ("module", "str"), ("grid", "Dim3"), ("block", "Dim3"),
-               ("shared_mem", "u32"), ("count", "i32"), ("loop", "str"), ("args", "[Arg]")],
+               ("shared_mem", "u32"), ("count", "i32"), ("loop", "str"), ("args", "[Arg]"),
+               ("reads_elsewhere", "[str]")],  # format 1.1
     "Variant": [("predicate", "i32"), ("scratch", "[Scratch]"), ("launches", "[Launch]")],
 }
 SCALAR_FMT = {"u8": "<B", "u16": "<H", "u32": "<I", "i32": "<i", "u64": "<Q", "bool": "<B",
@@ -753,11 +754,34 @@ def test_major_zero_or_absent_is_a_format_error(major: int | None) -> None:
     refused(mutated(f), kp.FormatError, "format_major")
 
 
+@pytest.mark.parametrize("names, words", [
+    (["y"], None), (["x", "y"], None),
+    (["a"], ["reads_elsewhere", "'a' is not a buffer argument", "['x', 'y']"]),
+    (["q"], ["reads_elsewhere", "'q'"]), (["x", "x"], ["reads_elsewhere", "twice"])])
+def test_reads_elsewhere_of_format_1_1(names: list[str], words: list[str] | None) -> None:
+    """Format 1.1's ``Launch.reads_elsewhere``: names of the launch's Buffer arguments, each
+    once (FORMAT.md §3, 8); anything else is a FormatError naming the program and launch."""
+    def f(m: dict) -> None:
+        m["pack"]["format_minor"] = 1
+        _L(m)["reads_elsewhere"] = names
+    if words is None:
+        pack = load_all(mutated(f))
+        summary = pack["axpy"].summary
+        assert summary.variants[0].launches[0].reads_elsewhere == tuple(names)
+        from kernelpack.runtime.in_place import refused_in_variant
+
+        # y (inout) over x: copied when the kernel says it reads x elsewhere
+        refusals = refused_in_variant(summary, 0)
+        assert ("y", "x") in refusals if "x" in names else ("y", "x") not in refusals
+    else:
+        refused(mutated(f), kp.FormatError, "axpy", *words)
+
+
 @pytest.mark.parametrize("case", ["minor absent", "minor 9", "Pack", "Program", "ImageMeta",
                                   "Launch", "Body, minor 0"])
 def test_newer_minor_and_appended_fields_are_accepted(case: str) -> None:
     def f(m: dict) -> None:
-        m["pack"]["format_minor"] = 1
+        m["pack"]["format_minor"] = 2  # (1 is the current minor)
         if case == "minor absent":
             m["pack"].pop("format_minor")
         elif case == "minor 9":
@@ -769,7 +793,7 @@ def test_newer_minor_and_appended_fields_are_accepted(case: str) -> None:
         elif case == "ImageMeta":
             _IMG(m)["__extra__"] = [Extra(12, "[u32]", [1, 2, 3])]
         elif case == "Launch":
-            _L(m)["__extra__"] = [Extra(8, "Variant", {})]
+            _L(m)["__extra__"] = [Extra(9, "Variant", {})]
         else:
             m["pack"]["format_minor"] = 0
             m["body"]["__extra__"] = [Extra(3, "str", "x")]
@@ -1409,7 +1433,15 @@ def check_file_by_the_spec(data: bytes, require_isa: bool = True) -> tuple[dict,
     """Every documented property of a writer's output, read with the independent reader."""
     pack, body, outer, inner = decode_file(data)
     assert data[4:8] == b"KPAK"
-    assert (pack.get("format_major", 0), pack.get("format_minor", 0)) == (1, 0)
+    every = [ln for p in body.get("programs", []) for v in p.get("variants", [])
+             for ln in v.get("launches", [])]
+    for ln in every:  # 1.1: names of the launch's own buffer arguments, each once
+        names = ln.get("reads_elsewhere", [])
+        buffers = {a.get("name") for a in ln.get("args", []) if a.get("kind", 0) == 0}
+        assert len(set(names)) == len(names) and set(names) <= buffers, ln
+    # the oldest version that holds everything: 1.1 only where a launch uses its field
+    newest = 1 if any(ln.get("reads_elsewhere") for ln in every) else 0
+    assert (pack.get("format_major", 0), pack.get("format_minor", 0)) == (1, newest)
     assert pack["_body_at"] % 8 == 0
     assert pack["body_digest"] == sha(pack["body"])
     outer.check_no_sharing()
@@ -1494,6 +1526,9 @@ def test_reader_signed_save(compiled: list[kp.Compiled], tmp_path: Path) -> None
 
 def test_reader_golden_and_hand_written_resave() -> None:
     check_file_by_the_spec((ROOT / "tests" / "golden" / "format-1.0.kpack").read_bytes())
+    _, body = check_file_by_the_spec((ROOT / "tests" / "golden" / "format-1.1.kpack").read_bytes())
+    launches = [ln for p in body["programs"] for v in p["variants"] for ln in v["launches"]]
+    assert [ln.get("reads_elsewhere") for ln in launches if ln.get("reads_elsewhere")] == [["x"]]
     hand = kp.load(assemble(axpy_model()))
     data = kp.save([hand.compiled("axpy")])
     _, body = check_file_by_the_spec(data)

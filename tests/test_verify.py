@@ -174,7 +174,7 @@ def test_newer_major_is_compatibility_error_before_anything_else() -> None:
     pos = Table.root(bytes(data), "Pack").position("format_major")
     struct.pack_into("<H", data, pos, 2)
     data[-16:] = b"\xff" * 16  # the rest need not even be valid
-    raises(CompatibilityError, "format 2.0 is newer", data)
+    raises(CompatibilityError, r"format 2\.\d+ is newer", data)
 
 
 def test_major_zero_is_format_error() -> None:

@@ -222,6 +222,8 @@ def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
             kernel = text(b, ln.kernel, f"{where} kernel")
             module = text(b, ln.module, f"{where} module")
             loop, args_vec = text(b, ln.loop, f"{where} loop symbol"), offset_vector(b, args)
+            elsewhere = string_vector(b, ln.reads_elsewhere, f"{where} reads_elsewhere") \
+                if ln.reads_elsewhere else 0  # (absent: 1.0 readers see the same table)
             FLaunch.Start(b)
             FLaunch.AddKernel(b, kernel)
             FLaunch.AddModule(b, module)
@@ -232,6 +234,8 @@ def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
                 FLaunch.AddCount(b, r[count])
             FLaunch.AddLoop(b, loop)
             FLaunch.AddArgs(b, args_vec)
+            if elsewhere:
+                FLaunch.AddReadsElsewhere(b, elsewhere)
             launch_tables.append(FLaunch.End(b))
         scratch_vec, launch_vec = offset_vector(b, scratch_tables), offset_vector(b, launch_tables)
         FVariant.Start(b)

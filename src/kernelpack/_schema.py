@@ -64,7 +64,8 @@ TABLES: dict[str, tuple[tuple[str, str, int], ...]] = {
             ("dtype", "DType", 0)),
     "Launch": (("kernel", "str", N), ("module", "str", N), ("grid", "Dim3", 0),
                ("block", "Dim3", 0), ("shared_mem", "u32", 0), ("count", "i32", 0),
-               ("loop", "str", N), ("args", "[Arg]", MAX_ARGS)),
+               ("loop", "str", N), ("args", "[Arg]", MAX_ARGS),
+               ("reads_elsewhere", "[str]", MAX_ARGS)),  # 1.1
     "Variant": (("predicate", "i32", 0), ("scratch", "[Scratch]", MAX_SCRATCH),
                 ("launches", "[Launch]", MAX_LAUNCHES)),
 }

@@ -96,7 +96,17 @@ class Arg:
 @dataclass(frozen=True)
 class Launch:
     """One kernel launch. With ``count`` it repeats ``count`` times in order, and ``loop`` names
-    the symbol (0, 1, ...) usable in its grid, block, shared memory and value arguments."""
+    the symbol (0, 1, ...) usable in its grid, block, shared memory and value arguments.
+
+    ``reads_elsewhere`` names the buffer arguments the kernel may read at elements other than
+    the ones it stores: ``x @ x.T`` as one kernel reads row ``j`` of ``x`` for ``out[i, j]``.
+    The runtime then never runs an output of this launch over such an input in place (it
+    reads the input from a copy: :mod:`kernelpack.runtime.in_place`). Empty says the kernel
+    reads each input element only to compute the output elements stored over it, as an
+    elementwise kernel or a row kernel that reads its whole row before storing it does. The
+    lowering fills it for every kernel it emits; a hand-written (external) launch must name
+    what its kernel reads elsewhere, or in-place calls can give wrong results. Format 1.1.
+    """
 
     kernel: str
     module: str
@@ -106,10 +116,11 @@ class Launch:
     shared_mem: Expr = field(default_factory=lambda: const(0))
     count: Expr | None = None
     loop: str = ""
+    reads_elsewhere: tuple[str, ...] = ()
 
     def __init__(self, kernel: str, module: str, grid: Dim3Like, block: Dim3Like,
                  args: Iterable[Arg], shared_mem: ExprLike = 0, count: ExprLike | None = None,
-                 loop: str = "") -> None:
+                 loop: str = "", reads_elsewhere: Iterable[str] = ()) -> None:
         _set(self, "kernel", kernel)
         _set(self, "module", module)
         _set(self, "grid", grid)
@@ -118,6 +129,7 @@ class Launch:
         _set(self, "shared_mem", shared_mem)
         _set(self, "count", count)
         _set(self, "loop", loop)
+        _set(self, "reads_elsewhere", reads_elsewhere)
         self.__post_init__()
 
     def __post_init__(self) -> None:
@@ -147,6 +159,25 @@ class Launch:
                 _name(self.loop, "loop symbol")
         elif self.loop:
             raise ValueError(f"launch {self.kernel!r}: loop symbol {self.loop!r} given without count")
+        if self.reads_elsewhere.__class__ is not tuple or self.reads_elsewhere:
+            self._check_reads_elsewhere()
+
+    def _check_reads_elsewhere(self) -> None:
+        """``reads_elsewhere`` as a tuple of distinct names of this launch's buffer arguments."""
+        names = self.reads_elsewhere
+        where = f"launch {self.kernel!r}: reads_elsewhere"
+        if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+            raise TypeError(f"{where} must be a sequence of buffer argument names "
+                            f"(got {names!r:.80})")
+        names = tuple(names)
+        buffers = {a.name for a in self.args if a.kind == "buffer"}
+        for name in names:
+            if not isinstance(name, str) or name not in buffers:
+                raise ValueError(f"{where}: {name!r:.80} is not a buffer argument of the launch "
+                                 f"(its buffers: {sorted(buffers)})")
+        if len(set(names)) != len(names):
+            raise ValueError(f"{where} names a buffer twice: {list(names)}")
+        object.__setattr__(self, "reads_elsewhere", names)
 
     def expressions(self) -> Iterator[Expr]:
         yield from self.grid

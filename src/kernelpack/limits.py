@@ -19,7 +19,7 @@ __all__ = [
 
 FILE_IDENTIFIER = b"KPAK"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1
 
 MAX_FILE_SIZE = (1 << 31) - 1          # FlatBuffers' own offset range
 MAX_PROGRAMS = 100_000

@@ -222,7 +222,8 @@ def check_readable(data: bytes, programs: list[str], modules: list[str]) -> None
                          f"{message}") from None
 
 
-def assemble(body: bytes, blobs: list[bytes], signature: tuple[bytes, bytes] | None) -> bytes:
+def assemble(body: bytes, blobs: list[bytes], signature: tuple[bytes, bytes] | None,
+             minor: int = FORMAT_MINOR) -> bytes:
     """The outer ``Pack`` around an encoded body; ``signature`` is (public key, signature)."""
     b = flatbuffers.Builder(len(body) + sum(len(x) + 16 for x in blobs) + 1024)
     blob_offsets = []
@@ -243,7 +244,7 @@ def assemble(body: bytes, blobs: list[bytes], signature: tuple[bytes, bytes] | N
     body_vec = byte_vector(b, body, BODY_ALIGNMENT)
     FPack.Start(b)
     FPack.AddFormatMajor(b, FORMAT_MAJOR)
-    FPack.AddFormatMinor(b, FORMAT_MINOR)
+    FPack.AddFormatMinor(b, minor)
     FPack.AddBody(b, body_vec)
     FPack.AddBodyDigest(b, digest)
     FPack.AddBlobs(b, blobs_vec)
@@ -290,7 +291,20 @@ def resign(pack: object, sign_with: object) -> bytes:
         raise IntegrityError(f"{getattr(file, 'path', 'file')}: the body changed after the "
                              f"file was loaded and verified; not signing it")
     blobs = [bytes(blob.view("data")) for blob in fpack.get("blobs")]
-    return assemble(body, blobs, sign_digest(sign_with, hashlib.sha256(body).digest()))
+    # the file's own version: a 1.0 body stays a 1.0 file, byte for byte as its writer signed
+    return assemble(body, blobs, sign_digest(sign_with, hashlib.sha256(body).digest()), minor)
+
+
+def format_minor(compiled: Iterable[Compiled]) -> int:
+    """The oldest minor version of the format that holds everything ``compiled`` says: 1 when
+    a launch names what it reads elsewhere (``Launch.reads_elsewhere``, added in 1.1), else
+    0, so that a file without 1.1's field is the 1.0 file its older writer wrote, byte for
+    byte (its signatures and the golden files stay as they were)."""
+    for c in compiled:
+        for v in c.summary.variants:
+            if any(ln.reads_elsewhere for ln in v.launches):
+                return 1
+    return 0
 
 
 def save(items: object, path_or_file: PathOrFile = None, *, sign_with: object = None) -> bytes:
@@ -327,7 +341,7 @@ def save(items: object, path_or_file: PathOrFile = None, *, sign_with: object = 
         key = load_for("sign_with", load_private_key, sign_with)
         _check_signatures_intact(packs)
         signature = sign_digest(key, hashlib.sha256(body).digest())
-    data = assemble(body, blobs, signature)
+    data = assemble(body, blobs, signature, format_minor(compiled))
     check_readable(data, sorted({c.name for c in compiled}),
                    sorted({ln.module for c in compiled for v in c.summary.variants
                            for ln in v.launches}))

@@ -1,7 +1,8 @@
-"""The committed format-1.0 artifact keeps loading, forever.
+"""The committed format-1.0 and format-1.1 artifacts keep loading, forever.
 
-Never regenerate format-1.0.kpack to make this pass: a failure here means a reader change broke
+Never regenerate a golden .kpack to make this pass: a failure here means a reader change broke
 compatibility with files already in the field. (A new format version adds a new golden file.)
+1.1 differs from 1.0 in one launch's ``reads_elsewhere`` (the field 1.1 added).
 """
 
 from __future__ import annotations
@@ -16,39 +17,51 @@ import pytest
 import kernelpack as kp
 
 HERE = Path(__file__).parent
-FILE = HERE / "format-1.0.kpack"
-FACTS = json.loads((HERE / "format-1.0.json").read_text())
+MINORS = (0, 1)
 sys.path.insert(0, str(HERE))
 from make_golden import summaries  # noqa: E402
 
 
+def _facts(minor: int) -> dict:
+    return json.loads((HERE / f"format-1.{minor}.json").read_text())
+
+
+@pytest.fixture(scope="module", params=MINORS, ids=[f"format-1.{m}" for m in MINORS])
+def minor(request: pytest.FixtureRequest) -> int:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def pack() -> kp.Pack:
-    return kp.load(FILE)
+def pack(minor: int) -> kp.Pack:
+    return kp.load(HERE / f"format-1.{minor}.kpack")
 
 
-def test_file_is_the_committed_one() -> None:
-    assert hashlib.sha256(FILE.read_bytes()).hexdigest() == FACTS["sha256"]
+def test_file_is_the_committed_one(minor: int) -> None:
+    data = (HERE / f"format-1.{minor}.kpack").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == _facts(minor)["sha256"]
 
 
-def test_loads_and_verifies(pack: kp.Pack) -> None:
-    assert pack.format_version == (1, 0)
-    assert pack.programs == FACTS["programs"] == ["axpy", "features"]
+def test_loads_and_verifies(pack: kp.Pack, minor: int) -> None:
+    assert pack.format_version == (1, minor)
+    assert pack.programs == _facts(minor)["programs"] == ["axpy", "features"]
     assert pack.signature is None
     assert pack.generator.startswith("kernelpack ")
     pack.verify()
 
 
-def test_summaries(pack: kp.Pack) -> None:
-    axpy, features = summaries()
+def test_summaries(pack: kp.Pack, minor: int) -> None:
+    axpy, features = summaries(minor)
     assert pack["axpy"].summary == axpy
     assert pack["features"].summary == features
+    elsewhere = pack["features"].summary.variants[0].launches[0].reads_elsewhere
+    assert elsewhere == (("x",) if minor else ())
 
 
-def test_images_and_raw_digests(pack: kp.Pack) -> None:
+def test_images_and_raw_digests(pack: kp.Pack, minor: int) -> None:
     images = {i.target: i for i in pack.modules["axpy"].images}
-    assert sorted(images) == sorted(FACTS["images"]) == ["compute_80", "sm_80", "sm_90"]
-    for target, fact in FACTS["images"].items():
+    facts = _facts(minor)["images"]
+    assert sorted(images) == sorted(facts) == ["compute_80", "sm_80", "sm_90"]
+    for target, fact in facts.items():
         info = images[target]
         data = info.read()
         assert hashlib.sha256(data).hexdigest() == info.raw_digest == fact["raw_digest"]
@@ -76,6 +89,7 @@ def test_plans(pack: kp.Pack) -> None:
 def test_resaving_keeps_summaries_and_images(pack: kp.Pack) -> None:
     # Not byte equality: stored bytes depend on the zstd library's version, raw bytes do not.
     again = kp.load(kp.save(pack))
+    assert again.format_version == pack.format_version  # the oldest version that holds it
     assert again.programs == pack.programs
     assert all(again[n].summary == pack[n].summary for n in pack.programs)
     assert [i.raw_digest for i in again.modules["axpy"].images] == \

@@ -128,3 +128,39 @@ def test_an_optimizer_step_updates_its_state_in_place(n):
         want_p = want_p - 0.01 * want_m
         check(host(m), want_m, 1e-5, f"m after step {step} (n={n})")
         check(host(p), want_p, 1e-5, f"p after step {step} (n={n})")
+
+
+@kp.fusion
+def s40_gram(x: T[kp.f32, "n", "k"]):
+    return (x[:, None, :] * x[None, :, :]).sum(-1)
+
+
+@kp.fusion
+def s40_at_b(a: T[kp.f32, "k", "n"], b: T[kp.f32, "k", "m"]):
+    return (a[:, :, None] * b[:, None, :]).sum(0)
+
+
+@on_gpu
+@pytest.mark.parametrize("n", [3, 40, 300])
+def test_a_contraction_over_its_input_reads_a_copy(n):
+    """Review 54's gap, closed in session 40: ``x @ x.T`` (one kernel reading rows ``i`` and
+    ``j`` of ``x`` for ``out[i, j]``) and ``a.T @ b`` with the output over their input ran in
+    place and gave wrong results. Each launch now names what it reads elsewhere
+    (``Launch.reads_elsewhere``, format 1.1) and the call reads that input from a copy."""
+    pack = kp.load(kp.save([kp.compile(f, targets=targets(_NO_GPU)) for f in (s40_gram,
+                                                                               s40_at_b)]))
+    assert pack.format_version == (1, 1)
+    rng = np.random.default_rng(n)
+    xh = rng.standard_normal((n, n)).astype(np.float32)
+    want = xh.astype(np.float64) @ xh.T.astype(np.float64)
+    for call in range(3):
+        x = cuda(xh)
+        assert pack["s40_gram"](x, out=x) is x
+        check(host(x), want, 1e-5, f"x @ x.T over x, call {call} (n={n})")
+    ah = rng.standard_normal((n, n)).astype(np.float32)
+    want = ah.T.astype(np.float64) @ xh.astype(np.float64)
+    for over in ("a", "b"):
+        a, b = cuda(ah), cuda(xh)
+        out = a if over == "a" else b
+        assert pack["s40_at_b"](a, b, out=out) is out
+        check(host(out), want, 1e-5, f"a.T @ b over {over} (n={n})")

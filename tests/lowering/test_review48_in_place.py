@@ -312,6 +312,11 @@ def outer(x: T[kp.f32, "n", 1], y: T[kp.f32, 1, "m"]):
 
 
 @kp.fusion
+def scale_columns(x: T[kp.f32, "n", "m"], y: T[kp.f32, 1, "m"]):
+    return x * y
+
+
+@kp.fusion
 def pad_same(x: T[kp.f32, "n"], y: T[kp.f32, "m"]):
     return kp.pad(x, y.shape[0]) + y
 
@@ -432,7 +437,7 @@ def short_rows_elsewhere(a: T[kp.f32, "n", "m"], b: T[kp.f32, "m", "n"]):
 SWEEP: dict[str, tuple[Any, str, dict | None, Callable[[], list], tuple[str, ...]]] = {
     "pointwise": (scale, "", None, lambda: [f32(7, 33)], ("pointwise",)),
     "pointwise-heavy": (heavy, "", None, lambda: [f32(301)], ("pointwise",)),
-    "broadcast-outer": (outer, "", None, lambda: [f32(1, 1), f32(1, 70)], ("pointwise",)),
+    "broadcast": (scale_columns, "", None, lambda: [f32(5, 70), f32(1, 70)], ("pointwise",)),
     "pad": (pad_same, "", None, lambda: [f32(50), f32(50)], ("pointwise",)),
     "int8-to-bool": (positive, "", None, lambda: [_rng().integers(-3, 3, (5, 64)).astype(
         np.int8)], ("pointwise",)),
@@ -507,6 +512,19 @@ def test_allowed_in_place_calls_give_the_separate_buffers_result(name, monkeypat
     assert pairs, f"{name}: no in-place pair to check ({launches})"
     wrong = list(wrong_in_place(k, inputs, pairs))
     assert not wrong, f"{name} {launches}:\n" + "\n".join(wrong)
+
+
+def test_an_output_over_an_input_it_broadcasts_reads_it_from_a_copy():
+    """``x * y`` with ``x`` (n, 1) and ``y`` (1, m): at n = 1 the output is ``y``'s size, and
+    in place it would be right, but only because n is 1 at run time; the kernel reads each
+    element of ``y`` for a whole column of the output (``Launch.reads_elsewhere``, session
+    40), so the call reads ``y`` from a copy. (Until then this was the sweep's broadcast
+    case, allowed in place.)"""
+    k = Kernels(outer)
+    inputs = [f32(1, 1), f32(1, 70)]
+    pairs, refused = allowed_pairs(k, inputs)
+    assert (pairs, refused) == ([], 1)
+    assert not list(wrong_in_place(k, inputs, [("out", "y")]))
 
 
 # one-output random fusions whose sizes allow in-place use, cheap ones with row, column, strided

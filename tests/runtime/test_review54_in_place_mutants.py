@@ -44,7 +44,11 @@ A real gap, not a mutant: the rule trusts that a one-output kernel reads each in
 only to compute the output element over it. A contraction breaks that: ``(x[:, None, :] *
 x[None, :, :]).sum(-1)`` (one ``rowthread`` launch) or ``(a[:, :, None] * b[:, None,
 :]).sum(0)`` (one pointwise launch summing columns inline) is allowed in place over ``x``,
-``a`` or ``b`` and gives wrong results: the strict xfail below.
+``a`` or ``b`` and gave wrong results. Closed in session 40: since format 1.1 each launch
+names the inputs it reads at other elements than the ones it stores
+(``Launch.reads_elsewhere``, filled by lowering/elsewhere.py) and the runtime reads those from
+a copy. The test below now checks that each such pair is refused and that, forced through in
+place, it is still wrong (so the refusal is needed).
 """
 
 from __future__ import annotations
@@ -97,18 +101,17 @@ def r54_at_b(a: T[kp.f32, "n", "n"], b: T[kp.f32, "n", "n"]):  # noqa: F821 - di
     return (a[:, :, None] * b[:, None, :]).sum(0)
 
 
-@pytest.mark.xfail(strict=True, reason="review 54: a one-launch, one-output program whose "
-                   "output element reads input elements at other positions (a contraction) "
-                   "is allowed in place and gives wrong results")
 @pytest.mark.parametrize("f, pair, n", [(r54_gram, ("out", "x"), 6), (r54_at_b, ("out", "b"), 5),
                                         (r54_at_b, ("out", "a"), 5)])
-def test_a_contraction_in_place_is_refused_or_right(f, pair, n):
+def test_a_contraction_in_place_is_refused_and_needs_to_be(f, pair, n):
     k = Kernels(f)
     inputs = [_rng_f32(n, n) for _ in k.summary.inputs]
     plan = k.planner.plan(*[v.shape for v in inputs])
-    assert len(plan.launches) == 1
+    (launch,) = k.summary.variants[plan.variant].launches
+    assert pair[1] in launch.reads_elsewhere, launch
     refused = BoundSummary(k.summary).in_place_refused(plan.variant)
-    assert pair in refused or not _in_place_differs(k, inputs, pair)
+    assert "at other elements" in refused[pair], refused
+    assert _in_place_differs(k, inputs, pair)  # forced through: wrong, so the copy is needed
 
 
 # ---- runtime/in_place.py -------------------------------------------------------------------------

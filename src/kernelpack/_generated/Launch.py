@@ -110,8 +110,28 @@ class Launch(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
         return o == 0
 
+    # Launch
+    def ReadsElsewhere(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.String(a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return ""
+
+    # Launch
+    def ReadsElsewhereLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Launch
+    def ReadsElsewhereIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        return o == 0
+
 def LaunchStart(builder):
-    builder.StartObject(8)
+    builder.StartObject(9)
 
 def Start(builder):
     LaunchStart(builder)
@@ -169,6 +189,18 @@ def LaunchStartArgsVector(builder, numElems):
 
 def StartArgsVector(builder, numElems):
     return LaunchStartArgsVector(builder, numElems)
+
+def LaunchAddReadsElsewhere(builder, readsElsewhere):
+    builder.PrependUOffsetTRelativeSlot(8, flatbuffers.number_types.UOffsetTFlags.py_type(readsElsewhere), 0)
+
+def AddReadsElsewhere(builder, readsElsewhere):
+    LaunchAddReadsElsewhere(builder, readsElsewhere)
+
+def LaunchStartReadsElsewhereVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def StartReadsElsewhereVector(builder, numElems):
+    return LaunchStartReadsElsewhereVector(builder, numElems)
 
 def LaunchEnd(builder):
     return builder.EndObject()

@@ -334,6 +334,7 @@ def summarize(b: Build) -> Build:
         params.append(Tensor(oname, node.dtype, node.shape, role="out"))
     syms = symbols_of(graph)
     scratch = dict(b.scratch)
+    from .elsewhere import reads_elsewhere
     from .kernels import signature
 
     emitted = dict(b.kernel_buffers)  # a build stopped before llvm_ir: every buffer
@@ -353,8 +354,9 @@ def summarize(b: Build) -> Build:
                     bufs = [(n, dt) for n, dt in bufs if n in kept]
                 args = [Arg.buffer(n) for n, _ in bufs] + [Arg.scalar(n) for n, _ in scalars] \
                     + [Arg.of(sym(s), int64) for s in syms]
+                elsewhere = reads_elsewhere(graph, spec, [n for n, _ in bufs])
                 launches.append(Launch(spec.name, graph.name, (spec.grid,), (spec.block,),
-                                       tuple(args)))
+                                       tuple(args), reads_elsewhere=elsewhere))
         out_variants.append(Variant(tuple(launches), tuple(ws), pred))
     constraints = _pad_constraints(graph)
     evaluated = [d for p in params if isinstance(p, Tensor) for d in p.shape]

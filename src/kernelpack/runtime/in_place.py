@@ -5,8 +5,9 @@ An ``out=`` array (or an ``inout`` argument) that is the very same memory as a r
 it needs before it stores over them, and no other thread or later kernel reads them after.
 What a kernel does inside is not in the summary; which arrays it takes is (a launch's buffer
 arguments: a compiled fusion's kernels take only those their code loads or stores, since
-session 38). Three cases are, and each makes the right answer depend on the order of the
-device's stores and loads:
+session 38), and so, since format 1.1, is which inputs each kernel reads at elements other
+than the ones it stores (``Launch.reads_elsewhere``, filled by the lowering). Four cases make
+the right answer depend on the order of the device's stores and loads:
 
 - **a later launch reads the input** after an earlier one stored to the written array (or the
   same launch repeats). ``x * 2, x.sum(0)`` compiles to a pointwise kernel, then a column
@@ -15,6 +16,10 @@ device's stores and loads:
   input. Inside such a kernel one output's store can come before the loads of another
   output's values: the loop row schedule writes each output in a loop of its own, and
   ``x * 2, x / x.sum(-1, keepdims=True)`` with ``out=(x, y)`` divided the doubled ``x``;
+- **the launch that stores it reads the input elsewhere**: ``x @ x.T`` as one kernel
+  (``(x[:, None, :] * x[None, :, :]).sum(-1)``) reads row ``j`` of ``x`` for ``out[i, j]``,
+  which the threads of row ``j`` store over (review 54). A file older than format 1.1 does
+  not say, and such a pair there stays allowed: rebuild it;
 - **the element sizes differ.** The bytes are the same but element ``k`` of one is not on
   element ``k`` of the other: a float32 ``(2, m)`` output over the float64 ``(m,)`` bias it
   broadcasts has row 0's stores land on ``v[m/2:]``, which row 1 still reads. (With equal
@@ -70,6 +75,7 @@ def refused_pairs(launches: Iterable[Any], written: dict[str, int], read: dict[s
     covered: dict[str, int] = {}  # read name -> how many of ``stored`` its pairs have seen
     again: dict[str, set[str]] = {}  # written name -> reads the 2nd rule paired with it
     done: set[tuple] = set()  # (repeated, wrote, loads) of the launches the 2nd rule saw
+    elsewhere: dict[str, set[str]] = {}  # read name -> itself and the written names paired
     for launch in launches:
         names = {a.name for a in launch.args if a.kind == "buffer"}
         wrote = sorted(n for n in names if n in written)
@@ -95,6 +101,15 @@ def refused_pairs(launches: Iterable[Any], written: dict[str, int], read: dict[s
                             if repeated else f"the kernel that stores to {w!r} stores "
                             f"to another array too and may read {r!r} after storing {w!r}"))
                 seen |= loads
+        if launch.reads_elsewhere and wrote:
+            for r in launch.reads_elsewhere:
+                seen = elsewhere.setdefault(r, {r})
+                if r in read:
+                    for w in [w for w in wrote if w not in seen]:  # each pair once
+                        pairs.setdefault((w, r), f"the kernel that stores to {w!r} reads "
+                                                 f"{r!r} at other elements than the ones it "
+                                                 f"stores")
+                    seen.update(wrote)
         for w in wrote:
             if w not in stored_set:
                 stored_set.add(w)
