@@ -679,10 +679,11 @@ def _hw_program(b: flatbuffers.Builder, name: str, extra: set) -> int:
                 for a in ["x", "y"] + (["ws"] if vi == 0 else [])]
         args_vec = _vec(b, args, "off")
         kernel, module = s("k"), s("m")
-        # (9 slots since format 1.1: slot 8, reads_elsewhere, is left absent)
-        launch = _table(b, "Launch", 9, [(0, "off", kernel), (1, "off", module),
-                                         (2, "dim3", (1, 3, 3)), (3, "dim3", (2, 3, 3)),
-                                         (4, "u32", 4), (7, "off", args_vec)], extra)
+        # (10 slots since format 1.1: slots 8 and 9, reads_elsewhere and stores_after_loads,
+        # are left absent)
+        launch = _table(b, "Launch", 10, [(0, "off", kernel), (1, "off", module),
+                                          (2, "dim3", (1, 3, 3)), (3, "dim3", (2, 3, 3)),
+                                          (4, "u32", 4), (7, "off", args_vec)], extra)
         fields = [(2, "off", _vec(b, [launch], "off"))]
         if vi == 0:
             sname, sshape = s("ws"), _vec(b, [1], "u32")

@@ -53,7 +53,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
     "Arg": [("kind", "u8"), ("name", "str"), ("value", "u32"), ("dtype", "u8")],
     "Launch": [("kernel", "str"), ("module", "str"), ("grid", "Dim3"), ("block", "Dim3"),
                ("shared_mem", "u32"), ("count", "i32"), ("loop", "str"), ("args", "[Arg]"),
-               ("reads_elsewhere", "[str]")],  # format 1.1
+               ("reads_elsewhere", "[str]"), ("stores_after_loads", "bool")],  # format 1.1
     "Variant": [("predicate", "i32"), ("scratch", "[Scratch]"), ("launches", "[Launch]")],
 }
 SCALAR_FMT = {"u8": "<B", "u16": "<H", "u32": "<I", "i32": "<i", "u64": "<Q", "bool": "<B",
@@ -793,7 +793,7 @@ def test_newer_minor_and_appended_fields_are_accepted(case: str) -> None:
         elif case == "ImageMeta":
             _IMG(m)["__extra__"] = [Extra(12, "[u32]", [1, 2, 3])]
         elif case == "Launch":
-            _L(m)["__extra__"] = [Extra(9, "Variant", {})]
+            _L(m)["__extra__"] = [Extra(10, "Variant", {})]
         else:
             m["pack"]["format_minor"] = 0
             m["body"]["__extra__"] = [Extra(3, "str", "x")]
@@ -1440,7 +1440,8 @@ def check_file_by_the_spec(data: bytes, require_isa: bool = True) -> tuple[dict,
         buffers = {a.get("name") for a in ln.get("args", []) if a.get("kind", 0) == 0}
         assert len(set(names)) == len(names) and set(names) <= buffers, ln
     # the oldest version that holds everything: 1.1 only where a launch uses its field
-    newest = 1 if any(ln.get("reads_elsewhere") for ln in every) else 0
+    newest = 1 if any(ln.get("reads_elsewhere") or ln.get("stores_after_loads")
+                      for ln in every) else 0
     assert (pack.get("format_major", 0), pack.get("format_minor", 0)) == (1, newest)
     assert pack["_body_at"] % 8 == 0
     assert pack["body_digest"] == sha(pack["body"])

@@ -121,7 +121,7 @@ _ARG = ("kind", "name", "value", "dtype")
 _PARAM = ("kind", "name", "dtype", "role", "zero_init", "shape", "value")
 _SCRATCH = ("name", "dtype", "shape", "zero_init")
 _LAUNCH = ("kernel", "module", "grid", "block", "shared_mem", "count", "loop", ("args", _ARG),
-           "reads_elsewhere")
+           "reads_elsewhere", "stores_after_loads")
 # A Program is read in steps, each checked before the next is read (Table.tree: one C call
 # each where the extension is built): its expression program, parameters and constraints (all
 # bounded by small limits), then each variant's own fields, then each of its launches with its
@@ -146,7 +146,7 @@ def _params(c: _Ctx, fparams: list[list[Any]]) -> list[Any]:
 
 
 def _launch(c: _Ctx, ln: list[Any], where: str) -> Launch:
-    kernel, module, grid, block, smem, count, loop, fargs, elsewhere = ln
+    kernel, module, grid, block, smem, count, loop, fargs, elsewhere, loads_first = ln
     args = []
     for k, (kind, name, value, code) in enumerate(fargs):
         kind = ARG_KINDS[kind]
@@ -162,7 +162,8 @@ def _launch(c: _Ctx, ln: list[Any], where: str) -> Launch:
         kernel=kernel, module=module,
         grid=c.dims(grid, where, " grid"), block=c.dims(block, where, " block"),
         args=tuple(args), shared_mem=c.root(smem, where, " shared_mem"),
-        count=c.opt_root(count, where, " count"), loop=loop, reads_elsewhere=tuple(elsewhere))
+        count=c.opt_root(count, where, " count"), loop=loop, reads_elsewhere=tuple(elsewhere),
+        stores_after_loads=bool(loads_first))
 
 
 def _variants(c: _Ctx, fvariants: list[Table]) -> list[Variant]:

@@ -236,6 +236,8 @@ def program_table(b: flatbuffers.Builder, s: KernelSummary) -> int:
             FLaunch.AddArgs(b, args_vec)
             if elsewhere:
                 FLaunch.AddReadsElsewhere(b, elsewhere)
+            if ln.stores_after_loads:
+                FLaunch.AddStoresAfterLoads(b, True)
             launch_tables.append(FLaunch.End(b))
         scratch_vec, launch_vec = offset_vector(b, scratch_tables), offset_vector(b, launch_tables)
         FVariant.Start(b)

@@ -65,7 +65,8 @@ TABLES: dict[str, tuple[tuple[str, str, int], ...]] = {
     "Launch": (("kernel", "str", N), ("module", "str", N), ("grid", "Dim3", 0),
                ("block", "Dim3", 0), ("shared_mem", "u32", 0), ("count", "i32", 0),
                ("loop", "str", N), ("args", "[Arg]", MAX_ARGS),
-               ("reads_elsewhere", "[str]", MAX_ARGS)),  # 1.1
+               # format 1.1:
+               ("reads_elsewhere", "[str]", MAX_ARGS), ("stores_after_loads", "bool", 0)),
     "Variant": (("predicate", "i32", 0), ("scratch", "[Scratch]", MAX_SCRATCH),
                 ("launches", "[Launch]", MAX_LAUNCHES)),
 }

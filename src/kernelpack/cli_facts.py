@@ -99,6 +99,7 @@ def launch_facts(launch: Launch, text: ExprText | None = None) -> dict[str, Any]
         "loop": launch.loop or None,
         "args": [{"kind": a.kind, "text": arg_text(a, x)} for a in launch.args],
         "reads_elsewhere": list(launch.reads_elsewhere),
+        "stores_after_loads": launch.stores_after_loads,
     }
 
 

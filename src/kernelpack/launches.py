@@ -105,7 +105,14 @@ class Launch:
     reads each input element only to compute the output elements stored over it, as an
     elementwise kernel or a row kernel that reads its whole row before storing it does. The
     lowering fills it for every kernel it emits; a hand-written (external) launch must name
-    what its kernel reads elsewhere, or in-place calls can give wrong results. Format 1.1.
+    what its kernel reads elsewhere, or in-place calls can give wrong results.
+
+    ``stores_after_loads`` says each thread (or group of threads storing a unit of the
+    outputs together) loads every element it reads before it stores any. A kernel storing
+    several arrays may then have each over an input it reads where in place is otherwise
+    right (an optimizer step ``out=(p, m)`` over its own ``p`` and ``m``); without it such a
+    launch's outputs are never run over its inputs in place. The lowering sets it on its
+    pointwise kernels. Both fields: format 1.1.
     """
 
     kernel: str
@@ -117,10 +124,12 @@ class Launch:
     count: Expr | None = None
     loop: str = ""
     reads_elsewhere: tuple[str, ...] = ()
+    stores_after_loads: bool = False
 
     def __init__(self, kernel: str, module: str, grid: Dim3Like, block: Dim3Like,
                  args: Iterable[Arg], shared_mem: ExprLike = 0, count: ExprLike | None = None,
-                 loop: str = "", reads_elsewhere: Iterable[str] = ()) -> None:
+                 loop: str = "", reads_elsewhere: Iterable[str] = (),
+                 stores_after_loads: bool = False) -> None:
         _set(self, "kernel", kernel)
         _set(self, "module", module)
         _set(self, "grid", grid)
@@ -130,6 +139,7 @@ class Launch:
         _set(self, "count", count)
         _set(self, "loop", loop)
         _set(self, "reads_elsewhere", reads_elsewhere)
+        _set(self, "stores_after_loads", stores_after_loads)
         self.__post_init__()
 
     def __post_init__(self) -> None:
@@ -161,6 +171,9 @@ class Launch:
             raise ValueError(f"launch {self.kernel!r}: loop symbol {self.loop!r} given without count")
         if self.reads_elsewhere.__class__ is not tuple or self.reads_elsewhere:
             self._check_reads_elsewhere()
+        if self.stores_after_loads is not False:
+            object.__setattr__(self, "stores_after_loads", _flag(
+                self.stores_after_loads, f"launch {self.kernel!r}: stores_after_loads"))
 
     def _check_reads_elsewhere(self) -> None:
         """``reads_elsewhere`` as a tuple of distinct names of this launch's buffer arguments."""

@@ -297,12 +297,12 @@ def resign(pack: object, sign_with: object) -> bytes:
 
 def format_minor(compiled: Iterable[Compiled]) -> int:
     """The oldest minor version of the format that holds everything ``compiled`` says: 1 when
-    a launch names what it reads elsewhere (``Launch.reads_elsewhere``, added in 1.1), else
-    0, so that a file without 1.1's field is the 1.0 file its older writer wrote, byte for
-    byte (its signatures and the golden files stay as they were)."""
+    a launch uses a field added in 1.1 (``Launch.reads_elsewhere``, ``stores_after_loads``),
+    else 0, so that a file without them is the 1.0 file its older writer wrote, byte for byte
+    (its signatures and the golden files stay as they were)."""
     for c in compiled:
         for v in c.summary.variants:
-            if any(ln.reads_elsewhere for ln in v.launches):
+            if any(ln.reads_elsewhere or ln.stores_after_loads for ln in v.launches):
                 return 1
     return 0
 

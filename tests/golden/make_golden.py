@@ -25,7 +25,7 @@ HERE = Path(__file__).parent
 
 def summaries(minor: int = 0) -> tuple[KernelSummary, KernelSummary]:
     """The two programs' summaries of format 1.``minor`` (the golden test compares the loaded
-    ones to these): 1.1 adds a launch's ``reads_elsewhere``."""
+    ones to these): 1.1 adds a launch's ``reads_elsewhere`` and ``stores_after_loads``."""
     n = kp.sym("n")
     args = (Arg.buffer("x"), Arg.buffer("y"), Arg.scalar("a"), Arg.scalar("n32"))
     axpy = KernelSummary(
@@ -42,7 +42,8 @@ def summaries(minor: int = 0) -> tuple[KernelSummary, KernelSummary]:
          Tensor("out", kp.f64, (kp.sym("b"), 2 * n), role="out", zero_init=True),
          Scalar("n32", kp.u32, value=n * kp.sym("b"))),
         (Variant((Launch("axpy", "axpy", (kp.cdiv(n, 128), kp.sym("b")), (128,), args,
-                         shared_mem=64, reads_elsewhere=("x",) if minor >= 1 else ()),),
+                         shared_mem=64, reads_elsewhere=("x",) if minor >= 1 else (),
+                         stores_after_loads=minor >= 1),),
                  predicate=n <= 4096),
          Variant((Launch("axpy", "axpy", (kp.cdiv(n, kp.shl(256, "s")),), (256, 1, 1),
                          (Arg.buffer("ws"), Arg.buffer("y"), Arg.scalar("a"),

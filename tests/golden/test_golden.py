@@ -2,7 +2,8 @@
 
 Never regenerate a golden .kpack to make this pass: a failure here means a reader change broke
 compatibility with files already in the field. (A new format version adds a new golden file.)
-1.1 differs from 1.0 in one launch's ``reads_elsewhere`` (the field 1.1 added).
+1.1 differs from 1.0 in one launch's ``reads_elsewhere`` and ``stores_after_loads`` (the
+fields 1.1 added).
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ def test_summaries(pack: kp.Pack, minor: int) -> None:
     axpy, features = summaries(minor)
     assert pack["axpy"].summary == axpy
     assert pack["features"].summary == features
-    elsewhere = pack["features"].summary.variants[0].launches[0].reads_elsewhere
-    assert elsewhere == (("x",) if minor else ())
+    launch = pack["features"].summary.variants[0].launches[0]
+    assert launch.reads_elsewhere == (("x",) if minor else ())
+    assert launch.stores_after_loads is bool(minor)
 
 
 def test_images_and_raw_digests(pack: kp.Pack, minor: int) -> None:

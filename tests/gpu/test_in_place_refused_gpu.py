@@ -110,12 +110,15 @@ def s39_momentum_step(p: T[kp.f32, "n"], m: T[kp.f32, "n"], g: T[kp.f32, "n"], l
 @pytest.mark.parametrize("n", [7, 100003])
 def test_an_optimizer_step_updates_its_state_in_place(n):
     """The in-place use an optimizer or a simulation step makes: ``out=(p, m)`` over its own
-    inputs. One pointwise kernel stores both, so the rule of runtime/in_place.py asks for
-    copies of ``p`` and ``m`` (a LaunchError before session 39); every step must give what
-    separate arrays give, on the general path and after the fast path was built."""
+    inputs. One pointwise kernel stores both: a LaunchError before session 39, copies of
+    ``p`` and ``m`` in session 39, and since session 40 no copy (the kernel loads all it
+    reads before storing: ``Launch.stores_after_loads``); every step must give what separate
+    arrays give, on the general path and after the fast path was built."""
     prog = kp.load(kp.save([kp.compile(s39_momentum_step, targets=targets(_NO_GPU))]))[
         "s39_momentum_step"]
     assert len(prog.plan(p=(n,), m=(n,), g=(n,)).launches) == 1
+    (launch,) = prog.summary.variants[0].launches
+    assert launch.stores_after_loads and not launch.reads_elsewhere
     rng = np.random.default_rng(n)
     ph, mh = rng.standard_normal(n), rng.standard_normal(n)
     p, m = cuda(ph.astype(np.float32)), cuda(mh.astype(np.float32))
@@ -164,3 +167,29 @@ def test_a_contraction_over_its_input_reads_a_copy(n):
         out = a if over == "a" else b
         assert pack["s40_at_b"](a, b, out=out) is out
         check(host(out), want, 1e-5, f"a.T @ b over {over} (n={n})")
+
+
+@kp.fusion
+def s40_double_beside(x: T[kp.f32, "n"], y: T[kp.f32, "n"]):
+    return x * 2, kp.exp(y) / (y + 3)
+
+
+@on_gpu
+@pytest.mark.parametrize("n", [5, 4099, 3000001])
+def test_an_output_over_what_only_the_other_output_reads(n):
+    """``out=(y, x)``: out0 = x * 2 is stored over ``y``, which only out1 reads, so nothing
+    in out0's value orders its store after the load of ``y``. The kernel loads every element
+    first (kernels._vectors, kernels._store_outputs) with plain, ordered ``ld.global``, so
+    the device keeps that order: run in place (no copy since session 40) and right, in the
+    16-byte groups and in the element loop after them (n = 4099 leaves 3)."""
+    prog = kp.load(kp.save([kp.compile(s40_double_beside, targets=targets(_NO_GPU))]))[
+        "s40_double_beside"]
+    rng = np.random.default_rng(n)
+    xh, yh = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    for call in range(3):
+        x, y = cuda(xh), cuda(yh)
+        got = prog(x, y, out=(y, x))
+        assert got[0] is y and got[1] is x
+        check(host(y), 2 * xh.astype(np.float64), 1e-6, f"x * 2 over y, call {call} (n={n})")
+        y64 = yh.astype(np.float64)
+        check(host(x), np.exp(y64) / (y64 + 3), 1e-5, f"exp(y) / (y + 3) over x (n={n})")

@@ -188,5 +188,57 @@ def test_the_field_survives_save_and_load_and_sets_the_version() -> None:
     pack = kp.load(data)
     assert pack.format_version == (1, 1)
     assert pack["gram"].summary == compiled.summary
-    plain = kp.load(kp.save(kp.compile(axpy, targets=["sm_90"])))
-    assert plain.format_version == (1, 0)  # nothing of 1.1 in it: the 1.0 bytes
+    (launch,) = pack["gram"].summary.variants[1].launches
+    assert launch.kernel.endswith("rowthread") and not launch.stores_after_loads
+    axpy_pack = kp.load(kp.save(kp.compile(axpy, targets=["sm_90"])))
+    (launch,) = axpy_pack["axpy"].summary.variants[0].launches
+    assert launch.stores_after_loads and axpy_pack.format_version == (1, 1)
+
+
+# ---- stores_after_loads: several outputs, each over an input -----------------------------------
+
+@kp.fusion
+def momentum(p: T[kp.f32, "n"], m: T[kp.f32, "n"], g: T[kp.f32, "n"], lr: kp.f32):
+    m_new = 0.9 * m + g
+    return p - lr * m_new, m_new
+
+
+@kp.fusion
+def momentum_c128(p: T[kp.c128, "n"], m: T[kp.c128, "n"], g: T[kp.c128, "n"]):
+    m_new = m * 0.5 + g  # 16-byte elements: no vector groups, the element loop alone
+    return p - m_new, m_new
+
+
+@kp.fusion
+def unrelated(x: T[kp.f32, "n"], y: T[kp.f32, "n"]):
+    return x * 2, y + 1  # out0 over y: its store depends on nothing out1 loads
+
+
+@pytest.mark.parametrize("f, n", [(momentum, 37), (momentum, 1), (momentum_c128, 9),
+                                  (unrelated, 23)])
+def test_a_pointwise_kernel_storing_two_arrays_runs_over_its_inputs(f, n) -> None:
+    """An optimizer step's ``out=(p, m)`` (and the swapped ``out=(m, p)``), each output over an
+    input of the same launch: allowed since session 40 (``Launch.stores_after_loads``: each
+    thread loads every element it reads before it stores any, in the 16-byte groups and in
+    the element loop after them), and the separate-buffer bits in both thread orders with
+    both outputs in place at once. 37 float32 elements: nine groups of 4 and one left over."""
+    from .test_review48_in_place import run_plan
+
+    k = Kernels(f)
+    rng = np.random.default_rng(n)
+    dtype = np.complex128 if f is momentum_c128 else np.float32
+    inputs: list = [(rng.standard_normal(n) + (1j * rng.standard_normal(n)
+                                               if dtype is np.complex128 else 0)).astype(dtype)
+                    for _ in [t for t in k.summary.inputs if isinstance(t, kp.Tensor)]]
+    inputs += [np.float32(0.01)] * (len(k.summary.inputs) - len(inputs))
+    (launch,) = k.summary.variants[0].launches
+    assert launch.stores_after_loads and launch.reads_elsewhere == ()
+    names = [t.name for t in k.summary.inputs]
+    pairs, refused = allowed_pairs(k, inputs)
+    assert refused == 0 and len(pairs) == 2 * (len(k.summary.inputs) - (f is momentum)), pairs
+    for both in ((("out0", names[0]), ("out1", names[1])),
+                 (("out0", names[1]), ("out1", names[0]))):
+        for reverse in (False, True):
+            ref = run_plan(k, inputs, reverse=reverse)
+            got = run_plan(k, inputs, reverse=reverse, more=both)
+            assert all(np.array_equal(a, b) for a, b in zip(got, ref)), (both, reverse)

@@ -171,20 +171,22 @@ def _launch(k: Kernels, launch: Any, buffers: dict, values: dict, computed: dict
 
 
 def run_plan(k: Kernels, inputs: list, alias: tuple[str, str] | None = None,
-             reverse: bool = False) -> list[np.ndarray]:
+             reverse: bool = False, more: tuple[tuple[str, str], ...] = ()
+             ) -> list[np.ndarray]:
     """Run the plan of ``inputs`` on copies of them, serially (see the module docstring);
     ``alias = (output, input)`` makes that output's buffer the input's memory, viewed as the
-    output's dtype and shape (what ``out=`` passes: the runtime checks bytes only). The
-    outputs come back as copies."""
+    output's dtype and shape (what ``out=`` passes: the runtime checks bytes only), and so
+    does each pair of ``more``. The outputs come back as copies."""
+    aliases = dict(([alias] if alias is not None else []) + list(more))
     plan = k.planner.plan(*[v.shape if isinstance(v, np.ndarray) else v for v in inputs])
     values = dict(zip((p.name for p in k.summary.inputs), inputs))
     buffers = {n: np.array(v, copy=True, order="C") for n, v in values.items()
                if isinstance(v, np.ndarray)}
     for alloc in plan.allocations.values():
         dtype = _NP[alloc.dtype.name]
-        if alias is not None and alloc.name == alias[0]:
-            src = buffers[alias[1]]
-            assert src.nbytes == alloc.nbytes, (alias, src.nbytes, alloc.nbytes)
+        if alloc.name in aliases:
+            src = buffers[aliases[alloc.name]]
+            assert src.nbytes == alloc.nbytes, (alloc.name, src.nbytes, alloc.nbytes)
             arr = src.reshape(-1).view(np.uint8).view(dtype).reshape(alloc.shape)
             assert arr.ctypes.data == src.ctypes.data
         else:
@@ -735,6 +737,14 @@ SAME_LAUNCH = {
     # the split-rows schedule's last kernel (tuning patched small)
     "split-rows": (split_row_sums, "split", lambda: [f64(2, 300), f64(2)], ("out0", "w"),
                    ("split_partial0", "split_partial1", "split_rowblock")),
+}
+
+# Pointwise kernels storing two outputs: until session 40 they stored each output as soon as
+# it was computed, element by element past the last whole 16-byte group, so the next
+# output's loads could read the stored value (review 48 B; refused since). Since then every
+# value of an element comes first, then the stores (kernels._store_outputs), the launch says
+# so (Launch.stores_after_loads, format 1.1), and the runtime allows these in place.
+LOADS_FIRST = {
     # heavy pointwise kernels (a transcendental and a division: 64 threads x 2 groups)
     "heavy-pointwise": (two_heavy, "", lambda: [f32(30), f32(30)], ("out0", "c"),
                         ("pointwise",)),
@@ -744,8 +754,6 @@ SAME_LAUNCH = {
     # the kernel after a column-mean workspace, which writes x * 2 too
     "column-workspace": (doubled_beside_centred, "", lambda: [f32(9, 33), f32(9, 33)],
                          ("out0", "y"), ("pointwise", "pointwise")),
-    # the general schedule (a reduction over axes (0, 2)), c of shape (1, n, 1)
-    "general": (strided_twice, "", lambda: [f32(1, 30, 1)], ("out0", "c"), ("pointwise",)),
 }
 
 
@@ -755,6 +763,37 @@ def test_in_place_beside_another_output_of_the_launch_is_refused(name, monkeypat
     aliases again for another output (3d71a50 refused later launches' reads only)."""
     f, patch, make, pair, kernels = SAME_LAUNCH[name]
     _assert_refused_and_needed(_compiled(f, patch, monkeypatch), make(), pair, kernels)
+
+
+@pytest.mark.parametrize("name", list(LOADS_FIRST))
+def test_in_place_beside_another_output_of_a_pointwise_launch_runs(name, monkeypatch):
+    """The pointwise cases of review 48 B, right in place since session 40 (LOADS_FIRST)."""
+    f, patch, make, pair, kernels = LOADS_FIRST[name]
+    k = _compiled(f, patch, monkeypatch)
+    inputs = make()
+    launches = _launches(k, inputs)
+    assert [kn.rsplit("_", 1)[-1] for kn, _, _ in launches] == [
+        want.rsplit("_", 1)[-1] for want in kernels], launches
+    last = k.summary.variants[k.planner.plan(*[v.shape for v in inputs]).variant].launches[-1]
+    assert last.stores_after_loads and not last.reads_elsewhere, last
+    pairs, _ = allowed_pairs(k, inputs)
+    assert pair in pairs
+    wrong = list(wrong_in_place(k, inputs, pairs))
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_general_schedule_beside_another_output_reads_a_copy():
+    """Review 48 B's general-schedule case, ``c`` of shape (1, n, 1) summed over axes 0 and
+    2: the kernel loads everything first since session 40, so in place would be right at
+    these sizes, but its inline reductions read ``c`` along axes that are 1 only at run time
+    (``Launch.reads_elsewhere``), so the call reads ``c`` from a copy: conservative."""
+    k = Kernels(strided_twice)
+    inputs = [f32(1, 30, 1)]
+    (launch,) = k.summary.variants[0].launches
+    assert launch.reads_elsewhere == ("c",) and launch.stores_after_loads
+    pairs, refused = allowed_pairs(k, inputs)
+    assert pairs == [] and refused >= 1
+    assert not list(wrong_in_place(k, inputs, [("out0", "c")]))
 
 
 @pytest.mark.parametrize("seed, sizes, pair, kernels", [

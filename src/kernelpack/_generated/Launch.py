@@ -130,8 +130,15 @@ class Launch(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
         return o == 0
 
+    # Launch
+    def StoresAfterLoads(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        if o != 0:
+            return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
+        return False
+
 def LaunchStart(builder):
-    builder.StartObject(9)
+    builder.StartObject(10)
 
 def Start(builder):
     LaunchStart(builder)
@@ -201,6 +208,12 @@ def LaunchStartReadsElsewhereVector(builder, numElems):
 
 def StartReadsElsewhereVector(builder, numElems):
     return LaunchStartReadsElsewhereVector(builder, numElems)
+
+def LaunchAddStoresAfterLoads(builder, storesAfterLoads):
+    builder.PrependBoolSlot(9, storesAfterLoads, 0)
+
+def AddStoresAfterLoads(builder, storesAfterLoads):
+    LaunchAddStoresAfterLoads(builder, storesAfterLoads)
 
 def LaunchEnd(builder):
     return builder.EndObject()

@@ -150,9 +150,15 @@ def _same_shape_inputs(graph, spec: KernelSpec) -> list[int]:
 
 
 def _store_outputs(em: Emitter, spec: KernelSpec, i: ir.Value) -> None:
+    """Element ``i`` of every output: every value first, then the stores, so that the
+    thread has loaded all it reads before it stores anything (``Launch.stores_after_loads``:
+    an output may then be over an input another output reads, as an optimizer step's
+    ``out=(p, m)`` is; storing each output as it was computed let the next one load the
+    stored value, review 48 B)."""
     ctx = Ctx(spec.shape, em.unravel(i, spec.shape), i)
-    for name, nid in spec.outputs:
-        em.store(name, em.graph.nodes[nid].dtype, i, em.value(nid, ctx), contiguous=True)
+    values = [em.value(nid, ctx) for _, nid in spec.outputs]
+    for (name, nid), value in zip(spec.outputs, values):
+        em.store(name, em.graph.nodes[nid].dtype, i, value, contiguous=True)
 
 
 def _partial(em: Emitter, spec: KernelSpec) -> None:

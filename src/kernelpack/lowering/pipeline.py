@@ -355,8 +355,11 @@ def summarize(b: Build) -> Build:
                 args = [Arg.buffer(n) for n, _ in bufs] + [Arg.scalar(n) for n, _ in scalars] \
                     + [Arg.of(sym(s), int64) for s in syms]
                 elsewhere = reads_elsewhere(graph, spec, [n for n, _ in bufs])
+                # a pointwise kernel loads its element(s) of everything before storing any
+                # (kernels._vectors, kernels._store_outputs): several outputs may be in place
                 launches.append(Launch(spec.name, graph.name, (spec.grid,), (spec.block,),
-                                       tuple(args), reads_elsewhere=elsewhere))
+                                       tuple(args), reads_elsewhere=elsewhere,
+                                       stores_after_loads=spec.kind == "pointwise"))
         out_variants.append(Variant(tuple(launches), tuple(ws), pred))
     constraints = _pad_constraints(graph)
     evaluated = [d for p in params if isinstance(p, Tensor) for d in p.shape]

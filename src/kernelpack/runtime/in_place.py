@@ -13,8 +13,10 @@ the right answer depend on the order of the device's stores and loads:
   same launch repeats). ``x * 2, x.sum(0)`` compiles to a pointwise kernel, then a column
   sum; with ``out=(x, s)`` the sum read the doubled ``x``;
 - **the launch that stores it stores another output or inout array too**, and reads the
-  input. Inside such a kernel one output's store can come before the loads of another
-  output's values: the loop row schedule writes each output in a loop of its own, and
+  input, unless the launch says it loads everything before storing anything
+  (``Launch.stores_after_loads``, format 1.1: the lowering's pointwise kernels). Inside
+  such a kernel one output's store can come before the loads of another output's values:
+  the loop row schedule writes each output in a loop of its own, and
   ``x * 2, x / x.sum(-1, keepdims=True)`` with ``out=(x, y)`` divided the doubled ``x``;
 - **the launch that stores it reads the input elsewhere**: ``x @ x.T`` as one kernel
   (``(x[:, None, :] * x[None, :, :]).sum(-1)``) reads row ``j`` of ``x`` for ``out[i, j]``,
@@ -90,7 +92,10 @@ def refused_pairs(launches: Iterable[Any], written: dict[str, int], read: dict[s
         repeated = launch.count is not None and not (
             launch.count.is_const and launch.count.value <= 1)
         key = (repeated, tuple(wrote), loads)
-        if (repeated or len(wrote) > 1) and key not in done:
+        # (a kernel loading all it reads before storing anything stores safely over each
+        # input: Launch.stores_after_loads; a repeat still reads what the last run stored)
+        several = len(wrote) > 1 and not launch.stores_after_loads
+        if (repeated or several) and key not in done:
             done.add(key)
             for w in wrote:
                 seen = again.setdefault(w, set())
