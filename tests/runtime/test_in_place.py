@@ -19,7 +19,9 @@ from kernelpack.summary import Arg, Launch
 
 def _loop_reference(launches: Iterable[Any], written: dict[str, int], read: dict[str, int]
                     ) -> dict[tuple[str, str], str]:
-    """The rule as session 37 wrote it: every launch's pairs, first reason kept."""
+    """The rule as session 37 wrote it, every launch's pairs with the first reason kept, and
+    format 1.1's: ``stores_after_loads`` lifts the rule of a launch storing several arrays,
+    and a launch storing ``w`` that lists ``r`` in ``reads_elsewhere`` refuses ``(w, r)``."""
     pairs: dict[tuple[str, str], str] = {}
     for w, wsize in written.items():
         for r, rsize in read.items():
@@ -39,7 +41,7 @@ def _loop_reference(launches: Iterable[Any], written: dict[str, int], read: dict
                                              f"after an earlier one stored to {w!r}")
         repeated = launch.count is not None and not (
             launch.count.is_const and launch.count.value <= 1)
-        if repeated or len(wrote) > 1:
+        if repeated or (len(wrote) > 1 and not launch.stores_after_loads):
             for w in wrote:
                 for r in loads:
                     if r != w:
@@ -47,6 +49,11 @@ def _loop_reference(launches: Iterable[Any], written: dict[str, int], read: dict
                             f"the kernel that stores to {w!r} runs again and reads {r!r}"
                             if repeated else f"the kernel that stores to {w!r} stores "
                             f"to another array too and may read {r!r} after storing {w!r}"))
+        for w in wrote:
+            for r in launch.reads_elsewhere:
+                if r in read and r != w:
+                    pairs.setdefault((w, r), f"the kernel that stores to {w!r} reads {r!r} "
+                                             f"at other elements than the ones it stores")
         before |= wrote
     return pairs
 
@@ -77,6 +84,50 @@ def test_the_pairs_and_reasons_are_the_launch_by_launch_loops() -> None:
         assert got == want, (launches, written, read)
         refused += len(got)
     assert refused > 3000  # the cases refuse something, by every rule
+
+
+def _random_variant_1_1(rng: random.Random, sizes: tuple[int, ...]
+                        ) -> tuple[list[Launch], dict[str, int], dict[str, int]]:
+    """Outputs, inputs, inout arrays and a workspace in launches of random buffers; each
+    launch lists a random part of its buffers (inputs, inouts, outputs, the workspace) in
+    ``reads_elsewhere``, in a random order, and half of them say ``stores_after_loads``
+    (review 57)."""
+    outs = [f"o{i}" for i in range(rng.randint(0, 3))]
+    ins = [f"i{i}" for i in range(rng.randint(0, 3))]
+    inouts = [f"u{i}" for i in range(rng.randint(0, 2))]
+    size = {n: rng.choice(sizes) for n in outs + ins + inouts}
+    written = {n: size[n] for n in outs + inouts}
+    read = {n: size[n] for n in ins + inouts}
+    names = outs + ins + inouts + ["ws"]
+    launches = []
+    for j in range(rng.randint(1, 6)):
+        args = [n for n in names if rng.random() < 0.5]
+        elsewhere = [n for n in args if rng.random() < 0.5]
+        rng.shuffle(elsewhere)
+        count = rng.choice((None, None, None, None, const(1), const(3)))
+        launches.append(Launch(f"k{j}", "m", (1,), (32,), tuple(Arg.buffer(n) for n in args),
+                               count=count, reads_elsewhere=elsewhere,
+                               stores_after_loads=rng.random() < 0.5))
+    return launches, written, read
+
+
+@pytest.mark.parametrize("sizes", [(4,), (2, 4, 4, 8)], ids=["one-size", "sizes"])
+def test_the_fourth_rule_is_the_launch_by_launch_loops(sizes: tuple[int, ...]) -> None:
+    """Format 1.1's fields over random variants whose launches list inputs, inout arrays,
+    outputs and workspaces as read elsewhere, one element size everywhere (only the launch
+    rules refuse) or several: the loop's pairs and reasons. Review 57: kills R2 and R4 (an
+    inout array listed as read elsewhere by a launch storing it paired with itself), R3 (an
+    output or a workspace listed: a pair with a name that is not an input), R6 (the rule's
+    reason over an earlier rule's), R8 and R9 (only the first name listed or only the first
+    array stored)."""
+    rng = random.Random(57)
+    seen = 0
+    for _ in range(400):
+        launches, written, read = _random_variant_1_1(rng, sizes)
+        got = refused_pairs(launches, written, read)
+        assert got == _loop_reference(launches, written, read), launches
+        seen += sum("other elements" in why for why in got.values())
+    assert seen > 10  # the fourth rule's own reason, first for many pairs
 
 
 @pytest.mark.parametrize("repeated", [True, False])
