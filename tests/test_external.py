@@ -261,3 +261,25 @@ def test_cubin_reader_survives_corruption(axpy: kp.Compiled) -> None:
             cubin_arch(case)
         except CompileError:
             pass
+
+
+def test_in_place_facts_of_an_external_launch() -> None:
+    """kp.external's ``reads_elsewhere`` and ``stores_after_loads`` (format 1.1) reach the
+    launch, the file and the runtime's in-place rule: ``y`` (inout) over ``x`` is read from
+    a copy when the kernel says it reads ``x`` elsewhere; names that are not the launch's
+    buffers are refused, naming the field."""
+    from kernelpack.runtime.in_place import refused_in_variant
+
+    plain = _axpy(targets=["sm_90"])
+    assert kp.load(kp.save(plain)).format_version == (1, 0)
+    assert ("y", "x") not in refused_in_variant(plain.summary, 0)
+    marked = _axpy(targets=["sm_90"], reads_elsewhere=["x"], stores_after_loads=True)
+    (launch,) = marked.summary.variants[0].launches
+    assert launch.reads_elsewhere == ("x",) and launch.stores_after_loads
+    pack = kp.load(kp.save(marked))
+    assert pack.format_version == (1, 1) and pack["axpy"].summary == marked.summary
+    assert "at other elements" in refused_in_variant(marked.summary, 0)[("y", "x")]
+    with pytest.raises(ValueError, match="reads_elsewhere: 'a' is not a buffer argument"):
+        _axpy(targets=["sm_90"], reads_elsewhere=["a"])
+    with pytest.raises(TypeError, match="stores_after_loads must be a bool"):
+        _axpy(targets=["sm_90"], stores_after_loads="yes")

@@ -70,7 +70,8 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
              targets: Sequence[str] | None = None, args: Sequence[ArgLike] | None = None,
              module: str | None = None, constraints: Iterable[object] = (),
              scratch: Sequence[Scratch] = (), count: ExprLike | None = None,
-             loop: str = "") -> Compiled:
+             loop: str = "", reads_elsewhere: Iterable[str] = (),
+             stores_after_loads: bool = False) -> Compiled:
     """Declare a program made of one launch of an existing kernel.
 
     Parameters
@@ -137,6 +138,16 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
         Global workspace buffers the kernel needs (:class:`~kernelpack.Scratch`).
     count, loop:
         Repeat the launch ``count`` times; ``loop`` names the counter symbol (0, 1, ...).
+    reads_elsewhere:
+        Names of tensor parameters (or scratch buffers) the kernel may read at elements
+        other than the ones it stores (a transpose, a stencil, a matrix product): a call
+        that passes an output over such an input in place then reads it from a copy.
+        Without them the kernel is trusted to read each input element only to compute the
+        output elements stored over it (:class:`~kernelpack.Launch`; format 1.1).
+    stores_after_loads:
+        True when each thread loads everything it reads before it stores anything: a kernel
+        storing several arrays may then have each over an input in place (an optimizer
+        step's ``out=(p, m)``); otherwise such a call reads the inputs from copies.
 
     Returns
     -------
@@ -191,7 +202,8 @@ def external(name: str, entry: str, params: Sequence[Param], grid: Dim3Like, blo
             raise TypeError(f"scratch items must be kp.Scratch (got {s!r})")
     bound_args = _bind_args(params, scratch, args)
     launch = Launch(kernel=entry, module=module_name, grid=grid, block=block,  # type: ignore[arg-type]
-                    args=bound_args, shared_mem=shared_mem, count=count, loop=loop)
+                    args=bound_args, shared_mem=shared_mem, count=count, loop=loop,
+                    reads_elsewhere=reads_elsewhere, stores_after_loads=stores_after_loads)
     checked = tuple(_constraint(c) for c in _sequence(constraints, "constraints"))
     _check_evaluable(launch, params, checked, scratch)
     _check_constant_launch(launch)
