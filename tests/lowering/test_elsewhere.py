@@ -242,3 +242,20 @@ def test_a_pointwise_kernel_storing_two_arrays_runs_over_its_inputs(f, n) -> Non
             ref = run_plan(k, inputs, reverse=reverse)
             got = run_plan(k, inputs, reverse=reverse, more=both)
             assert all(np.array_equal(a, b) for a, b in zip(got, ref)), (both, reverse)
+
+
+def test_the_in_place_step_benchmark_builds_both_ways() -> None:
+    """benchmarks/in_place_step.py --dry-run (no GPU): 'now' runs the step in place, 'before'
+    (the flag cleared, as session 39's lowering wrote it) copies ``p`` and ``m``."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "KERNELPACK_CACHE")}
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "in_place_step.py"),
+                           "--dry-run"], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=str(root))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "'now' runs in place, 'before' copies p and m" in done.stdout
