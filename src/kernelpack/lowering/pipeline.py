@@ -22,7 +22,7 @@ from ..limits import MAX_VARIANTS
 from ..compiled import Compiled, Image, Module
 from ..summary import Arg, Constraint, KernelSummary, Launch, Scalar, Scratch, Tensor, Variant
 from ..targets import Arch, parse_target_list, portable_lowest
-from .schedule import Choice, Stage, lockstep, plan, variants
+from .schedule import Choice, KernelSpec, Stage, lockstep, plan, variants
 from .size_checks import computed_size_constraints
 
 __all__ = ["Options", "Build", "STAGES", "run", "compile_fusion", "compile_traced"]
@@ -338,6 +338,24 @@ def summarize(b: Build) -> Build:
     from .kernels import signature
 
     emitted = dict(b.kernel_buffers)  # a build stopped before llvm_ir: every buffer
+    made: dict[str, Launch] = {}  # a kernel's launch, made once for every variant holding it
+
+    def launch_of(spec: KernelSpec) -> Launch:
+        bufs, scalars = signature(graph, spec, scratch)
+        if emitted:  # the kernel as emitted: its launch must pass what it declares
+            kept = emitted.get(spec.name)
+            if kept is None:
+                raise CompileError(f"fusion {graph.name}: internal error: kernel "
+                                   f"{spec.name} was not emitted")
+            bufs = [(n, dt) for n, dt in bufs if n in kept]
+        args = [Arg.buffer(n) for n, _ in bufs] + [Arg.scalar(n) for n, _ in scalars] \
+            + [Arg.of(sym(s), int64) for s in syms]
+        elsewhere = reads_elsewhere(graph, spec, [n for n, _ in bufs])
+        # a pointwise kernel loads its element(s) of everything before storing any
+        # (kernels._vectors, kernels._store_outputs): several outputs may be in place
+        return Launch(spec.name, graph.name, (spec.grid,), (spec.block,), tuple(args),
+                      reads_elsewhere=elsewhere, stores_after_loads=spec.kind == "pointwise")
+
     out_variants = []
     for pred, chosen in variants(list(b.stages)):
         launches: list[Launch] = []
@@ -345,21 +363,9 @@ def summarize(b: Build) -> Build:
         for alt in chosen:
             ws.extend(alt.scratch)
             for spec in alt.kernels:
-                bufs, scalars = signature(graph, spec, scratch)
-                if emitted:  # the kernel as emitted: its launch must pass what it declares
-                    kept = emitted.get(spec.name)
-                    if kept is None:
-                        raise CompileError(f"fusion {graph.name}: internal error: kernel "
-                                           f"{spec.name} was not emitted")
-                    bufs = [(n, dt) for n, dt in bufs if n in kept]
-                args = [Arg.buffer(n) for n, _ in bufs] + [Arg.scalar(n) for n, _ in scalars] \
-                    + [Arg.of(sym(s), int64) for s in syms]
-                elsewhere = reads_elsewhere(graph, spec, [n for n, _ in bufs])
-                # a pointwise kernel loads its element(s) of everything before storing any
-                # (kernels._vectors, kernels._store_outputs): several outputs may be in place
-                launches.append(Launch(spec.name, graph.name, (spec.grid,), (spec.block,),
-                                       tuple(args), reads_elsewhere=elsewhere,
-                                       stores_after_loads=spec.kind == "pointwise"))
+                if spec.name not in made:
+                    made[spec.name] = launch_of(spec)
+                launches.append(made[spec.name])
         out_variants.append(Variant(tuple(launches), tuple(ws), pred))
     constraints = _pad_constraints(graph)
     evaluated = [d for p in params if isinstance(p, Tensor) for d in p.shape]
