@@ -133,6 +133,47 @@ def test_an_optimizer_step_updates_its_state_in_place(n):
         check(host(p), want_p, 1e-5, f"p after step {step} (n={n})")
 
 
+@on_gpu
+@pytest.mark.parametrize("framework", ["torch", "cupy"])
+def test_an_optimizer_step_with_two_out_arrays_takes_the_fast_path(framework):
+    """Session 41: ``out=(p, m)`` (and separate ``out=`` arrays) no longer go to the general
+    path every call: the C fast path checks each array and that no two share memory, and
+    launches itself (counted by its ``fast_calls``); results as on the general path. Two
+    ``out=`` arrays sharing memory still get the general path's error."""
+    from kernelpack.errors import LaunchError
+    from kernelpack.runtime.launcher import bind
+
+    xp = torch if framework == "torch" else pytest.importorskip("cupy")
+    n = 4099
+    prog = kp.load(kp.save([kp.compile(s39_momentum_step, targets=targets(_NO_GPU))]))[
+        "s39_momentum_step"]
+    rng = np.random.default_rng(41)
+    arr = (lambda a: cuda(a)) if framework == "torch" else (lambda a: xp.asarray(a))
+    back = host if framework == "torch" else (lambda a: xp.asnumpy(a))
+    p, m = arr(rng.standard_normal(n).astype(np.float32)), \
+        arr(rng.standard_normal(n).astype(np.float32))
+    want_p, want_m = back(p).astype(np.float64), back(m).astype(np.float64)
+    gh = rng.standard_normal(n).astype(np.float32)
+    g = arr(gh)
+    for step in range(5):
+        got = prog(p, m, g, 0.01, 0.9, out=(p, m))
+        assert got[0] is p and got[1] is m
+        want_m = 0.9 * want_m + gh
+        want_p = want_p - 0.01 * want_m
+    check(back(m), want_m, 1e-5, f"m after 5 steps ({framework})")
+    check(back(p), want_p, 1e-5, f"p after 5 steps ({framework})")
+    fast = getattr(bind(prog).call, "__self__", None)
+    if type(fast).__name__ == "FastCall":
+        before = fast.fast_calls
+        p2, m2 = arr(np.zeros(n, np.float32)), arr(np.zeros(n, np.float32))
+        prog(p, m, g, 0.01, 0.9, out=(p2, m2))
+        prog(p, m, g, 0.01, 0.9, out=(p, m))
+        assert fast.fast_calls == before + 2, (framework, fast.fast_calls, before)
+        with pytest.raises(LaunchError, match="overlap in memory"):
+            prog(p, m, g, 0.01, 0.9, out=(p2, p2))
+        assert fast.fast_calls == before + 2
+
+
 @kp.fusion
 def s40_gram(x: T[kp.f32, "n", "k"]):
     return (x[:, None, :] * x[None, :, :]).sum(-1)

@@ -604,9 +604,14 @@ TWO_OUT_LAYOUT = ((32, (0, 8, 16, 24), ((0, "Q", 0), (8, "Q", 1), (16, "Q", 2),
                                         (24, "f", 3))),)
 
 
+#: two outputs' overlap in an entry: one (nbytes, spans) per output (fastpath.FastCore.plan)
+NO_OVERLAPS = ((0, ()), (0, ()))
+
+
 def two_outputs(key) -> tuple:
     (n,), *_ = key
-    return (((n,), (n + 1,)), (-1, -1), (launch(n, tmpl=bytes(32)),), (), False, (0, ()), None)
+    return (((n,), (n + 1,)), (-1, -1), (launch(n, tmpl=bytes(32)),), (), False, NO_OVERLAPS,
+            None)
 
 
 def test_cupy_outputs_have_their_own_shape_and_dtype(driver) -> None:
@@ -940,7 +945,7 @@ def test_each_output_is_allocated_as_its_entry_says(driver, likes) -> None:
     def answer(key):
         (n,), = key
         shapes = tuple((n,) if like >= 0 else (n + k + 1,) for k, like in enumerate(likes))
-        return (shapes, likes, (launch(n, tmpl=bytes(32)),), (), False, (0, ()), None)
+        return (shapes, likes, (launch(n, tmpl=bytes(32)),), (), False, NO_OVERLAPS, None)
 
     hooks = Hooks(answer)
     driver.sizes = (8, 8, 8, 4)
@@ -974,7 +979,7 @@ def test_an_allocation_failure_releases_the_outputs_made(driver) -> None:
         raise MemoryError("out of memory")
 
     hooks = Hooks(lambda key: (((2,), (3,)), (0, -1), (launch(2, tmpl=bytes(32)),), (), False,
-                               (0, ()), None))
+                               NO_OVERLAPS, None))
     hooks.allocate = refuse
     fc = two_out_fast(hooks, empty_like=like)
     with pytest.raises(MemoryError):
@@ -1075,6 +1080,52 @@ def test_one_out_for_two_outputs_goes_to_the_general_path(driver) -> None:
     fc = two_out_fast(hooks)
     assert fc.call((T((2,)), 1.0), T((2,)), None) == "slow"
     assert not driver.launches
+
+
+@pytest.mark.parametrize("overlap, error, message", [
+    ((0, ()), TypeError, "overlap is \\(total"),  # a pair of two items, neither a pair
+    (((0, ()),), TypeError, "one \\(total, spans\\) per output"),
+    (((0, ()), (8, ((9, 4),))), ValueError, "value slot of hooks.entry's overlap"),
+    (((0, ()), (8, ((0, 4),)), (0, ())), TypeError, "per output"),
+])
+def test_two_outputs_overlap_is_one_pair_per_output(driver, overlap, error, message) -> None:
+    """With several outputs hooks.entry's overlap holds one (nbytes, spans) per output
+    (fastpath.FastCore.plan); any other form is a malformed answer, reported as such."""
+    def answer(key):
+        (n,), *_ = key
+        return (((n,), (n,)), (-1, -1), (launch(n, tmpl=bytes(32)),), (), False, overlap,
+                None)
+    fc = two_out_fast(Hooks(answer))
+    with pytest.raises(error, match=message):
+        fc.call((T((2,)), 1.0), None, None)
+    assert not driver.launches
+
+
+def test_two_out_arrays_are_checked_each_against_its_own_spans(driver) -> None:
+    """out=(z, w): each array against its own output's size and input spans, and the two
+    against each other; a fit writes both pointers."""
+    x = T((2,))
+    def answer(key):
+        (n,), *_ = key
+        # z may be x itself (in-place use); w may not share any byte with x (flagged)
+        spans = (((0, 8),), ((0, 8 | (1 << 63)),))
+        return (((n,), (n,)), (-1, -1), (launch(n, tmpl=bytes(32)),), (), False,
+                ((8, spans[0]), (8, spans[1])), None)
+    hooks = Hooks(answer)
+    fc = two_out_fast(hooks)
+    driver.sizes = (8, 8, 8, 4)
+    z, w = T((2,)), T((2,), I32)
+    assert fc.call((x, 1.0), (z, w), None) == (z, w)
+    got = [struct.unpack("<Q", b)[0] for b in driver.launches[-1][3][:3]]
+    assert got == [x.data_ptr(), z.data_ptr(), w.data_ptr()]
+    assert fc.call((x, 1.0), (x, w), None) == (x, w)  # z over x: allowed
+    assert len(driver.launches) == 2 and not hooks.slow_calls
+    assert fc.call((x, 1.0), (z, T((2,), I32, ptr=x.data_ptr())), None) == "slow"
+    assert fc.call((x, 1.0), (z, T((2,), I32, ptr=z.data_ptr() + 4)), None) == "slow"
+    assert fc.call((x, 1.0), [z, w], None) == "slow"  # a list: the general path's
+    assert fc.call((x, 1.0), (z, T((3,), I32)), None) == "slow"
+    assert fc.call((x, 1.0), (z, T((2,), F32)), None) == "slow"
+    assert len(driver.launches) == 2 and fc.fast_calls == 2
 
 
 def test_the_callers_stream_is_asked_with_the_device(driver) -> None:

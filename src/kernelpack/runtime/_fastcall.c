@@ -10,7 +10,7 @@
  * What it does per call is exactly fast_torch.py's closure, and it keeps that closure's rule:
  * anything unusual (another array type, a subclass, a dtype/contiguity/device mismatch, a
  * shape the planner refuses, an int out of its dtype's range, a float too large for float32,
- * outputs for another stream, several outputs with out=) goes to the general path *before*
+ * outputs for another stream, out= arrays that share memory) goes to the general path *before*
  * anything is allocated or launched, and the general path explains any error.
  *
  * Per-call state lives on the C stack (values, the parameter block, the kernelParams array),
@@ -314,7 +314,10 @@ static void entry_free(Entry *e) {
     Py_XDECREF(e->shapes);
     PyMem_Free(e->likes);
     PyMem_Free(e->views);
-    PyMem_Free(e->spans);
+    if (e->overlaps != NULL)
+        for (k = 0; k < e->noverlaps; k++)
+            PyMem_Free(e->overlaps[k].spans);
+    PyMem_Free(e->overlaps);
     PyMem_Free(e->pairs);
     PyMem_Free(e->scratch);
     if (e->launches != NULL)
@@ -399,6 +402,31 @@ static int scratch_from(FastCall *self, Entry *e, PyObject *scratch) {
                             "the scratch's size");
             return -1;
         }
+    return 0;
+}
+
+/* hooks.entry's overlap: with one output (or none) its (nbytes, ((slot, size), ...)), with
+ * several a tuple of one such pair per output (fastpath.FastCore.plan), into e->overlaps. -1
+ * with an exception set when malformed. */
+static int overlaps_from(FastCall *self, Entry *e, PyObject *overlap) {
+    Py_ssize_t k, n = self->nouts > 1 ? self->nouts : 1;
+    if (self->nouts > 1 && (!PyTuple_Check(overlap) || PyTuple_Size(overlap) != n)) {
+        PyErr_SetString(PyExc_TypeError, "FastCall: hooks.entry's overlap has one (total, "
+                        "spans) per output");
+        return -1;
+    }
+    e->overlaps = PyMem_Calloc(n, sizeof(OutOverlap));
+    if (e->overlaps == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (k = 0; k < n; k++) {
+        OutOverlap *o = &e->overlaps[k];
+        e->noverlaps = k + 1; /* so entry_free frees what is made */
+        if (slot_values(self, self->nouts > 1 ? PyTuple_GetItem(overlap, k) : overlap,
+                        "overlap", &o->nbytes, &o->nspans, &o->spans) < 0)
+            return -1;
+    }
     return 0;
 }
 
@@ -514,8 +542,7 @@ static Entry *entry_from(FastCall *self, PyObject *answer) {
         entry_free(e);
         return (Entry *)PyErr_NoMemory();
     }
-    if (slot_values(self, PyTuple_GetItem(answer, 5), "overlap", &e->out_nbytes, &e->nspans,
-                    &e->spans) < 0 ||
+    if (overlaps_from(self, e, PyTuple_GetItem(answer, 5)) < 0 ||
         scratch_from(self, e, PyTuple_GetItem(answer, 6)) < 0 ||
         (PyTuple_Size(answer) == 8 && pairs_from(self, e, PyTuple_GetItem(answer, 7)) < 0)) {
         entry_free(e);
@@ -941,26 +968,26 @@ static int allocate_scratch(FastCall *self, const Entry *e, PyObject *device_obj
     return 0;
 }
 
-/* out= (one tensor of this type): dtype, contiguity, shape and device as the entry wants, its
- * pointer into vals. 1: fits; 0: general path; -1: error. */
-static int check_out(FastCall *self, const Entry *e, PyObject *out, long device, Value *vals) {
+/* One out= array (the output k's, of this tensor type): dtype, contiguity, shape and device
+ * as the entry wants, and no conflict with an input; its pointer into *ptr. 1: fits; 0:
+ * general path; -1: error. */
+static int check_one_out(FastCall *self, const Entry *e, Py_ssize_t k, PyObject *out,
+                         long device, const Value *vals, uint64_t *ptr) {
+    const OutOverlap *o = &e->overlaps[k];
     PyObject *shape = NULL;
-    uint64_t ptr;
-    Py_ssize_t k;
+    Py_ssize_t s;
     int r;
     long d;
-    if (self->nouts != 1)
-        return 0;
     if (self->dlx != NULL) {
         KpDLTensor t;
-        r = read_dl(self, out, self->outs[0].dl, &ptr, &d, &t);
+        r = read_dl(self, out, self->outs[k].dl, ptr, &d, &t);
         if (r > 0)
-            r = dl_shape_is(&t, PyTuple_GetItem(e->shapes, 0));
+            r = dl_shape_is(&t, PyTuple_GetItem(e->shapes, k));
     } else {
-        r = read_array(self, out, self->outs[0].dtype, self->outs[0].misaligned, &ptr, &d,
+        r = read_array(self, out, self->outs[k].dtype, self->outs[k].misaligned, ptr, &d,
                        &shape);
         if (r > 0)
-            r = PyObject_RichCompareBool(shape, PyTuple_GetItem(e->shapes, 0), Py_EQ);
+            r = PyObject_RichCompareBool(shape, PyTuple_GetItem(e->shapes, k), Py_EQ);
         Py_XDECREF(shape);
     }
     if (r <= 0)
@@ -969,13 +996,43 @@ static int check_out(FastCall *self, const Entry *e, PyObject *out, long device,
         return 0;
     if (e->view_out && self->lazy_views && (r = lazy_view(&self->rd, out)) != 0)
         return r < 0 ? -1 : 0;
-    for (k = 0; k < e->nspans; k++) { /* vals holds the inputs' pointers (read_arguments) */
-        uint64_t p = vals[e->spans[k].slot].u, n = e->spans[k].value & ~KP_WRITTEN_SPAN;
-        if (conflicts(ptr, e->out_nbytes, p, n, (e->spans[k].value & KP_WRITTEN_SPAN) != 0))
+    for (s = 0; s < o->nspans; s++) { /* vals holds the inputs' pointers (read_arguments) */
+        uint64_t p = vals[o->spans[s].slot].u, n = o->spans[s].value & ~KP_WRITTEN_SPAN;
+        if (conflicts(*ptr, o->nbytes, p, n, (o->spans[s].value & KP_WRITTEN_SPAN) != 0))
             return 0; /* partially overlaps an input, or shares memory with an input the
                        * program writes: the general path refuses it */
     }
-    vals[self->outs[0].slot].u = ptr;
+    return 1;
+}
+
+/* out=: one array of this tensor type for a single output, a tuple of one per output for
+ * several (each as check_one_out says, and no two sharing a byte: the general path refuses
+ * that); the pointers into vals. 1: fits; 0: general path; -1: error. */
+static int check_out(FastCall *self, const Entry *e, PyObject *out, long device, Value *vals) {
+    uint64_t ptr;
+    Py_ssize_t a, b;
+    int r;
+    if (self->nouts == 1) {
+        r = check_one_out(self, e, 0, out, device, vals, &ptr);
+        if (r > 0)
+            vals[self->outs[0].slot].u = ptr;
+        return r;
+    }
+    if (self->nouts < 2 || !PyTuple_Check(out) || PyTuple_Size(out) != self->nouts)
+        return 0;
+    for (a = 0; a < self->nouts; a++) {
+        /* output slots are not the inputs' ones: writing them early leaves the spans intact */
+        r = check_one_out(self, e, a, PyTuple_GetItem(out, a), device, vals, &ptr);
+        if (r <= 0)
+            return r;
+        vals[self->outs[a].slot].u = ptr;
+    }
+    for (a = 0; a < self->nouts; a++)
+        for (b = a + 1; b < self->nouts; b++)
+            if (e->overlaps[a].nbytes && e->overlaps[b].nbytes && /* empty: shares nothing */
+                conflicts(vals[self->outs[a].slot].u, e->overlaps[a].nbytes,
+                          vals[self->outs[b].slot].u, e->overlaps[b].nbytes, 1))
+                return 0;
     return 1;
 }
 

@@ -144,6 +144,15 @@ typedef struct {
 /* fastpath.WRITTEN_SPAN: on an overlap span's size, the input is one the program writes */
 #define KP_WRITTEN_SPAN (1ULL << 63)
 
+/* What one out= array is checked against per call (fastpath.out_overlap): its size, and the
+ * non-empty tensor inputs' value slots and sizes it must not partially overlap (any shared
+ * byte where the size carries KP_WRITTEN_SPAN). */
+typedef struct {
+    uint64_t nbytes;
+    Py_ssize_t nspans;
+    SlotValue *spans;
+} OutOverlap;
+
 typedef struct {
     int a, b;           /* value slots: an argument the program writes (role inout), another */
     int both_written;   /* b is written too: any shared byte conflicts, not only a partial one */
@@ -157,10 +166,11 @@ typedef struct {
     EntryLaunch *launches;
     Py_ssize_t nviews;  /* arguments that may be torch's lazy conj/neg views: asked per call */
     Py_ssize_t *views;
-    int view_out;       /* the same for out= */
-    uint64_t out_nbytes; /* a single out=: its size, and the non-empty tensor inputs' value */
-    Py_ssize_t nspans;  /* slots and sizes it must not partially overlap (fastpath.out_overlap) */
-    SlotValue *spans;
+    int view_out;       /* the same for every out= array */
+    /* per output (at least one): what its out= array is checked against; outputs must also
+     * share no byte with each other (aliasing.check_disjoint_outputs) */
+    Py_ssize_t noverlaps;
+    OutOverlap *overlaps;
     /* argument pairs that may not share memory (fastpath.written_pairs): checked per call */
     Py_ssize_t npairs;
     WrittenPair *pairs;

@@ -20,8 +20,8 @@ from typing import Any
 
 from .arrays import stream_device, stream_handle
 from .fast_native import native_cupy_call
-from .fastpath import (FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, split_scalars,
-                       written_conflict)
+from .fastpath import (FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, outs_conflict,
+                       split_scalars, written_conflict)
 
 INF = float("inf")
 
@@ -97,6 +97,10 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
     single_out = len(outputs) == 1
     out_slot, _, out_dt = outputs[0] if outputs else (0, None, None)
     out_bits = _misaligned(out_dt) if out_dt is not None else 0
+    # several outputs: each out= array's slot, dtype and pointer bits that must be 0
+    out_checks = tuple((slot, dt, _misaligned(dt)) for slot, _, dt in outputs)
+    out_slots = tuple(slot for slot, _, _ in outputs)
+    several_out = len(outputs) > 1
     n_in, nvals, states = len(bs.inputs), bp._nvals, bp._states
     cache, plan, fill_from = core.cache, core.plan, core.fill_from
     fire = core.fire
@@ -183,6 +187,18 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
                 return slow(args, out, stream)
             o = vals[out_slot] = mem.ptr
             if out_overlaps_input(vals, o, overlap):  # the general path refuses it
+                return slow(args, out, stream)
+            ret = out
+        elif several_out and out.__class__ is tuple and len(out) == len(outputs):
+            for o, (slot, dt, bits), shape in zip(out, out_checks, shapes):
+                if o.__class__ is not ndarray:
+                    return slow(args, out, stream)
+                mem = o.data
+                if ((dty := o.dtype) is not dt and dty != dt or mem.device_id != device
+                        or not contiguous(o) or o.shape != shape or mem.ptr & bits):
+                    return slow(args, out, stream)
+                vals[slot] = mem.ptr
+            if outs_conflict(vals, out_slots, overlap):  # the general path refuses it
                 return slow(args, out, stream)
             ret = out
         else:

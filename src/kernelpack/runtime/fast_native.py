@@ -66,7 +66,8 @@ class Hooks:
         ``template`` is the parameter block with the planner's computed values in place (the
         call writes the rest); ``views`` / ``view_out``: the arguments (and whether ``out=``)
         to ask for torch's lazy views (:func:`~.fastpath.lazy_view_checks`); ``overlap``: what
-        a single ``out=`` must not partially overlap (:func:`~.fastpath.out_overlap`);
+        a single ``out=`` must not partially overlap (:func:`~.fastpath.out_overlap`), with
+        several outputs one such pair per output (:func:`~.fastpath.outs_conflict`);
         ``scratch``: :func:`~.fastpath.scratch_layout`'s ``(nbytes, ((slot, offset), ...))``
         or None; ``pairs``: the arguments that may not share memory
         (:func:`~.fastpath.written_pairs`). None when the key's calls go to the general path

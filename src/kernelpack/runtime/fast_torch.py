@@ -17,8 +17,8 @@ from typing import Any
 
 from .arrays import stream_device, stream_handle
 from .fast_native import native_torch_call
-from .fastpath import (FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, split_scalars,
-                       written_conflict)
+from .fastpath import (FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, outs_conflict,
+                       split_scalars, written_conflict)
 
 INF = float("inf")
 
@@ -45,6 +45,8 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
     outputs = tuple(core.outputs)
     single_out = len(outputs) == 1
     out_slot, _, out_dt = outputs[0] if outputs else (0, None, None)
+    out_slots = tuple(slot for slot, _, _ in outputs)
+    several_out = len(outputs) > 1
     n_in, nvals, states = len(bs.inputs), bp._nvals, bp._states
     cache, plan, fill_from = core.cache, core.plan, core.fill_from
     fire = core.fire
@@ -148,14 +150,28 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
             if out_overlaps_input(vals, o, overlap):  # the general path refuses it
                 return slow(args, out, stream)
             ret = out
+        elif several_out and out.__class__ is tuple and len(out) == len(outputs):
+            try:
+                for o, (slot, _, dt), shape in zip(out, outputs, shapes):
+                    if (o.__class__ is not Tensor or o.dtype is not dt or not o.is_contiguous()
+                            or o.shape != shape or o.get_device() != device
+                            or view_out and (o.is_conj() or o.is_neg())):
+                        return slow(args, out, stream)
+                    vals[slot] = o.data_ptr()
+            except Exception:  # noqa: BLE001
+                return slow(args, out, stream)
+            if outs_conflict(vals, out_slots, overlap):  # the general path refuses it
+                return slow(args, out, stream)
+            ret = out
+        else:
+            return slow(args, out, stream)
+        if out is not None:
             if stream is None:
                 sh = raw_stream(device)
             elif stream_device(stream) not in (None, device):  # the general path refuses it
                 return slow(args, out, stream)
             else:
                 sh = stream_handle(stream)
-        else:
-            return slow(args, out, stream)
         if scratch is not None and scratch[0]:  # one buffer for all, alive until queued
             total, spans = scratch
             buf = allocate_scratch(total, device)

@@ -52,7 +52,8 @@ from .execute import DEFAULT_SHARED_MEM
 from .native import launcher
 
 __all__ = ["make_fast_path", "fits", "fast_variant", "split_scalars", "keyed_symbols",
-           "lazy_view_checks", "out_overlap", "out_overlaps_input", "scratch_layout",
+           "lazy_view_checks", "out_overlap", "out_overlaps_input", "outs_conflict",
+           "scratch_layout",
            "written_pairs", "written_conflict", "WRITTEN_SPAN", "FastCore",
            "ThreadState", "GENERAL", "FLOAT32_OVERFLOW"]
 
@@ -206,7 +207,8 @@ class FastCore:
         allocated like (-1: none), the launch when there is exactly one (else None), the
         arguments to check for torch's lazy conjugate/negative views, whether ``out=`` needs
         that check (see :func:`lazy_view_checks`), what a single ``out=`` is checked against
-        for partial overlap with an input (see :func:`out_overlap`), and the variant's
+        for partial overlap with an input (see :func:`out_overlap`; with several outputs a
+        tuple of one such pair per output, see :func:`outs_conflict`), and the variant's
         scratch as one allocation (see :func:`scratch_layout`), None when it has none, and
         the argument pairs that may not share memory (see :func:`written_pairs`)."""
         entry = self._plan(key)
@@ -253,11 +255,14 @@ class FastCore:
         # inputs an output or inout argument may not be in place over (in_place.py) are
         # checked like written ones
         refused = self.in_place_refused(plan.variant)
-        overlap: tuple[int, tuple[tuple[int, int], ...]] = (0, ())
-        if len(self.outputs) == 1:
-            oname = self.outputs[0][1]
-            flags = [w or (oname, n) in refused for w, n in zip(self.in_written, self.in_names)]
-            overlap = out_overlap(self.in_spans, key, plan.allocations[oname].nbytes, flags)
+        per_output = tuple(
+            out_overlap(self.in_spans, key, plan.allocations[oname].nbytes,
+                        [w or (oname, n) in refused for w, n in zip(self.in_written,
+                                                                    self.in_names)])
+            for _, oname, _ in self.outputs)
+        # one output: its (nbytes, spans); several: one such pair per output
+        overlap: Any = per_output[0] if len(per_output) == 1 else (
+            per_output if per_output else (0, ()))
         scratch = scratch_layout(self.variants[plan.variant], plan.allocations)
         pairs = written_pairs(self.in_spans, self.in_written, key, self.in_names,
                               refused) if any(self.in_written) else ()
@@ -415,10 +420,11 @@ def lazy_view_checks(tensor_index: list[int], key: tuple, complex_in: set[int],
     ``.imag`` of a complex tensor, which their contiguity check already sends away; only
     torch's private ``_neg_view`` makes a contiguous one).
 
-    Returns the argument positions to ask, and whether the single ``out=`` must be asked."""
+    Returns the argument positions to ask, and whether the ``out=`` arrays must be asked
+    (every one of them, when any output is complex or has a single element)."""
     views = tuple(i for i, shape in zip(tensor_index, key)
                   if i in complex_in or _numel(shape) == 1)
-    view_out = len(out_shapes) == 1 and (complex_out[0] or _numel(out_shapes[0]) == 1)
+    view_out = any(c or _numel(shape) == 1 for c, shape in zip(complex_out, out_shapes))
     return views, view_out
 
 
@@ -461,6 +467,25 @@ def out_overlaps_input(vals: list, out_ptr: int,
     out_nbytes, spans = overlap
     return any(conflicts(out_ptr, out_nbytes, vals[slot], value & ~WRITTEN_SPAN,
                          bool(value & WRITTEN_SPAN)) for slot, value in spans)
+
+
+def outs_conflict(vals: list, out_slots: Sequence[int],
+                  overlaps: Sequence[tuple[int, tuple[tuple[int, int], ...]]]) -> bool:
+    """Whether several ``out=`` arrays, their pointers already in ``vals`` at
+    ``out_slots``, must go to the general path: one conflicts with an input as
+    :func:`out_overlaps_input` says (``overlaps``: the entry's per-output
+    :func:`out_overlap`), or two share a byte (the general path refuses that:
+    :func:`~.aliasing.check_disjoint_outputs`). Empty outputs share nothing."""
+    ptrs = [vals[slot] for slot in out_slots]
+    for p, overlap in zip(ptrs, overlaps):
+        if out_overlaps_input(vals, p, overlap):
+            return True
+    for a in range(len(ptrs)):
+        for b in range(a + 1, len(ptrs)):
+            na, nb = overlaps[a][0], overlaps[b][0]
+            if na and nb and conflicts(ptrs[a], na, ptrs[b], nb, True):
+                return True
+    return False
 
 
 def written_pairs(in_spans: list[tuple[int, int]], written: list[bool], key: tuple,
