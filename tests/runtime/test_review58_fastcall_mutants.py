@@ -202,12 +202,11 @@ the branches only a failed allocation reaches (``PyErr_NoMemory``) were not muta
 a real torch/cupy/driver answers beyond the stand-ins (torch's own DLPack descriptions, CuPy's
 memory pool, real context loss) is the GPU tests' (tests/runtime/test_gpu_*.py).
 
-Real bugs: none found. Observation (not a user-facing bug, so no xfail): ``entry_from`` reads
-a launch's layout index with ``(int)PyLong_AsLong``, so an index of 2**32 from hooks.entry is
+Real bugs: none found. Observation (not a user-facing bug, so no xfail): ``entry_from`` read
+a launch's layout index with ``(int)PyLong_AsLong``, so an index of 2**32 from hooks.entry was
 taken for launch 0 instead of being refused as out of range; fast_native.py only answers
-indices it enumerated, so no call reaches it. Comparing the ``long`` before the cast (``long j
-= PyLong_AsLong(...); if (j < 0 || j >= self->nlayouts) ...; el->j = (int)j;``) would refuse
-it.
+indices it enumerated, so no call reached it. Session 41 compares the ``long`` before the
+cast, and test_a_malformed_entry_answer_is_an_error has that case.
 
 Run: ``.venv/bin/python -m pytest -q -p no:cacheprovider
 tests/runtime/test_review58_fastcall_mutants.py`` (about 1 s).
@@ -871,6 +870,9 @@ class Truthless:
     ({"likes": (2,)}, ValueError, "an output's 'like' is not an argument"),
     ({"launches": ((-1, 2, 1, 1, 1, 1, 1, 0, bytes(24)),)}, ValueError, "index is out of range"),
     ({"launches": ((1, 2, 1, 1, 1, 1, 1, 0, bytes(24)),)}, ValueError, "index is out of range"),
+    # (session 41: compared before it is narrowed to int; 2**32 was read as launch 0)
+    ({"launches": ((1 << 32, 2, 1, 1, 1, 1, 1, 0, bytes(24)),)}, ValueError,
+     "index is out of range"),
     ({"launches": ((0, 1 << 32, 1, 1, 1, 1, 1, 0, bytes(24)),)}, OverflowError, "32 bits"),
     ({"launches": ((0, 2, 1, 1, 1, 1, 1, 0, bytes(25)),)}, ValueError, "template is not bytes"),
     ({"launches": ((0, 2, 1, 1, 1, 1, 1, 0, bytes(23)),)}, ValueError, "template is not bytes"),

@@ -576,6 +576,7 @@ static Entry *entry_from(FastCall *self, PyObject *answer) {
         PyObject *item = PyTuple_GetItem(launches, k), *tmpl;
         EntryLaunch *el = &e->launches[k];
         Py_ssize_t d, size;
+        long j;
         char *bytes;
         e->nlaunch = (int)k + 1; /* so entry_free frees what is made */
         if (!PyTuple_Check(item) || PyTuple_Size(item) != 9) {
@@ -584,13 +585,14 @@ static Entry *entry_from(FastCall *self, PyObject *answer) {
             entry_free(e);
             return NULL;
         }
-        el->j = (int)PyLong_AsLong(PyTuple_GetItem(item, 0));
-        if (PyErr_Occurred() || el->j < 0 || el->j >= self->nlayouts) {
+        j = PyLong_AsLong(PyTuple_GetItem(item, 0)); /* checked before it is narrowed */
+        if (PyErr_Occurred() || j < 0 || j >= self->nlayouts) {
             PyErr_Clear();
             PyErr_SetString(PyExc_ValueError, "FastCall: a launch's index is out of range");
             entry_free(e);
             return NULL;
         }
+        el->j = (int)j;
         for (d = 0; d < 7; d++)
             if (as_uint32(PyTuple_GetItem(item, 1 + d), &el->dims[d]) < 0) {
                 entry_free(e);
