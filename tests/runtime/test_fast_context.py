@@ -258,3 +258,77 @@ def test_cupy_reads_the_stored_contiguity_flag(monkeypatch) -> None:
     assert len(_launches(fake)) == n0 + 1
     with pytest.raises(LaunchError, match="'y' is not C-contiguous"):
         call_program(prog, make([1.0, 2.0]), make([1.0, 2.0], contiguous=False), 1.0)
+
+
+def _launch_needs_the_primary_context(fake: FakeDriver, device: int = 0) -> list:
+    """Make the fake's cuLaunchKernel refuse (CUDA_ERROR_INVALID_CONTEXT) while another
+    context than ``device``'s primary one is current, as the driver does; returns the list of
+    the contexts it refused under."""
+    real_launch = fake.cuLaunchKernel
+    refused: list[int] = []
+
+    def launch(*args):
+        if fake.current != CTX0 + device:
+            refused.append(fake.current)
+            return (CUresult.CUDA_ERROR_INVALID_CONTEXT,)
+        return real_launch(*args)
+
+    fake.cuLaunchKernel = launch
+    return refused
+
+
+def test_the_per_thread_default_stream_checks_the_context(monkeypatch, torch) -> None:
+    """Stream handle 2 (CU_STREAM_PER_THREAD) is a default stream too: the launch goes to the
+    thread's current context, so the device's is made current first (pushed over another
+    device's, popped after). Kills review 60's F24 (``sh < 2``: handle 2 skipped the check,
+    and the launch ran in device 1's context)."""
+    fake = _driver(monkeypatch, devices=2)
+    refused = _launch_needs_the_primary_context(fake)
+    prog = axpby()
+    x, y = _args(torch)
+    call_program(prog, x, y, 1.0)
+    call_program(prog, x, y, 1.0)  # warm
+    fake.current = CTX0 + 1  # this thread works on device 1
+    z = FakeTensor([0.0] * 3, torch.float32)
+    assert call_program(prog, x, y, 2.0, out=z, stream=2) is z
+    assert z.values() == [1.0, 3.0, 5.0]
+    assert refused == [] and _launches(fake)[-1][5] == 2
+    assert fake.current == CTX0 + 1  # device 0's context was popped again
+
+
+def test_a_failed_launch_on_a_context_just_confirmed_is_not_retried(monkeypatch,
+                                                                    torch) -> None:
+    """A launch that fails right after the call confirmed the context (several devices: it is
+    asked on every default-stream call) raises its error; asking again would only repeat the
+    question. Kills review 60's F35 (the retry also when the thread had not remembered the
+    context)."""
+    fake = _driver(monkeypatch, devices=2)
+    prog = axpby()
+    x, y = _args(torch)
+    call_program(prog, x, y, 1.0)
+    call_program(prog, x, y, 1.0)
+    fake.launch_error = CUresult.CUDA_ERROR_INVALID_VALUE
+    before = fake.ctx_queries
+    with pytest.raises(LaunchError, match="CUDA_ERROR_INVALID_VALUE"):
+        call_program(prog, x, y, 1.0)
+    assert fake.ctx_queries - before == 1
+
+
+def test_a_relaunch_under_a_pushed_context_pops_it(monkeypatch, torch) -> None:
+    """One device, whose context this thread remembers; the caller then makes a context of
+    its own current (not the primary one). The launch fails, the context is checked, the
+    primary one pushed over the caller's, the launch repeated, and the caller's context
+    current again afterwards. Kills review 60's F36 (no pop: the thread was left in
+    kernelpack's context)."""
+    fake = _driver(monkeypatch)
+    refused = _launch_needs_the_primary_context(fake)
+    prog = axpby()
+    x, y = _args(torch)
+    call_program(prog, x, y, 1.0)
+    call_program(prog, x, y, 1.0)  # this thread now remembers the context
+    mine = 0x999
+    fake.current = mine
+    z = FakeTensor([0.0] * 3, torch.float32)
+    assert call_program(prog, x, y, 2.0, out=z) is z and z.values() == [1.0, 3.0, 5.0]
+    assert refused == [mine]
+    assert fake.current == mine

@@ -44,9 +44,9 @@ its scalar's in every variant); F70 (``keyed`` holds symbol names only); F78 (``
 empty only when nothing is computed, and then ``vals[fill_from:] = []`` changes nothing);
 F06 F07 (float16 packs with struct 'e' as the general path converts; bfloat16's 'H' and
 bool's '?' fall back or agree); F09 (no input found that makes the planner raise a bare
-ArithmeticError). Not killed, no test here: F24 F35 F36 (the default-stream context
-checks of ``fire``/``relaunch``: handle 2, a relaunch when the context was not remembered,
-the pop after a pushed relaunch).
+ArithmeticError). F24 F35 F36 (the default-stream context checks of ``fire``/``relaunch``:
+handle 2, a relaunch when the context was not remembered, the pop after a pushed relaunch)
+are killed by tests/runtime/test_fast_context.py (session 41).
 """
 
 from __future__ import annotations
