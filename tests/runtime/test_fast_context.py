@@ -332,3 +332,46 @@ def test_a_relaunch_under_a_pushed_context_pops_it(monkeypatch, torch) -> None:
     assert call_program(prog, x, y, 2.0, out=z) is z and z.values() == [1.0, 3.0, 5.0]
     assert refused == [mine]
     assert fake.current == mine
+
+
+def test_a_relaunch_that_fails_again_raises(monkeypatch, torch) -> None:
+    """The remembered context was lost and the launch failed; the context is set again and
+    the launch repeated, and when that fails too the call raises (it must not return outputs
+    that nothing wrote). Kills review 60's F83 (the second failure ignored)."""
+    fake = _driver(monkeypatch)
+    prog = axpby()
+    x, y = _args(torch)
+    call_program(prog, x, y, 1.0)
+    call_program(prog, x, y, 1.0)  # this thread now remembers the context
+    fake.current = 0               # lost: the check sets it again, then the retry fails too
+    fake.launch_error = CUresult.CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(LaunchError, match="CUDA_ERROR_INVALID_VALUE"):
+        call_program(prog, x, y, 2.0, out=FakeTensor([0.0] * 3, torch.float32))
+    assert fake.current == CTX0
+
+
+def test_stream_and_out_without_scratch_stay_on_the_fast_path(monkeypatch, torch,
+                                                              launch_path) -> None:
+    """A program without scratch buffers called with ``stream=`` and ``out=`` launches from
+    the fast path (only scratch, which a fast call allocates for the current stream, sends
+    such calls to the general path). Kills review 60's F79 (``scratch_layout`` answering
+    ``(0, ())`` for no scratch: the closure then sent every such call to the general path)."""
+    from kernelpack.runtime.launcher import BoundProgram
+
+    fake = _driver(monkeypatch)
+    prog = axpby()
+    x, y = _args(torch)
+    call_program(prog, x, y, 1.0)
+    call_program(prog, x, y, 1.0)
+    general: list = []
+    original = BoundProgram._call
+
+    def counting(self, args, out, stream):
+        general.append(stream)
+        return original(self, args, out, stream)
+
+    monkeypatch.setattr(BoundProgram, "_call", counting)
+    z = FakeTensor([0.0] * 3, torch.float32)
+    assert call_program(prog, x, y, 2.0, out=z, stream=0x77) is z
+    assert z.values() == [1.0, 3.0, 5.0] and _launches(fake)[-1][5] == 0x77
+    assert general == []

@@ -46,7 +46,11 @@ F06 F07 (float16 packs with struct 'e' as the general path converts; bfloat16's 
 bool's '?' fall back or agree); F09 (no input found that makes the planner raise a bare
 ArithmeticError). F24 F35 F36 (the default-stream context checks of ``fire``/``relaunch``:
 handle 2, a relaunch when the context was not remembered, the pop after a pushed relaunch)
-are killed by tests/runtime/test_fast_context.py (session 41).
+are killed by tests/runtime/test_fast_context.py (session 41). The 20 mutants the review's
+suite run did not reach before its time box were run afterwards (session 41): 18 killed by
+the suite (C29 C31 C42 C43 F53 F54 F56-F58 F60-F64 F74 F75 F80 F82), F79 (``scratch_layout``
+answering ``(0, ())`` for no scratch) and F83 (a failed relaunch ignored) by two new tests in
+test_fast_context.py.
 """
 
 from __future__ import annotations
