@@ -53,8 +53,7 @@ from .native import launcher
 
 __all__ = ["make_fast_path", "fits", "fast_variant", "split_scalars", "keyed_symbols",
            "lazy_view_checks", "out_overlap", "out_overlaps_input", "outs_conflict",
-           "scratch_layout",
-           "written_pairs", "written_conflict", "WRITTEN_SPAN", "FastCore",
+           "scratch_layout", "written_pairs", "written_conflict", "WRITTEN_SPAN", "FastCore",
            "ThreadState", "GENERAL", "FLOAT32_OVERFLOW"]
 
 Call = Callable[[Any, Any, Any], Any]
