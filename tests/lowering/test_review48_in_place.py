@@ -146,12 +146,14 @@ class _Warp:
 
 
 def _launch(k: Kernels, launch: Any, buffers: dict, values: dict, computed: dict,
-            reverse: bool) -> None:
+            reverse: bool, schedule: type[_Serial] = _Serial) -> None:
+    """One launch, each block's threads run by ``schedule`` (``_Serial``, or a subclass
+    that hands over differently: review 59's eager schedule)."""
     fn, argv = k.c_call(launch, buffers, {**values, **computed})
     grid, block = launch.grid[0], launch.block[0]
     assert launch.grid[1:] == (1, 1) and launch.block[1:] == (1, 1), launch
     for ctaid in (range(grid - 1, -1, -1) if reverse else range(grid)):
-        sched = _Serial(list(range(block - 1, -1, -1) if reverse else range(block)))
+        sched = schedule(list(range(block - 1, -1, -1) if reverse else range(block)))
         barrier = _Barrier(sched, block)
         warps = [_Warp(sched) for _ in range((block + 31) // 32)]
         errors: list[BaseException] = []
