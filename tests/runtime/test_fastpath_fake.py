@@ -259,6 +259,21 @@ def cupy(monkeypatch):
     return _install_cupy(monkeypatch)
 
 
+def install_external_stream(cupy, monkeypatch) -> None:
+    """Give the stand-in CuPy ``cupy.cuda.ExternalStream(handle, device)``: a context manager
+    that makes a stream of that handle CuPy's current one while inside, as CuPy's streams do
+    (the general path enters one for a raw ``stream=`` handle)."""
+    @contextlib.contextmanager
+    def external(handle: int, device: int | None = None):
+        before, cupy.current.stream = cupy.current.stream, types.SimpleNamespace(ptr=handle)
+        try:
+            yield
+        finally:
+            cupy.current.stream = before
+
+    monkeypatch.setattr(cupy.cuda, "ExternalStream", external, raising=False)
+
+
 def _install_cupy(monkeypatch):
     mod = types.ModuleType("cupy")
     mod.ndarray = NDArray

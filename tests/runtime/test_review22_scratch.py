@@ -28,7 +28,8 @@ from kernelpack.summary import (Arg, Compiled, Image, KernelSummary, Launch, Mod
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_driver import FakeDriver, install  # noqa: E402
-from test_fastpath_fake import NDArray, Tensor as FakeTensor, _prod  # noqa: E402
+from test_fastpath_fake import (NDArray, Tensor as FakeTensor, _prod,  # noqa: E402
+                                install_external_stream)
 from test_fastpath_fake import cupy, exchange, select_path, torch  # noqa: E402,F401
 from test_fast_scratch import (KERNELS, _expected, _floats, _launches, _program,  # noqa: E402
                                _put, allocations)  # noqa: F401
@@ -605,20 +606,9 @@ def test_a_program_whose_every_variant_is_general_has_no_fast_path(monkeypatch, 
 def cupy_made(cupy, monkeypatch) -> list:
     """cupy.empty recording ``(shape, dtype name, current stream pointer)``, and
     ``cupy.cuda.ExternalStream`` (made current as a context manager, as CuPy's streams)."""
-    import contextlib
-    import types
-
     import numpy
 
-    @contextlib.contextmanager
-    def external(ptr, device=None):
-        before, cupy.current.stream = cupy.current.stream, types.SimpleNamespace(ptr=ptr)
-        try:
-            yield
-        finally:
-            cupy.current.stream = before
-
-    monkeypatch.setattr(cupy.cuda, "ExternalStream", external, raising=False)
+    install_external_stream(cupy, monkeypatch)
 
     made: list = []
 

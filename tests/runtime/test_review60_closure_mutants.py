@@ -72,7 +72,8 @@ from kernelpack.summary import (Arg, Compiled, Image, KernelSummary, Launch, Mod
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_driver import FakeDriver, install  # noqa: E402
-from test_fastpath_fake import NDArray, Tensor, cupy, select_path, torch  # noqa: E402,F401
+from test_fastpath_fake import (NDArray, Tensor, cupy, install_external_stream,  # noqa: E402,F401
+                                select_path, torch)
 from test_launch_fake import _axpby_impl, axpby  # noqa: E402
 from test_lazy_views import _copy8_impl, copy_c64  # noqa: E402
 from test_several_outs_fast import _sumdiff_impl, sumdiff  # noqa: E402
@@ -916,18 +917,7 @@ def test_cupy_stream_without_out_is_the_general_paths(fake, cupy, general,
                                                      monkeypatch) -> None:
     """C01 (``stream=`` without ``out=`` kept on the fast path): the outputs must come from
     that stream's pool, which only the general path sees to."""
-    import contextlib
-    import types
-
-    @contextlib.contextmanager
-    def external(handle: int, device: int):  # cupy.cuda.ExternalStream, current inside
-        before, cupy.current.stream = cupy.current.stream, types.SimpleNamespace(ptr=handle)
-        try:
-            yield
-        finally:
-            cupy.current.stream = before
-
-    monkeypatch.setattr(cupy.cuda, "ExternalStream", external, raising=False)
+    install_external_stream(cupy, monkeypatch)
     prog = axpby()
     x, y = _nd([1.0, 2.0]), _nd([1.0, 1.0])
     _warm(prog, x, y, 1.0)
