@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from kernelpack.lowering.tuning import THREAD_ROW_MAX
+
 from .dtypes import NP_MODEL
 from .halves import HALF_NAMES, from_storage, round_half
 from .values import Param
@@ -29,6 +31,15 @@ from .values import Param
 # even a correct evaluation in the kernel's precision could not meet the tolerance (a mean of
 # values centred on their mean is 0 plus rounding noise), the comparison means nothing and the
 # output is skipped (and counted).
+#
+# In "32", a float32 sum or mean also accumulates as the kernel may: each run of
+# ``THREAD_ROW_MAX`` (32) consecutive terms in float32, the runs' partials in float64, and a
+# product of at most 32 terms in float32. A row of at most 32 terms that one thread owns
+# accumulates in float32 (lowering/rows.py ``_acc``), and a warp or block row's thread sums its
+# register chunk (<= 32 terms) in float32 first (``_part``); a "32" that accumulated everything
+# in float64 called outputs well-conditioned that those roundings move past their tolerance
+# (GPU fuzz, elsewhere mode, seed 1965: 31-term row sums of float32, summed again and passed to
+# ``sin`` at ~50, 1.2e-5 off the float64 reference where the old "32" was 2.0e-6 off).
 #
 # "r" is "64" with every real floating sum and mean rounded once from its exact value
 # (math.fsum): a comparison or a floor that an exact tie decides (an element equal to a sum of
@@ -91,6 +102,7 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
     exact_sums = mode in SUM_MODES
     nudge = {"r+": 1.0, "r-": -1.0}.get(mode, 0.0)
     zeroes = mode == "r0"
+    runs32 = mode == "32"
 
     def _model(v: Any, name: str) -> np.ndarray:
         """``v`` as the reference's array of the DSL dtype ``name``."""
@@ -129,7 +141,9 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
             else:
                 acc_t = acc.get(v.dtype, v.dtype)
             w = v.astype(acc_t)
-            if kind == "mean" and w.dtype.kind == "c":
+            if runs32 and v.dtype == np.float32:
+                r = _float32_runs(v, axis, keepdims, kind)
+            elif kind == "mean" and w.dtype.kind == "c":
                 r = _complex_mean(w, axis, keepdims)
             elif exact_sums and kind != "prod" and w.dtype.kind == "f":
                 r = _exact_sum(w, axis, keepdims, kind == "mean")
@@ -149,18 +163,31 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
         with np.errstate(invalid="ignore", divide="ignore"):
             return _complex(total.real / count, total.imag / count).astype(w.dtype)
 
+    def _float32_runs(v: np.ndarray, axis: Any, keepdims: bool, kind: str) -> np.ndarray:
+        """Mode "32"'s float32 ``kind`` (sum, mean, prod) of ``v`` over ``axis``: sums over
+        runs of ``THREAD_ROW_MAX`` terms in float32, the runs in float64; a product of at most
+        that many terms in float32, a longer one in float64 (see the comment above MODES)."""
+        rows, count, axes = _rows(v, axis)
+        if kind == "prod":
+            acc = np.float32 if count <= THREAD_ROW_MAX else np.float64
+            out = np.prod(rows.astype(acc), axis=1)
+        else:
+            out = np.zeros(rows.shape[0])
+            for start in range(0, count, THREAD_ROW_MAX):
+                run = rows[:, start:start + THREAD_ROW_MAX].sum(axis=1, dtype=np.float32)
+                out += run.astype(np.float64)
+            if kind == "mean":
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    out = out / count if count else np.full(out.shape, np.nan)
+        return _unrows(out, v.shape, axes, keepdims)
+
     def _exact_sum(w: np.ndarray, axis: Any, keepdims: bool, mean: bool) -> np.ndarray:
         """The sum (or mean) of ``w`` over ``axis``, each rounded once from its exact value
         (mode "r"), or from it moved by the error bound of any order of additions (modes
         "r+", "r-"), or 0 where that bound reaches it (mode "r0"); non-finite values give
         NumPy's own answer."""
-        axes = tuple(range(w.ndim)) if axis is None else tuple(
-            a % w.ndim for a in (axis if isinstance(axis, tuple) else (axis,)))
-        kept = [a for a in range(w.ndim) if a not in axes]
-        rows = np.moveaxis(w, axes, tuple(range(w.ndim - len(axes), w.ndim)))
-        count = math.prod(w.shape[a] for a in axes)
-        n_out = math.prod(w.shape[a] for a in kept)
-        flat = rows.reshape(n_out, count)
+        flat, count, axes = _rows(w, axis)
+        n_out = flat.shape[0]
         sums = np.empty(n_out, w.dtype)
         k = (count - 1) * 2.0 ** -53
         gamma = k / (1 - k) if k < 0.5 else math.inf
@@ -178,10 +205,7 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
         if mean:
             with np.errstate(invalid="ignore", divide="ignore"):
                 sums = sums / w.dtype.type(count) if count else np.full(n_out, np.nan, w.dtype)
-        out = sums.reshape(tuple(w.shape[a] for a in kept))
-        if keepdims:
-            out = out.reshape(tuple(1 if a in axes else w.shape[a] for a in range(w.ndim)))
-        return out
+        return _unrows(sums, w.shape, axes, keepdims)
 
     def _erf(x: Any) -> np.ndarray:
         x = np.asarray(x)
@@ -202,6 +226,25 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
 
     return {"np": np, "_model": _model, "_red": _red, "_erf": _erf, "_sigmoid": _sigmoid,
             "_complex": _complex, "_types": types}
+
+
+def _rows(w: np.ndarray, axis: Any) -> tuple[np.ndarray, int, tuple[int, ...]]:
+    """``w`` as a 2-D array with one row per output of a reduction over ``axis`` (None: all),
+    the reduced elements along each row; with the row length and the reduced axes."""
+    axes = tuple(range(w.ndim)) if axis is None else tuple(
+        a % w.ndim for a in (axis if isinstance(axis, tuple) else (axis,)))
+    kept = [a for a in range(w.ndim) if a not in axes]
+    moved = np.moveaxis(w, axes, tuple(range(w.ndim - len(axes), w.ndim)))
+    count = math.prod(w.shape[a] for a in axes)
+    return moved.reshape(math.prod(w.shape[a] for a in kept), count), count, axes
+
+
+def _unrows(values: np.ndarray, shape: tuple[int, ...], axes: tuple[int, ...],
+            keepdims: bool) -> np.ndarray:
+    """One value per row of :func:`_rows` back in the reduction's output shape."""
+    if keepdims:
+        return values.reshape(tuple(1 if a in axes else n for a, n in enumerate(shape)))
+    return values.reshape(tuple(n for a, n in enumerate(shape) if a not in axes))
 
 
 def model_inputs(params: list[Param], inputs: list, mode: str = "64",
