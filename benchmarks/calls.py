@@ -19,7 +19,11 @@ binds), the general path, and the call through the fast path that the second cal
 (the script stops if no fast path was built); with the C fast path, its own counter must show
 that every timed ``kp`` call took it.
 
-    python benchmarks/calls.py [--calls 200] [--reps 15] [--no-results]
+With ``--stream`` every call passes ``out=`` and ``stream=`` a side stream (torch's op runs
+inside ``with torch.cuda.stream(side)``): until session 42 a call with scratch and
+``stream=`` took the general path, now the fast path allocates its scratch for that stream.
+
+    python benchmarks/calls.py [--calls 200] [--reps 15] [--stream] [--no-results]
 """
 
 from __future__ import annotations
@@ -123,11 +127,14 @@ def main() -> int:
     ap = parser_for(__doc__)
     ap.add_argument("--calls", type=int, default=200, help="back-to-back calls per sample")
     ap.add_argument("--reps", type=int, default=15, help="samples per method (median)")
+    ap.add_argument("--stream", action="store_true",
+                    help="every call with out= and stream= a side stream")
     ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
     args = ap.parse_args()
     torch = cuda_torch("calls.py")
     if torch is None:
         return 0
+    side = torch.cuda.Stream() if args.stream else None
     major, minor = torch.cuda.get_device_capability()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "calls.kpack"
@@ -138,12 +145,22 @@ def main() -> int:
             prog = pack[name]
             inputs = _inputs(name, shape, torch)
             ref = _reference(name, inputs, torch)
-            for how, got in (("kp", prog(*inputs)),
-                             ("kp general", prog._kp_bound.__call__(inputs, None, None))):
+            # with --stream: out= arrays (one per method: the checks read them) and stream=
+            outs = [torch.empty_like(ref, dtype=torch.float32) if side else None
+                    for _ in range(3)]
+
+            def call(out: Any = outs[0]) -> Any:
+                return prog(*inputs, out=out, stream=side)
+
+            def general(out: Any = outs[1]) -> Any:
+                return prog._kp_bound.__call__(inputs, out, side)
+
+            for how, got in (("kp", call()), ("kp general", general())):
+                torch.cuda.synchronize()
                 err = rel_err(got, ref)
                 if not err <= 1e-5:
                     raise SystemExit(f"{name} {shape} {how}: relative error {err:.2e}")
-            second = prog(*inputs)  # the second call builds the fast path (and runs on it)
+            second = call()  # the second call builds the fast path (and runs on it)
             bound = prog._kp_bound
             fast = bound.call != bound.__call__
             if not fast:
@@ -151,7 +168,8 @@ def main() -> int:
                                  f"'kp' row would time the general path")
             counter = getattr(bound.call, "__self__", None)  # the C FastCall, if it is one
             before = getattr(counter, "fast_calls", None)
-            for how, got in (("kp, second call", second), ("kp, fast path", prog(*inputs))):
+            for how, got in (("kp, second call", second), ("kp, fast path", call(outs[2]))):
+                torch.cuda.synchronize()
                 err = rel_err(got, ref)
                 if not err <= 1e-5:
                     raise SystemExit(f"{name} {shape} {how}: relative error {err:.2e}")
@@ -162,9 +180,14 @@ def main() -> int:
             op = _torch_op(name, torch)
             warm = 20
             before = getattr(counter, "fast_calls", None)
-            t = per_call_us({"kp": lambda: prog(*inputs),
-                           "kp general": lambda: bound.__call__(inputs, None, None),
-                           "torch": lambda: op(*inputs)},
+
+            def torch_call() -> Any:
+                if side is None:
+                    return op(*inputs)
+                with torch.cuda.stream(side):
+                    return op(*inputs)
+
+            t = per_call_us({"kp": call, "kp general": general, "torch": torch_call},
                             torch.cuda.synchronize, args.calls, args.reps, warm=warm)
             if before is not None and counter.fast_calls - before != warm + args.reps * args.calls:
                 raise SystemExit(f"{name} {shape}: {counter.fast_calls - before} of the "
@@ -185,7 +208,10 @@ def main() -> int:
                          f"{t['torch']:.2f}", f"{device_us:.2f}",
                          f"{t['kp general'] / t['kp']:.2f}x", f"{t['kp'] / t['torch']:.2f}"])
     body = [
-        f"`python benchmarks/calls.py --calls {args.calls} --reps {args.reps}`; float32. "
+        f"`python benchmarks/calls.py --calls {args.calls} --reps {args.reps}"
+        f"{' --stream' if side else ''}`; float32. "
+        + ("Every call with out= and stream= a side stream (torch: its op inside "
+           "`with torch.cuda.stream(side)`). " if side else "") +
         "µs per call: the median over the samples of (calls back to back + sync) / calls, the "
         "methods interleaved. 'kp general': the same program through the general path (what "
         "every call of a program with scratch in any variant took before the fast paths took "

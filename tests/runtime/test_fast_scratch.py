@@ -5,9 +5,9 @@ A program whose variant for a shape has scratch used to go to the general path f
 call, and so did every shape of a program with such a variant anywhere (a row softmax, whose
 split variant for long rows has scratch, on any shape). Now such a call allocates its scratch
 as one buffer of the caller's framework and launches from the fast path; a variant with
-zeroed scratch or repeated launches, and a call with scratch and ``stream=``, still go to the
-general path, per key. The C type's side: malformed scratch answers and slots are errors, and
-calls leave no references behind."""
+zeroed scratch or repeated launches still goes to the general path, per key; with
+``stream=`` the scratch comes from that stream's pool. The C type's side: malformed scratch
+answers and slots are errors, and calls leave no references behind."""
 
 from __future__ import annotations
 
@@ -169,10 +169,12 @@ def test_a_variant_with_scratch_takes_the_fast_path(monkeypatch, torch, allocati
     assert allocations == []
 
 
-def test_scratch_with_an_explicit_stream_goes_to_the_general_path(monkeypatch, torch,
-                                                                 allocations) -> None:
-    """The fast paths allocate scratch for the current stream, which they launch on; with
-    ``stream=`` the general path allocates it from that stream's pool."""
+def test_scratch_with_an_explicit_stream_comes_from_that_streams_pool(monkeypatch, torch,
+                                                                     allocations,
+                                                                     launch_path) -> None:
+    """With ``stream=`` the fast paths allocate the call's scratch (one buffer) from that
+    stream's pool, as the general path allocates its buffers for it, and launch there; until
+    session 42 such a call went to the general path (each buffer apart)."""
     fake = install(monkeypatch, FakeDriver(kernels=dict(KERNELS)))
     prog = _program()
     xs = [1.0, 2.0, 3.0, 4.0]
@@ -181,9 +183,17 @@ def test_scratch_with_an_explicit_stream_goes_to_the_general_path(monkeypatch, t
     allocations.clear()
     fake.calls.clear()
     assert call_program(prog, x, out=out, stream=9) is out and out.values() == _expected(xs)
-    # the general path's, apart, from that stream's pool
-    assert allocations == [((16,), "uint8", ("ext", 9)), ((4,), "uint8", ("ext", 9))]
-    assert {c[5] for c in _launches(fake)} == {9}
+    # one buffer for both (the general path allocates each apart: (16,) and (4,))
+    assert allocations == [((2 * SCRATCH_ALIGN,), "uint8", ("ext", 9))]
+    double, total, add = _launches(fake)
+    assert {c[5] for c in (double, total, add)} == {9}
+    base = double[6][1]
+    assert total[6][:2] == (base, base + SCRATCH_ALIGN) and add[6][:2] == total[6][:2]
+    # the current stream's own handle as stream=: a plain allocation, as without stream=
+    allocations.clear()
+    current = torch._C._cuda_getCurrentRawStream(0)
+    assert call_program(prog, x, out=out, stream=current) is out
+    assert allocations == [((2 * SCRATCH_ALIGN,), "uint8")]
 
 
 def test_zeroed_scratch_stays_on_the_general_path_per_shape(monkeypatch, torch,

@@ -234,11 +234,17 @@ class NDArray:
     _c_contiguous = True  # on the type, as CuPy's stored flag is: the C path reads it
 
     def __init__(self, values: list | tuple, dtype: object = "float32",
-                 shape: tuple | None = None, contiguous: bool = True) -> None:
+                 shape: tuple | None = None, contiguous: bool = True,
+                 memptr: object = None) -> None:
         import numpy
 
         if isinstance(values, tuple):  # cupy.ndarray(shape, dtype): zeros here
             values, shape = [0] * _prod(values), values
+        if memptr is not None:  # cupy.ndarray(shape, dtype, memptr=): over memory it is given
+            self.dtype, self.shape, self.memptr = numpy.dtype(dtype), tuple(shape), memptr
+            self.data = _Mem(memptr.ptr, 0)
+            self.__dict__["_c_contiguous"] = contiguous
+            return
         self.dtype = numpy.dtype(dtype)
         self.shape = tuple(shape if shape is not None else (len(values),))
         fmt = self.dtype.char
@@ -296,11 +302,21 @@ def _install_cupy(monkeypatch):
         def __exit__(self, *exc):
             mod.current.stream = self.before
 
+    class UnownedMemory:  # cupy.cuda.UnownedMemory(ptr, size, owner): keeps owner alive
+        def __init__(self, ptr: int, size: int, owner: object) -> None:
+            self.ptr, self.size, self.owner = ptr, size, owner
+
+    class MemoryPointer:  # cupy.cuda.MemoryPointer(memory, offset)
+        def __init__(self, mem: UnownedMemory, offset: int) -> None:
+            self.mem, self.ptr = mem, mem.ptr + offset
+
+    mod.uint8 = "uint8"
     mod.cuda = types.SimpleNamespace(Stream=types.SimpleNamespace(null=NullStream()),
                                      get_current_stream=lambda device=None: mod.current.stream,
                                      runtime=types.SimpleNamespace(
                                          getDevice=lambda: mod.current.device),
-                                     Device=device)
+                                     Device=device, UnownedMemory=UnownedMemory,
+                                     MemoryPointer=MemoryPointer)
     return install_framework(monkeypatch, "cupy", mod)
 
 

@@ -3,8 +3,8 @@
 A column standard deviation (scratch on every shape) and a row softmax (scratch only in the
 split variant of long rows) take the fast path after their first call, with torch and with
 CuPy: results right call after call, many calls queued without a sync (each call's scratch is
-handed out again only in stream order), ``out=``, ``stream=`` (the general path), and a CUDA
-graph captured with ``out=``."""
+handed out again only in stream order), ``out=``, ``stream=`` (the fast path too since
+session 42, its scratch for that stream), and a CUDA graph captured with ``out=``."""
 
 from __future__ import annotations
 
@@ -84,11 +84,19 @@ def test_calls_with_scratch_take_the_fast_path(pack, torch, name, shape) -> None
         z = prog(xs[2])
     side.synchronize()
     torch.testing.assert_close(z, _ref(name, xs[2]), rtol=1e-5, atol=1e-6)
+    # stream= with out=: the fast path too (session 42), its scratch from that stream's pool;
+    # calls queued back to back there, no sync between
     other = torch.cuda.Stream()
-    out2 = torch.empty_like(out)
-    assert prog(xs[3], out=out2, stream=other) is out2  # stream=: the general path for scratch
+    torch.cuda.synchronize()
+    before = _fast_calls(prog)
+    outs2 = [torch.empty_like(out) for _ in xs]
+    for x, o in zip(xs, outs2):
+        assert prog(x, out=o, stream=other) is o
     other.synchronize()
-    torch.testing.assert_close(out2, _ref(name, xs[3]), rtol=1e-5, atol=1e-6)
+    for x, o in zip(xs, outs2):
+        torch.testing.assert_close(o, _ref(name, x), rtol=1e-5, atol=1e-6)
+    if before is not None:
+        assert _fast_calls(prog) == before + len(xs)
 
 
 def test_graph_capture_with_scratch(pack, torch) -> None:
@@ -134,18 +142,43 @@ def test_default_stream_handle_while_another_is_current(pack, torch) -> None:
     torch.testing.assert_close(z, _ref("colstd", x), rtol=1e-5, atol=1e-6)
 
 
+def _cupy_fast_calls(prog) -> int | None:
+    """The CuPy FastCall's count of calls it launched itself (behind torch's where both are
+    imported: fastpath.make_fast_path), or None on a closure path."""
+    call = prog._kp_bound.call
+    while type(fc := getattr(call, "__self__", None)).__name__ == "FastCall":
+        if fc.hooks.allocate is None:  # CuPy's FastCall allocates its outputs itself
+            return fc.fast_calls
+        call = fc.hooks.slow
+    return None
+
+
 def test_cupy_stream_handles_with_scratch(pack) -> None:
-    """CuPy arrays with ``stream=`` (another stream, and the default stream while another is
-    current): the general path allocates on that stream and launches there, without CuPy's
-    deprecation warning (CuPy 14 deprecates ExternalStream for Stream.from_external)."""
+    """CuPy arrays with ``stream=``: another stream takes the fast path (session 42), its
+    scratch the driver's stream-ordered memory on that stream, many calls queued there back to
+    back; the default stream while another is current is the general path's, which allocates
+    on that stream and launches there; neither with CuPy's deprecation warning (CuPy 14
+    deprecates ExternalStream for Stream.from_external)."""
     cupy = pytest.importorskip("cupy")
     warnings.filterwarnings("error", ".*ExternalStream", DeprecationWarning)  # restored by pytest
     prog = pack["colstd"]
-    x = cupy.random.standard_normal((3000, 100), dtype=cupy.float32)
-    ref = x.astype(cupy.float64).std(0)
+    xs = [cupy.random.standard_normal((3000, 100), dtype=cupy.float32) for _ in range(20)]
+    refs = [x.astype(cupy.float64).std(0) for x in xs]
+    x, ref = xs[0], refs[0]
     other, side = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
     out = cupy.empty(100, dtype=cupy.float32)
+    prog(x)
+    prog(x)  # the fast path built
     cupy.cuda.Device().synchronize()
+    before = _cupy_fast_calls(prog)
+    outs = [cupy.empty(100, dtype=cupy.float32) for _ in xs]
+    for a, o in zip(xs, outs):
+        assert prog(a, out=o, stream=other) is o
+    other.synchronize()
+    for o, r in zip(outs, refs):
+        cupy.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-6)
+    if before is not None:
+        assert _cupy_fast_calls(prog) == before + len(xs)
     assert prog(x, out=out, stream=other) is out
     other.synchronize()
     cupy.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)

@@ -401,11 +401,13 @@ def test_out_partially_overlapping_an_input_with_scratch(monkeypatch, torch, all
         assert _fast_calls(prog, launch_path) == fast + 2
 
 
-def test_scratch_with_stream_goes_to_the_general_path_before_anything(monkeypatch, torch,
-                                                                      allocations,
-                                                                      launch_path) -> None:
-    """out= with stream= and a variant with scratch: the general path (its scratch from that
-    stream's pool), and its errors: another device's out=, a partial overlap."""
+def test_scratch_with_stream_is_the_fast_paths_and_errors_the_general_paths(monkeypatch, torch,
+                                                                              allocations,
+                                                                              launch_path) -> None:
+    """out= with stream= and a variant with scratch: the fast path, its scratch one buffer
+    from that stream's pool (the general path's until session 42); the errors are the general
+    path's, before anything is allocated or launched: another device's out=, a partial
+    overlap."""
     from test_review9_outputs_fast import _tensor_view
 
     fake = install(monkeypatch, FakeDriver(kernels=dict(KERNELS)))
@@ -420,8 +422,11 @@ def test_scratch_with_stream_goes_to_the_general_path_before_anything(monkeypatc
     fake.calls.clear()
     for _ in range(3):
         assert call_program(prog, x, out=out, stream=7) is out and out.values() == _expected(xs)
-    assert allocations == [((16,), "uint8", ("ext", 7)), ((4,), "uint8", ("ext", 7))] * 3
+    assert allocations == [((2 * SCRATCH_ALIGN,), "uint8", ("ext", 7))] * 3
     assert {c[5] for c in _launches(fake)} == {7}
+    if fast is not None:
+        assert _fast_calls(prog, launch_path) == fast + 3
+        fast += 3
     mem = FakeTensor([float(i) for i in range(12)], torch.float32)
     allocations.clear()
     fake.calls.clear()
@@ -624,8 +629,9 @@ def cupy_made(cupy, monkeypatch) -> list:
 
 def test_cupy_scratch_calls(monkeypatch, cupy, cupy_made, launch_path) -> None:
     """CuPy: the fast path with scratch (allocated and launched on CuPy's current stream),
-    out= too; stream= and a zeroed accumulator take the general path; a call re-entering from
-    the scratch allocation is right."""
+    out= too, and stream= (its scratch stream-ordered memory of the driver's on that stream);
+    a zeroed accumulator takes the general path; a call re-entering from the scratch
+    allocation is right."""
     import types
 
     fake = install(monkeypatch, FakeDriver(kernels=dict(KERNELS)))
@@ -645,17 +651,34 @@ def test_cupy_scratch_calls(monkeypatch, cupy, cupy_made, launch_path) -> None:
     assert {c[5] for c in _launches(fake)} == {0x55}
     if fast is not None:
         assert _fast_calls(prog, launch_path) == fast + 2
-    # stream=: the general path (each buffer apart), in stream-ordered memory of the driver's
-    # (review 31: CuPy's pool is not capture-aware; the driver's is recorded in a graph)
+    # stream=: the fast path (one buffer for both) in stream-ordered memory of the driver's,
+    # as the general path's (review 31: CuPy's pool orders a block on its current stream
+    # only and is not capture-aware; the driver's is recorded in a graph); until session 42
+    # the general path's
     cupy_made.clear()
     fake.calls.clear()
     assert call_program(prog, x, out=out, stream=9) is out and out.values() == _expected(xs)
     assert cupy_made == []
     allocs = [c for c in fake.calls if c[0] == "cuMemAllocAsync"]
-    assert [(c[1], c[2]) for c in allocs] == [(20, 9), (4, 9)]
+    assert [(c[1], c[2]) for c in allocs] == [(2 * SCRATCH_ALIGN, 9)]
+    double, total, add = _launches(fake)
+    base = double[6][1]  # the first buffer's pointer, the allocation's own
+    assert total[6][:2] == (base, base + SCRATCH_ALIGN)
     frees = [c for c in fake.calls if c[0] == "cuMemFreeAsync"]
-    assert len(frees) == 2 and {c[2] for c in frees} == {9}  # each freed, stream-ordered
-    assert {c[5] for c in _launches(fake)} == {9}
+    assert frees == [("cuMemFreeAsync", base, 9)]  # freed on that stream, after the launches
+    assert fake.calls.index(frees[0]) > fake.calls.index(add)
+    assert {c[5] for c in (double, total, add)} == {9}
+    if fast is not None:
+        assert _fast_calls(prog, launch_path) == fast + 3
+        fast += 1
+    # stream=0 (a default stream): the general path, which makes the context current for the
+    # driver's allocation on it (each buffer apart)
+    fake.calls.clear()
+    before = _fast_calls(prog, launch_path)
+    assert call_program(prog, x, out=out, stream=0) is out and out.values() == _expected(xs)
+    allocs = [c for c in fake.calls if c[0] == "cuMemAllocAsync"]
+    assert [(c[1], c[2]) for c in allocs] == [(20, 0), (4, 0)]
+    assert _fast_calls(prog, launch_path) == before
     # n == 3: the zeroed accumulator, the general path's, every time
     x3 = NDArray([1.0, 2.0, 3.0])
     for _ in range(2):
@@ -749,9 +772,10 @@ def test_outputs_and_scratch_for_the_default_stream_come_from_its_pool(monkeypat
         out = FakeTensor([0.0] * 4, torch.float32)
         assert call_program(prog, x, out=out, stream=handle) is out
         assert out.values() == _expected(xs)
-        # the output and both scratch buffers, twice, none from s's pool
+        # the general path's output and two scratch buffers (stream= without out=), then the
+        # fast path's one scratch buffer (out=), none from s's pool
         pools = [a[2] if len(a) > 2 else None for a in allocations]
-        assert len(pools) == 5
+        assert len(pools) == 4 and allocations[3][:2] == ((2 * SCRATCH_ALIGN,), "uint8")
         assert "s" not in pools, (handle, allocations)
 
 

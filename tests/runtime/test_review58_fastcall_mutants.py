@@ -152,7 +152,8 @@ left off; [crash]: the test process crashed).
   fetched [here].
 - fastcall_run: FR1 stream= with allocated outputs fast [here]; FR2 extra arguments accepted
   [here]; FR3 cupy current device unchecked [fastpath_fake]; FR4 scratch with stream= fast
-  [fast_scratch]; FR5 lazy views asked for cupy too [crash]; FR6 first view unchecked
+  [fast_scratch] (since session 42 the fast path's, with that stream's scratch); FR5 lazy
+  views asked for cupy too [crash]; FR6 first view unchecked
   [lazy_views]; FR7 lazy views accepted [lazy_views]; FR8 out= refusal ignored
   [fastpath_fake]; FR9 fast_calls not counted [fastpath_fake]; FR10 scratch leaked
   [fast_scratch]; FR11 states lookup error ignored [here]; FR12 written pairs unchecked

@@ -945,23 +945,31 @@ failed:
     return NULL;
 }
 
-/* The call's scratch (the entry's, one allocation by hooks.scratch on the device's current
- * stream, which the call launches on), each buffer's pointer into vals; *keep holds it until
- * the launches are queued. -1 with an exception set on failure. */
+/* The call's scratch (the entry's, one allocation by hooks.scratch(nbytes, device) for the
+ * device's current stream, which the call launches on; with stream= hooks.scratch(nbytes,
+ * device, sh), for the stream= handle sh: from that stream's pool or stream-ordered, as the
+ * general path allocates it), each buffer's pointer into vals; *keep holds it until the
+ * launches are queued. -1 with an exception set on failure. */
 static int allocate_scratch(FastCall *self, const Entry *e, PyObject *device_obj, Value *vals,
-                            PyObject **keep) {
-    PyObject *a[3], *n;
+                            int given, uint64_t sh, PyObject **keep) {
+    PyObject *a[4], *n, *h = NULL;
     uint64_t base = 0;
     Py_ssize_t k;
     if (e->scratch_nbytes > 0) {
         n = PyLong_FromUnsignedLongLong(e->scratch_nbytes);
         if (n == NULL)
             return -1;
+        if (given && (h = PyLong_FromUnsignedLongLong(sh)) == NULL) {
+            Py_DECREF(n);
+            return -1;
+        }
         a[0] = self->hooks;
         a[1] = n;
         a[2] = device_obj;
-        *keep = call_method(s_scratch, a, 3);
+        a[3] = h;
+        *keep = call_method(s_scratch, a, given ? 4 : 3);
         Py_DECREF(n);
+        Py_XDECREF(h);
         if (*keep == NULL || output_pointer(self, *keep, &base) < 0)
             return -1;
     }
@@ -1205,12 +1213,6 @@ static PyObject *fastcall_run(FastCall *self, PyObject *const *argv, Py_ssize_t 
     e = (const Entry *)PyCapsule_GetPointer(capsule, "kernelpack.fastcall.entry");
     if (e == NULL)
         goto done;
-    if (e->nscratch && stream != Py_None) { /* scratch is allocated for the current stream */
-        Py_DECREF(st);
-        Py_DECREF(capsule);
-        Py_DECREF(device_obj);
-        goto slow;
-    }
     for (k = 0; self->lazy_views && k < e->nviews; k++) {
         fits = lazy_view(&self->rd, PyTuple_GetItem(args, e->views[k]));
         if (fits < 0)
@@ -1243,9 +1245,20 @@ static PyObject *fastcall_run(FastCall *self, PyObject *const *argv, Py_ssize_t 
             result = out;
         }
     }
-    if (result != NULL && (stream_of(self, stream, device_obj, device, &sh) < 0 ||
-                           (e->nscratch &&
-                            allocate_scratch(self, e, device_obj, vals, &scratch) < 0) ||
+    if (result != NULL && stream_of(self, stream, device_obj, device, &sh) < 0)
+        Py_CLEAR(result);
+    if (result != NULL && self->cupy && e->nscratch && stream != Py_None && sh < 3) {
+        /* CuPy's scratch for stream= is the driver's stream-ordered memory, which on a default
+         * stream needs the device's context current: the general path makes it so */
+        Py_DECREF(result);
+        Py_DECREF(st);
+        Py_DECREF(capsule);
+        Py_DECREF(device_obj);
+        goto slow;
+    }
+    if (result != NULL && ((e->nscratch &&
+                            allocate_scratch(self, e, device_obj, vals, stream != Py_None, sh,
+                                             &scratch) < 0) ||
                            launch_all(self, e, st, device, sh, vals) < 0))
         Py_CLEAR(result);
     if (result != NULL)

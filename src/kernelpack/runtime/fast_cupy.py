@@ -43,19 +43,22 @@ class _FreedInOrder:
         _drv.bindings().cuMemFreeAsync(self.ptr, self.stream)
 
 
-def _graph_scratch(cupy: Any, nbytes: int, stream: int) -> Any:
-    """Scratch for a call captured into a CUDA graph, as a uint8 cupy array: stream-ordered
-    memory of the driver's, whose allocation and free the capture records as graph nodes, so
-    that every replay has its own. Memory of CuPy's pool went back to the pool when the
-    captured call returned, and the next array allocated on that stream got it while every
-    replay of the graph still wrote its partial sums there."""
+def _ordered_scratch(cupy: Any, nbytes: int, stream: int) -> Any:
+    """Scratch for a call on ``stream`` as a uint8 cupy array of stream-ordered memory of the
+    driver's, freed on that stream when the array goes (after the launches are queued).
+    Taken while the stream is captured into a CUDA graph: the capture records the allocation
+    and the free as graph nodes, so that every replay has its own (memory of CuPy's pool went
+    back to the pool when the captured call returned, and the next array allocated on that
+    stream got it while every replay of the graph still wrote its partial sums there). And
+    for ``stream=``, another stream than CuPy's current one, as the general path's scratch is
+    (:func:`~.execute._temporary`): CuPy's pool orders a block on the current stream only."""
     from . import driver as _drv
     from .execute import cu_stream
 
     cs = cu_stream(stream)
     size = max(nbytes, 1)
     ptr = int(_drv.check(_drv.bindings().cuMemAllocAsync(size, cs),
-                         "allocating scratch during a CUDA graph capture"))
+                         "allocating a call's scratch (stream-ordered)"))
     try:
         memory = cupy.cuda.UnownedMemory(ptr, size, _FreedInOrder(ptr, cs))
     except BaseException:
@@ -108,13 +111,16 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
     uint8 = numpy.uint8
     is_capturing = getattr(cupy.cuda.Stream, "is_capturing", None)
 
-    def allocate_scratch(nbytes: int, device: int) -> Any:
+    def allocate_scratch(nbytes: int, device: int, stream: int | None = None) -> Any:
         """A call's scratch (:func:`~.fastpath.scratch_layout`): CuPy's current device is
         the arrays' (checked per call), its current stream the one the call launches on.
-        While that stream is captured into a CUDA graph: :func:`_graph_scratch`."""
-        stream = current_stream()
-        if is_capturing is not None and is_capturing(stream):
-            return _graph_scratch(cupy, nbytes, stream.ptr)
+        While that stream is captured into a CUDA graph, or for ``stream=``'s raw handle
+        ``stream``: :func:`_ordered_scratch`."""
+        if stream is not None:
+            return _ordered_scratch(cupy, nbytes, stream)
+        current = current_stream()
+        if is_capturing is not None and is_capturing(current):
+            return _ordered_scratch(cupy, nbytes, current.ptr)
         return empty(nbytes, dtype=uint8)
 
     native = native_cupy_call(bp, core, slow, cupy, tensors, floats, ints, allocate_scratch,
@@ -167,8 +173,6 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
             return slow(args, out, stream)  # the general path switches devices itself
         # no lazy views in CuPy
         fills, shapes, todo, likes, one, _, _, overlap, scratch, pairs = entry
-        if scratch is not None and stream is not None:
-            return slow(args, out, stream)  # scratch is allocated for the current stream
         if pairs and written_conflict(vals, pairs):  # the general path refuses it
             return slow(args, out, stream)
         if fills is not None:
@@ -209,9 +213,11 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
             return slow(args, out, stream)
         else:
             sh = stream_handle(stream)
+            if scratch is not None and sh < 3:  # the driver's scratch on a default stream
+                return slow(args, out, stream)  # needs the context current: the general path's
         if scratch is not None and scratch[0]:  # one buffer for all, alive until queued
             total, spans = scratch
-            buf = allocate_scratch(total, device)
+            buf = allocate_scratch(total, device, None if stream is None else sh)
             base = buf.data.ptr
             for slot, offset in spans:
                 vals[slot] = base + offset

@@ -29,7 +29,8 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 class Hooks:
     """What ``FastCall`` asks Python for: per key the launch entry, output allocation for
     shapes no input has (torch; None for cupy, whose outputs ``FastCall`` makes itself), a
-    call's scratch (``scratch(nbytes, device)``, one array of the framework), the context
+    call's scratch (``scratch(nbytes, device)`` for the current stream, ``scratch(nbytes,
+    device, handle)`` for ``stream=``'s raw handle: one array of the framework), the context
     check, the launch error, and the fallback.
 
     ``context_was_lost(st)`` is :meth:`FastCore.context_was_lost`: asked before a launch on a
@@ -41,7 +42,7 @@ class Hooks:
                  "pop_context", "_nvals", "_sizes")
 
     def __init__(self, core: FastCore, slow: Call, allocate: Callable[..., Any] | None,
-                 scratch: Callable[[int, int], Any], stream_handle: Callable[[Any], int],
+                 scratch: Callable[..., Any], stream_handle: Callable[[Any], int],
                  nvals: int) -> None:
         self.core = core
         self.slow = slow
@@ -125,7 +126,7 @@ def _layouts(bp: Any, core: FastCore) -> tuple | None:
 
 def native_torch_call(bp: Any, core: FastCore, slow: Call, torch: Any,
                       tensors: list[tuple[int, int, Any]], floats: tuple, ints: tuple,
-                      allocate: Callable[..., Any], scratch: Callable[[int, int], Any],
+                      allocate: Callable[..., Any], scratch: Callable[..., Any],
                       stream_handle: Callable[[Any], int]) -> Call | None:
     """The C fast ``call(args, out, stream)`` for torch tensors, or None when the process
     launches through cuda.bindings, the extension is missing, or the program's layout is
@@ -166,7 +167,7 @@ def exchange_api(tensor_type: type, bs: Any) -> tuple | None:
 
 def native_cupy_call(bp: Any, core: FastCore, slow: Call, cupy: Any,
                      tensors: list[tuple[int, int, Any]], floats: tuple, ints: tuple,
-                     scratch: Callable[[int, int], Any], stream_handle: Callable[[Any], int]
+                     scratch: Callable[..., Any], stream_handle: Callable[[Any], int]
                      ) -> Call | None:
     """The same for cupy arrays (``FastCall`` reads ``dtype``, ``shape``, ``_c_contiguous``
     and ``data.ptr`` / ``data.device_id``, asks CuPy's current device and stream per call,
@@ -182,7 +183,7 @@ def native_cupy_call(bp: Any, core: FastCore, slow: Call, cupy: Any,
 
 def _native_call(bp: Any, core: FastCore, slow: Call, framework: tuple,
                  tensors: list[tuple[int, int, Any]], floats: tuple, ints: tuple,
-                 allocate: Callable[..., Any] | None, scratch: Callable[[int, int], Any],
+                 allocate: Callable[..., Any] | None, scratch: Callable[..., Any],
                  stream_handle: Callable[[Any], int], flavor: tuple) -> Call | None:
     """``FastCall(*framework, hooks, ..., *flavor, scratch slots).call``; framework: (array
     type, empty_like or None, current-stream accessor); flavor: ("torch", None, exchange API)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .arrays import stream_device, stream_handle
+from ..dtypes import uint8
+from .arrays import TorchAdapter, stream_device, stream_handle
 from .fast_native import native_torch_call
 from .fastpath import (FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, outs_conflict,
                        split_scalars, written_conflict)
@@ -64,10 +65,16 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
         dev = device_of(device)
         return empty(*shape, dtype=dt, device=dev) if shape else empty((), dtype=dt, device=dev)
 
-    def allocate_scratch(nbytes: int, device: int) -> Any:
-        """A call's scratch (:func:`~.fastpath.scratch_layout`), on the device's current
-        stream, which the call launches on."""
-        return empty(nbytes, dtype=torch.uint8, device=device_of(device))
+    stream_pools = TorchAdapter(torch)
+
+    def allocate_scratch(nbytes: int, device: int, stream: int | None = None) -> Any:
+        """A call's scratch (:func:`~.fastpath.scratch_layout`), from the pool of the stream
+        the call launches on: the device's current stream, or ``stream=``'s raw handle
+        ``stream``, as the general path allocates for it (:meth:`TorchAdapter.empty`: a
+        block of another stream's pool may still be in use by work queued there)."""
+        if stream is None:
+            return empty(nbytes, dtype=torch.uint8, device=device_of(device))
+        return stream_pools.empty((nbytes,), uint8, device, stream)[0]
 
     native = native_torch_call(bp, core, slow, torch, tensors, floats, ints, allocate,
                                allocate_scratch, stream_handle)
@@ -115,8 +122,6 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
         if not entry or st is None:  # or a first call on this device (or host memory)
             return slow(args, out, stream)
         fills, shapes, todo, likes, one, views, view_out, overlap, scratch, pairs = entry
-        if scratch is not None and stream is not None:
-            return slow(args, out, stream)  # scratch is allocated for the current stream
         if pairs and written_conflict(vals, pairs):  # the general path refuses it
             return slow(args, out, stream)
         for i in views:  # lazy conjugate/negative views: the general path refuses them
@@ -174,7 +179,7 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
                 sh = stream_handle(stream)
         if scratch is not None and scratch[0]:  # one buffer for all, alive until queued
             total, spans = scratch
-            buf = allocate_scratch(total, device)
+            buf = allocate_scratch(total, device, None if stream is None else sh)
             base = buf.data_ptr()
             for slot, offset in spans:
                 vals[slot] = base + offset

@@ -10,10 +10,10 @@ framework, :func:`scratch_layout`), writes the slots and launches. A variant who
 repeat or whose scratch must be zeroed is the general path's: the key is remembered as such
 (:data:`GENERAL`), so that its calls pay one cache lookup before going there.
 
-Anything unusual (another array type, ``stream=`` without ``out=``, ``stream=`` with scratch,
-a failed check, a first call on a new device, a scalar needing conversion) falls back to the
-general path *before* any launch, so the general path both handles it and produces the error
-message: the fast paths never have to explain a failure, which keeps them short.
+Anything unusual (another array type, ``stream=`` without ``out=``, a failed check, a first
+call on a new device, a scalar needing conversion) falls back to the general path *before*
+any launch, so the general path both handles it and produces the error message: the fast
+paths never have to explain a failure, which keeps them short.
 
 This module holds what both frameworks share: the plan cache (:class:`FastCore`), the
 per-thread state (parameter blocks and the context last seen current), and the rare paths
@@ -387,10 +387,10 @@ def scratch_layout(variant: Any, allocations: dict) -> tuple[int, tuple] | None:
     when the variant has none. ``allocations``: the plan's, by name. One allocation, not one
     per buffer: a framework allocation costs a few microseconds of host time each.
 
-    The fast paths allocate it on the stream they launch on (the framework's current stream;
-    a call with scratch and ``stream=`` goes to the general path) and drop it once the
-    launches are queued, as the general path does: the frameworks' caching allocators hand
-    the memory out again only in that stream's order."""
+    The fast paths allocate it for the stream they launch on (the framework's current
+    stream, or ``stream=``'s: torch from that stream's pool, CuPy the driver's stream-ordered
+    memory there) and drop it once the launches are queued, as the general path does: the
+    allocators hand the memory out again only in that stream's order."""
     if not variant.scratch:
         return None
     spans, total = [], 0
