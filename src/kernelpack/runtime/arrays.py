@@ -25,6 +25,8 @@ __all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "adapter_
            "stream_handle", "stream_device", "check_stream_device", "GENERIC", "hold",
            "held_views", "release_held", "readonly_why"]
 
+STREAM_OBJECTS_KEPT = 64  # torch stream objects remembered per adapter (TorchAdapter.empty)
+
 ArrayFacts = tuple  # (ptr, shape, dtype token, device ordinal (-1: host), contiguous)
 
 
@@ -267,6 +269,7 @@ class TorchAdapter(Adapter):
         self._devices: dict[int, Any] = {}
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self._raw_stream: Callable[[int], int] | None = raw
+        self._stream_objects: dict[tuple[int, int], Any] = {}  # (handle, device): _stream_object
         self._strided = getattr(torch, "strided", None)
 
     def read(self, t: Any, what: str, stream: int) -> ArrayFacts:
@@ -307,17 +310,30 @@ class TorchAdapter(Adapter):
             dev = self._devices[device] = torch.device("cuda", device)
         token = self.dtype_token(dtype)
         if stream != self.current_stream(device):
-            # handle 0 is the default stream (another one may be current), and so is 1,
-            # CU_STREAM_LEGACY, the driver's name for it: torch's own object for it, as
-            # ExternalStream wants a stream it did not make (ExternalStream(1) is torch's
-            # "invalid StreamId1")
-            target = (torch.cuda.default_stream(dev) if stream in (0, 1)
-                      else torch.cuda.ExternalStream(stream, device=dev))
+            target = self._stream_objects.get((stream, device))
+            if target is None:
+                target = self._stream_object(stream, device, dev)
             with torch.cuda.stream(target):
                 t = torch.empty(shape, dtype=token, device=dev)
         else:
             t = torch.empty(shape, dtype=token, device=dev)
         return t, t.data_ptr()
+
+    def _stream_object(self, stream: int, device: int, dev: Any) -> Any:
+        """torch's stream object for the raw handle ``stream`` of ``device``, remembered:
+        ``ExternalStream`` only wraps the handle (a stream made later at the same address
+        is the same handle to it), and making one cost ~10 µs of a fast call's ~25 (H200
+        host, ``benchmarks/calls.py --stream``). Handle 0 is the default stream (another one
+        may be current), and so is 1, CU_STREAM_LEGACY, the driver's name for it: torch's own
+        object for it, as ExternalStream wants a stream it did not make (ExternalStream(1) is
+        torch's "invalid StreamId1")."""
+        torch = self.torch
+        target = (torch.cuda.default_stream(dev) if stream in (0, 1)
+                  else torch.cuda.ExternalStream(stream, device=dev))
+        if len(self._stream_objects) >= STREAM_OBJECTS_KEPT:
+            self._stream_objects.clear()  # a program cycling through many streams
+        self._stream_objects[stream, device] = target
+        return target
 
     def current_stream(self, device: int) -> int:
         if self._raw_stream is not None:
