@@ -25,7 +25,7 @@ import kernelpack as kp
 from kernelpack.lowering import pipeline
 from kernelpack.planner import Planner
 
-__all__ = ["run_fusion", "Kernels", "assert_close"]
+__all__ = ["run_fusion", "Kernels", "assert_close", "guarded", "GUARD"]
 
 _NP = {"bool": np.bool_, "int8": np.int8, "int16": np.int16, "int32": np.int32,
        "int64": np.int64, "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32,
@@ -190,6 +190,23 @@ def _host_features() -> str:
     return features.flatten()
 
 
+GUARD = 256  # bytes of 0xFF on each side of every buffer Kernels.__call__ launches on
+
+
+def guarded(shape: tuple, dtype: np.dtype, fill: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """An array of ``shape`` and ``dtype`` (filled with ``fill`` unless None: then 0xFF bytes)
+    inside a 0xFF-filled byte array with :data:`GUARD` bytes on both sides, its data 64-byte
+    aligned (so that the 16-byte paths still run), and that byte array."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    raw = np.full(nbytes + 2 * GUARD + 64, 0xFF, np.uint8)
+    off = (-raw.ctypes.data) % 64
+    back = raw[off:off + nbytes + 2 * GUARD]
+    arr = back[GUARD:GUARD + nbytes].view(dtype).reshape(shape)
+    if fill is not None:
+        arr[...] = fill
+    return arr, back
+
+
 class Kernels:
     """The kernels of one compiled fusion, JIT-compiled for the host."""
 
@@ -213,18 +230,28 @@ class Kernels:
             self.functions[name] = self.engine.get_function_address(name)
 
     def __call__(self, *inputs: object) -> list[np.ndarray]:
+        """Plan and run every launch on copies of ``inputs``; the outputs (copies). Every
+        buffer lies between :data:`GUARD` bytes of 0xFF, checked after each launch: a store
+        past either end of a buffer fails here (plain arrays let it land in the heap, unseen:
+        review 59's F04), and a float load past the end reads NaN, which shows in the result.
+        Outputs and scratch start as NaN (floats) or all ones (0xFF bytes) so that an element
+        no launch writes shows too."""
         values = dict(zip((p.name for p in self.summary.inputs), inputs))
         plan = self.planner.plan(*[v.shape if isinstance(v, np.ndarray) else v for v in inputs])
-        buffers = {k: np.ascontiguousarray(v) for k, v in values.items()
-                   if isinstance(v, np.ndarray)}
+        buffers, backs = {}, {}
+        for name, v in values.items():
+            if isinstance(v, np.ndarray):
+                buffers[name], backs[name] = guarded(v.shape, v.dtype, v)
         for alloc in plan.allocations.values():
-            arr = np.empty(alloc.shape, _NP[alloc.dtype.name])
-            if arr.dtype.kind in "fc":
-                arr.fill(np.nan)
-            buffers[alloc.name] = arr
+            dt = np.dtype(_NP[alloc.dtype.name])
+            buffers[alloc.name], backs[alloc.name] = guarded(
+                tuple(alloc.shape), dt, np.nan if dt.kind in "fc" else None)
         for launch in plan.launches:
             self._launch(launch, buffers, values)
-        return [buffers[t.name] for t in self.summary.outputs]
+            for name, back in backs.items():
+                assert (back[:GUARD] == 0xFF).all() and (back[-GUARD:] == 0xFF).all(), \
+                    f"{launch.kernel} stored outside {name!r}"
+        return [np.array(buffers[t.name]) for t in self.summary.outputs]
 
     def c_call(self, launch, buffers: dict, values: dict) -> tuple[Any, list]:
         """The planned ``launch``'s host function as a ctypes callable, and its arguments:
