@@ -60,10 +60,13 @@ def _ordered_scratch(cupy: Any, nbytes: int, stream: int) -> Any:
     ptr = int(_drv.check(_drv.bindings().cuMemAllocAsync(size, cs),
                          "allocating a call's scratch (stream-ordered)"))
     try:
-        memory = cupy.cuda.UnownedMemory(ptr, size, _FreedInOrder(ptr, cs))
+        owner = _FreedInOrder(ptr, cs)
     except BaseException:
         _drv.bindings().cuMemFreeAsync(ptr, cs)
         raise
+    # from here the owner frees the memory, once, when it goes: a failed UnownedMemory drops
+    # it (review 61: a free here as well released the pointer twice)
+    memory = cupy.cuda.UnownedMemory(ptr, size, owner)
     return cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(memory, 0))
 
 
