@@ -43,7 +43,7 @@ class _FreedInOrder:
         _drv.bindings().cuMemFreeAsync(self.ptr, self.stream)
 
 
-def _ordered_scratch(cupy: Any, nbytes: int, stream: int) -> Any:
+def _ordered_scratch(cupy: Any, nbytes: int, stream: int, name: str) -> Any:
     """Scratch for a call on ``stream`` as a uint8 cupy array of stream-ordered memory of the
     driver's, freed on that stream when the array goes (after the launches are queued).
     Taken while the stream is captured into a CUDA graph: the capture records the allocation
@@ -51,14 +51,15 @@ def _ordered_scratch(cupy: Any, nbytes: int, stream: int) -> Any:
     back to the pool when the captured call returned, and the next array allocated on that
     stream got it while every replay of the graph still wrote its partial sums there). And
     for ``stream=``, another stream than CuPy's current one, as the general path's scratch is
-    (:func:`~.execute._temporary`): CuPy's pool orders a block on the current stream only."""
+    (:func:`~.execute._temporary`): CuPy's pool orders a block on the current stream only.
+    ``name``: the program's, for a failed allocation's message."""
     from . import driver as _drv
     from .execute import cu_stream
 
     cs = cu_stream(stream)
     size = max(nbytes, 1)
     ptr = int(_drv.check(_drv.bindings().cuMemAllocAsync(size, cs),
-                         "allocating a call's scratch (stream-ordered)"))
+                         f"{name}: allocating a call's scratch (stream-ordered)"))
     try:
         owner = _FreedInOrder(ptr, cs)
     except BaseException:
@@ -120,10 +121,10 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
         While that stream is captured into a CUDA graph, or for ``stream=``'s raw handle
         ``stream``: :func:`_ordered_scratch`."""
         if stream is not None:
-            return _ordered_scratch(cupy, nbytes, stream)
+            return _ordered_scratch(cupy, nbytes, stream, bp.name)
         current = current_stream()
         if is_capturing is not None and is_capturing(current):
-            return _ordered_scratch(cupy, nbytes, current.ptr)
+            return _ordered_scratch(cupy, nbytes, current.ptr, bp.name)
         return empty(nbytes, dtype=uint8)
 
     native = native_cupy_call(bp, core, slow, cupy, tensors, floats, ints, allocate_scratch,
