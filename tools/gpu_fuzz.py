@@ -9,6 +9,7 @@ reference, a tolerance per dtype). Run on the GPU machine from a tree holding sr
     SKIP=2078,2163 bash tools/gpu-run.sh ...                     # seeds to leave out
     HALVES=1 bash tools/gpu-run.sh ...                           # the half mode's cases
     ELSEWHERE=1 bash tools/gpu-run.sh ...                        # the elsewhere mode's cases
+    RUN_BUDGET_S=200 bash tools/gpu-run.sh ...                   # start no seed after 200 s
 
 The elsewhere mode (fusion_gen/elsewhere.py, a seed space of its own; with HALVES=1 too, both)
 reads reductions at other rows of square tensors and puts row reductions beside general ones:
@@ -69,7 +70,9 @@ def run_seed(check: Callable[[], str | None], seconds: int = SEED_TIMEOUT_S
         signal.signal(signal.SIGALRM, previous)
 HALVES = os.environ.get("HALVES", "") not in ("", "0")  # fusion_gen's half mode
 ELSEWHERE = os.environ.get("ELSEWHERE", "") not in ("", "0")  # fusion_gen's elsewhere mode
-RUN_BUDGET_S = 480  # stop starting seeds after this (the device tool allows 600 s a call)
+# stop starting seeds after this many seconds (the device tool allows 600 s a call; lower it
+# with RUN_BUDGET_S=... to run several modes in one call)
+RUN_BUDGET_S = float(os.environ.get("RUN_BUDGET_S", "480"))
 
 
 def load_generator() -> Callable[..., Any]:
