@@ -322,8 +322,9 @@ class TorchAdapter(Adapter):
     def _stream_object(self, stream: int, device: int, dev: Any) -> Any:
         """torch's stream object for the raw handle ``stream`` of ``device``, remembered:
         ``ExternalStream`` only wraps the handle (a stream made later at the same address
-        is the same handle to it), and making one cost ~10 µs of a fast call's ~25 (H200
-        host, ``benchmarks/calls.py --stream``). Handle 0 is the default stream (another one
+        is the same handle to it), and making one per call cost ~5 µs of a fast call with
+        scratch (38 -> 33 µs) and ~20 µs of the general path's (H200 host,
+        ``benchmarks/calls.py --stream``, session 42). Handle 0 is the default stream (another one
         may be current), and so is 1, CU_STREAM_LEGACY, the driver's name for it: torch's own
         object for it, as ExternalStream wants a stream it did not make (ExternalStream(1) is
         torch's "invalid StreamId1")."""
