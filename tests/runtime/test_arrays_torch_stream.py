@@ -12,7 +12,7 @@ from kernelpack.dtypes import float32, uint8
 from kernelpack.runtime.arrays import STREAM_OBJECTS_KEPT, TorchAdapter
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_fastpath_fake import torch  # noqa: E402,F401
+from test_fastpath_fake import Tensor, torch  # noqa: E402,F401
 
 
 def _counting_external_streams(torch, monkeypatch) -> list:
@@ -60,3 +60,37 @@ def test_stream_objects_kept_are_bounded(torch, monkeypatch) -> None:
     assert len(adapter._stream_objects) <= STREAM_OBJECTS_KEPT
     t, _ = adapter.empty((1,), float32, 0, handles[-1])  # a recent one: still remembered
     assert t.allocated_on == ("ext", handles[-1], ("cuda", 0)) and len(made) == len(handles)
+
+
+def test_the_fast_path_allocates_through_the_general_paths_adapter(torch, monkeypatch) -> None:
+    """One TorchAdapter per process (arrays.torch_adapter): the torch fast path's scratch for
+    ``stream=`` and the general path's allocations share its stream objects."""
+    from kernelpack.runtime import arrays
+
+    monkeypatch.setattr(arrays, "_adapters", {})
+    shared = arrays.torch_adapter(torch)
+    assert arrays.torch_adapter(torch) is shared
+    assert arrays.adapter_for(torch.Tensor([1.0], torch.float32)) is shared
+    monkeypatch.setattr(arrays, "_adapters", {})
+    general = arrays.adapter_for(torch.Tensor([1.0], torch.float32))  # the general path first
+    assert arrays.torch_adapter(torch) is general
+
+
+def test_both_paths_make_a_streams_object_once(torch, monkeypatch) -> None:
+    """A fast call with scratch and ``stream=`` (out=) and a general one on the same stream
+    (no out=): one ExternalStream for both."""
+    from fake_driver import FakeDriver, install
+    from test_fast_scratch import KERNELS, _expected, _program
+
+    from kernelpack.runtime import call_program
+
+    install(monkeypatch, FakeDriver(kernels=dict(KERNELS)))
+    made = _counting_external_streams(torch, monkeypatch)
+    prog = _program()
+    xs = [1.0, 2.0, 3.0, 4.0]
+    x, out = Tensor(xs, torch.float32), Tensor([0.0] * 4, torch.float32)
+    call_program(prog, x)
+    call_program(prog, x)  # the fast path built
+    assert call_program(prog, x, out=out, stream=9) is out and out.values() == _expected(xs)
+    assert call_program(prog, x, stream=9).values() == _expected(xs)  # the general path
+    assert made == [(9, ("cuda", 0))]

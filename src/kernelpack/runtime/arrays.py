@@ -21,9 +21,9 @@ from typing import Any, Callable
 from ..dtypes import DType, as_dtype, strict_index
 from ..errors import DeviceError, LaunchError
 
-__all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "adapter_for",
-           "stream_handle", "stream_device", "check_stream_device", "GENERIC", "hold",
-           "held_views", "release_held", "readonly_why"]
+__all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "torch_adapter",
+           "adapter_for", "stream_handle", "stream_device", "check_stream_device", "GENERIC",
+           "hold", "held_views", "release_held", "readonly_why"]
 
 STREAM_OBJECTS_KEPT = 64  # torch stream objects remembered per adapter (TorchAdapter.empty)
 
@@ -442,14 +442,25 @@ def adapter_for(obj: Any) -> Adapter:
     torch = sys.modules.get("torch")
     cupy = sys.modules.get("cupy")
     if torch is not None and isinstance(obj, torch.Tensor):
-        found = next((a for a in _adapters.values() if isinstance(a, TorchAdapter)), None) \
-            or TorchAdapter(torch)
+        found = torch_adapter(torch)
     elif cupy is not None and isinstance(obj, cupy.ndarray):
         found = next((a for a in _adapters.values() if isinstance(a, CupyAdapter)), None) \
             or CupyAdapter(cupy)
     else:
         found = GENERIC
     _adapters[cls] = found
+    return found
+
+
+def torch_adapter(torch: Any) -> TorchAdapter:
+    """The process's one :class:`TorchAdapter` (:func:`adapter_for`'s for torch tensors),
+    made on first use: the torch fast path allocates through it too, so both paths share its
+    devices and its stream objects."""
+    found = _adapters.get(torch.Tensor)
+    if not isinstance(found, TorchAdapter):
+        found = next((a for a in _adapters.values() if isinstance(a, TorchAdapter)), None) \
+            or TorchAdapter(torch)
+        _adapters[torch.Tensor] = found
     return found
 
 

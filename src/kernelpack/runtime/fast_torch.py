@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..dtypes import uint8
-from .arrays import TorchAdapter, stream_device, stream_handle
+from .arrays import stream_device, stream_handle, torch_adapter
 from .fast_native import native_torch_call
 from .fastpath import (FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, outs_conflict,
                        split_scalars, written_conflict)
@@ -65,16 +65,15 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
         dev = device_of(device)
         return empty(*shape, dtype=dt, device=dev) if shape else empty((), dtype=dt, device=dev)
 
-    stream_pools = TorchAdapter(torch)
-
     def allocate_scratch(nbytes: int, device: int, stream: int | None = None) -> Any:
         """A call's scratch (:func:`~.fastpath.scratch_layout`), from the pool of the stream
         the call launches on: the device's current stream, or ``stream=``'s raw handle
-        ``stream``, as the general path allocates for it (:meth:`TorchAdapter.empty`: a
-        block of another stream's pool may still be in use by work queued there)."""
+        ``stream``, through the general path's own adapter (:func:`~.arrays.torch_adapter`,
+        whose ``empty`` allocates from that stream's pool: a block of another stream's pool
+        may still be in use by work queued there)."""
         if stream is None:
             return empty(nbytes, dtype=torch.uint8, device=device_of(device))
-        return stream_pools.empty((nbytes,), uint8, device, stream)[0]
+        return torch_adapter(torch).empty((nbytes,), uint8, device, stream)[0]
 
     native = native_torch_call(bp, core, slow, torch, tensors, floats, ints, allocate,
                                allocate_scratch, stream_handle)
