@@ -134,14 +134,21 @@ class Case:
         """Whether float output ``i`` moves by more than a quarter of its tolerance in one of
         its :meth:`conditioning_modes`: a correct evaluation in the kernel's precision may then
         miss the reference by the whole tolerance."""
-        for mode in self.conditioning_modes(i):
-            if mode not in other:
-                other[mode] = self.expected(inputs, mode)
-            alt = other[mode][i].astype(np.complex128 if ref.dtype.kind == "c" else np.float64)
-            if compare(to_storage(alt, self.out_dtypes[i].name), ref, self.out_dtypes[i],
-                       tol / 4) is not None:
-                return True
-        return False
+        return any(self.moves(inputs, i, ref, mode, tol / 4, other)
+                   for mode in self.conditioning_modes(i))
+
+    def moves(self, inputs: list, i: int, ref: np.ndarray, mode: str, limit: float,
+              other: dict[str, list]) -> bool:
+        """Whether output ``i`` of precision mode ``mode`` misses ``ref`` past ``limit`` (as
+        :func:`.comparison.compare` measures it); ``other`` keeps each mode's outputs, so
+        that every check of a case evaluates a mode once."""
+        if mode not in other:
+            other[mode] = self.expected(inputs, mode)
+        alt = other[mode][i]
+        if ref.dtype.kind in "fc":
+            alt = alt.astype(np.complex128 if ref.dtype.kind == "c" else np.float64)
+        return compare(to_storage(alt, self.out_dtypes[i].name), ref, self.out_dtypes[i],
+                       limit) is not None
 
     def _tie_decides(self, inputs: list, i: int, ref: np.ndarray, tol: float,
                      other: dict[str, list]) -> bool:
@@ -156,17 +163,10 @@ class Case:
         output that merely follows it smoothly would otherwise be skipped for an error no
         kernel makes (58 of 1186 outputs of elsewhere seeds 600..699 at GPU sizes, against
         19 now and 6 for "r" alone)."""
-        for mode in SUM_MODES:
-            if mode not in other:
-                other[mode] = self.expected(inputs, mode)
-            alt = other[mode][i]
-            if ref.dtype.kind in "fc":
-                alt = alt.astype(np.complex128 if ref.dtype.kind == "c" else np.float64)
-            limit = tol / 4 if mode == "r" or not tol else max(tol / 4, NUDGE_MOVES)
-            if compare(to_storage(alt, self.out_dtypes[i].name), ref, self.out_dtypes[i],
-                       limit) is not None:
-                return True
-        return False
+        return any(self.moves(inputs, i, ref, mode,
+                              tol / 4 if mode == "r" or not tol else max(tol / 4, NUDGE_MOVES),
+                              other)
+                   for mode in SUM_MODES)
 
     def _last_ulp_decides(self, inputs: list, i: int, ref: np.ndarray,
                           other: dict[str, list]) -> bool:
