@@ -230,7 +230,15 @@ class Kernels:
             self.functions[name] = self.engine.get_function_address(name)
 
     def __call__(self, *inputs: object) -> list[np.ndarray]:
-        """Plan and run every launch on copies of ``inputs``; the outputs (copies). Every
+        """:meth:`run` with the emulator's threaded launches."""
+        return self.run(inputs, lambda launch, buffers, values, plan:
+                        self._launch(launch, buffers, values))
+
+    def run(self, inputs: tuple, launch_with: Callable[[Any, dict, dict, Any], None]
+            ) -> list[np.ndarray]:
+        """Plan and run every launch on copies of ``inputs``, each by ``launch_with(planned
+        launch, buffers, values, plan)`` (another schedule of the threads: review 59's eager
+        one); the outputs (copies). Every
         buffer lies between :data:`GUARD` bytes of 0xFF, checked after each launch: a store
         past either end of a buffer fails here (plain arrays let it land in the heap, unseen:
         review 59's F04), and a float load past the end reads NaN, which shows in the result.
@@ -247,7 +255,7 @@ class Kernels:
             buffers[alloc.name], backs[alloc.name] = guarded(
                 tuple(alloc.shape), dt, np.nan if dt.kind in "fc" else None)
         for launch in plan.launches:
-            self._launch(launch, buffers, values)
+            launch_with(launch, buffers, values, plan)
             for name, back in backs.items():
                 assert (back[:GUARD] == 0xFF).all() and (back[-GUARD:] == 0xFF).all(), \
                     f"{launch.kernel} stored outside {name!r}"

@@ -72,7 +72,7 @@ import pytest
 import kernelpack as kp
 from kernelpack.lowering import pipeline, tuning
 
-from .simt import _NP, Kernels, assert_close
+from .simt import Kernels, assert_close
 from .test_review48_in_place import _launch, _Serial
 
 __all__ = ["compiled", "eager_run", "launched", "rng_for"]
@@ -98,19 +98,10 @@ class _Eager(_Serial):
 
 
 def eager_run(k: Kernels, *inputs: object, reverse: bool = False) -> list[np.ndarray]:
-    """``k(*inputs)`` with each block's threads run by :class:`_Eager` (ascending thread ids
-    first, or descending with ``reverse``, blocks in that order too)."""
-    values = dict(zip((p.name for p in k.summary.inputs), inputs))
-    plan = k.planner.plan(*[v.shape if isinstance(v, np.ndarray) else v for v in inputs])
-    buffers = {n: np.array(v, copy=True, order="C") for n, v in values.items()
-               if isinstance(v, np.ndarray)}
-    for alloc in plan.allocations.values():
-        arr = np.empty(alloc.shape, _NP[alloc.dtype.name])
-        arr.reshape(-1).view(np.uint8).fill(0xFF)
-        buffers[alloc.name] = arr
-    for launch in plan.launches:
-        _launch(k, launch, buffers, values, dict(plan.computed), reverse, _Eager)
-    return [np.array(buffers[t.name]) for t in k.summary.outputs]
+    """``k(*inputs)`` (guard bytes included) with each block's threads run by :class:`_Eager`
+    (ascending thread ids first, or descending with ``reverse``, blocks in that order too)."""
+    return k.run(inputs, lambda launch, buffers, values, plan:
+                 _launch(k, launch, buffers, values, dict(plan.computed), reverse, _Eager))
 
 
 _COMPILED: dict[int, Kernels] = {}
