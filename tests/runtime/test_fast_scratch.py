@@ -135,6 +135,19 @@ def _expected(xs: list[float]) -> list[float]:
     return [2 * a + 2 * sum(xs) for a in xs]
 
 
+def four_after_a_first_call(monkeypatch, torch, allocations) -> tuple:
+    """The fake driver installed, :func:`_program` bound by a first call on four values (the
+    split variant, with scratch) and the records cleared: ``(fake, prog, xs, x, out)``."""
+    fake = install(monkeypatch, FakeDriver(kernels=dict(KERNELS)))
+    prog = _program()
+    xs = [1.0, 2.0, 3.0, 4.0]
+    x, out = FakeTensor(xs, torch.float32), FakeTensor([0.0] * 4, torch.float32)
+    call_program(prog, x)
+    allocations.clear()
+    fake.calls.clear()
+    return fake, prog, xs, x, out
+
+
 def test_a_variant_with_scratch_takes_the_fast_path(monkeypatch, torch, allocations,
                                                     launch_path) -> None:
     fake = install(monkeypatch, FakeDriver(kernels=dict(KERNELS)))
@@ -175,13 +188,7 @@ def test_scratch_with_an_explicit_stream_comes_from_that_streams_pool(monkeypatc
     """With ``stream=`` the fast paths allocate the call's scratch (one buffer) from that
     stream's pool, as the general path allocates its buffers for it, and launch there; until
     session 42 such a call went to the general path (each buffer apart)."""
-    fake = install(monkeypatch, FakeDriver(kernels=dict(KERNELS)))
-    prog = _program()
-    xs = [1.0, 2.0, 3.0, 4.0]
-    x, out = FakeTensor(xs, torch.float32), FakeTensor([0.0] * 4, torch.float32)
-    call_program(prog, x)
-    allocations.clear()
-    fake.calls.clear()
+    fake, prog, xs, x, out = four_after_a_first_call(monkeypatch, torch, allocations)
     assert call_program(prog, x, out=out, stream=9) is out and out.values() == _expected(xs)
     # one buffer for both (the general path allocates each apart: (16,) and (4,))
     assert allocations == [((2 * SCRATCH_ALIGN,), "uint8", ("ext", 9))]

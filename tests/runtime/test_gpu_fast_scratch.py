@@ -99,6 +99,54 @@ def test_calls_with_scratch_take_the_fast_path(pack, torch, name, shape) -> None
         assert _fast_calls(prog) == before + len(xs)
 
 
+def test_stream_scratch_is_a_block_of_torchs_allocator(pack, torch, monkeypatch) -> None:
+    """With ``stream=`` another stream, the scratch (fast path: one block a call; general path,
+    a new shape's first call: one per buffer) comes straight from torch's caching allocator
+    for that stream (arrays.TorchAdapter.scratch) and goes back once the launches are queued:
+    results right with the calls queued back to back, every block handed back, and torch's
+    count of allocated memory back where it was."""
+    from kernelpack.runtime.arrays import torch_adapter
+
+    adapter = torch_adapter(torch)
+    assert adapter._blocks is not None, "this torch lacks the caching allocator's entry points"
+    alloc, delete, get_device = adapter._blocks
+    taken: list = []
+    freed: list = []
+
+    def counting_alloc(nbytes: int, stream: int) -> int:
+        ptr = alloc(nbytes, stream)
+        taken.append((ptr, stream))
+        return ptr
+
+    def counting_delete(ptr: int) -> None:
+        freed.append(ptr)
+        delete(ptr)
+
+    monkeypatch.setattr(adapter, "_blocks", (counting_alloc, counting_delete, get_device))
+    prog = pack["softmax"]
+    other = torch.cuda.Stream()
+    xs = [torch.randn(4, 65536, device="cuda") for _ in range(20)]
+    outs = [torch.empty_like(x) for x in xs]
+    prog(xs[0], out=outs[0], stream=other)
+    prog(xs[0], out=outs[0], stream=other)  # the fast path is built
+    wide = torch.randn(8, 100000, device="cuda")  # a new shape, later: the general path
+    z = torch.empty_like(wide)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    taken.clear()
+    freed.clear()
+    for x, o in zip(xs, outs):
+        assert prog(x, out=o, stream=other) is o
+    assert prog(wide, out=z, stream=other) is z
+    other.synchronize()
+    for x, o in zip(xs + [wide], outs + [z]):
+        torch.testing.assert_close(o, _ref("softmax", x), rtol=1e-5, atol=1e-6)
+    assert len(taken) >= len(xs) + 1
+    assert {s for _, s in taken} == {other.cuda_stream}
+    assert sorted(freed) == sorted(p for p, _ in taken)
+    assert torch.cuda.memory_allocated() == before
+
+
 def test_graph_capture_with_scratch(pack, torch) -> None:
     prog = pack["colstd"]
     x = torch.randn(2000, 256, device="cuda")

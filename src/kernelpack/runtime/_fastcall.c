@@ -945,6 +945,26 @@ failed:
     return NULL;
 }
 
+/* The scratch's pointer: an array's as output_pointer reads it, or, for another owner that
+ * hooks.scratch returns (arrays._PoolBlock: a block of torch's caching allocator for a stream=
+ * handle), its data_ptr() looked up by name, as the tensor type's own data_ptr descriptor
+ * refuses any other object. -1 with an exception set on failure. */
+static int scratch_pointer(FastCall *self, PyObject *obj, uint64_t *ptr) {
+    PyObject *r;
+    if (self->cupy || (PyObject *)Py_TYPE(obj) == self->tensor_type)
+        return output_pointer(self, obj, ptr);
+    if ((r = call_method0(obj, self->rd.data_ptr.name)) == NULL)
+        return -1;
+    *ptr = (uint64_t)PyLong_AsUnsignedLongLong(r);
+    Py_DECREF(r);
+    if (*ptr == (uint64_t)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError, "FastCall: a scratch owner's data_ptr() is not an int "
+                     "in [0, 2**64) (a %R)", (PyObject *)Py_TYPE(obj));
+        return -1;
+    }
+    return 0;
+}
+
 /* The call's scratch (the entry's, one allocation by hooks.scratch(nbytes, device) for the
  * device's current stream, which the call launches on; with stream= hooks.scratch(nbytes,
  * device, sh), for the stream= handle sh: from that stream's pool or stream-ordered, as the
@@ -970,7 +990,7 @@ static int allocate_scratch(FastCall *self, const Entry *e, PyObject *device_obj
         *keep = call_method(s_scratch, a, given ? 4 : 3);
         Py_DECREF(n);
         Py_XDECREF(h);
-        if (*keep == NULL || output_pointer(self, *keep, &base) < 0)
+        if (*keep == NULL || scratch_pointer(self, *keep, &base) < 0)
             return -1;
     }
     for (k = 0; k < e->nscratch; k++) /* none at all: every buffer is empty (null) */

@@ -17,7 +17,6 @@ from __future__ import annotations
 import struct
 from typing import Any, Collection, NoReturn, Sequence
 
-from ..dtypes import uint8
 from ..errors import KernelPackError, LaunchError
 from . import driver as _drv
 from .aliasing import check_disjoint_outputs, inputs_to_copy_for_outputs
@@ -175,7 +174,7 @@ def _temporary(adapter: Any, drv: Any, cs: Any, nbytes: int, device: int, sh: in
         ptr = int(_drv.check(drv.cuMemAllocAsync(max(nbytes, 1), cs), what))
         ordered.append(ptr)
         return ptr
-    arr, ptr = adapter.empty((nbytes,), uint8, device, sh)
+    arr, ptr = adapter.scratch(nbytes, device, sh)
     keep.append(arr)
     return ptr
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..dtypes import uint8
 from .arrays import stream_device, stream_handle, torch_adapter
 from .fast_native import native_torch_call
 from .fastpath import (FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, outs_conflict,
@@ -70,10 +69,11 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
         the call launches on: the device's current stream, or ``stream=``'s raw handle
         ``stream``, through the general path's own adapter (:func:`~.arrays.torch_adapter`,
         whose ``empty`` allocates from that stream's pool: a block of another stream's pool
-        may still be in use by work queued there)."""
+        may still be in use by work queued there; ``scratch`` takes it from torch's caching
+        allocator without making that stream current)."""
         if stream is None:
             return empty(nbytes, dtype=torch.uint8, device=device_of(device))
-        return torch_adapter(torch).empty((nbytes,), uint8, device, stream)[0]
+        return torch_adapter(torch).scratch(nbytes, device, stream)[0]
 
     native = native_torch_call(bp, core, slow, torch, tensors, floats, ints, allocate,
                                allocate_scratch, stream_handle)
