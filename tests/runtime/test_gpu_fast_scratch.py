@@ -100,9 +100,9 @@ def test_calls_with_scratch_take_the_fast_path(pack, torch, name, shape) -> None
 
 
 def test_stream_scratch_is_a_block_of_torchs_allocator(pack, torch, monkeypatch) -> None:
-    """With ``stream=`` another stream, the scratch (fast path: one block a call; general path,
-    a new shape's first call: one per buffer) comes straight from torch's caching allocator
-    for that stream (arrays.TorchAdapter.scratch) and goes back once the launches are queued:
+    """The scratch (fast path: one block a call; general path, a new shape's first call: one
+    per buffer) comes straight from torch's caching allocator for the call's stream, ``stream=``
+    or the current one (arrays.TorchAdapter.scratch), and goes back once the launches are queued:
     results right with the calls queued back to back, every block handed back, and torch's
     count of allocated memory back where it was."""
     from kernelpack.runtime.arrays import torch_adapter
@@ -143,6 +143,18 @@ def test_stream_scratch_is_a_block_of_torchs_allocator(pack, torch, monkeypatch)
         torch.testing.assert_close(o, _ref("softmax", x), rtol=1e-5, atol=1e-6)
     assert len(taken) >= len(xs) + 1
     assert {s for _, s in taken} == {other.cuda_stream}
+    assert sorted(freed) == sorted(p for p, _ in taken)
+    assert torch.cuda.memory_allocated() == before
+    # on the current stream too (no stream=): a block of its pool, handed back
+    taken.clear()
+    freed.clear()
+    for x, o in zip(xs, outs):
+        assert prog(x, out=o) is o
+    torch.cuda.synchronize()
+    for x, o in zip(xs, outs):
+        torch.testing.assert_close(o, _ref("softmax", x), rtol=1e-5, atol=1e-6)
+    assert len(taken) == len(xs)
+    assert {s for _, s in taken} == {torch.cuda.current_stream().cuda_stream}
     assert sorted(freed) == sorted(p for p, _ in taken)
     assert torch.cuda.memory_allocated() == before
 

@@ -333,16 +333,17 @@ class TorchAdapter(Adapter):
     def scratch(self, nbytes: int, device: int, stream: int) -> tuple[Any, int]:
         """``nbytes`` of device memory for one call's work on ``stream``: ``(owner, pointer)``;
         the memory goes back to the pool when the owner goes, after the call's launches are
-        queued. For another stream than the current one, a block of that stream's pool taken
-        straight from torch's caching allocator (a :class:`_PoolBlock`): the same pool that
-        :meth:`empty` allocates from inside ``with torch.cuda.stream(target)``, without the
-        context manager, which cost a fast call with scratch and ``stream=`` ~8 µs (session 42).
-        The allocator takes the current device's pool, so another device (or a torch without
-        these entry points) keeps :meth:`empty`. A captured stream gets its graph's private
-        pool either way: the allocator asks the stream it is given whether it is captured."""
+        queued. A block of that stream's pool taken straight from torch's caching allocator
+        (a :class:`_PoolBlock`): the pool that :meth:`empty` allocates from, without a tensor
+        and, for another stream than the current one, without ``with
+        torch.cuda.stream(target)``, which cost a call with scratch and ``stream=`` 12-13 µs of
+        host time on the fast path and ~60 µs on the general path (H200, session 43,
+        ``benchmarks/calls.py --stream``). The allocator takes the current device's pool, so
+        another device (or a torch without these entry points) keeps :meth:`empty`. A
+        captured stream gets its graph's private pool either way: the allocator asks the
+        stream it is given whether it is being captured."""
         blocks = self._blocks
-        if (blocks is not None and nbytes > 0 and stream != self.current_stream(device)
-                and blocks[2]() == device):
+        if blocks is not None and nbytes > 0 and blocks[2]() == device:
             alloc, delete = blocks[0], blocks[1]
             ptr = alloc(nbytes, 0 if stream == 1 else stream)  # 1: the legacy default stream
             try:

@@ -64,16 +64,15 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
         dev = device_of(device)
         return empty(*shape, dtype=dt, device=dev) if shape else empty((), dtype=dt, device=dev)
 
+    adapter = torch_adapter(torch)
+
     def allocate_scratch(nbytes: int, device: int, stream: int | None = None) -> Any:
         """A call's scratch (:func:`~.fastpath.scratch_layout`), from the pool of the stream
-        the call launches on: the device's current stream, or ``stream=``'s raw handle
-        ``stream``, through the general path's own adapter (:func:`~.arrays.torch_adapter`,
-        whose ``empty`` allocates from that stream's pool: a block of another stream's pool
-        may still be in use by work queued there; ``scratch`` takes it from torch's caching
-        allocator without making that stream current)."""
-        if stream is None:
-            return empty(nbytes, dtype=torch.uint8, device=device_of(device))
-        return torch_adapter(torch).scratch(nbytes, device, stream)[0]
+        the call launches on (the device's current stream, or ``stream=``'s raw handle
+        ``stream``: a block of another stream's pool may still be in use by work queued
+        there), through the general path's own adapter (:func:`~.arrays.torch_adapter`),
+        which takes it from torch's caching allocator without a tensor."""
+        return adapter.scratch(nbytes, device, raw_stream(device) if stream is None else stream)[0]
 
     native = native_torch_call(bp, core, slow, torch, tensors, floats, ints, allocate,
                                allocate_scratch, stream_handle)
