@@ -22,8 +22,12 @@ that every timed ``kp`` call took it.
 With ``--stream`` every call passes ``out=`` and ``stream=`` a side stream (torch's op runs
 inside ``with torch.cuda.stream(side)``): until session 42 a call with scratch and
 ``stream=`` took the general path, now the fast path allocates its scratch for that stream.
+With ``--stream-outputs`` every call passes ``stream=`` and no ``out=``: until session 43
+such calls took the general path, now the fast path allocates the outputs from that
+stream's pool.
 
-    python benchmarks/calls.py [--calls 200] [--reps 15] [--stream] [--no-results]
+    python benchmarks/calls.py [--calls 200] [--reps 15] [--stream | --stream-outputs]
+        [--no-results]
 """
 
 from __future__ import annotations
@@ -127,14 +131,19 @@ def main() -> int:
     ap = parser_for(__doc__)
     ap.add_argument("--calls", type=int, default=200, help="back-to-back calls per sample")
     ap.add_argument("--reps", type=int, default=15, help="samples per method (median)")
-    ap.add_argument("--stream", action="store_true",
-                    help="every call with out= and stream= a side stream")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--stream", action="store_true",
+                     help="every call with out= and stream= a side stream")
+    how.add_argument("--stream-outputs", action="store_true",
+                     help="every call with stream= a side stream and no out= (kernelpack "
+                          "allocates the outputs from that stream's pool)")
     ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
     args = ap.parse_args()
     torch = cuda_torch("calls.py")
     if torch is None:
         return 0
-    side = torch.cuda.Stream() if args.stream else None
+    side = torch.cuda.Stream() if args.stream or args.stream_outputs else None
+    use_out = side is not None and not args.stream_outputs
     major, minor = torch.cuda.get_device_capability()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "calls.kpack"
@@ -146,7 +155,7 @@ def main() -> int:
             inputs = _inputs(name, shape, torch)
             ref = _reference(name, inputs, torch)
             # with --stream: out= arrays (one per method: the checks read them) and stream=
-            outs = [torch.empty_like(ref, dtype=torch.float32) if side else None
+            outs = [torch.empty_like(ref, dtype=torch.float32) if use_out else None
                     for _ in range(3)]
 
             def call(out: Any = outs[0]) -> Any:
@@ -209,9 +218,11 @@ def main() -> int:
                          f"{t['kp general'] / t['kp']:.2f}x", f"{t['kp'] / t['torch']:.2f}"])
     body = [
         f"`python benchmarks/calls.py --calls {args.calls} --reps {args.reps}"
-        f"{' --stream' if side else ''}`; float32. "
+        f"{' --stream' if use_out else ' --stream-outputs' if side else ''}`; float32. "
         + ("Every call with out= and stream= a side stream (torch: its op inside "
-           "`with torch.cuda.stream(side)`). " if side else "") +
+           "`with torch.cuda.stream(side)`). " if use_out else "")
+        + ("Every call with stream= a side stream and no out= (torch: its op inside "
+           "`with torch.cuda.stream(side)`). " if side and not use_out else "") +
         "µs per call: the median over the samples of (calls back to back + sync) / calls, the "
         "methods interleaved. 'kp general': the same program through the general path (what "
         "every call of a program with scratch in any variant took before the fast paths took "

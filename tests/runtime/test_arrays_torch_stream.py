@@ -77,8 +77,9 @@ def test_the_fast_path_allocates_through_the_general_paths_adapter(torch, monkey
 
 
 def test_both_paths_make_a_streams_object_once(torch, monkeypatch) -> None:
-    """A fast call with scratch and ``stream=`` (out=) and a general one on the same stream
-    (no out=): one ExternalStream for both."""
+    """A fast call with scratch and ``stream=`` (out=), one without out= (its output from
+    that stream's pool too, the fast path's since session 43) and a general one (a new shape)
+    on the same stream: one ExternalStream for all."""
     from fake_driver import FakeDriver, install
     from test_fast_scratch import KERNELS, _expected, _program
 
@@ -92,5 +93,7 @@ def test_both_paths_make_a_streams_object_once(torch, monkeypatch) -> None:
     call_program(prog, x)
     call_program(prog, x)  # the fast path built
     assert call_program(prog, x, out=out, stream=9) is out and out.values() == _expected(xs)
-    assert call_program(prog, x, stream=9).values() == _expected(xs)  # the general path
+    assert call_program(prog, x, stream=9).values() == _expected(xs)
+    wide = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert call_program(prog, Tensor(wide, torch.float32), stream=9).values() == _expected(wide)
     assert made == [(9, ("cuda", 0))]

@@ -97,6 +97,18 @@ def test_calls_with_scratch_take_the_fast_path(pack, torch, name, shape) -> None
         torch.testing.assert_close(o, _ref(name, x), rtol=1e-5, atol=1e-6)
     if before is not None:
         assert _fast_calls(prog) == before + len(xs)
+    # stream= without out=: the fast path too (session 43), each output from that stream's
+    # pool (made current around the allocation, and the caller's current stream set back)
+    torch.cuda.synchronize()
+    before = _fast_calls(prog)
+    current = torch.cuda.current_stream()
+    outs3 = [prog(x, stream=other) for x in xs]
+    assert torch.cuda.current_stream() == current
+    other.synchronize()
+    for x, o in zip(xs, outs3):
+        torch.testing.assert_close(o, _ref(name, x), rtol=1e-5, atol=1e-6)
+    if before is not None:
+        assert _fast_calls(prog) == before + len(xs)
 
 
 def test_stream_scratch_is_a_block_of_torchs_allocator(pack, torch, monkeypatch) -> None:
@@ -109,6 +121,7 @@ def test_stream_scratch_is_a_block_of_torchs_allocator(pack, torch, monkeypatch)
 
     adapter = torch_adapter(torch)
     assert adapter._blocks is not None, "this torch lacks the caching allocator's entry points"
+    assert adapter._switch is not None, "this torch lacks the current-stream C calls"
     alloc, delete, get_device = adapter._blocks
     taken: list = []
     freed: list = []

@@ -373,8 +373,9 @@ class Hooks:
         self.slow_calls.append((args, out, stream))
         return "slow"
 
-    def allocate(self, shape, dtype, device):
-        self.allocated.append((shape, dtype, device))
+    def allocate(self, shape, dtype, device, stream=None):
+        self.allocated.append((shape, dtype, device) if stream is None
+                              else (shape, dtype, device, stream))
         return T(shape, dtype, device)
 
     def scratch(self, nbytes, device):
@@ -1572,13 +1573,27 @@ def test_a_failed_launch_on_a_remembered_context_is_checked_and_repeated(driver)
     assert len(other.lost) == 2
 
 
-def test_outputs_for_another_stream_are_the_general_paths(driver) -> None:
-    """stream= with outputs to allocate: the general path allocates them from that stream's
-    pool (a block of the current stream's may still be in use by work queued there). Kills
-    FR1 (allocated here, on the current stream's pool)."""
+def test_outputs_for_another_stream_come_from_its_pool(driver) -> None:
+    """stream= with outputs to allocate: each by hooks.allocate(shape, dtype, device, handle),
+    from that stream's pool (a block of the current stream's may still be in use by work
+    queued there), none by empty_like, and the launch on that stream writes it (until session
+    43 such calls were the general path's). Kills FR1 (allocated on the current stream's
+    pool)."""
     hooks = Hooks()
-    fc = make(hooks)
-    assert fc.call((T((2,)), 1.0), None, 0x77) == "slow"
-    assert not driver.launches and not hooks.keys
-    z = T((2,))
-    assert fc.call((T((2,)), 1.0), z, 0x77) is z and driver.launches[-1][2] == 0x77
+    fc = make(hooks, empty_like=lambda t: pytest.fail("empty_like for a stream= output"))
+    z = fc.call((T((2,)), 1.0), None, 0x77)
+    assert isinstance(z, T) and hooks.allocated == [((2,), F32, 0, 0x77)]
+    assert driver.launches[-1][2] == 0x77 and fc.fast_calls == 1
+    assert struct.unpack("<Q", driver.launches[-1][3][1])[0] == z.data_ptr()
+    out = T((2,))
+    assert fc.call((T((2,)), 1.0), out, 0x77) is out and driver.launches[-1][2] == 0x77
+    assert len(hooks.allocated) == 1
+
+
+def test_cupy_outputs_for_another_stream_stay_the_general_paths(driver) -> None:
+    """CuPy's FastCall makes its outputs itself, on CuPy's current stream's pool: with
+    stream= and outputs to allocate, the general path (CupyAdapter.empty) allocates them."""
+    hooks = Hooks()
+    fc = cupy_make(hooks)
+    assert fc.call((A((2,)), 1.0), None, 0x77) == "slow"
+    assert not driver.launches and not hooks.allocated

@@ -901,14 +901,23 @@ static PyObject *key_of_words(FastCall *self, const int64_t *words) {
 }
 
 /* The outputs, allocated like an input where the entry says so, else by hooks.allocate; their
- * pointers into vals. Returns the call's result (one output, a tuple, or None). */
+ * pointers into vals. With stream= (torch's only: CuPy's go to the general path), every output
+ * by hooks.allocate(shape, dtype, device, handle), from that stream's pool. Returns the call's
+ * result (one output, a tuple, or None). */
 static PyObject *allocate_outputs(FastCall *self, const Entry *e, PyObject *args,
-                                  PyObject *device_obj, Value *vals) {
+                                  PyObject *device_obj, Value *vals, PyObject *handle) {
     PyObject *made[8] = {NULL}, *result;
     int k;
     for (k = 0; k < self->nouts; k++) {
-        PyObject *a[4];
-        if (self->cupy) {
+        PyObject *a[5];
+        if (handle != NULL) {
+            a[0] = self->hooks;
+            a[1] = PyTuple_GetItem(e->shapes, k);
+            a[2] = self->outs[k].dtype;
+            a[3] = device_obj;
+            a[4] = handle;
+            made[k] = call_method(s_allocate, a, 5);
+        } else if (self->cupy) {
             /* cupy.ndarray(shape, dtype): what cupy.empty does, without its Python frame, and
              * cheaper than empty_like's order logic; CuPy's current device is the arrays'. */
             a[0] = PyTuple_GetItem(e->shapes, k);
@@ -1186,8 +1195,8 @@ static PyObject *fastcall_run(FastCall *self, PyObject *const *argv, Py_ssize_t 
     out = argv[1];
     stream = argv[2];
     if (!PyTuple_Check(args) || PyTuple_Size(args) != self->n_in ||
-        (stream != Py_None && out == Py_None))
-        goto slow; /* outputs for another stream: the general path */
+        (self->cupy && stream != Py_None && out == Py_None))
+        goto slow; /* CuPy's outputs for another stream: the general path */
     key = NULL;
     if (self->dlx == NULL) {
         key = PyTuple_New(self->ntensors + self->nsymbols);
@@ -1250,8 +1259,16 @@ static PyObject *fastcall_run(FastCall *self, PyObject *const *argv, Py_ssize_t 
         Py_DECREF(device_obj);
         goto slow;
     }
-    if (out == Py_None) {
-        result = allocate_outputs(self, e, args, device_obj, vals);
+    if (out == Py_None && stream != Py_None) { /* the handle first: outputs for its pool */
+        PyObject *handle;
+        if (stream_of(self, stream, device_obj, device, &sh) < 0)
+            goto done;
+        if ((handle = PyLong_FromUnsignedLongLong(sh)) == NULL)
+            goto done;
+        result = allocate_outputs(self, e, args, device_obj, vals, handle);
+        Py_DECREF(handle);
+    } else if (out == Py_None) {
+        result = allocate_outputs(self, e, args, device_obj, vals, NULL);
     } else {
         fits = check_out(self, e, out, device, vals);
         if (fits == 0) {
@@ -1265,7 +1282,8 @@ static PyObject *fastcall_run(FastCall *self, PyObject *const *argv, Py_ssize_t 
             result = out;
         }
     }
-    if (result != NULL && stream_of(self, stream, device_obj, device, &sh) < 0)
+    if (result != NULL && (out != Py_None || stream == Py_None) &&
+        stream_of(self, stream, device_obj, device, &sh) < 0)
         Py_CLEAR(result);
     if (result != NULL && self->cupy && e->nscratch && stream != Py_None && sh < 3) {
         /* CuPy's scratch for stream= is the driver's stream-ordered memory, which on a default

@@ -282,6 +282,10 @@ class TorchAdapter(Adapter):
                   getattr(torch._C, "_cuda_cudaCachingAllocator_raw_delete", None),
                   getattr(torch._C, "_cuda_getDevice", None))
         self._blocks: tuple | None = blocks if None not in blocks else None
+        # torch.cuda.stream(s)'s own steps, for a tensor allocated for another stream
+        switch = (getattr(torch._C, "_cuda_getCurrentStream", None),
+                  getattr(torch._C, "_cuda_setStream", None), blocks[2])
+        self._switch: tuple | None = switch if None not in switch else None
 
     def read(self, t: Any, what: str, stream: int) -> ArrayFacts:
         strided = self._strided  # (test doubles of torch may have no layouts at all)
@@ -315,20 +319,36 @@ class TorchAdapter(Adapter):
         on another stream would race it (``record_stream``, used before, protects the block's
         next user, not its previous one). Like any tensor made for a stream, an output used on
         another one afterwards needs the caller's ``record_stream``."""
+        t = self.tensor_on(shape, self.dtype_token(dtype), device, stream)
+        return t, t.data_ptr()
+
+    def tensor_on(self, shape: tuple[int, ...], token: Any, device: int, stream: int) -> Any:
+        """``torch.empty(shape, dtype=token)`` on ``device`` from ``stream``'s pool (see
+        :meth:`empty`). For another stream than the current one, that stream is made current
+        around the allocation as ``with torch.cuda.stream(target)`` does, by the two C calls
+        that context manager ends in (torch's current stream of ``device``, read, set, and set
+        back), without its Python steps, which cost a call ~10 µs; where torch's current
+        device is another one (setting the stream would change it) or those calls are
+        missing, the context manager itself."""
         torch = self.torch
         dev = self._devices.get(device)
         if dev is None:
             dev = self._devices[device] = torch.device("cuda", device)
-        token = self.dtype_token(dtype)
-        if stream != self.current_stream(device):
-            target = self._stream_objects.get((stream, device))
-            if target is None:
-                target = self._stream_object(stream, device, dev)
-            with torch.cuda.stream(target):
-                t = torch.empty(shape, dtype=token, device=dev)
-        else:
-            t = torch.empty(shape, dtype=token, device=dev)
-        return t, t.data_ptr()
+        if stream == self.current_stream(device):
+            return torch.empty(shape, dtype=token, device=dev)
+        target = self._stream_objects.get((stream, device))
+        if target is None:
+            target = self._stream_object(stream, device, dev)
+        switch = self._switch
+        if switch is not None and switch[2]() == device:
+            before = switch[0](device)
+            switch[1](target.stream_id, target.device_index, target.device_type)
+            try:
+                return torch.empty(shape, dtype=token, device=dev)
+            finally:
+                switch[1](*before)
+        with torch.cuda.stream(target):
+            return torch.empty(shape, dtype=token, device=dev)
 
     def scratch(self, nbytes: int, device: int, stream: int) -> tuple[Any, int]:
         """``nbytes`` of device memory for one call's work on ``stream``: ``(owner, pointer)``;

@@ -58,13 +58,17 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
             dev = devices[device] = make_device("cuda", device)
         return dev
 
-    def allocate(shape: tuple, dt: Any, device: int) -> Any:
+    adapter = torch_adapter(torch)
+
+    def allocate(shape: tuple, dt: Any, device: int, stream: int | None = None) -> Any:
         """An output not shaped like any input (those use ``empty_like``, the cheapest form
-        measured; sizes as separate ints parse faster than a tuple)."""
+        measured; sizes as separate ints parse faster than a tuple); with ``stream=`` (its raw
+        handle ``stream``) every output, from that stream's pool, as the general path
+        allocates it (:meth:`~.arrays.TorchAdapter.tensor_on`)."""
+        if stream is not None:
+            return adapter.tensor_on(shape, dt, device, stream)
         dev = device_of(device)
         return empty(*shape, dtype=dt, device=dev) if shape else empty((), dtype=dt, device=dev)
-
-    adapter = torch_adapter(torch)
 
     def allocate_scratch(nbytes: int, device: int, stream: int | None = None) -> Any:
         """A call's scratch (:func:`~.fastpath.scratch_layout`), from the pool of the stream
@@ -80,8 +84,8 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
         return native
 
     def call(args: Any, out: Any, stream: Any) -> Any:
-        if len(args) != n_in or (stream is not None and out is None):
-            return slow(args, out, stream)  # outputs for another stream: general path
+        if len(args) != n_in:
+            return slow(args, out, stream)
         vals: list[Any] = [0] * nvals
         t = args[first_i]
         try:  # a sparse or mkldnn tensor raises in is_contiguous() / data_ptr(): no strides
@@ -128,7 +132,17 @@ def torch_path(bp: Any, slow: Call, torch: Any) -> Call | None:
                 return slow(args, out, stream)
         if fills is not None:
             vals[fill_from:] = fills
-        if out is None:
+        if out is None and stream is not None:  # outputs from that stream's pool
+            if stream_device(stream) not in (None, device):  # the general path refuses it
+                return slow(args, out, stream)
+            sh = stream_handle(stream)
+            made = []
+            for (slot, _, dt), shape in zip(outputs, shapes):
+                o = allocate(shape, dt, device, sh)
+                vals[slot] = o.data_ptr()
+                made.append(o)
+            ret = made[0] if single_out else tuple(made) if made else None
+        elif out is None:
             if single_out:
                 like = likes[0]
                 ret = empty_like(args[like]) if like >= 0 else allocate(shapes[0], out_dt, device)
