@@ -445,6 +445,41 @@ def test_a_failed_unowned_memory_frees_the_scratch_once(monkeypatch, cupy, made,
     assert frees == [("cuMemFreeAsync", frees[0][1], 9)]  # once
 
 
+def test_an_interrupt_as_the_owner_is_made_frees_nothing_twice(monkeypatch, cupy, made,
+                                                               general, launch_path) -> None:
+    """A KeyboardInterrupt as the memory's owner is made (review 62: the owner was made after
+    the allocation, beside an ``except BaseException`` that freed it, so an interrupt once
+    the owner existed freed the pointer twice): the owner is made first now, so nothing is
+    allocated yet, and nothing is freed; a later call is right and frees its memory once."""
+    from kernelpack.runtime import fast_cupy
+
+    fake = install(monkeypatch, FakeDriver(kernels=dict(KERNELS)))
+    prog = _program()
+    xs = [1.0, 2.0, 3.0, 4.0]
+    x, out = NDArray(xs), NDArray([0.0] * 4)
+    _warm(prog, x, general=general)
+    real = fast_cupy._FreedInOrder
+
+    class Interrupted(real):
+        __slots__ = ()
+
+        def __init__(self, stream) -> None:
+            super().__init__(stream)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(fast_cupy, "_FreedInOrder", Interrupted)
+    fake.calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        call_program(prog, x, out=out, stream=9)
+    gc.collect()
+    assert _driver_memory(fake) == [] and _launches(fake) == []
+    monkeypatch.setattr(fast_cupy, "_FreedInOrder", real)
+    assert call_program(prog, x, out=out, stream=9) is out and out.values() == _expected(xs)
+    gc.collect()
+    alloc, *frees = _driver_memory(fake)
+    assert alloc[0] == "cuMemAllocAsync" and frees == [("cuMemFreeAsync", frees[0][1], 9)]
+
+
 def test_a_scratch_allocation_that_calls_again(monkeypatch, cupy, made, general,
                                                launch_path) -> None:
     """The driver's allocation for stream= runs Python that calls the program again, on

@@ -58,11 +58,9 @@ class Pool:
         return self.device
 
 
-@pytest.fixture
-def pool(torch, monkeypatch) -> Pool:
-    """The stand-in torch with the allocator's entry points, and a fresh process adapter (the
-    adapter reads them when it is made)."""
-    p = Pool()
+def install_pool(torch, monkeypatch, p):
+    """The stand-in torch given ``p``'s allocator entry points (``raw_alloc``, ``raw_delete``,
+    ``get_device``), and a fresh process adapter (the adapter reads them when it is made)."""
     monkeypatch.setattr(torch._C, "_cuda_cudaCachingAllocator_raw_alloc", p.raw_alloc,
                         raising=False)
     monkeypatch.setattr(torch._C, "_cuda_cudaCachingAllocator_raw_delete", p.raw_delete,
@@ -70,6 +68,11 @@ def pool(torch, monkeypatch) -> Pool:
     monkeypatch.setattr(torch._C, "_cuda_getDevice", p.get_device, raising=False)
     monkeypatch.setattr(arrays, "_adapters", {})
     return p
+
+
+@pytest.fixture
+def pool(torch, monkeypatch) -> Pool:
+    return install_pool(torch, monkeypatch, Pool())
 
 
 def test_a_fast_call_with_stream_takes_one_block_of_that_streams_pool(

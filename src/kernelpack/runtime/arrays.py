@@ -364,13 +364,14 @@ class TorchAdapter(Adapter):
         stream it is given whether it is being captured."""
         blocks = self._blocks
         if blocks is not None and nbytes > 0 and blocks[2]() == device:
-            alloc, delete = blocks[0], blocks[1]
-            ptr = alloc(nbytes, 0 if stream == 1 else stream)  # 1: the legacy default stream
-            try:
-                return _PoolBlock(ptr, delete), ptr
-            except BaseException:
-                delete(ptr)
-                raise
+            block = _PoolBlock(blocks[1])
+            # taken into its owner in one C call (list.extend over map: no Python code runs
+            # between raw_alloc's return and the store), so a KeyboardInterrupt raised as the
+            # call returns finds it owned, and the owner alone hands it back (review 62: a bare
+            # int leaked, and an except clause beside the owner handed it back twice)
+            block.held.extend(map(blocks[0], (nbytes,), (0 if stream == 1 else stream,)))
+            ptr = block.ptr = block.held[0]  # stream 1: the legacy default stream, torch's 0
+            return block, ptr
         return super().scratch(nbytes, device, stream)
 
     def _stream_object(self, stream: int, device: int, dev: Any) -> Any:
@@ -401,16 +402,18 @@ class _PoolBlock:
     the pool of the stream it was taken for when this owner goes. ``data_ptr()`` as a tensor's,
     for the fast paths that read the scratch's pointer that way."""
 
-    __slots__ = ("ptr", "_delete")
+    __slots__ = ("ptr", "held", "_delete")
 
-    def __init__(self, ptr: int, delete: Callable[[int], None]) -> None:
-        self.ptr, self._delete = ptr, delete
+    def __init__(self, delete: Callable[[int], None]) -> None:
+        self.ptr, self._delete = 0, delete
+        self.held: list[int] = []  # the block, once taken: what __del__ hands back
 
     def data_ptr(self) -> int:
         return self.ptr
 
     def __del__(self) -> None:
-        self._delete(self.ptr)
+        for ptr in self.held:
+            self._delete(ptr)
 
 
 def _lazy_view_message(t: Any, what: str) -> str:

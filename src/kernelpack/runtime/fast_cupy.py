@@ -30,17 +30,23 @@ __all__ = ["cupy_path"]
 
 class _FreedInOrder:
     """Frees stream-ordered memory of the driver's on its stream when the array over it dies
-    (the owner that CuPy's ``UnownedMemory`` keeps)."""
+    (the owner that CuPy's ``UnownedMemory`` keeps). Made before the allocation and given
+    the pointer after it, so that it alone frees it, once, whatever is raised in between
+    (review 62: an ``except`` clause that freed it beside an owner made after the allocation
+    freed it twice when a KeyboardInterrupt came as the owner's construction ended)."""
 
-    __slots__ = ("ptr", "stream")
+    __slots__ = ("held", "stream")
 
-    def __init__(self, ptr: int, stream: Any) -> None:
-        self.ptr, self.stream = ptr, stream
+    def __init__(self, stream: Any) -> None:
+        self.held: list[int] = []
+        self.stream = stream
 
     def __del__(self) -> None:
-        from . import driver as _drv
+        if self.held:
+            from . import driver as _drv
 
-        _drv.bindings().cuMemFreeAsync(self.ptr, self.stream)
+            for ptr in self.held:
+                _drv.bindings().cuMemFreeAsync(ptr, self.stream)
 
 
 def _ordered_scratch(cupy: Any, nbytes: int, stream: int, name: str) -> Any:
@@ -58,15 +64,10 @@ def _ordered_scratch(cupy: Any, nbytes: int, stream: int, name: str) -> Any:
 
     cs = cu_stream(stream)
     size = max(nbytes, 1)
+    owner = _FreedInOrder(cs)  # the one that frees it, from the moment it is taken
     ptr = int(_drv.check(_drv.bindings().cuMemAllocAsync(size, cs),
                          f"{name}: allocating a call's scratch (stream-ordered)"))
-    try:
-        owner = _FreedInOrder(ptr, cs)
-    except BaseException:
-        _drv.bindings().cuMemFreeAsync(ptr, cs)
-        raise
-    # from here the owner frees the memory, once, when it goes: a failed UnownedMemory drops
-    # it (review 61: a free here as well released the pointer twice)
+    owner.held.append(ptr)
     memory = cupy.cuda.UnownedMemory(ptr, size, owner)
     return cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(memory, 0))
 
