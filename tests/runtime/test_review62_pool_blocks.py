@@ -15,8 +15,9 @@ arrays.py's code in turn, a superset of CPython's own checks (every CALL's end, 
 backward jumps):
 
 - a block handed back twice (test_an_interrupt_anywhere_in_scratch_hands_every_block_back_
-  once): ``except BaseException: delete(ptr)`` also runs when the interrupt comes once ``_PoolBlock(ptr, delete)`` exists
-  (as that CALL ends; __init__'s last instructions), and the dropped owner's ``__del__``
+  once): ``except BaseException: delete(ptr)`` also runs when the interrupt comes once
+  ``_PoolBlock(ptr, delete)`` exists (as that CALL ends; __init__'s last instructions), and
+  the dropped owner's ``__del__``
   hands the block back again: ``raw_delete`` twice. With torch the second one raises
   "invalid device pointer" (swallowed by ``__del__``) or, if another thread was given the
   block meanwhile (``raw_delete`` releases the GIL), frees that thread's live block.
