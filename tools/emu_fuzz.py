@@ -78,8 +78,9 @@ def main() -> int:
     if args.hi <= args.lo:
         ap.error(f"HI ({args.hi}) must be above LO ({args.lo})")
     mode = {"halves": args.halves, "elsewhere": args.elsewhere, "timeout": args.timeout}
-    name = "".join(f" ({m} mode)" for m in ("half", "elsewhere")
-                   if mode["halves" if m == "half" else m]) or " (default mode)"
+    name = {(False, False): " (default mode)", (True, False): " (half mode)",
+            (False, True): " (elsewhere mode)", (True, True): " (half and elsewhere mode)"}[
+        args.halves, args.elsewhere]
     t0 = time.time()
     counts = {"ok": 0, "fail": 0, "timeout": 0}
     skipped = done = 0
