@@ -458,22 +458,22 @@ def test_an_interrupt_as_the_owner_is_made_frees_nothing_twice(monkeypatch, cupy
     xs = [1.0, 2.0, 3.0, 4.0]
     x, out = NDArray(xs), NDArray([0.0] * 4)
     _warm(prog, x, general=general)
-    real = fast_cupy._FreedInOrder
+    real = fast_cupy._PoolBlock
 
     class Interrupted(real):
         __slots__ = ()
 
-        def __init__(self, stream) -> None:
-            super().__init__(stream)
+        def __init__(self, release) -> None:
+            super().__init__(release)
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(fast_cupy, "_FreedInOrder", Interrupted)
+    monkeypatch.setattr(fast_cupy, "_PoolBlock", Interrupted)
     fake.calls.clear()
     with pytest.raises(KeyboardInterrupt):
         call_program(prog, x, out=out, stream=9)
     gc.collect()
     assert _driver_memory(fake) == [] and _launches(fake) == []
-    monkeypatch.setattr(fast_cupy, "_FreedInOrder", real)
+    monkeypatch.setattr(fast_cupy, "_PoolBlock", real)
     assert call_program(prog, x, out=out, stream=9) is out and out.values() == _expected(xs)
     gc.collect()
     alloc, *frees = _driver_memory(fake)

@@ -398,14 +398,16 @@ class TorchAdapter(Adapter):
 
 
 class _PoolBlock:
-    """A block of torch's caching allocator (:meth:`TorchAdapter.scratch`), handed back to
-    the pool of the stream it was taken for when this owner goes. ``data_ptr()`` as a tensor's,
-    for the fast paths that read the scratch's pointer that way."""
+    """A block of a stream-ordered pool, handed back by ``release(ptr)`` when this owner goes:
+    torch's caching allocator (:meth:`TorchAdapter.scratch`) or the driver's
+    ``cuMemAllocAsync`` for CuPy (``fast_cupy._ordered_scratch``). Made before the block is
+    taken, so that it alone hands it back, once. ``data_ptr()`` as a tensor's, for the fast
+    paths that read the scratch's pointer that way."""
 
     __slots__ = ("ptr", "held", "_delete")
 
-    def __init__(self, delete: Callable[[int], None]) -> None:
-        self.ptr, self._delete = 0, delete
+    def __init__(self, release: Callable[[int], Any]) -> None:
+        self.ptr, self._delete = 0, release
         self.held: list[int] = []  # the block, once taken: what __del__ hands back
 
     def data_ptr(self) -> int:

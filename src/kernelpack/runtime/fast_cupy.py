@@ -18,7 +18,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from .arrays import stream_device, stream_handle
+from .arrays import _PoolBlock, stream_device, stream_handle
 from .fast_native import native_cupy_call
 from .fastpath import (FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, outs_conflict,
                        split_scalars, written_conflict)
@@ -26,27 +26,6 @@ from .fastpath import (FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, out
 INF = float("inf")
 
 __all__ = ["cupy_path"]
-
-
-class _FreedInOrder:
-    """Frees stream-ordered memory of the driver's on its stream when the array over it dies
-    (the owner that CuPy's ``UnownedMemory`` keeps). Made before the allocation and given
-    the pointer after it, so that it alone frees it, once, whatever is raised in between
-    (review 62: an ``except`` clause that freed it beside an owner made after the allocation
-    freed it twice when a KeyboardInterrupt came as the owner's construction ended)."""
-
-    __slots__ = ("held", "stream")
-
-    def __init__(self, stream: Any) -> None:
-        self.held: list[int] = []
-        self.stream = stream
-
-    def __del__(self) -> None:
-        if self.held:
-            from . import driver as _drv
-
-            for ptr in self.held:
-                _drv.bindings().cuMemFreeAsync(ptr, self.stream)
 
 
 def _ordered_scratch(cupy: Any, nbytes: int, stream: int, name: str) -> Any:
@@ -64,8 +43,12 @@ def _ordered_scratch(cupy: Any, nbytes: int, stream: int, name: str) -> Any:
 
     cs = cu_stream(stream)
     size = max(nbytes, 1)
-    owner = _FreedInOrder(cs)  # the one that frees it, from the moment it is taken
-    ptr = int(_drv.check(_drv.bindings().cuMemAllocAsync(size, cs),
+    drv = _drv.bindings()
+    # the owner that CuPy's UnownedMemory keeps, made before the allocation so that it alone
+    # frees it, once, on its stream (review 62: an except clause beside an owner made after
+    # the allocation freed it twice when a KeyboardInterrupt came as the owner was made)
+    owner = _PoolBlock(lambda ptr: drv.cuMemFreeAsync(ptr, cs))
+    ptr = int(_drv.check(drv.cuMemAllocAsync(size, cs),
                          f"{name}: allocating a call's scratch (stream-ordered)"))
     owner.held.append(ptr)
     memory = cupy.cuda.UnownedMemory(ptr, size, owner)
