@@ -26,8 +26,13 @@ With ``--stream-outputs`` every call passes ``stream=`` and no ``out=``: until s
 such calls took the general path, now the fast path allocates the outputs from that
 stream's pool.
 
+With ``--cupy`` the calls take CuPy arrays (views of the same inputs through
+``__cuda_array_interface__``), ``--stream``/``--stream-outputs`` pass a ``cupy.cuda.Stream``,
+and the peer is the same math in CuPy ops (inside ``with side:``) instead of torch's; until
+session 44 CuPy calls with ``stream=`` and no ``out=`` took the general path.
+
     python benchmarks/calls.py [--calls 200] [--reps 15] [--stream | --stream-outputs]
-        [--no-results]
+        [--cupy] [--no-results]
 """
 
 from __future__ import annotations
@@ -97,6 +102,20 @@ def _torch_op(name: str, torch: Any) -> Callable[..., Any]:
             "colstd": lambda x: x.std(0, unbiased=False)}[name]
 
 
+def _cupy_op(name: str, cp: Any) -> Callable[..., Any]:
+    """The same math in CuPy ops (the peer with ``--cupy``)."""
+    def softmax_op(x: Any) -> Any:
+        e = cp.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def layernorm_op(x: Any, w: Any, b: Any) -> Any:
+        c = x - x.mean(axis=1, keepdims=True)
+        return c / cp.sqrt((c * c).mean(axis=1, keepdims=True) + EPS) * w + b
+
+    return {"softmax": softmax_op, "layernorm": layernorm_op,
+            "colsum": lambda x: x.sum(axis=0), "colstd": lambda x: x.std(axis=0)}[name]
+
+
 def _reference(name: str, args: tuple, torch: Any) -> Any:
     return _torch_op(name, torch)(*(a.double() for a in args))
 
@@ -137,12 +156,24 @@ def main() -> int:
     how.add_argument("--stream-outputs", action="store_true",
                      help="every call with stream= a side stream and no out= (kernelpack "
                           "allocates the outputs from that stream's pool)")
+    ap.add_argument("--cupy", action="store_true",
+                    help="call with CuPy arrays (and a CuPy side stream); the peer is the same "
+                         "math in CuPy ops")
     ap.add_argument("--no-results", action="store_true", help="do not append to RESULTS.md")
     args = ap.parse_args()
     torch = cuda_torch("calls.py")
     if torch is None:
         return 0
-    side = torch.cuda.Stream() if args.stream or args.stream_outputs else None
+    cp = None
+    if args.cupy:
+        try:
+            import cupy as cp
+        except ImportError as exc:
+            print(f"calls.py --cupy: CuPy is not importable ({exc}); nothing measured")
+            return 0
+    streams = args.stream or args.stream_outputs
+    side = (cp.cuda.Stream() if cp is not None else torch.cuda.Stream()) if streams else None
+    peer_name = "cupy" if cp is not None else "torch"
     use_out = side is not None and not args.stream_outputs
     major, minor = torch.cuda.get_device_capability()
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,10 +183,13 @@ def main() -> int:
         rows = []
         for name, shape in CASES:
             prog = pack[name]
-            inputs = _inputs(name, shape, torch)
-            ref = _reference(name, inputs, torch)
+            tensors = _inputs(name, shape, torch)
+            ref = _reference(name, tensors, torch)
+            # with --cupy: the same memory as CuPy arrays (results read back the same way)
+            inputs = tensors if cp is None else tuple(cp.asarray(t) for t in tensors)
             # with --stream: out= arrays (one per method: the checks read them) and stream=
-            outs = [torch.empty_like(ref, dtype=torch.float32) if use_out else None
+            outs = [(torch.empty_like(ref, dtype=torch.float32) if cp is None
+                     else cp.empty(tuple(ref.shape), dtype=cp.float32)) if use_out else None
                     for _ in range(3)]
 
             def call(out: Any = outs[0]) -> Any:
@@ -166,7 +200,7 @@ def main() -> int:
 
             for how, got in (("kp", call()), ("kp general", general())):
                 torch.cuda.synchronize()
-                err = rel_err(got, ref)
+                err = rel_err(torch.as_tensor(got, device="cuda"), ref)
                 if not err <= 1e-5:
                     raise SystemExit(f"{name} {shape} {how}: relative error {err:.2e}")
             second = call()  # the second call builds the fast path (and runs on it)
@@ -179,50 +213,57 @@ def main() -> int:
             before = getattr(counter, "fast_calls", None)
             for how, got in (("kp, second call", second), ("kp, fast path", call(outs[2]))):
                 torch.cuda.synchronize()
-                err = rel_err(got, ref)
+                err = rel_err(torch.as_tensor(got, device="cuda"), ref)
                 if not err <= 1e-5:
                     raise SystemExit(f"{name} {shape} {how}: relative error {err:.2e}")
             if before is not None and counter.fast_calls != before + 1:
                 raise SystemExit(f"{name} {shape}: a call after the fast path was built did "
                                  f"not take it (FastCall.fast_calls {before} -> "
                                  f"{counter.fast_calls})")
-            op = _torch_op(name, torch)
+            op = _torch_op(name, torch) if cp is None else _cupy_op(name, cp)
+            peer_err = rel_err(torch.as_tensor(op(*inputs), device="cuda"), ref)
+            if not peer_err <= 1e-5:
+                raise SystemExit(f"{name} {shape} {peer_name}: relative error {peer_err:.2e}")
             warm = 20
             before = getattr(counter, "fast_calls", None)
 
-            def torch_call() -> Any:
+            def peer_call() -> Any:
                 if side is None:
                     return op(*inputs)
-                with torch.cuda.stream(side):
+                with (side if cp is not None else torch.cuda.stream(side)):
                     return op(*inputs)
 
-            t = per_call_us({"kp": call, "kp general": general, "torch": torch_call},
+            t = per_call_us({"kp": call, "kp general": general, "torch": peer_call},
                             torch.cuda.synchronize, args.calls, args.reps, warm=warm)
             if before is not None and counter.fast_calls - before != warm + args.reps * args.calls:
                 raise SystemExit(f"{name} {shape}: {counter.fast_calls - before} of the "
                                  f"{warm + args.reps * args.calls} timed kp calls took the C "
                                  f"fast path")
             out = torch.empty_like(ref, dtype=torch.float32)
-            device_us = _graph_us(lambda: prog(*inputs, out=out), torch, args.calls)
+            device_us = _graph_us(lambda: prog(*tensors, out=out), torch, args.calls)
             err = rel_err(out, ref)
             if not err <= 1e-5:
                 raise SystemExit(f"{name} {shape} in a CUDA graph: relative error {err:.2e}")
-            plan = prog.plan(*inputs)
+            plan = prog.plan(*tensors)
             launches = sum(1 for pl in plan.launches if all(pl.grid))
             scratch = "yes" if prog.summary.variants[plan.variant].scratch else "no"
             print(f"{name} {shape}: kp {t['kp']:.2f} us, general {t['kp general']:.2f} us, "
-                  f"torch {t['torch']:.2f} us, device {device_us:.2f} us", flush=True)
+                  f"{peer_name} {t['torch']:.2f} us, device {device_us:.2f} us", flush=True)
             rows.append([name, "x".join(map(str, shape)), str(launches), scratch,
                          "yes" if fast else "no", f"{t['kp']:.2f}", f"{t['kp general']:.2f}",
                          f"{t['torch']:.2f}", f"{device_us:.2f}",
                          f"{t['kp general'] / t['kp']:.2f}x", f"{t['kp'] / t['torch']:.2f}"])
+    inside = "`with side:`" if cp is not None else "`with torch.cuda.stream(side)`"
     body = [
         f"`python benchmarks/calls.py --calls {args.calls} --reps {args.reps}"
-        f"{' --stream' if use_out else ' --stream-outputs' if side else ''}`; float32. "
-        + ("Every call with out= and stream= a side stream (torch: its op inside "
-           "`with torch.cuda.stream(side)`). " if use_out else "")
-        + ("Every call with stream= a side stream and no out= (torch: its op inside "
-           "`with torch.cuda.stream(side)`). " if side and not use_out else "") +
+        f"{' --stream' if use_out else ' --stream-outputs' if side else ''}"
+        f"{' --cupy' if cp is not None else ''}`; float32. "
+        + ("CuPy arrays in and out (views of the same inputs), the peer the same math in CuPy "
+           "ops. " if cp is not None else "")
+        + (f"Every call with out= and stream= a side stream ({peer_name}: its op inside "
+           f"{inside}). " if use_out else "")
+        + (f"Every call with stream= a side stream and no out= ({peer_name}: its op inside "
+           f"{inside}). " if side and not use_out else "") +
         "µs per call: the median over the samples of (calls back to back + sync) / calls, the "
         "methods interleaved. 'kp general': the same program through the general path (what "
         "every call of a program with scratch in any variant took before the fast paths took "
@@ -231,8 +272,8 @@ def main() -> int:
         "float64 torch (relative error <= 1e-5) before timing, the graph's too.",
         "",
         *markdown_table(["program", "shape", "launches", "scratch", "fast path", "kp µs",
-                         "kp general µs", "torch µs", "device µs", "general / kp",
-                         "kp / torch"], rows),
+                         "kp general µs", f"{peer_name} µs", "device µs", "general / kp",
+                         f"kp / {peer_name}"], rows),
     ]
     section = append_results("Host time per call (`benchmarks/calls.py`)", body,
                              results=None if args.no_results else RESULTS)

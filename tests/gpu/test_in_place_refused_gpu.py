@@ -136,9 +136,9 @@ def test_an_optimizer_step_updates_its_state_in_place(n):
 def _fast_call_of(call, framework: str):
     """The C FastCall serving ``framework``'s arrays, or None (a closure path). With torch
     and CuPy both imported the torch path comes first and hands other arrays to the CuPy path
-    (fastpath.make_fast_path); a CuPy FastCall's hooks allocate nothing (fast_native)."""
+    (fastpath.make_fast_path); each FastCall says which arrays it takes (``flavor``)."""
     while type(fc := getattr(call, "__self__", None)).__name__ == "FastCall":
-        if (fc.hooks.allocate is None) == (framework == "cupy"):
+        if fc.flavor == framework:
             return fc
         call = fc.hooks.slow
     return None

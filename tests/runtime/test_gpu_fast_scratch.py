@@ -220,7 +220,7 @@ def _cupy_fast_calls(prog) -> int | None:
     imported: fastpath.make_fast_path), or None on a closure path."""
     call = prog._kp_bound.call
     while type(fc := getattr(call, "__self__", None)).__name__ == "FastCall":
-        if fc.hooks.allocate is None:  # CuPy's FastCall allocates its outputs itself
+        if fc.flavor == "cupy":
             return fc.fast_calls
         call = fc.hooks.slow
     return None
@@ -259,3 +259,36 @@ def test_cupy_stream_handles_with_scratch(pack) -> None:
         z = prog(x, stream=0)
     cupy.cuda.Stream.null.synchronize()
     cupy.testing.assert_allclose(z, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name, shape", [("colstd", (3000, 100)), ("softmax", (64, 512))])
+def test_cupy_stream_without_out(pack, name, shape) -> None:
+    """CuPy arrays with ``stream=`` another stream and no ``out=`` take the fast path since
+    session 44: each output from that stream's arena of CuPy's pool (made while it is
+    current, then CuPy's current stream put back), the scratch (colstd) stream-ordered on it,
+    many calls queued there back to back, results right after one sync of that stream."""
+    cupy = pytest.importorskip("cupy")
+    prog = pack[name]
+    xs = [cupy.random.standard_normal(shape, dtype=cupy.float32) for _ in range(20)]
+    if name == "colstd":
+        refs = [x.astype(cupy.float64).std(0) for x in xs]
+    else:
+        refs = []
+        for x in xs:
+            e = cupy.exp(x.astype(cupy.float64) - x.max(1, keepdims=True))
+            refs.append(e / e.sum(1, keepdims=True))
+    other = cupy.cuda.Stream(non_blocking=True)
+    prog(xs[0])
+    prog(xs[0])  # the fast path built
+    cupy.cuda.Device().synchronize()
+    current = cupy.cuda.get_current_stream()
+    before = _cupy_fast_calls(prog)
+    zs = [prog(x, stream=other) for x in xs]
+    assert cupy.cuda.get_current_stream() == current
+    other.synchronize()
+    for z, r in zip(zs, refs):
+        assert z.shape == r.shape and z.dtype == cupy.float32
+        cupy.testing.assert_allclose(z, r, rtol=1e-5, atol=1e-6)
+    if before is not None:
+        assert _cupy_fast_calls(prog) == before + len(xs)
+

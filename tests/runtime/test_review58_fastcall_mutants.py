@@ -1590,10 +1590,43 @@ def test_outputs_for_another_stream_come_from_its_pool(driver) -> None:
     assert len(hooks.allocated) == 1
 
 
-def test_cupy_outputs_for_another_stream_stay_the_general_paths(driver) -> None:
-    """CuPy's FastCall makes its outputs itself, on CuPy's current stream's pool: with
-    stream= and outputs to allocate, the general path (CupyAdapter.empty) allocates them."""
-    hooks = Hooks()
+class CupyHooks(Hooks):
+    """Hooks whose allocate (and scratch, with or without a handle) make cupy-like arrays."""
+
+    def allocate(self, shape, dtype, device, stream=None):
+        self.allocated.append((shape, dtype, device, stream))
+        return A(shape, dtype, device)
+
+    def scratch(self, nbytes, device, handle=None):
+        self.scratches.append((nbytes, device, handle))
+        return A((nbytes,), F32, device)
+
+
+def test_cupy_outputs_for_another_stream_come_from_its_arena(driver) -> None:
+    """CuPy's FastCall makes its outputs itself (cupy.ndarray) on CuPy's current stream; with
+    stream= and outputs to allocate, each comes from hooks.allocate(shape, dtype, device,
+    handle), that stream's arena of CuPy's pool (until session 44 the general path's)."""
+    hooks = CupyHooks()
     fc = cupy_make(hooks)
-    assert fc.call((A((2,)), 1.0), None, 0x77) == "slow"
-    assert not driver.launches and not hooks.allocated
+    z = fc.call((A((2,)), 1.0), None, 0x77)
+    assert isinstance(z, A) and hooks.allocated == [((2,), F32, 0, 0x77)]
+    assert driver.launches[-1][2] == 0x77 and fc.fast_calls == 1 and not hooks.slow_calls
+    assert driver.pointers()[1] == z.data.ptr
+    z2 = fc.call((A((2,)), 1.0), None, None)  # without stream=: cupy.ndarray, no hook
+    assert isinstance(z2, A) and len(hooks.allocated) == 1 and fc.fast_calls == 2
+
+
+@pytest.mark.parametrize("handle", [0, 1, 2])
+def test_cupy_stream_outputs_with_scratch_on_a_default_stream_allocate_nothing(
+        driver, handle) -> None:
+    """CuPy's scratch for stream= is the driver's stream-ordered memory, which on a default
+    stream needs the context current: the general path's. Such a call with outputs to
+    allocate goes there before any output is allocated (not after, throwing them away)."""
+    hooks = CupyHooks(answer_with(scratch=(64, ((2, 0),))))
+    driver.sizes = (8, 8, 8)
+    fc = cupy_make(hooks, floats=(), n_in=1, layouts=SCRATCH_LAYOUT, scratch=(2,))
+    assert fc.call((A((2,)),), None, handle) == "slow"
+    assert not hooks.allocated and not hooks.scratches and not driver.launches
+    z = fc.call((A((2,)),), None, 0x77)  # another stream: allocated and launched there
+    assert isinstance(z, A) and hooks.allocated == [((2,), F32, 0, 0x77)]
+    assert hooks.scratches == [(64, 0, 0x77)] and driver.launches[-1][2] == 0x77

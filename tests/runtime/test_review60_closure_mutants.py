@@ -21,8 +21,8 @@ suite let live or that the suite run did not reach:
   each_out_array_is_checked; T63 F84 a_stream_of_another_device; T25 host_tensors;
   T39 outputs_made_for_a_call_launch_on_their_devices_current_stream; T61
   several_real_outs_are_not_asked; T65 T66 scratch_buffers_apart;
-- C01 cupy_stream_without_out; C02 C05 C07 C08 C13 C14 C15 C38 C53 C54
-  cupy_argument_checks_beyond_the_first; C04 C09 C52 cupy_dtypes_that_are_equal;
+- C01 cupy_stream_without_out (since session 44: allocates from that stream's arena);
+  C02 C05 C07 C08 C13 C14 C15 C38 C53 C54 cupy_argument_checks_beyond_the_first; C04 C09 C52 cupy_dtypes_that_are_equal;
   C06 C12 C30 misaligned_cupy_arrays; C11 C16 cupy_inputs_checks_and_keys; C21-C24 C35-C37
   C39-C41 C48-C50 cupy_outputs_allocated_and_checked_per_output; C26-C28
   cupy_single_out_checks; C32 C34 C44 cupy_out_tuple_and_stream_forms; C45 C51
@@ -913,17 +913,23 @@ def _view_at(a: NDArray, offset: int) -> NDArray:
     return view
 
 
-def test_cupy_stream_without_out_is_the_general_paths(fake, cupy, general,
-                                                     monkeypatch) -> None:
-    """C01 (``stream=`` without ``out=`` kept on the fast path): the outputs must come from
-    that stream's pool, which only the general path sees to."""
+def test_cupy_stream_without_out_allocates_from_that_streams_arena(fake, cupy, general,
+                                                                  monkeypatch) -> None:
+    """C01 (``stream=`` without ``out=`` allocating on the current stream): the outputs must
+    come from that stream's arena of CuPy's pool, made while it is current. Since session 44
+    the closure does so itself (before, such calls went to the general path)."""
     install_external_stream(cupy, monkeypatch)
+    made_on: list = []
+    empty = cupy.empty
+    monkeypatch.setattr(cupy, "empty", lambda shape, dtype: made_on.append(
+        cupy.current.stream.ptr) or empty(shape, dtype))
     prog = axpby()
     x, y = _nd([1.0, 2.0]), _nd([1.0, 1.0])
     _warm(prog, x, y, 1.0)
-    before = len(general)
+    before, made_on[:] = len(general), []
     assert call_program(prog, x, y, 1.0, stream=5).values() == [2.0, 3.0]
-    assert _launches(fake)[-1][4] == 5 and len(general) == before + 1
+    assert _launches(fake)[-1][4] == 5 and len(general) == before
+    assert made_on == [5] and cupy.current.stream.ptr == 0
 
 
 def test_several_real_outs_are_not_asked_for_lazy_views(fake, torch, general,

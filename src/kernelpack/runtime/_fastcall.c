@@ -10,7 +10,7 @@
  * What it does per call is exactly fast_torch.py's closure, and it keeps that closure's rule:
  * anything unusual (another array type, a subclass, a dtype/contiguity/device mismatch, a
  * shape the planner refuses, an int out of its dtype's range, a float too large for float32,
- * outputs for another stream, out= arrays that share memory) goes to the general path *before*
+ * a stream of another device, out= arrays that share memory) goes to the general path *before*
  * anything is allocated or launched, and the general path explains any error.
  *
  * Per-call state lives on the C stack (values, the parameter block, the kernelParams array),
@@ -900,9 +900,9 @@ static PyObject *key_of_words(FastCall *self, const int64_t *words) {
     return key;
 }
 
-/* The outputs, allocated like an input where the entry says so, else by hooks.allocate; their
- * pointers into vals. With stream= (torch's only: CuPy's go to the general path), every output
- * by hooks.allocate(shape, dtype, device, handle), from that stream's pool. Returns the call's
+/* The outputs, allocated like an input where the entry says so, else by hooks.allocate (CuPy:
+ * cupy.ndarray); their pointers into vals. With stream=, every output by hooks.allocate(shape,
+ * dtype, device, handle), from that stream's pool (torch) or arena (CuPy). Returns the call's
  * result (one output, a tuple, or None). */
 static PyObject *allocate_outputs(FastCall *self, const Entry *e, PyObject *args,
                                   PyObject *device_obj, Value *vals, PyObject *handle) {
@@ -1194,9 +1194,8 @@ static PyObject *fastcall_run(FastCall *self, PyObject *const *argv, Py_ssize_t 
     args = argv[0];
     out = argv[1];
     stream = argv[2];
-    if (!PyTuple_Check(args) || PyTuple_Size(args) != self->n_in ||
-        (self->cupy && stream != Py_None && out == Py_None))
-        goto slow; /* CuPy's outputs for another stream: the general path */
+    if (!PyTuple_Check(args) || PyTuple_Size(args) != self->n_in)
+        goto slow;
     key = NULL;
     if (self->dlx == NULL) {
         key = PyTuple_New(self->ntensors + self->nsymbols);
@@ -1263,6 +1262,12 @@ static PyObject *fastcall_run(FastCall *self, PyObject *const *argv, Py_ssize_t 
         PyObject *handle;
         if (stream_of(self, stream, device_obj, device, &sh) < 0)
             goto done;
+        if (self->cupy && e->nscratch && sh < 3) { /* as below, before allocating outputs */
+            Py_DECREF(st);
+            Py_DECREF(capsule);
+            Py_DECREF(device_obj);
+            goto slow;
+        }
         if ((handle = PyLong_FromUnsignedLongLong(sh)) == NULL)
             goto done;
         result = allocate_outputs(self, e, args, device_obj, vals, handle);

@@ -16,16 +16,17 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from ..dtypes import DType, as_dtype, strict_index, uint8
 from ..errors import DeviceError, LaunchError
 
 __all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "torch_adapter",
-           "adapter_for", "stream_handle", "stream_device", "check_stream_device", "GENERIC",
-           "hold", "held_views", "release_held", "readonly_why"]
+           "cupy_adapter", "adapter_for", "stream_handle", "stream_device",
+           "check_stream_device", "GENERIC", "hold", "held_views", "release_held",
+           "readonly_why"]
 
-STREAM_OBJECTS_KEPT = 64  # torch stream objects remembered per adapter (TorchAdapter.empty)
+STREAM_OBJECTS_KEPT = 64  # stream objects remembered per adapter (torch's and CuPy's)
 
 ArrayFacts = tuple  # (ptr, shape, dtype token, device ordinal (-1: host), contiguous)
 
@@ -441,6 +442,7 @@ class CupyAdapter(Adapter):
     def __init__(self, cupy: Any) -> None:
         self.cupy = cupy
         self._np_dtypes: dict[str, Any] = {}
+        self._stream_objects: dict[tuple[int, int], Any] = {}  # (handle, device): _stream_object
 
     def read(self, a: Any, what: str, stream: int) -> ArrayFacts:
         data = a.data
@@ -461,13 +463,37 @@ class CupyAdapter(Adapter):
         return str(token)
 
     def empty(self, shape: tuple[int, ...], dtype: DType, device: int, stream: int) -> tuple[Any, int]:
-        cp = self.cupy
         token = self.dtype_token(dtype)
         if token is None:
             raise LaunchError(f"cupy has no {dtype} arrays; pass out= buffers for this output")
-        if cp.cuda.runtime.getDevice() == device and stream == self.current_stream(device):
-            a = cp.empty(shape, dtype=token)
-            return a, a.data.ptr
+        a = self.array_on(shape, token, device, stream)
+        return a, a.data.ptr
+
+    def array_on(self, shape: tuple[int, ...], token: Any, device: int, stream: int) -> Any:
+        """``cupy.empty(shape, dtype=token)`` on ``device``, from the memory pool's arena of
+        stream ``stream`` (a raw handle): the pool orders a block on the stream that is
+        current when it is taken, and a block of the current stream's arena may still be in
+        use by work queued there, which kernels on another stream would race. On CuPy's
+        current device the stream is made current around the allocation by ``use()`` and put
+        back, with CuPy's object for the handle remembered (:meth:`_stream_object`); that
+        replaces entering ``cupy.cuda.Device`` and a new stream object per call. On another
+        device (or a CuPy whose streams lack ``use``), both are entered as context managers."""
+        cp = self.cupy
+        on_device = cp.cuda.runtime.getDevice() == device
+        if on_device and stream == self.current_stream(device):
+            return cp.empty(shape, dtype=token)
+        if on_device:
+            target = self._stream_objects.get((stream, device))
+            if target is None:
+                target = self._stream_object(stream, device)
+            before = cp.cuda.get_current_stream()
+            use = getattr(target, "use", None)
+            if use is not None and hasattr(before, "use"):
+                try:  # (use() inside: an interrupt before it leaves the stream as it was)
+                    use()
+                    return cp.empty(shape, dtype=token)
+                finally:
+                    before.use()
         # Another device, or another stream than cupy's current one (the default stream, 0,
         # included): allocate there, so the memory pool orders the block on the stream that
         # will use it.
@@ -475,8 +501,18 @@ class CupyAdapter(Adapter):
             scope.enter_context(cp.cuda.Device(device))
             scope.enter_context(cp.cuda.Stream.null if stream == 0
                                 else _cupy_stream(cp, stream, device))
-            a = cp.empty(shape, dtype=token)
-        return a, a.data.ptr
+            return cp.empty(shape, dtype=token)
+
+    def _stream_object(self, stream: int, device: int) -> Any:
+        """CuPy's stream object for the raw handle ``stream`` of ``device`` (the current
+        device), remembered as :meth:`TorchAdapter._stream_object` remembers torch's: it only
+        wraps the handle. Handle 0 is CuPy's ``Stream.null``."""
+        cp = self.cupy
+        target = cp.cuda.Stream.null if stream == 0 else _cupy_stream(cp, stream, device)
+        if len(self._stream_objects) >= STREAM_OBJECTS_KEPT:
+            self._stream_objects.clear()  # a program cycling through many streams
+        self._stream_objects[stream, device] = target
+        return target
 
     def current_stream(self, device: int) -> int:
         return int(self.cupy.cuda.get_current_stream(device).ptr)
@@ -520,8 +556,7 @@ def adapter_for(obj: Any) -> Adapter:
     if torch is not None and isinstance(obj, torch.Tensor):
         found = torch_adapter(torch)
     elif cupy is not None and isinstance(obj, cupy.ndarray):
-        found = next((a for a in _adapters.values() if isinstance(a, CupyAdapter)), None) \
-            or CupyAdapter(cupy)
+        found = cupy_adapter(cupy)
     else:
         found = GENERIC
     _adapters[cls] = found
@@ -532,11 +567,27 @@ def torch_adapter(torch: Any) -> TorchAdapter:
     """The process's one :class:`TorchAdapter` (:func:`adapter_for`'s for torch tensors),
     made on first use: the torch fast path allocates through it too, so both paths share its
     devices and its stream objects."""
-    found = _adapters.get(torch.Tensor)
-    if not isinstance(found, TorchAdapter):
-        found = next((a for a in _adapters.values() if isinstance(a, TorchAdapter)), None) \
-            or TorchAdapter(torch)
-        _adapters[torch.Tensor] = found
+    return _the_adapter(TorchAdapter, torch.Tensor, torch)
+
+
+def cupy_adapter(cupy: Any) -> CupyAdapter:
+    """The process's one :class:`CupyAdapter` (:func:`adapter_for`'s for cupy arrays), made on
+    first use: the CuPy fast path allocates ``stream=``'s outputs through it too, so both
+    paths share its stream objects."""
+    return _the_adapter(CupyAdapter, cupy.ndarray, cupy)
+
+
+_A = TypeVar("_A", TorchAdapter, CupyAdapter)
+
+
+def _the_adapter(kind: type[_A], array_type: type, module: Any) -> _A:
+    """The adapter of ``kind`` remembered for ``array_type``, or any of that kind already
+    made (one per process), or a new one over ``module``."""
+    found = _adapters.get(array_type)
+    if not isinstance(found, kind):
+        found = next((a for a in _adapters.values() if isinstance(a, kind)), None) \
+            or kind(module)
+        _adapters[array_type] = found
     return found
 
 

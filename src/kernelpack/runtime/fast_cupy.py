@@ -18,7 +18,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from .arrays import _PoolBlock, stream_device, stream_handle
+from .arrays import _PoolBlock, cupy_adapter, stream_device, stream_handle
 from .fast_native import native_cupy_call
 from .fastpath import (FLOAT32_OVERFLOW, Call, FastCore, out_overlaps_input, outs_conflict,
                        split_scalars, written_conflict)
@@ -111,14 +111,33 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
             return _ordered_scratch(cupy, nbytes, current.ptr, bp.name)
         return empty(nbytes, dtype=uint8)
 
-    native = native_cupy_call(bp, core, slow, cupy, tensors, floats, ints, allocate_scratch,
-                              stream_handle)
+    array_on = cupy_adapter(cupy).array_on
+
+    def allocate(shape: tuple, dt: Any, device: int, stream: int) -> Any:
+        """``stream=``'s outputs (its raw handle ``stream``), each from that stream's arena of
+        CuPy's pool, as the general path allocates them
+        (:meth:`~.arrays.CupyAdapter.array_on`); without ``stream=`` the outputs are made on
+        CuPy's current stream, in C or below, without this hook."""
+        return array_on(shape, dt, device, stream)
+
+    native = native_cupy_call(bp, core, slow, cupy, tensors, floats, ints, allocate,
+                              allocate_scratch, stream_handle)
     if native is not None:
         return native
 
+    def handle_for(stream: Any, device: int, scratch: Any) -> int | None:
+        """``stream=``'s raw handle, or None where the general path takes the call: a CuPy
+        stream of another device (it refuses it), or scratch on a default stream (the
+        driver's stream-ordered scratch there needs the device's context current, which the
+        general path makes so)."""
+        if stream_device(stream) not in (None, device):
+            return None
+        sh = stream_handle(stream)
+        return None if scratch is not None and sh < 3 else sh
+
     def call(args: Any, out: Any, stream: Any) -> Any:
-        if len(args) != n_in or (stream is not None and out is None):
-            return slow(args, out, stream)  # outputs for another stream: general path
+        if len(args) != n_in:
+            return slow(args, out, stream)
         vals: list[Any] = [0] * nvals
         a = args[first_i]
         if (a.__class__ is not ndarray or (dty := a.dtype) is not first_dt and dty != first_dt
@@ -165,10 +184,15 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
             return slow(args, out, stream)
         if fills is not None:
             vals[fill_from:] = fills
+        sh = None
+        if out is None and stream is not None:  # the handle first: outputs from its arena
+            if (sh := handle_for(stream, device, scratch)) is None:
+                return slow(args, out, stream)
         if out is None:
             made = []
             for (slot, _, dt), shape, like in zip(outputs, shapes, likes):
-                a = empty_like(args[like]) if like >= 0 else empty(shape, dtype=dt)
+                a = (allocate(shape, dt, device, sh) if sh is not None
+                     else empty_like(args[like]) if like >= 0 else empty(shape, dtype=dt))
                 vals[slot] = a.data.ptr
                 made.append(a)
             ret = made[0] if single_out else (tuple(made) if made else None)
@@ -197,12 +221,8 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
             return slow(args, out, stream)
         if stream is None:
             sh = current_stream().ptr
-        elif stream_device(stream) not in (None, device):  # the general path refuses it
-            return slow(args, out, stream)
-        else:
-            sh = stream_handle(stream)
-            if scratch is not None and sh < 3:  # the driver's scratch on a default stream
-                return slow(args, out, stream)  # needs the context current: the general path's
+        elif sh is None and (sh := handle_for(stream, device, scratch)) is None:
+            return slow(args, out, stream)  # (with out=: the handle is taken here)
         if scratch is not None and scratch[0]:  # one buffer for all, alive until queued
             total, spans = scratch
             buf = allocate_scratch(total, device, None if stream is None else sh)

@@ -28,7 +28,8 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 class Hooks:
     """What ``FastCall`` asks Python for: per key the launch entry, output allocation for
-    shapes no input has (torch; None for cupy, whose outputs ``FastCall`` makes itself), a
+    shapes no input has and for ``stream=`` (CuPy's: for ``stream=`` only, ``FastCall`` makes
+    the others itself), a
     call's scratch (``scratch(nbytes, device)`` for the current stream, ``scratch(nbytes,
     device, handle)`` for ``stream=``'s raw handle: one array of the framework), the context
     check, the launch error, and the fallback.
@@ -167,17 +168,17 @@ def exchange_api(tensor_type: type, bs: Any) -> tuple | None:
 
 def native_cupy_call(bp: Any, core: FastCore, slow: Call, cupy: Any,
                      tensors: list[tuple[int, int, Any]], floats: tuple, ints: tuple,
-                     scratch: Callable[..., Any], stream_handle: Callable[[Any], int]
-                     ) -> Call | None:
+                     allocate: Callable[..., Any], scratch: Callable[..., Any],
+                     stream_handle: Callable[[Any], int]) -> Call | None:
     """The same for cupy arrays (``FastCall`` reads ``dtype``, ``shape``, ``_c_contiguous``
     and ``data.ptr`` / ``data.device_id``, asks CuPy's current device and stream per call,
-    and makes outputs as ``cupy.ndarray(shape, dtype)``: no empty_like and no allocate hook),
-    or None where it cannot be used; a CuPy without the stored ``_c_contiguous`` flag keeps
-    the closure."""
+    and makes outputs as ``cupy.ndarray(shape, dtype)``: no empty_like; the allocate hook
+    only for ``stream=``'s outputs, from that stream's arena), or None where it cannot be
+    used; a CuPy without the stored ``_c_contiguous`` flag keeps the closure."""
     if not hasattr(cupy.ndarray, "_c_contiguous"):
         return None
     return _native_call(bp, core, slow, (cupy.ndarray, None, cupy.cuda.get_current_stream),
-                        tensors, floats, ints, None, scratch, stream_handle,
+                        tensors, floats, ints, allocate, scratch, stream_handle,
                         ("cupy", cupy.cuda.runtime.getDevice, None))
 
 
