@@ -120,6 +120,17 @@ def _reference(name: str, args: tuple, torch: Any) -> Any:
     return _torch_op(name, torch)(*(a.double() for a in args))
 
 
+def _fast_call(call: Callable[..., Any], flavor: str) -> Any:
+    """The C FastCall serving ``flavor``'s arrays ("torch" or "cupy"), or None on a closure
+    path: with both frameworks imported the torch one comes first and hands other arrays to
+    the CuPy one (``fastpath.make_fast_path``)."""
+    while type(fc := getattr(call, "__self__", None)).__name__ == "FastCall":
+        if fc.flavor == flavor:
+            return fc
+        call = fc.hooks.slow
+    return None
+
+
 def _graph_us(fn: Callable[[], Any], torch: Any, calls: int, reps: int = 11) -> float:
     """Device time per call: ``calls`` calls captured in one CUDA graph, replayed ``reps``
     times (CUDA events), median / calls. No host work between the kernels, so this is what
@@ -209,7 +220,7 @@ def main() -> int:
             if not fast:
                 raise SystemExit(f"{name} {shape}: the second call built no fast path: the "
                                  f"'kp' row would time the general path")
-            counter = getattr(bound.call, "__self__", None)  # the C FastCall, if it is one
+            counter = _fast_call(bound.call, "cupy" if cp is not None else "torch")
             before = getattr(counter, "fast_calls", None)
             for how, got in (("kp, second call", second), ("kp, fast path", call(outs[2]))):
                 torch.cuda.synchronize()
