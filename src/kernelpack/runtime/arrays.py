@@ -26,7 +26,7 @@ __all__ = ["Adapter", "TorchAdapter", "CupyAdapter", "GenericAdapter", "torch_ad
            "check_stream_device", "GENERIC", "hold", "held_views", "release_held",
            "readonly_why"]
 
-STREAM_OBJECTS_KEPT = 64  # stream objects remembered per adapter (torch's and CuPy's)
+STREAM_OBJECTS_KEPT = 64  # torch stream objects remembered per adapter (TorchAdapter.empty)
 
 ArrayFacts = tuple  # (ptr, shape, dtype token, device ordinal (-1: host), contiguous)
 
@@ -442,7 +442,6 @@ class CupyAdapter(Adapter):
     def __init__(self, cupy: Any) -> None:
         self.cupy = cupy
         self._np_dtypes: dict[str, Any] = {}
-        self._stream_objects: dict[tuple[int, int], Any] = {}  # (handle, device): _stream_object
 
     def read(self, a: Any, what: str, stream: int) -> ArrayFacts:
         data = a.data
@@ -475,17 +474,20 @@ class CupyAdapter(Adapter):
         current when it is taken, and a block of the current stream's arena may still be in
         use by work queued there, which kernels on another stream would race. On CuPy's
         current device the stream is made current around the allocation by ``use()`` and put
-        back, with CuPy's object for the handle remembered (:meth:`_stream_object`); that
-        replaces entering ``cupy.cuda.Device`` and a new stream object per call. On another
-        device (or a CuPy whose streams lack ``use``), both are entered as context managers."""
+        back, which replaces entering ``cupy.cuda.Device`` and the stream as context managers;
+        on another device (or a CuPy whose streams lack ``use``), both are entered.
+
+        CuPy's object for the handle is made per call, not remembered as torch's are
+        (:meth:`TorchAdapter._stream_object`): with CuPy 14.2 and its stream-ordered
+        allocator (``MemoryAsyncPool``), an object remembered from a stream that was then
+        destroyed, used again for a new stream at the same address, crashed the process
+        (session 44, tests/gpu/test_review31_cupy_world_gpu.py)."""
         cp = self.cupy
         on_device = cp.cuda.runtime.getDevice() == device
         if on_device and stream == self.current_stream(device):
             return cp.empty(shape, dtype=token)
         if on_device:
-            target = self._stream_objects.get((stream, device))
-            if target is None:
-                target = self._stream_object(stream, device)
+            target = cp.cuda.Stream.null if stream == 0 else _cupy_stream(cp, stream, device)
             before = cp.cuda.get_current_stream()
             use = getattr(target, "use", None)
             if use is not None and hasattr(before, "use"):
@@ -502,17 +504,6 @@ class CupyAdapter(Adapter):
             scope.enter_context(cp.cuda.Stream.null if stream == 0
                                 else _cupy_stream(cp, stream, device))
             return cp.empty(shape, dtype=token)
-
-    def _stream_object(self, stream: int, device: int) -> Any:
-        """CuPy's stream object for the raw handle ``stream`` of ``device`` (the current
-        device), remembered as :meth:`TorchAdapter._stream_object` remembers torch's: it only
-        wraps the handle. Handle 0 is CuPy's ``Stream.null``."""
-        cp = self.cupy
-        target = cp.cuda.Stream.null if stream == 0 else _cupy_stream(cp, stream, device)
-        if len(self._stream_objects) >= STREAM_OBJECTS_KEPT:
-            self._stream_objects.clear()  # a program cycling through many streams
-        self._stream_objects[stream, device] = target
-        return target
 
     def current_stream(self, device: int) -> int:
         return int(self.cupy.cuda.get_current_stream(device).ptr)
@@ -572,8 +563,8 @@ def torch_adapter(torch: Any) -> TorchAdapter:
 
 def cupy_adapter(cupy: Any) -> CupyAdapter:
     """The process's one :class:`CupyAdapter` (:func:`adapter_for`'s for cupy arrays), made on
-    first use: the CuPy fast path allocates ``stream=``'s outputs through it too, so both
-    paths share its stream objects."""
+    first use: the CuPy fast path allocates ``stream=``'s outputs through it too
+    (:meth:`CupyAdapter.array_on`)."""
     return _the_adapter(CupyAdapter, cupy.ndarray, cupy)
 
 
