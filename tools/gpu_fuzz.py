@@ -10,16 +10,17 @@ reference, a tolerance per dtype). Run on the GPU machine from a tree holding sr
     HALVES=1 bash tools/gpu-run.sh ...                           # the half mode's cases
     ELSEWHERE=1 bash tools/gpu-run.sh ...                        # the elsewhere mode's cases
     RUN_BUDGET_S=200 bash tools/gpu-run.sh ...                   # start no seed after 200 s
+    SEED_TIMEOUT_S=120 bash tools/gpu-run.sh ...                 # a seed's limit (default 25)
 
 The elsewhere mode (fusion_gen/elsewhere.py, a seed space of its own; with HALVES=1 too, both)
 reads reductions at other rows of square tensors and puts row reductions beside general ones:
 the lowering's workspaces for them (materialize_nodes, materialize_rows).
 
-A seed still running after 25 s is reported as "seed N: TIMEOUT" and the run goes on, where
-the time goes to Python (the NumPy reference's exact sums over millions of outputs: seed
-43305 ended a session-40 run this way); after 75 s (a kernel that never finishes cannot be
-interrupted) the process dumps its Python stack and ends: the last "seed N start" line names
-it. Every wrong result is printed as "seed N: FAIL ..." with the generated source and sizes;
+A seed still running after 25 s (``SEED_TIMEOUT_S``) is reported as "seed N: TIMEOUT" and the
+run goes on, where the time goes to Python (the NumPy reference's exact sums over millions of
+outputs: seed 43305 ended a session-40 run this way); after 75 s (or ``SEED_TIMEOUT_S`` + 50;
+a kernel that never finishes cannot be interrupted) the process dumps its Python stack and
+ends: the last "seed N start" line names it. Every wrong result is printed as "seed N: FAIL ..." with the generated source and sizes;
 a summary line ends the run.
 """
 
@@ -37,8 +38,11 @@ from typing import Any, Callable
 
 ROOT = pathlib.Path.cwd()
 sys.path.insert(0, str(ROOT / "src"))
-SEED_TIMEOUT_S = 25  # then the seed is abandoned (Python code only: SIGALRM)
-STUCK_S = 75  # then the run ends with the stack (a kernel that never finishes)
+# then the seed is abandoned (Python code only: SIGALRM); SEED_TIMEOUT_S=120 to check one that
+# timed out (seed 10281 in half mode: ~10 s of its NumPy references on the 2-CPU box)
+SEED_TIMEOUT_S = int(os.environ.get("SEED_TIMEOUT_S", "25"))
+STUCK_S = max(75, SEED_TIMEOUT_S + 50)  # then the run ends with the stack (a kernel that
+# never finishes)
 
 
 class SeedTimeout(Exception):
