@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -96,9 +97,11 @@ def import_source(source: str) -> ModuleType:
     if not as_file and not all(part.isidentifier() for part in source.split(".")):
         raise UsageError(f"{source!r} is neither a .py file nor a module name")
     home = _home_of(source, as_file)
+    # outside the try below: its CLIError says what is wrong already (not "importing it failed")
+    spec = _file_spec(path) if as_file else None
     try:
-        if as_file:
-            return _import_file(path)
+        if spec is not None:
+            return _import_file(path, spec)
         _path_first(os.getcwd())
         return importlib.import_module(source)
     except ModuleNotFoundError as exc:
@@ -147,12 +150,11 @@ def _path_first(directory: str) -> None:
         sys.path.insert(0, directory)
 
 
-def _import_file(path: Path) -> ModuleType:
-    """A ``.py`` file as a module under its own stem (or a private name when that is taken,
-    as for a file called ``json.py``), registered in ``sys.modules`` so that what it defines
-    can be pickled and its dataclasses work, as for any imported module. The file is run
-    afresh at each build (it may have changed); a name an earlier build gave this same file
-    is used again, so builds in one process do not leave a module behind each."""
+def _file_spec(path: Path) -> importlib.machinery.ModuleSpec:
+    """The spec to import the ``.py`` file ``path`` with, under its own stem (or a private
+    name when that is taken, as for a file called ``json.py``); a name an earlier build gave
+    this same file is used again, so builds in one process do not leave a module behind each.
+    CLIError when Python cannot import the file as source (no ``.py`` suffix it knows)."""
     resolved = path.resolve()
     name, n = path.stem, 0
     while not name.isidentifier() or (name in sys.modules
@@ -162,6 +164,16 @@ def _import_file(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise CLIError(f"{path}: cannot be imported as Python source")
+    return spec
+
+
+def _import_file(path: Path, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+    """The file ``path`` run as a module (``spec``: :func:`_file_spec`'s), registered in
+    ``sys.modules`` so that what it defines can be pickled and its dataclasses work, as for
+    any imported module. The file is run afresh at each build (it may have changed)."""
+    resolved = path.resolve()
+    name = spec.name
+    assert spec.loader is not None  # (_file_spec refuses a spec without one)
     module = importlib.util.module_from_spec(spec)
     module.__kernelpack_build_source__ = str(resolved)  # type: ignore[attr-defined]
     _path_first(str(resolved.parent))

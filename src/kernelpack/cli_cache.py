@@ -186,14 +186,14 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"key": digest, "parts": dict(record.parts) if record else None,
                           "on_disk": store.path(digest).exists()}, indent=1))
-        return 0 if record else 1
-    from .cli_facts import printable  # a record's parts are text from whoever wrote the key
+    else:
+        from .cli_facts import printable  # a record's parts are text from whoever wrote it
 
-    from .cache.explain import explain  # with the record read above: one remote query
+        from .cache.explain import explain  # with the record read above: one remote query
 
-    text = explain(store, digest, record)
-    print("\n".join(printable(line) for line in text.splitlines()))
-    if record is None:
+        text = explain(store, digest, record)
+        print("\n".join(printable(line) for line in text.splitlines()))
+    if record is None:  # (with --json too: status 1 comes with its one error line)
         print(f"error: no record of key {digest} in {store.root}", file=sys.stderr)
         return 1
     return 0
