@@ -11,9 +11,9 @@ with ``_`` are left out unless asked for by name.
 Compiling takes seconds per row fusion, so every program is reported on stderr as it is done
 (``[2/5] softmax: compiled in 1.21 s``; ``--quiet`` turns that off). A program that fails is
 reported with its error and the others are still compiled, so that one run shows every
-failure; then nothing is written. Only a build where every program compiled writes: the artifact is written crash-safely by :func:`kernelpack.save`
-(temporary file, fsync, rename), so a failed or interrupted build leaves any earlier artifact
-of that name as it was. Registered into the ``kernelpack`` command by :func:`register`.
+failure; then nothing is written. Only a build where every program compiled writes: the
+artifact is written crash-safely by :func:`kernelpack.save` (temporary file, fsync, rename),
+so a failed or interrupted build leaves any earlier artifact of that name as it was. Registered into the ``kernelpack`` command by :func:`register`.
 """
 
 from __future__ import annotations
