@@ -29,10 +29,9 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 class Hooks:
     """What ``FastCall`` asks Python for: per key the launch entry, output allocation for
     shapes no input has and for ``stream=`` (CuPy's: for ``stream=`` only, ``FastCall`` makes
-    the others itself), a
-    call's scratch (``scratch(nbytes, device)`` for the current stream, ``scratch(nbytes,
-    device, handle)`` for ``stream=``'s raw handle: one array of the framework), the context
-    check, the launch error, and the fallback.
+    the others itself), a call's scratch (``scratch(nbytes, device)`` for the current stream,
+    ``scratch(nbytes, device, handle)`` for ``stream=``'s raw handle: one array of the
+    framework), the context check, the launch error, and the fallback.
 
     ``context_was_lost(st)`` is :meth:`FastCore.context_was_lost`: asked before a launch on a
     default stream whose context the thread has not confirmed, and after a failed launch on a
