@@ -88,13 +88,14 @@ def run_all(seeds: range, jobs: int, timeout: float, budget: float | None,
         for conn in wait(list(running), timeout=1.0):
             seed, proc, _ = running.pop(conn)
             try:
-                outcome, why, skipped = conn.recv()
+                answer = conn.recv()  # (before the join: a long report fills the pipe)
             except EOFError:  # died without an answer
-                proc.join()
-                outcome, why, skipped = "fail", f"the process died (exit status {proc.exitcode})", 0
+                answer = None
             proc.join()
             conn.close()
-            report(seed, outcome, why, skipped)
+            if answer is None:
+                answer = ("fail", f"the process died (exit status {proc.exitcode})", 0)
+            report(seed, *answer)
             done += 1
         for conn, (seed, proc, start) in list(running.items()):
             if time.time() - start > timeout:
@@ -140,9 +141,8 @@ def main() -> int:
         skipped += skips
         if outcome != "ok":
             print(f"seed {seed}{name}: {outcome.upper()} {why[:1500]}", flush=True)
-        if sum(counts.values()) % 50 == 0:
-            print(f"{sum(counts.values())}/{args.hi - args.lo} seeds, {time.time() - t0:.0f} s",
-                  flush=True)
+        if (reported := sum(counts.values())) % 50 == 0:
+            print(f"{reported}/{args.hi - args.lo} seeds, {time.time() - t0:.0f} s", flush=True)
 
     done = run_all(range(args.lo, args.hi), args.jobs, args.timeout, args.budget, report)
     if done < args.hi - args.lo:
