@@ -38,3 +38,10 @@ def test_external_stream_on_a_cupy_without_from_external() -> None:
     assert calls == [("ExternalStream", 0x5000, 1)]
     cp.cuda.Stream = None  # a stand-in without Stream at all: still ExternalStream
     assert _cupy_stream(cp, 0x77, 0) == "external"
+
+
+def test_the_legacy_default_stream_is_cupys_null_stream() -> None:
+    for with_from_external in (True, False):
+        cp, calls = _cupy(with_from_external)
+        assert _cupy_stream(cp, 0, 1) == "null stream"
+        assert calls == []  # neither wrapper: Stream.null already is that stream

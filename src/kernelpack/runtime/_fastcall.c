@@ -1258,22 +1258,25 @@ static PyObject *fastcall_run(FastCall *self, PyObject *const *argv, Py_ssize_t 
         Py_DECREF(device_obj);
         goto slow;
     }
-    if (out == Py_None && stream != Py_None) { /* the handle first: outputs for its pool */
-        PyObject *handle;
+    if (stream != Py_None) { /* the handle first, as the general path reads it first */
         if (stream_of(self, stream, device_obj, device, &sh) < 0)
             goto done;
-        if (self->cupy && e->nscratch && sh < 3) { /* as below, before allocating outputs */
+        if (self->cupy && e->nscratch && sh < 3) {
+            /* CuPy's scratch for stream= is the driver's stream-ordered memory, which on a
+             * default stream needs the device's context current: the general path makes it
+             * so (taken here, before any output is allocated) */
             Py_DECREF(st);
             Py_DECREF(capsule);
             Py_DECREF(device_obj);
             goto slow;
         }
-        if ((handle = PyLong_FromUnsignedLongLong(sh)) == NULL)
+    }
+    if (out == Py_None) { /* stream='s outputs from its pool: the hook, given the handle */
+        PyObject *handle = NULL;
+        if (stream != Py_None && (handle = PyLong_FromUnsignedLongLong(sh)) == NULL)
             goto done;
         result = allocate_outputs(self, e, args, device_obj, vals, handle);
-        Py_DECREF(handle);
-    } else if (out == Py_None) {
-        result = allocate_outputs(self, e, args, device_obj, vals, NULL);
+        Py_XDECREF(handle);
     } else {
         fits = check_out(self, e, out, device, vals);
         if (fits == 0) {
@@ -1287,18 +1290,8 @@ static PyObject *fastcall_run(FastCall *self, PyObject *const *argv, Py_ssize_t 
             result = out;
         }
     }
-    if (result != NULL && (out != Py_None || stream == Py_None) &&
-        stream_of(self, stream, device_obj, device, &sh) < 0)
+    if (result != NULL && stream == Py_None && stream_of(self, stream, device_obj, device, &sh) < 0)
         Py_CLEAR(result);
-    if (result != NULL && self->cupy && e->nscratch && stream != Py_None && sh < 3) {
-        /* CuPy's scratch for stream= is the driver's stream-ordered memory, which on a default
-         * stream needs the device's context current: the general path makes it so */
-        Py_DECREF(result);
-        Py_DECREF(st);
-        Py_DECREF(capsule);
-        Py_DECREF(device_obj);
-        goto slow;
-    }
     if (result != NULL && ((e->nscratch &&
                             allocate_scratch(self, e, device_obj, vals, stream != Py_None, sh,
                                              &scratch) < 0) ||

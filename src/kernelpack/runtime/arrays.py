@@ -487,7 +487,7 @@ class CupyAdapter(Adapter):
         if on_device and stream == self.current_stream(device):
             return cp.empty(shape, dtype=token)
         if on_device:
-            target = cp.cuda.Stream.null if stream == 0 else _cupy_stream(cp, stream, device)
+            target = _cupy_stream(cp, stream, device)
             before = cp.cuda.get_current_stream()
             use = getattr(target, "use", None)
             if use is not None and hasattr(before, "use"):
@@ -501,8 +501,7 @@ class CupyAdapter(Adapter):
         # will use it.
         with contextlib.ExitStack() as scope:
             scope.enter_context(cp.cuda.Device(device))
-            scope.enter_context(cp.cuda.Stream.null if stream == 0
-                                else _cupy_stream(cp, stream, device))
+            scope.enter_context(_cupy_stream(cp, stream, device))
             return cp.empty(shape, dtype=token)
 
     def current_stream(self, device: int) -> int:
@@ -523,10 +522,12 @@ class _StreamHandle:
 
 
 def _cupy_stream(cp: Any, handle: int, device: int) -> Any:
-    """CuPy's object for a raw stream handle of ``device``: ``Stream.from_external`` where
-    CuPy has it (14 deprecates ``ExternalStream``, with a warning at every use), else
-    ``ExternalStream``. The caller has made ``device`` current (from_external records no
-    device)."""
+    """CuPy's object for a raw stream handle of ``device``: ``Stream.null`` for the legacy
+    default stream (0), else ``Stream.from_external`` where CuPy has it (14 deprecates
+    ``ExternalStream``, with a warning at every use), else ``ExternalStream``. The caller has
+    made ``device`` current (from_external records no device)."""
+    if handle == 0:
+        return cp.cuda.Stream.null
     from_external = getattr(getattr(cp.cuda, "Stream", None), "from_external", None)
     if from_external is None:
         return cp.cuda.ExternalStream(handle, device)

@@ -111,14 +111,10 @@ def cupy_path(bp: Any, slow: Call, cupy: Any) -> Call | None:
             return _ordered_scratch(cupy, nbytes, current.ptr, bp.name)
         return empty(nbytes, dtype=uint8)
 
-    array_on = cupy_adapter(cupy).array_on
-
-    def allocate(shape: tuple, dt: Any, device: int, stream: int) -> Any:
-        """``stream=``'s outputs (its raw handle ``stream``), each from that stream's arena of
-        CuPy's pool, as the general path allocates them
-        (:meth:`~.arrays.CupyAdapter.array_on`); without ``stream=`` the outputs are made on
-        CuPy's current stream, in C or below, without this hook."""
-        return array_on(shape, dt, device, stream)
+    # stream='s outputs (the hook gets its raw handle): each from that stream's arena of
+    # CuPy's pool, as the general path allocates them; without stream= the outputs are made
+    # on CuPy's current stream, in C or below, without this hook
+    allocate = cupy_adapter(cupy).array_on
 
     native = native_cupy_call(bp, core, slow, cupy, tensors, floats, ints, allocate,
                               allocate_scratch, stream_handle)
