@@ -87,6 +87,10 @@ def as_user(fn: Callable[[], Any], uid: int, *, umask: int = 0o022, env: dict | 
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+            # what earlier tests of this worker left to collect (a file object in a cycle
+            # warns "unclosed file" when collected), collected before the recording starts:
+            # the warnings recorded are fn's
+            gc.collect()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:

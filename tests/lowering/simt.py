@@ -1,10 +1,17 @@
 """A tiny SIMT emulator: run the lowering's kernels on the CPU, so CI (no GPU) checks numerics.
 
 The kernels' LLVM IR (before PTX) is retargeted to the host: special registers, warp shuffles
-and barriers become calls into Python, shared memory a plain global, libdevice functions the
-host's libm. Every GPU thread of a block runs as an OS thread (ctypes releases the GIL while
-JIT-compiled code runs), so shuffles and ``bar.sync`` have their real cooperative semantics.
-Only small launches are practical; that is all tests need.
+and barriers become calls to helpers, shared memory a plain global, libdevice functions the
+host's libm. Every GPU thread of a block that waits for others (``bar.sync``, a shuffle) runs as
+an OS thread of its own (ctypes releases the GIL while JIT-compiled code runs), so shuffles and
+barriers have their real cooperative semantics; a kernel with neither runs its threads one
+after another. Only small launches are practical; that is all tests need.
+
+Two sets of helpers. :meth:`Kernels.__call__` uses native ones (:data:`_NATIVE_IR`, JIT-compiled
+once): each thread's registers come from ``pthread_getspecific``, barriers are POSIX barriers,
+so no emulated thread takes the GIL until its kernel returns. :meth:`Kernels.c_call` gives the
+kernels built with Python callbacks instead (registers from :data:`_state`, barriers any
+object with ``wait()``), for schedules written in Python (tests/lowering/test_review48_in_place.py).
 """
 
 from __future__ import annotations
@@ -91,6 +98,75 @@ _LIBM = ("exp", "exp2", "log", "log2", "sqrt", "sin", "cos", "tan", "tanh", "erf
          "floor", "ceil", "fabs", "hypot", "sincos", "fmod")
 
 
+_libc = ctypes.CDLL(None)
+_KEY = ctypes.c_uint()  # the pthread key of each OS thread's _Registers
+if _libc.pthread_key_create(ctypes.byref(_KEY), None) != 0:
+    raise OSError("simt: pthread_key_create failed")
+_set_specific = _libc.pthread_setspecific
+_set_specific.argtypes = [ctypes.c_uint, ctypes.c_void_p]
+_barrier_init = _libc.pthread_barrier_init
+_barrier_init.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+_barrier_wait = _libc.pthread_barrier_wait  # (ctypes releases the GIL while it waits)
+_barrier_wait.argtypes = [ctypes.c_void_p]
+_barrier_destroy = _libc.pthread_barrier_destroy
+_barrier_destroy.argtypes = [ctypes.c_void_p]
+_BARRIER_BYTES = 128  # sizeof(pthread_barrier_t) is 32 on glibc's x86-64 and arm64: room
+
+
+class _Registers(ctypes.Structure):
+    """One emulated thread's view, read by the native helpers (:data:`_NATIVE_IR`'s
+    ``%regs``, field for field)."""
+    _fields_ = [("tid", ctypes.c_int32), ("ctaid", ctypes.c_int32), ("ntid", ctypes.c_int32),
+                ("nctaid", ctypes.c_int32), ("block_barrier", ctypes.c_void_p),
+                ("warp_barrier", ctypes.c_void_p), ("warp_values", ctypes.c_void_p)]
+
+
+# The native helpers: the calling thread's _Registers from pthread_getspecific(KEY); a
+# shuffle writes its lane's value to the warp's slots, waits for the warp, reads its partner's,
+# and waits again before the slots are reused (as _shfl does in Python).
+_NATIVE_IR = """
+%regs = type { i32, i32, i32, i32, ptr, ptr, ptr }
+declare ptr @kp_getspecific(i32)
+declare i32 @kp_barrier_wait(ptr)
+
+define internal i32 @field(i32 %i) {
+  %r = call ptr @kp_getspecific(i32 KEY)
+  %p = getelementptr i32, ptr %r, i32 %i
+  %v = load i32, ptr %p
+  ret i32 %v
+}
+define void @kp_native_barrier() {
+  %r = call ptr @kp_getspecific(i32 KEY)
+  %p = getelementptr %regs, ptr %r, i32 0, i32 4
+  %b = load ptr, ptr %p
+  %w = call i32 @kp_barrier_wait(ptr %b)
+  ret void
+}
+define i32 @kp_native_shfl(i32 %mask, i32 %value, i32 %lanemask, i32 %clamp) {
+  %r = call ptr @kp_getspecific(i32 KEY)
+  %tid = call i32 @field(i32 0)
+  %lane = and i32 %tid, 31
+  %bp = getelementptr %regs, ptr %r, i32 0, i32 5
+  %b = load ptr, ptr %bp
+  %vp = getelementptr %regs, ptr %r, i32 0, i32 6
+  %values = load ptr, ptr %vp
+  %mine = getelementptr i32, ptr %values, i32 %lane
+  store i32 %value, ptr %mine
+  %w1 = call i32 @kp_barrier_wait(ptr %b)
+  %src = xor i32 %lane, %lanemask
+  %theirs = getelementptr i32, ptr %values, i32 %src
+  %other = load i32, ptr %theirs
+  %w2 = call i32 @kp_barrier_wait(ptr %b)
+  ret i32 %other
+}
+""" + "".join(f"""
+define i32 @kp_native_{reg}() {{
+  %v = call i32 @field(i32 {i})
+  ret i32 %v
+}}""" for i, reg in enumerate(("tid", "ctaid", "ntid", "nctaid")))  # _Registers' first fields
+_NATIVE = ("tid", "ctaid", "ntid", "nctaid", "barrier", "shfl")
+
+
 @lru_cache(maxsize=1)
 def _host():
     llvm.initialize_native_target()
@@ -102,21 +178,34 @@ def _host():
                             ctypes.cast(getattr(libm, name + suffix), ctypes.c_void_p).value)
     for name, cb in _CALLBACKS.items():
         llvm.add_symbol(name, ctypes.cast(cb, ctypes.c_void_p).value)
+    for name, fn in (("kp_getspecific", _libc.pthread_getspecific),
+                     ("kp_barrier_wait", _libc.pthread_barrier_wait)):
+        llvm.add_symbol(name, ctypes.cast(fn, ctypes.c_void_p).value)
+    module = llvm.parse_assembly(_NATIVE_IR.replace("KEY", str(_KEY.value)))
+    module.verify()
+    engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple()
+                                        .create_target_machine(opt=2))
+    engine.finalize_object()
+    for name in _NATIVE:
+        llvm.add_symbol(f"kp_native_{name}", engine.get_function_address(f"kp_native_{name}"))
     # x86 code generation calls libgcc's helpers for what the CPU lacks (half conversions,
     # 128-bit division); the JIT finds them only in libraries loaded with global symbols and
     # otherwise links address 0 without a word: the process dies when the kernel runs
     gcc_s = ctypes.util.find_library("gcc_s")
     if gcc_s:
         llvm.load_library_permanently(gcc_s)
-    return True
+    return engine  # kept for the process: its code is the helpers
 
 
-def _to_host(ir_text: str) -> str:
+def _to_host(ir_text: str, native: bool) -> str:
+    """The kernels' IR for the host JIT, with the native helpers (``kp_native_*``) or the
+    Python callbacks (``kp_*``) in place of special registers, shuffles and barriers."""
+    kp_ = "kp_native_" if native else "kp_"
     text = re.sub(r'target (triple|datalayout) = "[^"]*"\n', "", ir_text)
     for reg in ("tid", "ctaid", "ntid", "nctaid"):
-        text = text.replace(f'"llvm.nvvm.read.ptx.sreg.{reg}.x"', f'"kp_{reg}"')
-    text = text.replace('"llvm.nvvm.shfl.sync.bfly.i32"', '"kp_shfl"')
-    text = text.replace('"llvm.nvvm.barrier0"', '"kp_barrier"')
+        text = text.replace(f'"llvm.nvvm.read.ptx.sreg.{reg}.x"', f'"{kp_}{reg}"')
+    text = text.replace('"llvm.nvvm.shfl.sync.bfly.i32"', f'"{kp_}shfl"')
+    text = text.replace('"llvm.nvvm.barrier0"', f'"{kp_}barrier"')
     text = text.replace("ptx_kernel ", "").replace(" addrspace(3)", "")
     text = text.replace("addrspacecast", "bitcast")
     if "bfloat" in text:  # x86 lowers fptrunc to bfloat as a call to compiler-rt's
@@ -207,6 +296,62 @@ def guarded(shape: tuple, dtype: np.dtype, fill: Any = None) -> tuple[np.ndarray
     return arr, back
 
 
+class _Jit:
+    """The kernels' IR JIT-compiled for the host with one set of helpers (:func:`_to_host`):
+    each kernel's address, and whether it waits for other threads (a barrier or a shuffle)."""
+
+    def __init__(self, ir: str, kernels: tuple[str, ...], native: bool) -> None:
+        # the engine owns its target machine; host features (F16C) convert halves inline
+        tm = llvm.Target.from_default_triple().create_target_machine(
+            cpu=llvm.get_host_cpu_name(), features=_host_features())
+        text = _to_host(ir, native)
+        module = llvm.parse_assembly(text)
+        module.verify()
+        self.engine = llvm.create_mcjit_compiler(module, tm)
+        self.engine.finalize_object()
+        self.functions = {name: self.engine.get_function_address(name) for name in kernels}
+        kp_ = "kp_native_" if native else "kp_"
+        waits = re.compile(f'@"{kp_}(barrier|shfl)"')
+        bodies = _bodies(text)  # (a kernel not found there runs its threads at once: always right)
+        self.cooperative = {name: name not in bodies or waits.search(bodies[name]) is not None
+                            for name in kernels}
+
+
+def _bodies(text: str) -> dict[str, str]:
+    """Each function defined in the IR ``text``: its name and text (the lowering emits no
+    functions but its kernels, so a kernel's calls are all in its own body)."""
+    found = {}
+    for part in text.split("\ndefine ")[1:]:
+        name = re.search(r'@"?([^"(]+)"?\(', part)
+        if name is not None:
+            found[name.group(1)] = part[:part.find("\n}")]
+    return found
+
+
+class _Block:
+    """What a launch's threads share (the helpers' view: :class:`_Registers`): the block's
+    barrier, one barrier and 32 shuffle slots per warp (a warp's barrier counts its threads:
+    32, fewer in a last partial warp), and each thread's registers."""
+
+    def __init__(self, block: int, grid: int) -> None:
+        nwarps = (block + 31) // 32
+        self.memory = ctypes.create_string_buffer(_BARRIER_BYTES * (1 + nwarps) + 128 * nwarps)
+        base = ctypes.addressof(self.memory)
+        self.barriers = [base + _BARRIER_BYTES * i for i in range(1 + nwarps)]
+        values = base + _BARRIER_BYTES * (1 + nwarps)
+        for i, at in enumerate(self.barriers):
+            count = block if i == 0 else min(32, block - 32 * (i - 1))
+            if _barrier_init(at, None, count) != 0:
+                raise OSError(f"simt: pthread_barrier_init({count}) failed")
+        self.registers = [_Registers(tid, 0, block, grid, self.barriers[0],
+                                     self.barriers[1 + tid // 32], values + 128 * (tid // 32))
+                          for tid in range(block)]
+
+    def close(self) -> None:
+        for at in self.barriers:
+            _barrier_destroy(at)
+
+
 class Kernels:
     """The kernels of one compiled fusion, JIT-compiled for the host."""
 
@@ -215,22 +360,18 @@ class Kernels:
         self.summary = pipeline.summarize(build).summary
         self.planner = Planner(self.summary)
         _host()
-        # the engine owns its target machine; host features (F16C) convert halves inline
-        tm = llvm.Target.from_default_triple().create_target_machine(
-            cpu=llvm.get_host_cpu_name(), features=_host_features())
-        module = llvm.parse_assembly(_to_host(build.ir))
-        module.verify()
-        self.engine = llvm.create_mcjit_compiler(module, tm)
-        self.engine.finalize_object()
-        self.functions = {}
-        self.params = {}
-        for name in build.kernels:
-            fn = module.get_function(name)
-            self.params[name] = len(list(fn.arguments))
-            self.functions[name] = self.engine.get_function_address(name)
+        self._ir, self._kernels = build.ir, tuple(build.kernels)
+        self._native = _Jit(self._ir, self._kernels, native=True)
+        self._python: _Jit | None = None  # built by the first c_call
+
+    @property
+    def functions(self) -> dict[str, int]:
+        """Each kernel's address in the native build, by name: what :meth:`__call__`
+        launches (a test may point one name at another kernel of the same launch shape)."""
+        return self._native.functions
 
     def __call__(self, *inputs: object) -> list[np.ndarray]:
-        """:meth:`run` with the emulator's threaded launches."""
+        """:meth:`run` with the emulator's launches (:meth:`_launch`)."""
         return self.run(inputs, lambda launch, buffers, values, plan:
                         self._launch(launch, buffers, values))
 
@@ -262,8 +403,15 @@ class Kernels:
         return [np.array(buffers[t.name]) for t in self.summary.outputs]
 
     def c_call(self, launch, buffers: dict, values: dict) -> tuple[Any, list]:
-        """The planned ``launch``'s host function as a ctypes callable, and its arguments:
-        the arrays of ``buffers`` and the scalars of ``values``, by name."""
+        """The planned ``launch``'s host function built with the Python callbacks (its
+        registers from :data:`_state`, barriers and warps as :func:`_launch_in_python` sets
+        them) as a ctypes callable, and its arguments: the arrays of ``buffers`` and the
+        scalars of ``values``, by name. For schedules written in Python."""
+        if self._python is None:
+            self._python = _Jit(self._ir, self._kernels, native=False)
+        return self._callable(self._python, launch, buffers, values)
+
+    def _callable(self, jit: _Jit, launch, buffers: dict, values: dict) -> tuple[Any, list]:
         argtypes, argv = [], []
         for arg in launch.args:
             if arg[0] == "buffer":
@@ -276,9 +424,48 @@ class Kernels:
             else:
                 argtypes.append(_CT[arg[2].name])
                 argv.append(arg[1])
-        return ctypes.CFUNCTYPE(None, *argtypes)(self.functions[launch.kernel]), argv
+        return ctypes.CFUNCTYPE(None, *argtypes)(jit.functions[launch.kernel]), argv
 
     def _launch(self, launch, buffers: dict, values: dict) -> None:
+        """One launch with the native helpers: a kernel that waits for other threads runs
+        each block's threads at once, one OS thread each, block after block (the threads
+        wait at the block's barrier between blocks: shared memory is one global); any
+        other kernel runs its threads one after another on this thread."""
+        fn, argv = self._callable(self._native, launch, buffers, values)
+        grid, block = launch.grid[0], launch.block[0]
+        shared = _Block(block, grid)
+        try:
+            if not self._native.cooperative[launch.kernel]:
+                for ctaid in range(grid):
+                    for regs in shared.registers:
+                        regs.ctaid = ctaid
+                        _set_specific(_KEY.value, ctypes.addressof(regs))
+                        fn(*argv)
+                return
+            errors: list[BaseException] = []
+
+            def body(tid: int) -> None:
+                regs, failed = shared.registers[tid], False
+                _set_specific(_KEY.value, ctypes.addressof(regs))
+                for ctaid in range(grid):
+                    regs.ctaid = ctaid
+                    if not failed:
+                        try:
+                            fn(*argv)
+                        except BaseException as exc:  # pragma: no cover - surfaced below
+                            errors.append(exc)
+                            failed = True  # (still at the barriers: the others wait there)
+                    _barrier_wait(shared.barriers[0])
+
+            run_block(block, body, errors)
+        finally:
+            _set_specific(_KEY.value, None)
+            shared.close()
+
+    def _launch_in_python(self, launch, buffers: dict, values: dict) -> None:
+        """One launch with the Python callbacks (:meth:`c_call`), each block's threads at
+        once: the reference the native helpers replaced, and what schedules written in
+        Python set up the same way (:data:`_state`'s ``block_barrier`` and ``warp``)."""
         fn, argv = self.c_call(launch, buffers, values)
         grid, block = launch.grid[0], launch.block[0]
         for ctaid in range(grid):
@@ -299,7 +486,9 @@ class Kernels:
 
 def run_block(block: int, body: Callable[[int], None], errors: list[BaseException]) -> None:
     """One OS thread per thread of a block, each running ``body(tid)``, joined; then the first
-    exception the bodies put in ``errors``, raised here."""
+    exception the bodies put in ``errors``, raised here. (A pool of threads kept between
+    launches saved only ~10% once kernels ran without Python, and left hundreds of idle
+    threads in the process of the tests that follow.)"""
     threads = [threading.Thread(target=body, args=(t,)) for t in range(block)]
     for t in threads:
         t.start()

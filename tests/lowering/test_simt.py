@@ -3,7 +3,8 @@
 The same LLVM IR that becomes PTX runs here with real cooperative semantics (warp shuffles,
 barriers), so every schedule — pointwise with and without 16-byte groups, thread/warp/block
 rows, two-launch full reductions, the general fallback — is checked against NumPy in float64
-on machines without a GPU. Sizes stay small: every emulated GPU thread is an OS thread.
+on machines without a GPU. Sizes stay small: every emulated GPU thread of a kernel with barriers
+or shuffles is an OS thread.
 """
 
 from __future__ import annotations
@@ -422,3 +423,38 @@ def test_imag_of_real_and_power_zero_at_nan_and_inf():
     assert np.array_equal(got[1], np.ones(5, np.float32))
     assert np.array_equal(got[2], np.zeros(5, np.int32))
     assert np.array_equal(got[3], 5 * x, equal_nan=True)
+
+
+def test_native_helpers_give_the_python_callbacks_bits():
+    """The emulator's native helpers (registers from pthread_getspecific, POSIX barriers)
+    against the Python callbacks they replaced, on every launch of softmax and layernorm at
+    shapes that take warp rows, block rows (several blocks) and softmax's split reduction
+    (18 blocks, then a pointwise kernel): the same bits."""
+    rng = np.random.default_rng(45)
+    shapes = {"softmax": ((3, 40), (5, 700), (1, 70000)), "layernorm": ((3, 40), (5, 700))}
+    seen: dict[str, set] = {}
+    for name, cases in shapes.items():
+        k = Kernels(F32[name])
+        kernels = seen[name] = set()
+        for n, m in cases:
+            inputs = _inputs(k, {"x": (n, m), "w": (m,), "bias": (m,)}, kp.float32, rng)
+            native = k(*inputs)
+            python = k.run(tuple(inputs), lambda launch, buffers, values, plan:
+                           k._launch_in_python(launch, buffers, values))
+            kernels.update(launch.kernel for launch in k.planner.plan(
+                *[v.shape if isinstance(v, np.ndarray) else v for v in inputs]).launches)
+            for got, want in zip(native, python):
+                assert np.array_equal(got, want, equal_nan=True), (name, (n, m))
+        assert sum(k._native.cooperative[kernel] for kernel in kernels) >= 2, kernels
+    assert {"softmax_float32_0_split_partial0", "softmax_float32_0_split_pointwise",
+            "softmax_float32_0_rowblock128x8"} <= seen["softmax"], seen
+
+
+def test_only_kernels_that_wait_for_each_other_run_threads_at_once():
+    """A kernel with a barrier or a shuffle runs its block's threads at once; a pointwise
+    kernel (neither) one thread after another."""
+    k = Kernels(F32["softmax"])
+    cooperative = k._native.cooperative
+    assert set(cooperative) == set(k.functions)
+    assert cooperative["softmax_float32_0_split_pointwise"] is False, cooperative
+    assert all(cooperative[n] for n in cooperative if "rowblock" in n or "rowwarp" in n)
