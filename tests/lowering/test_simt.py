@@ -16,6 +16,7 @@ import kernelpack as kp
 from kernelpack.lowering.workloads import REFERENCES, SCALARS, make
 
 from .simt import Kernels, assert_close
+from .split_consts import use_small_split
 
 T = kp.Tensor
 TOL = {kp.float32: 2e-6, kp.float64: 1e-13}
@@ -425,13 +426,15 @@ def test_imag_of_real_and_power_zero_at_nan_and_inf():
     assert np.array_equal(got[3], 5 * x, equal_nan=True)
 
 
-def test_native_helpers_give_the_python_callbacks_bits():
+def test_native_helpers_give_the_python_callbacks_bits(monkeypatch):
     """The emulator's native helpers (registers from pthread_getspecific, POSIX barriers)
     against the Python callbacks they replaced, on every launch of softmax and layernorm at
     shapes that take warp rows, block rows (several blocks) and softmax's split reduction
-    (18 blocks, then a pointwise kernel): the same bits."""
+    (the emulator's small split: several 32-thread blocks, then a pointwise kernel): the same
+    bits."""
+    use_small_split(monkeypatch)
     rng = np.random.default_rng(45)
-    shapes = {"softmax": ((3, 40), (5, 700), (1, 70000)), "layernorm": ((3, 40), (5, 700))}
+    shapes = {"softmax": ((4, 40), (5, 700), (1, 1000)), "layernorm": ((4, 40), (5, 700))}
     seen: dict[str, set] = {}
     for name, cases in shapes.items():
         k = Kernels(F32[name])
@@ -447,7 +450,7 @@ def test_native_helpers_give_the_python_callbacks_bits():
                 assert np.array_equal(got, want, equal_nan=True), (name, (n, m))
         assert sum(k._native.cooperative[kernel] for kernel in kernels) >= 2, kernels
     assert {"softmax_float32_0_split_partial0", "softmax_float32_0_split_pointwise",
-            "softmax_float32_0_rowblock128x8"} <= seen["softmax"], seen
+            "softmax_float32_0_rowwarp4", "softmax_float32_0_rowblock128x8"} <= seen["softmax"], seen
 
 
 def test_only_kernels_that_wait_for_each_other_run_threads_at_once():
