@@ -7,8 +7,8 @@ dims) and compared with a float64 NumPy reference (1e-5 normwise where float32 r
 involved, 1e-12 otherwise, integers exactly). A failure prints the seed, the generated source
 and the shapes; ``python -m tests.lowering.fusion_gen SEED`` prints the case again.
 
-The seeds are a fixed list (chosen for emulator cost: each emulated GPU thread is an OS
-thread); the GPU suite (tests/gpu/test_random_fusions.py) runs more of them at larger sizes.
+The seeds are a fixed list (chosen for emulator cost: each emulated GPU thread of a kernel with
+barriers or shuffles is an OS thread); the GPU suite (tests/gpu/test_random_fusions.py) runs more of them at larger sizes.
 """
 
 from __future__ import annotations
@@ -167,3 +167,20 @@ def test_a_cancellation_to_zero_is_compared_against_the_outputs_bound(seed, halv
     assert residues, "the kernel's residue is gone: pick another case"
     failures, _ = case.check(inputs, got)
     assert not failures, _failure(case, sizes, failures)
+
+
+def test_math_on_integers_is_long_double_in_the_long_double_reference():
+    """Emulator, half mode, seed 1978: ``where(tanh(x1) * h + tanh(x1) // 3 == h, 1.0, ...)``
+    with the int32 ``x1 = 19``. NumPy's float64 tanh(19) is 1.0, the correctly rounded value
+    (the host's libm, and the kernel's) 1 - 2^-53, so the equality held only in the reference.
+    The long double reference, which says when an output turns on a function's last ulp, took
+    tanh of ``x1.astype(np.float64)`` too and agreed with it; it converts integers to its own
+    float64 model (long double) now, so that output is skipped as ill-conditioned."""
+    case = generate(1978, halves=True)
+    sizes = {"a": 13, "b": 1, "c": 70}
+    inputs = case.inputs(sizes)
+    assert 19 in inputs[1]
+    ref, ld = case.expected(inputs)[0], case.expected(inputs, "ld")[0]
+    assert not np.array_equal(ref, ld.astype(np.float64))  # the last ulp decides
+    failures, skipped = case.check(inputs, Kernels(case.fusion)(*inputs))
+    assert not failures and skipped == [0], _failure(case, sizes, failures)
