@@ -7,8 +7,9 @@ dims) and compared with a float64 NumPy reference (1e-5 normwise where float32 r
 involved, 1e-12 otherwise, integers exactly). A failure prints the seed, the generated source
 and the shapes; ``python -m tests.lowering.fusion_gen SEED`` prints the case again.
 
-The seeds are a fixed list (chosen for emulator cost: each emulated GPU thread of a kernel with
-barriers or shuffles is an OS thread); the GPU suite (tests/gpu/test_random_fusions.py) runs more of them at larger sizes.
+The seeds are a fixed list (chosen for emulator cost: each emulated GPU thread of a kernel
+with barriers or shuffles is an OS thread); the GPU suite (tests/gpu/test_random_fusions.py)
+runs more of them at larger sizes.
 """
 
 from __future__ import annotations

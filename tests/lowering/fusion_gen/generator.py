@@ -146,11 +146,12 @@ def live_lines(lines: list[str], outs: list[Val]) -> list[str]:
 
 def generate(seed: int, scale: str = "emulator", halves: bool = False,
              elsewhere: bool = False) -> Case:
-    """The random case of ``seed``. ``scale``: "emulator" (small sizes: every emulated GPU thread
-    is an OS thread) or "gpu" (sizes up to a few million elements). ``halves``: the half mode
-    (float16/bfloat16 arithmetic; see the package docstring), a seed space of its own: a seed
-    without it is the case it always was. ``elsewhere``: reductions read at other rows and
-    row reductions beside general ones (:mod:`.elsewhere`), a seed space of its own too."""
+    """The random case of ``seed``. ``scale``: "emulator" (small sizes: an emulated block
+    with barriers runs as one OS thread per GPU thread) or "gpu" (sizes up to a few million
+    elements). ``halves``: the half mode (float16/bfloat16 arithmetic; see the package
+    docstring), a seed space of its own: a seed without it is the case it always was.
+    ``elsewhere``: reductions read at other rows and row reductions beside general ones
+    (:mod:`.elsewhere`), a seed space of its own too."""
     if elsewhere:
         from .elsewhere import ElsewhereGenerator  # imports this module
 
