@@ -185,3 +185,19 @@ def test_math_on_integers_is_long_double_in_the_long_double_reference():
     assert not np.array_equal(ref, ld.astype(np.float64))  # the last ulp decides
     failures, skipped = case.check(inputs, Kernels(case.fusion)(*inputs))
     assert not failures and skipped == [0], _failure(case, sizes, failures)
+
+
+def test_an_output_that_the_order_of_a_sum_decides_is_skipped():
+    """Emulator, half mode, seed 3139: a row of 17 equal values, centred on its float64 mean
+    and scaled by rsqrt(variance + 1e-9) (~3e4), is the imaginary part of a complex128 output.
+    NumPy's pairwise mean is exactly the value (0 after centring); the kernel's order of
+    additions is not (-7e-12), past the 1e-12 tolerance, while the worst-case bounds ("r+",
+    "r-") moved it by 5.7e-11, below what they must move. Mode "seq" adds the terms in order,
+    as a kernel may, moves it too, and the output is skipped as ill-conditioned."""
+    case = generate(3139, halves=True)
+    sizes = {"a": 1, "b": 37, "c": 17}
+    inputs = case.inputs(sizes)
+    ref, seq = case.expected(inputs)[0], case.expected(inputs, "seq")[0]
+    assert not np.any(ref.imag[30]) and np.all(seq.imag[30])  # the equal row
+    failures, skipped = case.check(inputs, Kernels(case.fusion)(*inputs))
+    assert not failures and skipped == [0], _failure(case, sizes, failures)

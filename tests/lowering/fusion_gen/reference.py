@@ -64,6 +64,7 @@ MODES = {
     "r+": NP_MODEL,
     "r-": NP_MODEL,
     "r0": NP_MODEL,
+    "seq": NP_MODEL,
     "32": dict(NP_MODEL, float16=np.float32, float32=np.float32, complex64=np.complex64),
     "ld": dict(NP_MODEL, float16=np.longdouble, float32=np.longdouble, float64=np.longdouble,
                complex64=np.clongdouble, complex128=np.clongdouble),
@@ -84,8 +85,17 @@ HALF_MODES = {
     "r+": dict(MODES["64"], **_HALF32),
     "r-": dict(MODES["64"], **_HALF32),
     "r0": dict(MODES["64"], **_HALF32),
+    "seq": dict(MODES["64"], **_HALF32),
 }
 SUM_MODES = ("r", "r+", "r-", "r0")  # the modes whose floating sums are rounded from exact ones
+# "seq" is "64" with every real floating sum (and mean) added one term after another, in
+# order: an order of additions a kernel may take (a thread's own row), against NumPy's pairwise
+# one. An output that moves under it hangs on that order as it would in the kernel (emulator,
+# half mode, seed 3139: a row of 17 equal values whose float64 mean is not exactly that value
+# in the kernel, centred and scaled by rsqrt(variance + 1e-9), ~3e4: an imaginary part of
+# -7e-12 where NumPy's exact mean gave 0, while "r+"/"r-" moved it by 5.7e-11, below their
+# NUDGE_MOVES).
+ORDER_MODES = ("seq",)
 _UNROUNDED = {"x"}
 
 
@@ -102,6 +112,7 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
     exact_sums = mode in SUM_MODES
     nudge = {"r+": 1.0, "r-": -1.0}.get(mode, 0.0)
     zeroes = mode == "r0"
+    sequential = mode in ORDER_MODES
     runs32 = mode == "32"
 
     def _model(v: Any, name: str) -> np.ndarray:
@@ -147,6 +158,8 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
                 r = _complex_mean(w, axis, keepdims)
             elif exact_sums and kind != "prod" and w.dtype.kind == "f":
                 r = _exact_sum(w, axis, keepdims, kind == "mean")
+            elif sequential and kind != "prod" and w.dtype.kind == "f":
+                r = _sequential_sum(w, axis, keepdims, kind == "mean")
             else:
                 fn = {"sum": np.sum, "prod": np.prod, "mean": np.mean}[kind]
                 r = fn(w, axis=axis, keepdims=keepdims)
@@ -205,6 +218,18 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
         if mean:
             with np.errstate(invalid="ignore", divide="ignore"):
                 sums = sums / w.dtype.type(count) if count else np.full(n_out, np.nan, w.dtype)
+        return _unrows(sums, w.shape, axes, keepdims)
+
+    def _sequential_sum(w: np.ndarray, axis: Any, keepdims: bool, mean: bool) -> np.ndarray:
+        """The sum (or mean) of ``w`` over ``axis``, its terms added one after another in
+        order (mode "seq"; ``cumsum`` adds in order, where ``sum`` is pairwise)."""
+        flat, count, axes = _rows(w, axis)
+        sums = (np.cumsum(flat, axis=1)[:, -1] if count
+                else np.zeros(flat.shape[0], w.dtype))
+        if mean:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                sums = (sums / w.dtype.type(count) if count
+                        else np.full(flat.shape[0], np.nan, w.dtype))
         return _unrows(sums, w.shape, axes, keepdims)
 
     def _erf(x: Any) -> np.ndarray:
