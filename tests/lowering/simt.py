@@ -124,6 +124,7 @@ class _Registers(ctypes.Structure):
 # The native helpers: the calling thread's _Registers from pthread_getspecific(KEY); a
 # shuffle writes its lane's value to the warp's slots, waits for the warp, reads its partner's,
 # and waits again before the slots are reused (as _shfl does in Python).
+_SREGS = ("tid", "ctaid", "ntid", "nctaid")  # the special registers the kernels read (.x)
 _NATIVE_IR = """
 %regs = type { i32, i32, i32, i32, ptr, ptr, ptr }
 declare ptr @kp_getspecific(i32)
@@ -163,8 +164,8 @@ define i32 @kp_native_shfl(i32 %mask, i32 %value, i32 %lanemask, i32 %clamp) {
 define i32 @kp_native_{reg}() {{
   %v = call i32 @field(i32 {i})
   ret i32 %v
-}}""" for i, reg in enumerate(("tid", "ctaid", "ntid", "nctaid")))  # _Registers' first fields
-_NATIVE = ("tid", "ctaid", "ntid", "nctaid", "barrier", "shfl")
+}}""" for i, reg in enumerate(_SREGS))  # _Registers' first fields, in order
+_NATIVE = _SREGS + ("barrier", "shfl")
 
 
 @lru_cache(maxsize=1)
@@ -197,12 +198,17 @@ def _host():
     return engine  # kept for the process: its code is the helpers
 
 
+def _helper_prefix(native: bool) -> str:
+    """The prefix of the helpers' names in the host IR: the native ones or the callbacks."""
+    return "kp_native_" if native else "kp_"
+
+
 def _to_host(ir_text: str, native: bool) -> str:
     """The kernels' IR for the host JIT, with the native helpers (``kp_native_*``) or the
     Python callbacks (``kp_*``) in place of special registers, shuffles and barriers."""
-    kp_ = "kp_native_" if native else "kp_"
+    kp_ = _helper_prefix(native)
     text = re.sub(r'target (triple|datalayout) = "[^"]*"\n', "", ir_text)
-    for reg in ("tid", "ctaid", "ntid", "nctaid"):
+    for reg in _SREGS:
         text = text.replace(f'"llvm.nvvm.read.ptx.sreg.{reg}.x"', f'"{kp_}{reg}"')
     text = text.replace('"llvm.nvvm.shfl.sync.bfly.i32"', f'"{kp_}shfl"')
     text = text.replace('"llvm.nvvm.barrier0"', f'"{kp_}barrier"')
@@ -310,8 +316,7 @@ class _Jit:
         self.engine = llvm.create_mcjit_compiler(module, tm)
         self.engine.finalize_object()
         self.functions = {name: self.engine.get_function_address(name) for name in kernels}
-        kp_ = "kp_native_" if native else "kp_"
-        waits = re.compile(f'@"{kp_}(barrier|shfl)"')
+        waits = re.compile(f'@"{_helper_prefix(native)}(barrier|shfl)"')
         bodies = _bodies(text)  # (a kernel not found there runs its threads at once: always right)
         self.cooperative = {name: name not in bodies or waits.search(bodies[name]) is not None
                             for name in kernels}

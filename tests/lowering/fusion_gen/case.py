@@ -166,7 +166,7 @@ class Case:
         may take) moves an output as "r" does, past a quarter of its tolerance
         (:data:`.reference.ORDER_MODES`)."""
         return any(self.moves(inputs, i, ref, mode,
-                              tol / 4 if mode in ("r", "seq") or not tol
+                              tol / 4 if mode == "r" or mode in ORDER_MODES or not tol
                               else max(tol / 4, NUDGE_MOVES), other)
                    for mode in SUM_MODES + ORDER_MODES)
 

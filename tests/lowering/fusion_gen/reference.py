@@ -215,10 +215,7 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
                 terms.append(nudge * bound)
             total = math.fsum(terms)
             sums[i] = 0.0 if zeroes and abs(total) <= bound else total
-        if mean:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                sums = sums / w.dtype.type(count) if count else np.full(n_out, np.nan, w.dtype)
-        return _unrows(sums, w.shape, axes, keepdims)
+        return _unrows(_mean_if(mean, sums, count), w.shape, axes, keepdims)
 
     def _sequential_sum(w: np.ndarray, axis: Any, keepdims: bool, mean: bool) -> np.ndarray:
         """The sum (or mean) of ``w`` over ``axis``, its terms added one after another in
@@ -226,11 +223,16 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
         flat, count, axes = _rows(w, axis)
         sums = (np.cumsum(flat, axis=1)[:, -1] if count
                 else np.zeros(flat.shape[0], w.dtype))
-        if mean:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                sums = (sums / w.dtype.type(count) if count
-                        else np.full(flat.shape[0], np.nan, w.dtype))
-        return _unrows(sums, w.shape, axes, keepdims)
+        return _unrows(_mean_if(mean, sums, count), w.shape, axes, keepdims)
+
+    def _mean_if(mean: bool, sums: np.ndarray, count: int) -> np.ndarray:
+        """``sums`` (one per row of ``count`` terms), divided by the count for a mean: NaN
+        for rows of no terms."""
+        if not mean:
+            return sums
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (sums / sums.dtype.type(count) if count
+                    else np.full(sums.shape, np.nan, sums.dtype))
 
     def _erf(x: Any) -> np.ndarray:
         x = np.asarray(x)
