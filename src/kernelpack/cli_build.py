@@ -13,7 +13,8 @@ Compiling takes seconds per row fusion, so every program is reported on stderr a
 reported with its error and the others are still compiled, so that one run shows every
 failure; then nothing is written. Only a build where every program compiled writes: the
 artifact is written crash-safely by :func:`kernelpack.save` (temporary file, fsync, rename),
-so a failed or interrupted build leaves any earlier artifact of that name as it was. Registered into the ``kernelpack`` command by :func:`register`.
+so a failed or interrupted build leaves any earlier artifact of that name as it was.
+Registered into the ``kernelpack`` command by :func:`register`.
 """
 
 from __future__ import annotations
