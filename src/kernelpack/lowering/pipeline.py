@@ -356,22 +356,25 @@ def summarize(b: Build) -> Build:
         return Launch(spec.name, graph.name, (spec.grid,), (spec.block,), tuple(args),
                       reads_elsewhere=elsewhere, stores_after_loads=spec.kind == "pointwise")
 
-    out_variants = []
-    for pred, chosen in variants(list(b.stages)):
-        launches: list[Launch] = []
-        ws: list[Scratch] = []
-        for alt in chosen:
-            ws.extend(alt.scratch)
-            for spec in alt.kernels:
-                if spec.name not in made:
-                    made[spec.name] = launch_of(spec)
-                launches.append(made[spec.name])
-        out_variants.append(Variant(tuple(launches), tuple(ws), pred))
-    constraints = _pad_constraints(graph)
-    evaluated = [d for p in params if isinstance(p, Tensor) for d in p.shape]
-    constraints += computed_size_constraints(graph, evaluated
-                                             + [c.predicate for c in constraints])
+    # The format's limits (kernelpack.limits: arguments per launch, launches per variant,
+    # scratch buffers, ...) are checked by the records as they are made: a fusion past one is
+    # the user's TraceError naming it, whichever record refuses it.
     try:
+        out_variants = []
+        for pred, chosen in variants(list(b.stages)):
+            launches: list[Launch] = []
+            ws: list[Scratch] = []
+            for alt in chosen:
+                ws.extend(alt.scratch)
+                for spec in alt.kernels:
+                    if spec.name not in made:
+                        made[spec.name] = launch_of(spec)
+                    launches.append(made[spec.name])
+            out_variants.append(Variant(tuple(launches), tuple(ws), pred))
+        constraints = _pad_constraints(graph)
+        evaluated = [d for p in params if isinstance(p, Tensor) for d in p.shape]
+        constraints += computed_size_constraints(graph, evaluated
+                                                 + [c.predicate for c in constraints])
         summary = KernelSummary(graph.name, tuple(params), tuple(out_variants), constraints)
     except ValueError as exc:
         raise TraceError(f"fusion {graph.name}: {exc}") from None

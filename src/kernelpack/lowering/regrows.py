@@ -207,7 +207,7 @@ class RegisterRows:
         """One 16-byte load per chunk for every input tensor ``roots`` read that is laid out
         like the row (offset = row index) or like the row's inner dims (a weight: offset =
         index within the row); its elements go to the value cache."""
-        em, b = self.em, self.em.b
+        em = self.em
         shape = chunks[0][2][0].shape
         outer_n = len(self.spec.shape)
         for nid in self._leaves(roots):

@@ -150,7 +150,8 @@ def acc_width(graph: Graph, reduces: tuple[int, ...] | list[int]) -> int:
     return 8 if max(sizes, default=4) > 4 else 4
 
 
-def row_outer(graph: Graph, reduces: list[int], out_shape: tuple[Expr, ...]) -> tuple[Expr, ...] | None:
+def row_outer(graph: Graph, reduces: list[int],
+              out_shape: tuple[Expr, ...]) -> tuple[Expr, ...] | None:
     """The outer dims shared by every reduction (each reducing exactly the trailing axes), or
     None when the reductions do not line up as rows."""
     outer: tuple[Expr, ...] | None = None
