@@ -116,6 +116,7 @@ class Emitter(Memory):
         self.uses_libdevice = False
         self.scalars = {n: (to_compute(self.entry, a, d), d) for n, (a, d) in self.scalars.items()}
         self.vec_lane: int | None = None  # lane within a 16-byte group (vectorized loops)
+        self.vec_lanes = 1  # elements per such group (16 bytes of the widest dtype)
         self.touched: set[str] = set()    # buffers accessed as 16-byte groups
         self.guard: ir.Value | None = None  # i1: loads happen only where it holds (else 0)
         self.recips: dict[int, ir.Value] = {}  # div node id -> 1/divisor (row-uniform divisor)

@@ -314,6 +314,7 @@ def _split_body(em: Emitter, spec: KernelSpec, vec: int) -> None:
     (1: one; more: the lanes' loads side by side, each claiming its 16-byte group's
     alignment, so that LLVM merges them into vector loads)."""
     b, m, g = em.b, em.module, em.graph
+    em.vec_lanes = vec
     c = lambda v: ir.Constant(I64, v)  # noqa: E731
     first = g.nodes[spec.reduces[0]]
     src_shape = g.nodes[first.inputs[0]].shape

@@ -122,6 +122,7 @@ def _vectors(em: Emitter, spec: KernelSpec, groups: list[ir.Value]) -> None:
     by side, and loads issued together are in flight together)."""
     b = em.b
     vec = ir.Constant(I64, spec.vec)
+    em.vec_lanes = spec.vec
     em.push()
     lanes = []
     for v in groups:

@@ -30,6 +30,7 @@ class Memory:
         entry: ir.IRBuilder
         buffers: dict[str, tuple[ir.Value, DType]]
         vec_lane: int | None
+        vec_lanes: int
         touched: set[str]
         aligned: dict[tuple, ir.Value]
 
@@ -54,13 +55,17 @@ class Memory:
         return hit
 
     def _align(self, buf: str, dt: DType, part: int, contiguous: bool) -> int | None:
-        """Alignment of an access in a vectorized lane: ``gcd(16, byte offset in the 16-byte
-        group)`` (LLVM's load/store vectorizer then emits ld/st.v2/.v4); None elsewhere."""
+        """Alignment of an access in a vectorized lane (LLVM's load/store vectorizer then emits
+        ld/st.v2/.v4); None elsewhere. A group holds ``vec_lanes`` elements, 16 bytes of the
+        widest dtype, so a narrower buffer's group spans fewer bytes and starts only at a
+        multiple of that span (float32 beside complex64: 8 bytes): the claim is ``gcd(16,
+        span, byte offset in the group)``. A larger one is undefined behaviour in LLVM IR."""
         if self.vec_lane is None or not contiguous:
             return None
         self.touched.add(buf)
         comp = dt.itemsize // 2 if dt.is_complex else dt.itemsize
-        return math.gcd(16, self.vec_lane * dt.itemsize + part * comp) or 16
+        span = self.vec_lanes * dt.itemsize
+        return math.gcd(16, span, self.vec_lane * dt.itemsize + part * comp)
 
     def load(self, buf: str, dt: DType, offset: ir.Value, contiguous: bool = False) -> Val:
         ptr, _ = self.buffers[buf]
