@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from ..dtypes import DType, int64
 from ..errors import CompileError, TraceError
@@ -26,6 +26,8 @@ from .schedule import Choice, KernelSpec, Stage, lockstep, plan, variants
 from .size_checks import computed_size_constraints
 
 __all__ = ["Options", "Build", "STAGES", "run", "compile_fusion", "compile_traced"]
+
+_R = TypeVar("_R")  # what a summary record constructor makes (summarize's ``record``)
 
 
 @dataclass(frozen=True)
@@ -340,6 +342,16 @@ def summarize(b: Build) -> Build:
     emitted = dict(b.kernel_buffers)  # a build stopped before llvm_ir: every buffer
     made: dict[str, Launch] = {}  # a kernel's launch, made once for every variant holding it
 
+    def record(make: Callable[..., _R], *args: Any, **kwargs: Any) -> _R:
+        """``make(*args, **kwargs)``: a summary record, which checks the format's limits
+        (kernelpack.limits: arguments per launch, launches per variant, ...) as it is made.
+        A fusion past one is the user's TraceError naming it, whichever record refuses it;
+        a ValueError of the pipeline's own work is not relabelled."""
+        try:
+            return make(*args, **kwargs)
+        except ValueError as exc:
+            raise TraceError(f"fusion {graph.name}: {exc}") from None
+
     def launch_of(spec: KernelSpec) -> Launch:
         bufs, scalars = signature(graph, spec, scratch)
         if emitted:  # the kernel as emitted: its launch must pass what it declares
@@ -353,31 +365,25 @@ def summarize(b: Build) -> Build:
         elsewhere = reads_elsewhere(graph, spec, [n for n, _ in bufs])
         # a pointwise kernel loads its element(s) of everything before storing any
         # (kernels._vectors, kernels._store_outputs): several outputs may be in place
-        return Launch(spec.name, graph.name, (spec.grid,), (spec.block,), tuple(args),
+        return record(Launch, spec.name, graph.name, (spec.grid,), (spec.block,), tuple(args),
                       reads_elsewhere=elsewhere, stores_after_loads=spec.kind == "pointwise")
 
-    # The format's limits (kernelpack.limits: arguments per launch, launches per variant,
-    # scratch buffers, ...) are checked by the records as they are made: a fusion past one is
-    # the user's TraceError naming it, whichever record refuses it.
-    try:
-        out_variants = []
-        for pred, chosen in variants(list(b.stages)):
-            launches: list[Launch] = []
-            ws: list[Scratch] = []
-            for alt in chosen:
-                ws.extend(alt.scratch)
-                for spec in alt.kernels:
-                    if spec.name not in made:
-                        made[spec.name] = launch_of(spec)
-                    launches.append(made[spec.name])
-            out_variants.append(Variant(tuple(launches), tuple(ws), pred))
-        constraints = _pad_constraints(graph)
-        evaluated = [d for p in params if isinstance(p, Tensor) for d in p.shape]
-        constraints += computed_size_constraints(graph, evaluated
-                                                 + [c.predicate for c in constraints])
-        summary = KernelSummary(graph.name, tuple(params), tuple(out_variants), constraints)
-    except ValueError as exc:
-        raise TraceError(f"fusion {graph.name}: {exc}") from None
+    out_variants = []
+    for pred, chosen in variants(list(b.stages)):
+        launches: list[Launch] = []
+        ws: list[Scratch] = []
+        for alt in chosen:
+            ws.extend(alt.scratch)
+            for spec in alt.kernels:
+                if spec.name not in made:
+                    made[spec.name] = launch_of(spec)
+                launches.append(made[spec.name])
+        out_variants.append(record(Variant, tuple(launches), tuple(ws), pred))
+    constraints = _pad_constraints(graph)
+    evaluated = [d for p in params if isinstance(p, Tensor) for d in p.shape]
+    constraints += computed_size_constraints(graph, evaluated
+                                             + [c.predicate for c in constraints])
+    summary = record(KernelSummary, graph.name, tuple(params), tuple(out_variants), constraints)
     return dataclasses.replace(b, summary=summary)
 
 
