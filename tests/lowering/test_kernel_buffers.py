@@ -23,6 +23,7 @@ import kernelpack as kp
 from kernelpack.errors import ConstraintError
 from kernelpack.lowering import pipeline
 from kernelpack.lowering.irutil import I64, drop_unused_arguments
+from kernelpack.lowering.kernels import signature
 from kernelpack.runtime.binding import BoundSummary
 
 from .fusion_gen import generate
@@ -197,3 +198,40 @@ def test_in_place_where_another_kernel_reads_the_input_is_still_refused():
     k = Kernels(kb_double_and_sum)
     plan = k.planner.plan((9000,))
     assert ("out0", "x") in BoundSummary(k.summary).in_place_refused(plan.variant)
+
+
+def _padded_sums(count: int) -> kp.fusion:
+    """``count`` row sums of ``x`` padded by ``m + i``, each added back to ``x``: the last
+    kernel reads every sum's workspace, so its signature has ``2 * count + 5`` parameters,
+    one of which (an input its body never reads) is dropped when it is emitted."""
+
+    @kp.fusion
+    def padded_sums(x: T[kp.float32, "b", "n"], m: kp.i64):
+        acc = x
+        for i in range(count):
+            acc = acc + kp.pad(x, m + i, axis=-1).sum(axis=-1, keepdims=True)
+        return acc
+
+    return padded_sums
+
+
+def test_a_kernel_past_the_argument_limit_is_refused_before_the_module_is_emitted():
+    """``llvm_ir`` refuses a launch past ``MAX_ARGS`` (512) before it emits ~500 kernels
+    (and before LLVM and nvJitLink spend minutes on them): 255 sums need 514 arguments as
+    emitted. The count is the emitted kernel's, not its signature's."""
+    b = pipeline.run(pipeline.new_build(_padded_sums(255), ["sm_80"], None, {}),
+                     stop="schedule")
+    with pytest.raises(kp.TraceError, match=r"padded_sums.*514 arguments exceed 512"):
+        pipeline.run(b, start="llvm_ir", stop="llvm_ir")
+
+
+def test_a_signature_past_the_limit_whose_kernel_drops_a_buffer_is_not_refused():
+    """254 sums: the widest signature has 513 parameters but its kernel keeps 512, which the
+    format takes; the early check emits that kernel alone to count what it keeps."""
+    b = pipeline.run(pipeline.new_build(_padded_sums(254), ["sm_80"], None, {}),
+                     stop="schedule")
+    pipeline._check_arguments(b)  # no error
+    widths = [sum(map(len, signature(b.graph, spec, dict(b.scratch))))
+              + len(pipeline.symbols_of(b.graph))
+              for st in b.stages for alt in st.alternatives for spec in alt.kernels]
+    assert max(widths) == 513

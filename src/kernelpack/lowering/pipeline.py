@@ -18,7 +18,7 @@ from ..expr import ge, sym
 from ..compile_entry import Options, static_dims
 from ..fusion import Fusion
 from ..graph import Graph
-from ..limits import MAX_VARIANTS
+from ..limits import MAX_ARGS, MAX_VARIANTS
 from ..compiled import Compiled, Image, Module
 from ..summary import Arg, Constraint, KernelSummary, Launch, Scalar, Scratch, Tensor, Variant
 from ..targets import Arch, parse_target_list, portable_lowest
@@ -194,6 +194,7 @@ def llvm_ir(b: Build) -> Build:
 
     graph = b.graph
     assert graph is not None
+    _check_arguments(b)
     module = _module(graph.name)
     names: list[str] = []
     buffers: dict[str, tuple[str, ...]] = {}
@@ -210,6 +211,36 @@ def llvm_ir(b: Build) -> Build:
                                ir.Constant(ir.IntType(32), 0)])
     return dataclasses.replace(b, ir=str(module), kernels=tuple(names),
                                kernel_buffers=tuple(buffers.items()), libdevice=uses_libdevice)
+
+
+def _check_arguments(b: Build) -> None:
+    """Refuse a kernel past the format's ``MAX_ARGS`` launch arguments before the module is
+    emitted, optimized and assembled: ``summarize`` would refuse it only after all of that,
+    minutes for a fusion that large (260 padded row sums: ~600 kernels). A kernel passes its
+    signature's buffers less those its body never uses, so only a kernel whose whole
+    signature is past the limit is emitted here, alone into a scratch module, to count the
+    buffers it keeps; the message is ``summarize``'s (``Launch``'s own check). A kernel the
+    row schedule cannot take yet (NotRowSchedulable) is left to ``llvm_ir``, which settles
+    it first; ``summarize`` still checks every launch as made."""
+    from .codegen import NotRowSchedulable
+    from .kernels import emit, signature
+
+    graph = b.graph
+    assert graph is not None
+    scratch = dict(b.scratch)
+    syms = symbols_of(graph)
+    for spec in (spec for st in b.stages for alt in st.alternatives for spec in alt.kernels):
+        bufs, scalars = signature(graph, spec, scratch)
+        if len(bufs) + len(scalars) + len(syms) <= MAX_ARGS:
+            continue
+        try:
+            kept = set(emit(_module("args"), graph, spec, scratch, syms).buffers)
+        except NotRowSchedulable:
+            continue
+        count = sum(n in kept for n, _ in bufs) + len(scalars) + len(syms)
+        if count > MAX_ARGS:
+            raise TraceError(f"fusion {graph.name}: launch {spec.name!r}: {count} arguments "
+                             f"exceed {MAX_ARGS}")
 
 
 def _module(name: str) -> Any:
