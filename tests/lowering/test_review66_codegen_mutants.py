@@ -20,21 +20,65 @@ rowsplit, full reductions, review 9's amplitudes, review 2's lowering; from X09 
 leaner list: X the casts/corners/math/simt/semantics/random fusions/review 59/compile files, C
 the same plus pointwise groups and full reductions.
 
-Totals (written as the batches ran; these are the last written): 124 mutants in the table (C 64,
-D 21, X 39); 40 ran through the suite (C 10, D 21, X 9); 34 killed by the suite, 6 suite
-survivors killed here, 0 suite survivors equivalent, 0 suite survivors not judged (none); 11
-more killed here without a suite run (X09, X10, X11, X12, X13, X14, X15, X17, C26, C41, C42); 13
-argued equivalent without a suite run (X: review 10's casts and this file passed on them; C:
-reasoned, with the IR screen of 324 fusions below: C07, C14, C20, C21, C23, C31, C55, C62, C65,
-X05, X16, X31, X34); 60 not run (C03, C04, C18, C19, C22, C24, C25, C27, C29, C30, C32, C33,
-C34, C35, C36, C37, C38, C39, C40, C43, C44, C45, C46, C47, C48, C49, C50, C51, C52, C53, C54,
-C56, C57, C58, C59, C60, C61, C63, C64, C66, C67, C68, X20, X21, X22, X23, X24, X25, X26, X27,
-X28, X29, X30, X32, X33, X35, X36, X37, X38, X39).
+Review 66's totals (session 48, written as its batches ran; the last written): 124 mutants in
+the table (C 64, D 21, X 39); 40 ran through the suite (C 10, D 21, X 9); 34 killed by the
+suite, 6 suite survivors killed here, 0 suite survivors equivalent, 0 suite survivors not judged
+(none); 11 more killed here without a suite run (X09, X10, X11, X12, X13, X14, X15, X17, C26,
+C41, C42); 13 argued equivalent without a suite run (X: review 10's casts and this file passed
+on them; C: reasoned, with the IR screen of 324 fusions below: C07, C14, C20, C21, C23, C31,
+C55, C62, C65, X05, X16, X31, X34); 60 not run (C03, C04, C18, C19, C22, C24, C25, C27, C29,
+C30, C32, C33, C34, C35, C36, C37, C38, C39, C40, C43, C44, C45, C46, C47, C48, C49, C50, C51,
+C52, C53, C54, C56, C57, C58, C59, C60, C61, C63, C64, C66, C67, C68, X20, X21, X22, X23, X24,
+X25, X26, X27, X28, X29, X30, X32, X33, X35, X36, X37, X38, X39: review 66b's, below).
 Killed by the suite: C01, C02, C08, C09, C10, C12, C13, C15, C17, D01, D02, D03, D04, D05, D07,
 D08, D09, D10, D11, D12, D13, D14, D15, D16, D17, D18, D19, D20, D21, X01, X04, X06, X07, X19.
 Killed here (suite survivors): C05, D06, X02, X03, X08, X18.
 
-Equivalent (no test can fail on them):
+Review 66b (totals written after each batch; final, all 60 ran): the 60 mutants review 66 did
+not run, on a git archive of 1c6e83f in /tmp/r66c (the same runner, test lists, 330 s limit,
+fresh cache per mutant, one process; tests of this file checked in a second copy, failing on
+their mutant and passing on the pristine tree). 60 ran through the suite: 41 killed by it; of
+its survivors, 14 killed here (C03, C18, C27, C38, C54, C59, X21, X22, X26, X29, X30, X32, X38,
+X39), 5 equivalent (C04, C52, C53, C66, X33), 0 not judged (none). None left unrun.
+Killed by the suite (66b): C19, C22, C24, C25, C29, C30, C32, C33, C34, C35, C36, C37, C39, C40,
+C43, C44, C45, C46, C47, C48, C49, C50, C51, C56, C57, C58, C60, C61, C63, C64, C67, C68, X20,
+X23, X24, X25, X27, X28, X35, X36, X37; of them C24 survived the lean list and is killed by the
+wider one's test_review2_lowering.py::test_long_dependency_chains_compile; C40 survived the lean
+list and is killed by the wider one's test_rowsplit.py::test_softmax.
+Killed here (66b), by test: C03: ``test_complex64_row_sums_accumulate_in_float32``; C18:
+``test_iotas_along_broadcast_axes_are_zero``; C27:
+``test_register_rows_do_not_load_past_the_row_end``; C38:
+``test_values_computed_under_a_pad_stay_inside_its_branch``; C54:
+``test_shift_counts_up_to_the_width_are_guarded``; C59:
+``test_float16_square_roots_are_rounded_before_their_consumers``; X21, X38, X39:
+``test_stored_bools_are_bytes_0_and_1``; X22:
+``test_reals_made_complex_have_a_positive_zero_imaginary_part``; X26:
+``test_integers_to_bfloat16_round_once``; X29, X30:
+``test_only_known_bits_convert_to_float_by_a_select``; X32:
+``test_float_to_int_bounds_are_numpys``.
+Review 66 and 66b together: 124 mutants; 100 ran through the suite, 75 killed by it; 31 killed
+by this file (suite survivors or not run); 18 equivalent; none left unjudged. X25, X36 and C64,
+killed by the suite, also fail the tests here that name them.
+Equivalent (66b):
+- C04: every constant index a context holds is the one shared ``ZERO`` (unravel, child_ctx,
+  views and the row schedules' outer indices put no other constant there), so ``a is b`` decides
+  before two constants are compared (the IR of review 66's 324 screened fusions did not change).
+- C52: operands of one rank with different dtypes never reach the codegen: ``_promote`` refuses
+  two integer (or two float) dtypes as a dtype mismatch and
+  ``_weak_size``/``widen_for_comparison`` cast sizes and wide literals first; with equal dtypes
+  ``operand_dtype`` returns before the test (the IR of the 324 screened fusions did not change).
+- C53: ``_promote`` gives and/or/xor the higher-ranked operand dtype when the kinds differ and
+  refuses equal kinds with different dtypes, so the result dtype is the one ``operand_dtype``'s
+  rank test picks: the same conversion (the IR of the 324 screened fusions did not change).
+- C66: the row cache is filled only by row and partial kernels (rows.py, kernels._partial) and
+  ``stored`` only by pointwise kernels (kernels._pointwise), one Emitter per kernel: no node is
+  in both, so which test comes first never matters (the IR of the 324 screened fusions did not
+  change).
+- X33: ``fcmp uge`` lets a NaN pass the lower bound, but the upper bound is still an ordered
+  ``olt``, false for NaN, and the two are and-ed: a NaN still takes the minimum (34 of the 324
+  screened fusions' IR changed, ``uge`` for ``oge``).
+
+Equivalent (review 66; no test can fail on them):
 - C07: buffer parameters without ``noalias``: LLVM and ptxas may assume less (no
   ``ld.global.nc``, less reordering); the same values, speed only (IR of all 324 screened
   fusions changed only so).
@@ -64,11 +108,12 @@ Equivalent (no test can fail on them):
 - X34: 2^63 itself on the low arm: ``_truncate_to`` gives the out-of-range -2^63, whose bits are
   2^63 as uint64, the high arm's result.
 
-Bugs: none found. Findings that are not bugs: the host cannot show a bfloat16 NaN's stored bits
+Bugs: none found (review 66b: none either). Findings that are not bugs: the host cannot show
+a bfloat16 NaN's stored bits
 (its LLVM canonicalizes the rounding's NaN to 0x7FC0), nor a scalar parameter's declared width
 (C's calling convention), nor a lost alignment claim: X03, C05 and C26 are killed by IR checks.
-Not judged (no suite run, IR screen of the 324-fusion corpus unchanged): C04 (constants compared
-different in the row cache's check: at worst a stage materialized, speed only) and C66.
+Not judged by review 66 (no suite run, IR screen of the 324-fusion corpus unchanged): C04 and
+C66; review 66b argues both equivalent (above).
 
 The table (id: what the mutant does; file by letter):
 C01: acc_dtype: float32 sums/means/products accumulate in float32
@@ -199,6 +244,7 @@ X39: _truth int: negative values False
 
 from __future__ import annotations
 
+import ctypes
 import math
 import re
 from fractions import Fraction
@@ -208,8 +254,10 @@ import pytest
 
 import kernelpack as kp
 
+from . import simt
+from .simt import Kernels
 from .test_review59_codegen_mutants import compiled
-from .test_review65_mathops_mutants import _checked, _ir, _offset_copy
+from .test_review65_mathops_mutants import _checked, _ir, _offset_copy, _same_bits
 
 T = kp.Tensor
 C64_N = T[kp.c64, "n"]
@@ -265,7 +313,9 @@ def test_stored_bools_are_bytes_0_and_1():
     """Kills X02 (a ``True`` stored as ``sext`` of its bit, byte 0xFF): a bool element is
     one byte holding 0 or 1 for NumPy, PyTorch and DLPack consumers; NumPy's comparisons
     happen to read 0xFF as True, so the suite's value checks passed, but ``x.view(np.uint8)``
-    (or a consumer that adds the bytes) sees 255."""
+    (or a consumer that adds the bytes) sees 255. Also kills (review 66b) X21 (complex to bool
+    true only where both parts are nonzero: ``1j`` gave False), X38 (a NaN's truth False:
+    NumPy's ``bool(nan)`` is True) and X39 (negative integers' truth False)."""
     x = np.array([-1.0, 0.0, 0.5, 2.0, np.nan, 4.0], np.float32)
     i = np.array([0, 2, -1, 7, 0, 2], np.int32)
     z = np.array([0, 1j, 2, 0, complex(np.nan, 0), -0.0], np.complex64)
@@ -433,7 +483,7 @@ def test_float16_square_roots_are_rounded_before_their_consumers():
     """Kills X18 (``sqrt`` listed with the operations whose float16 result is exact, so not
     rounded): ``sqrt(h).astype(f32)`` gave float32's root (``sqrt(2)`` = 1.4142135) where
     NumPy's float16 ``sqrt`` is 1.414 (0x3DA8), and ``sqrt(h) * 3`` rounded once instead of
-    twice."""
+    twice. Also kills C59 (no unary float16/bfloat16 result rounded, review 66b)."""
     h = np.array([2, 3, 5, 7, 10, 0.1, 65504, 6e-8], np.float16)
     a, b = compiled(_half_sqrt)(h)
     np.testing.assert_array_equal(a, np.sqrt(h).astype(np.float32))
@@ -476,3 +526,245 @@ def test_pointwise_loads_of_contiguous_inputs_claim_16_byte_groups():
     assert "16" in claims, claims
     assert re.search(r'ptrtoint ptr %"x" to i64', ir_text) and \
         re.search(r'ptrtoint ptr %"y" to i64', ir_text)
+
+
+# ---- review 66b: the mutants review 66 did not run ---------------------------------------------
+
+U8_N = T[kp.u8, "n"]
+U32_N = T[kp.u32, "n"]
+I64_N = T[kp.i64, "n"]
+I32_B33 = T[kp.i32, "b", 33]
+F32_B4 = T[kp.f32, "b", 4]
+F32_BN = T[kp.f32, "b", "n"]
+
+
+@kp.fusion
+def _real_to_complex(x: F32_N, i: I32_N):
+    return x.astype(kp.c64), i.astype(kp.c128), x + 0j
+
+
+def test_reals_made_complex_have_a_positive_zero_imaginary_part():
+    """Kills X22 (a real converted to complex with the imaginary part -0.0): NumPy's
+    ``astype(complex64)`` and ``x + 0j`` give +0.0, and the sign shows downstream
+    (``np.angle`` of a negative real is pi for +0.0, -pi for -0.0; ``np.signbit``)."""
+    x = np.array([-1.5, 0.0, -0.0, 2.0, np.inf, -np.inf], np.float32)
+    i = np.array([-3, 0, 5, 7, -1, 2**31 - 1], np.int32)
+    got = compiled(_real_to_complex)(x, i)
+    refs = (x.astype(np.complex64), i.astype(np.complex128), x + np.complex64(0j))
+    for k, (g, r) in enumerate(zip(got, refs)):
+        _same_bits(g.real, r.real, f"output {k} real")
+        _same_bits(g.imag, r.imag, f"output {k} imag")
+
+
+@kp.fusion
+def _ints_to_bf16(i: I32_N, u: U32_N, j: I64_N):
+    return i.astype(kp.bfloat16), u.astype(kp.bfloat16), j.astype(kp.bfloat16)
+
+
+def test_integers_to_bfloat16_round_once():
+    """Kills X26 (an integer made float16/bfloat16 through float32, not float64: two
+    roundings; ``2**24 + 2**16 + 1`` became the float32 tie ``2**24 + 2**16`` and then
+    ``2**24``, where one rounding gives ``2**24 + 2**17``) and X25 (the signedness of that
+    conversion swapped: -16842753 as int32 became a huge positive number)."""
+    v = [2**24 + 2**16 + 1, 2**24 + 3 * 2**16 - 1, 2**25 + 2**17 + 2, 12345, 2**31 - 1]
+    i = np.array(v + [-v[0]], np.int32)
+    u = np.array(v + [2**32 - 2**8 - 1], np.uint32)
+    j = np.array(v + [2**40 + 2**32 + 1], np.int64)
+    for g, src in zip(compiled(_ints_to_bf16)(i, u, j), (i, u, j)):
+        want = [_bf16_of(float(s)) for s in src.tolist()]
+        assert g.tolist() == want, ([hex(x) for x in g.tolist()], [hex(x) for x in want])
+
+
+@kp.fusion
+def _bits_to_floats(i: I32_N, u: U8_N):
+    return (i & 6).astype(kp.f32), (i & 1).astype(kp.f32), u.astype(kp.i32).astype(kp.f32)
+
+
+def test_only_known_bits_convert_to_float_by_a_select():
+    """Kills X29 (any ``x & constant`` taken as a 0-or-1 value: ``(i & 6).astype(f32)`` went
+    through ``trunc`` to i1 and a select of 0.0/1.0, 6 gave 0.0) and X30 (any ``zext`` taken
+    as one: uint8 200 widened to int32 gave 0.0). ``i & 1`` keeps the select (its values)."""
+    i = np.array([0, 1, 2, 3, 6, 7, -1, -2], np.int32)
+    u = np.array([0, 1, 2, 3, 200, 255, 128, 7], np.uint8)
+    a, b, c = compiled(_bits_to_floats)(i, u)
+    np.testing.assert_array_equal(a, (i & 6).astype(np.float32))
+    np.testing.assert_array_equal(b, (i & 1).astype(np.float32))
+    np.testing.assert_array_equal(c, u.astype(np.int32).astype(np.float32))
+
+
+@kp.fusion
+def _floats_to_ints(y: F64_N):
+    return y.astype(kp.i32), y.astype(kp.i16), y.astype(kp.i64), y.astype(kp.u64)
+
+
+def test_float_to_int_bounds_are_numpys():
+    """Kills X36 (int16 converted through a 64-bit conversion: 3e9 fits int64, so it wrapped
+    to 24064; NumPy's 32-bit conversion gives int32's minimum, whose low 16 bits are 0) and X32
+    (2**31 taken as in int32's range, 2**63 in int64's: only the IR shows it, the host's x86
+    ``cvttsd2si`` gives the minimum for both, but the GPU's ``cvt.rzi`` saturates 2**31 to
+    2**31 - 1, where NumPy gives -2**31: every upper bound is a strict ``olt``)."""
+    y = np.array([3e9, -3e9, 1e10, 2.0 ** 31, -2.0 ** 31, 70000.5, np.nan, 2.0 ** 63, -7.9,
+                  2.0 ** 64, 2.0 ** 63 + 2.0 ** 11])
+    got = compiled(_floats_to_ints)(y)
+    with np.errstate(invalid="ignore"):
+        refs = (y.astype(np.int32), y.astype(np.int16), y.astype(np.int64), y.astype(np.uint64))
+    for k, (g, r) in enumerate(zip(got, refs)):
+        _same_bits(g, r, f"output {k}")
+    preds: dict[str, set] = {}
+    for pred, lim in re.findall(r"fcmp (\w+) double %\S+, (0x[0-9a-f]+)", _ir(_floats_to_ints)):
+        preds.setdefault(lim, set()).add(pred)
+    assert preds["0x41e0000000000000"] == {"olt"}, preds  # 2**31
+    assert preds["0x43e0000000000000"] == {"olt", "oge"}, preds  # 2**63 (and uint64's arm)
+
+
+@kp.fusion
+def _shifts_to_33(x: I32_B33):
+    k = kp.arange(33).astype(kp.i32)
+    return x << k[None, :], x >> k[None, :]
+
+
+@kp.fusion
+def _shifted_small(s: T[kp.i32, 8]):
+    k = kp.arange(8).astype(kp.i32)
+    return k << s, k >> s
+
+
+def test_shift_counts_up_to_the_width_are_guarded():
+    """Kills C54 (a count known to be at most the width, ``arange(33)`` for int32, taken as
+    in range: the shift by 32 left unguarded, which x86 computes as a shift by 0, ``5 << 32``
+    gave 5 where NumPy gives 0) and C64 (the in-range test made on the shifted value's bound,
+    not the count's: ``arange(8) << 40`` unguarded)."""
+    x = np.array([[5] * 33, [-8] * 33, [2**31 - 1] * 33], np.int32)
+    k = np.arange(33, dtype=np.int32)[None, :]
+    hi, lo = compiled(_shifts_to_33)(x)
+    _same_bits(hi, x << k, "<<")
+    _same_bits(lo, x >> k, ">>")
+    s = np.array([0, 1, 31, 32, 33, 40, 63, 100], np.int32)
+    hi, lo = compiled(_shifted_small)(s)
+    r = np.arange(8, dtype=np.int32)
+    _same_bits(hi, r << s, "arange << s")
+    _same_bits(lo, r >> s, "arange >> s")
+
+
+@kp.fusion
+def _size_one_iotas(x: F32_B4, y: F32_N):
+    return x + kp.iota((1, 4), 0, kp.f32), y + kp.arange(1, kp.f32)
+
+
+def test_iotas_along_broadcast_axes_are_zero():
+    """Kills C18 (a broadcast size-1 axis indexed with the output's index instead of 0):
+    an ``iota`` along its size-1 axis is 0 wherever it is broadcast, the mutant gave the
+    row number. (Loads do not show it: ``ravel`` skips size-1 dims.)"""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    a, b = compiled(_size_one_iotas)(x, x[:, 1].copy())
+    np.testing.assert_array_equal(a, x)
+    np.testing.assert_array_equal(b, x[:, 1])
+
+
+C64_BN = T[kp.c64, "b", "n"]
+
+
+@kp.fusion
+def _complex64_rows(w: C64_BN):
+    return w.sum(axis=-1), w.mean(axis=-1)
+
+
+def test_complex64_row_sums_accumulate_in_float32():
+    """Kills C03 (complex64 sums accumulated in complex128 in every schedule): the row
+    schedules keep complex64 in float32 (``acc_dtype``), as NumPy's pairwise complex64 sum
+    does; float64 arithmetic runs at 1/64 of float32's rate on consumer GPUs and takes twice the
+    registers. Values are no worse (speed only): seen in the IR, where no kernel of a
+    complex64 row sum or mean has a ``double``."""
+    kernels = re.split(r"\ndefine ", _ir(_complex64_rows))[1:]
+    assert len(kernels) >= 4
+    for body in kernels:
+        assert "fadd float" in body and "double" not in body, body.split("(")[0]
+
+
+# Every load is checked first: one in the GUARD bytes past a buffer's end counts (the values
+# loaded there are masked out, so results cannot show it; on the GPU a read past an allocation
+# can fault)
+_LOAD = re.compile(r'^(\s*)(%\S+ = load [^,]+, ptr (%"[^"]+"|%[\w.]+).*)$', re.M)
+_PAST = """
+@kp_ends = global [16 x i64] zeroinitializer
+@kp_nends = global i64 0
+@kp_past = global i64 0
+define void @kp_past_check(ptr %p) {
+entry:
+  %a = ptrtoint ptr %p to i64
+  %n = load i64, ptr @kp_nends
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%i1, %next]
+  %more = icmp ult i64 %i, %n
+  br i1 %more, label %body, label %done
+body:
+  %q = getelementptr [16 x i64], ptr @kp_ends, i64 0, i64 %i
+  %end = load i64, ptr %q
+  %d = sub i64 %a, %end
+  %in = icmp ult i64 %d, 256
+  %i1 = add i64 %i, 1
+  br i1 %in, label %bad, label %next
+next:
+  br label %loop
+bad:
+  %o = atomicrmw add ptr @kp_past, i64 1 monotonic
+  br label %done
+done:
+  ret void
+}
+"""
+
+
+@kp.fusion
+def _softmax_rows(x: F32_BN):
+    e = kp.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_register_rows_do_not_load_past_the_row_end():
+    """Kills C27 (the register rows' guard ignored: the slots past a row's end loaded
+    anyway, for the last row from past the buffer; the values are masked out of the sums and
+    never stored, so only the addresses show): every load of the kernels is checked against
+    the :data:`simt.GUARD` bytes that follow each buffer."""
+    k = Kernels(_softmax_rows)
+    assert simt.GUARD >= 256
+    text = _LOAD.sub(lambda m: f"{m[1]}call void @kp_past_check(ptr {m[3]})\n{m[1]}{m[2]}",
+                     k._ir) + _PAST
+    k._native = simt._Jit(text, k._kernels, native=True)
+    addr = k._native.engine.get_global_value_address
+    ends = (ctypes.c_int64 * 16).from_address(addr("kp_ends"))
+    nends = ctypes.c_int64.from_address(addr("kp_nends"))
+    past = ctypes.c_int64.from_address(addr("kp_past"))
+    ran = []
+
+    def launch(launch, buffers: dict, values: dict, plan) -> None:  # type: ignore[no-untyped-def]
+        arrays = [a for a in buffers.values() if isinstance(a, np.ndarray)]
+        for j, a in enumerate(arrays):
+            ends[j] = a.ctypes.data + a.nbytes
+        nends.value = len(arrays)
+        ran.append(launch.kernel)
+        k._launch(launch, buffers, values)
+
+    for n in (7, 37, 130):
+        x = np.random.default_rng(n).standard_normal((3, n)).astype(np.float32)
+        (out,) = k.run((x,), launch)
+        e = np.exp(x - x.max(-1, keepdims=True))
+        np.testing.assert_allclose(out, e / e.sum(-1, keepdims=True), rtol=1e-6, atol=1e-7)
+    assert all("rowwarp" in name for name in ran), ran
+    assert past.value == 0, past.value
+
+
+@kp.fusion
+def _two_pads(x: F32_N):
+    return kp.pad(x, 16) + kp.pad(x * 2.0, 16)
+
+
+def test_values_computed_under_a_pad_stay_inside_its_branch():
+    """Kills C38 (``zero_unless`` without a scope of its own: ``x`` loaded under the first
+    pad's ``if`` was cached for the whole kernel, and the second pad's ``x * 2`` used it in a
+    block that branch does not dominate: LLVM refused the module, "Instruction does not
+    dominate all uses!")."""
+    x = np.arange(1, 6, dtype=np.float32)
+    (got,) = compiled(_two_pads)(x)
+    np.testing.assert_array_equal(got, np.pad(x, (0, 11)) * 3)
