@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Collection, Mapping, Sequence, TypeVar
 
 from ..dtypes import DType, int64
 from ..errors import CompileError, TraceError
@@ -223,24 +223,38 @@ def _check_arguments(b: Build) -> None:
     row schedule cannot take yet (NotRowSchedulable) is left to ``llvm_ir``, which settles
     it first; ``summarize`` still checks every launch as made."""
     from .codegen import NotRowSchedulable
-    from .kernels import emit, signature
+    from .kernels import emit
 
     graph = b.graph
     assert graph is not None
     scratch = dict(b.scratch)
     syms = symbols_of(graph)
     for spec in (spec for st in b.stages for alt in st.alternatives for spec in alt.kernels):
-        bufs, scalars = signature(graph, spec, scratch)
-        if len(bufs) + len(scalars) + len(syms) <= MAX_ARGS:
+        if len(_launch_arguments(graph, spec, scratch, syms)[1]) <= MAX_ARGS:
             continue
         try:
-            kept = set(emit(_module("args"), graph, spec, scratch, syms).buffers)
+            kept = emit(_module("args"), graph, spec, scratch, syms).buffers
         except NotRowSchedulable:
             continue
-        count = sum(n in kept for n, _ in bufs) + len(scalars) + len(syms)
+        count = len(_launch_arguments(graph, spec, scratch, syms, kept)[1])
         if count > MAX_ARGS:
             raise TraceError(f"fusion {graph.name}: launch {spec.name!r}: {count} arguments "
                              f"exceed {MAX_ARGS}")
+
+
+def _launch_arguments(graph: Graph, spec: KernelSpec, scratch: dict[str, DType],
+                      syms: Sequence[str], kept: Collection[str] | None = None
+                      ) -> tuple[list[str], tuple[Arg, ...]]:
+    """The buffers and the arguments of ``spec``'s launch: its signature's buffers (those in
+    ``kept``, the kernel's as emitted; None: all of them), its scalars, then the dims. One
+    list for the summary's launch and for :func:`_check_arguments`'s count before emission."""
+    from .kernels import signature
+
+    bufs, scalars = signature(graph, spec, scratch)
+    names = [n for n, _ in bufs if kept is None or n in kept]
+    args = [Arg.buffer(n) for n in names] + [Arg.scalar(n) for n, _ in scalars] \
+        + [Arg.of(sym(s), int64) for s in syms]
+    return names, tuple(args)
 
 
 def _module(name: str) -> Any:
@@ -368,7 +382,6 @@ def summarize(b: Build) -> Build:
     syms = symbols_of(graph)
     scratch = dict(b.scratch)
     from .elsewhere import reads_elsewhere
-    from .kernels import signature
 
     emitted = dict(b.kernel_buffers)  # a build stopped before llvm_ir: every buffer
     made: dict[str, Launch] = {}  # a kernel's launch, made once for every variant holding it
@@ -384,19 +397,17 @@ def summarize(b: Build) -> Build:
             raise TraceError(f"fusion {graph.name}: {exc}") from None
 
     def launch_of(spec: KernelSpec) -> Launch:
-        bufs, scalars = signature(graph, spec, scratch)
+        kept = None
         if emitted:  # the kernel as emitted: its launch must pass what it declares
             kept = emitted.get(spec.name)
             if kept is None:
                 raise CompileError(f"fusion {graph.name}: internal error: kernel "
                                    f"{spec.name} was not emitted")
-            bufs = [(n, dt) for n, dt in bufs if n in kept]
-        args = [Arg.buffer(n) for n, _ in bufs] + [Arg.scalar(n) for n, _ in scalars] \
-            + [Arg.of(sym(s), int64) for s in syms]
-        elsewhere = reads_elsewhere(graph, spec, [n for n, _ in bufs])
+        bufs, args = _launch_arguments(graph, spec, scratch, syms, kept)
+        elsewhere = reads_elsewhere(graph, spec, bufs)
         # a pointwise kernel loads its element(s) of everything before storing any
         # (kernels._vectors, kernels._store_outputs): several outputs may be in place
-        return record(Launch, spec.name, graph.name, (spec.grid,), (spec.block,), tuple(args),
+        return record(Launch, spec.name, graph.name, (spec.grid,), (spec.block,), args,
                       reads_elsewhere=elsewhere, stores_after_loads=spec.kind == "pointwise")
 
     out_variants = []
