@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ._frozen import frozen_dataclass
 from .dtypes import strict_index
 from .fusion import Fusion
 from .graph import Graph
@@ -25,11 +25,14 @@ from .targets import parse_target_list
 __all__ = ["Options", "compile", "fusion_key"]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Options:
     """Lowering options (all part of the cache key). ``opt``: LLVM optimization level."""
 
     opt: int = 3
+
+    def __init__(self, opt: int = 3) -> None:
+        object.__setattr__(self, "opt", opt)
 
     @staticmethod
     def parse(options: Mapping[str, object]) -> "Options":

@@ -9,10 +9,11 @@ GPU, no FlatBuffers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Iterable, Sequence
 
 from ._fields import _set
+from ._frozen import frozen_dataclass
 from .summary import KernelSummary, _name
 from .targets import Arch, parse_arch
 
@@ -21,7 +22,7 @@ __all__ = ["Image", "Module", "Compiled", "IMAGE_KINDS"]
 IMAGE_KINDS = ("cubin", "ptx", "host")
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Image:
     """Machine code or PTX for one target. ``data`` is the raw (uncompressed) bytes.
 
@@ -113,7 +114,7 @@ class Image:
         return (IMAGE_KINDS.index(self.kind), self.arch.major, self.arch.minor, self.arch.suffix)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Module:
     """A unit of loadable code: the same kernels built for several targets."""
 
@@ -160,7 +161,7 @@ class Module:
             raise ValueError(f"module {self.name!r} has no image")
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Compiled:
     """A program ready to save: its summary and the modules its launches use.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 import sys
-from dataclasses import dataclass
+from ._frozen import frozen_dataclass
 
 __all__ = [
     "DType",
@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class DType:
     """An element type: ``kind`` is one of ``b`` (bool), ``i`` (signed), ``u`` (unsigned),
     ``f`` (float), ``c`` (complex)."""
@@ -30,6 +30,12 @@ class DType:
     code: int
     itemsize: int
     kind: str
+
+    def __init__(self, name: str, code: int, itemsize: int, kind: str) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "code", code)
+        object.__setattr__(self, "itemsize", itemsize)
+        object.__setattr__(self, "kind", kind)
 
     @property
     def is_float(self) -> bool:

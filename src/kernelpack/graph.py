@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
+from ._frozen import frozen_dataclass
 from .dtypes import DType
 from .expr import Expr, canonical_text
 
@@ -36,7 +37,7 @@ BITWISE = frozenset({"and", "or", "xor", "shl", "shr"})
 REDUCTIONS = ("sum", "prod", "max", "min", "mean")
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Node:
     """One operation of a traced graph. ``attrs`` holds plain, printable data only (strings,
     numbers, Exprs, tuples of those) so the graph serializes deterministically."""
@@ -47,6 +48,16 @@ class Node:
     shape: tuple[Expr, ...]
     inputs: tuple[int, ...] = ()
     attrs: tuple = ()
+
+    def __init__(self, id: int, op: str, dtype: DType, shape: tuple[Expr, ...],
+                 inputs: tuple[int, ...] = (), attrs: tuple = ()) -> None:
+        _set = object.__setattr__
+        _set(self, "id", id)
+        _set(self, "op", op)
+        _set(self, "dtype", dtype)
+        _set(self, "shape", shape)
+        _set(self, "inputs", inputs)
+        _set(self, "attrs", attrs)
 
 
 _value_type: Any = None

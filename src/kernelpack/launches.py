@@ -10,9 +10,10 @@ name exists is checked by ``KernelSummary.check``, which sees the whole program.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Iterable, Iterator, Sequence, Union
 
+from ._frozen import frozen_dataclass
 from ._fields import DTypeLike, _dim, _dim3, _dtype, _flag, _items, _name, _set, _shape
 from .dtypes import DType, as_dtype
 from .expr import Expr, ExprLike, as_expr, const
@@ -24,7 +25,7 @@ __all__ = ["Scratch", "Arg", "Launch", "Variant"]
 Dim3Like = Union[ExprLike, Sequence[ExprLike]]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Scratch:
     """A global workspace buffer, allocated per call and freed after the stream finishes."""
 
@@ -49,7 +50,7 @@ class Scratch:
                            _flag(self.zero_init, f"scratch {self.name!r}: zero_init"))
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Arg:
     """What one kernel argument is bound to.
 
@@ -62,6 +63,14 @@ class Arg:
     name: str = ""
     value: Expr | None = None
     dtype: DType | None = None
+
+    def __init__(self, kind: str, name: str = "", value: Expr | None = None,
+                 dtype: DType | None = None) -> None:
+        _set(self, "kind", kind)
+        _set(self, "name", name)
+        _set(self, "value", value)
+        _set(self, "dtype", dtype)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if self.kind in ("buffer", "scalar"):
@@ -93,7 +102,7 @@ class Arg:
         return Arg("value", value=value, dtype=dtype)  # type: ignore[arg-type]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Launch:
     """One kernel launch. With ``count`` it repeats ``count`` times in order, and ``loop`` names
     the symbol (0, 1, ...) usable in its grid, block, shared memory and value arguments.
@@ -203,7 +212,7 @@ class Launch:
                 yield arg.value
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Variant:
     """An implementation: scratch buffers and launches, run when ``predicate`` holds (None:
     always)."""

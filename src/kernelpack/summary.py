@@ -19,9 +19,9 @@ are :mod:`kernelpack._fields`. Import every name of the data model from here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Union, cast
 
+from ._frozen import frozen_dataclass
 from ._fields import DTypeLike, _dim, _dtype, _flag, _items, _name, _set, _shape
 from .dtypes import DType, as_dtype, strict_index
 from .expr import Expr, ExprLike, as_expr
@@ -39,7 +39,7 @@ __all__ = [
 ROLES = ("in", "out", "inout")
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Tensor:
     """A tensor parameter. ``shape`` dims are ints, symbol names or expressions.
 
@@ -88,7 +88,7 @@ class Tensor:
         return self.role in ("in", "inout")
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Scalar:
     """A scalar parameter. With ``value=None`` the caller passes it (an integer one is then also
     a symbol); with an expression it is computed from the symbols and never passed."""
@@ -135,12 +135,17 @@ def _annotated_dim(d: object) -> object:
         return d
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class TensorType:
     """The annotation ``kp.Tensor[dtype, dim, ...]``: dims are names (symbolic) or ints."""
 
     dtype: DType
     dims: tuple[str | int, ...]
+
+    def __init__(self, dtype: DType, dims: tuple[str | int, ...]) -> None:
+        _set(self, "dtype", dtype)
+        _set(self, "dims", dims)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         for d in self.dims:
@@ -152,7 +157,7 @@ class TensorType:
                 raise ValueError(f"kp.Tensor dim must be >= 0 (got {d})")
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Constraint:
     """A predicate over the symbols that must hold (non-zero) for the program to run."""
 
@@ -174,7 +179,7 @@ class Constraint:
 
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class KernelSummary:
     """A program's summary: parameters in call order, constraints, variants."""
 

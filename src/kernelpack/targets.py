@@ -7,8 +7,9 @@ time, not a silent "no image for this device" in production.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Iterable
+
+from ._frozen import frozen_dataclass
 
 __all__ = ["Arch", "parse_arch", "parse_target_list", "portable_lowest"]
 
@@ -16,7 +17,7 @@ __all__ = ["Arch", "parse_arch", "parse_target_list", "portable_lowest"]
 _ARCH_RE = re.compile(r"^(sm|compute)_(\d{1,2})(\d)([af]?)$", re.ASCII)
 
 
-@dataclass(frozen=True, order=True)
+@frozen_dataclass(order=True)
 class Arch:
     """A compute capability with an optional suffix: ``a`` (this exact chip only) or ``f``
     (this family: same major, minor at least this)."""
@@ -24,6 +25,12 @@ class Arch:
     major: int
     minor: int
     suffix: str = ""
+
+    def __init__(self, major: int, minor: int, suffix: str = "") -> None:
+        object.__setattr__(self, "major", major)
+        object.__setattr__(self, "minor", minor)
+        object.__setattr__(self, "suffix", suffix)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if not (0 < self.major < 100 and 0 <= self.minor < 10 and self.suffix in ("", "a", "f")):

@@ -42,10 +42,10 @@ import re
 import stat
 import time
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, cast
 
+from .._frozen import frozen_dataclass
 from .._interrupts import deferred_interrupts
 from ..errors import CacheError
 from ..limits import MAX_FILE_SIZE, shown_int
@@ -80,7 +80,7 @@ def check_digest(key: str | CacheKey) -> str:
     return digest
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class EntryInfo:
     """One entry on disk."""
 
@@ -88,6 +88,12 @@ class EntryInfo:
     size: int
     mtime: float
     path: Path
+
+    def __init__(self, digest: str, size: int, mtime: float, path: Path) -> None:
+        object.__setattr__(self, "digest", digest)
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "mtime", mtime)
+        object.__setattr__(self, "path", path)
 
 
 class DiskStore:

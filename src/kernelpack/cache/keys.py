@@ -34,11 +34,11 @@ import os
 import re
 import struct
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .. import config
+from .._frozen import frozen_dataclass
 from ..toolchain.ptxas_guard import GUARD_ID
 from ..limits import FORMAT_MAJOR, FORMAT_MINOR
 
@@ -55,13 +55,17 @@ CODEGEN_PACKAGES = ("", "_generated", "lowering", "toolchain")
 _DOMAIN = b"kernelpack-cache-key/1\0"
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class CacheKey:
     """A cache key: ``digest`` (64 hex chars; the entry's name everywhere) and the ``parts``
     it was computed from, as ``(label, text)`` pairs, kept so a miss can be explained."""
 
     digest: str
     parts: tuple[tuple[str, str], ...]
+
+    def __init__(self, digest: str, parts: tuple[tuple[str, str], ...]) -> None:
+        object.__setattr__(self, "digest", digest)
+        object.__setattr__(self, "parts", parts)
 
     def __str__(self) -> str:
         return self.digest
