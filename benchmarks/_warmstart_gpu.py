@@ -45,7 +45,7 @@ def specs(n: int) -> list[tuple[str, str, int | None, int, int]]:
     """``(kind, dtype, static n or None, rank, tensor inputs)`` in ``fusion_jobs(n)``'s order."""
     import itertools
 
-    from warmstart import DTYPES, FUSIONS, SHAPES
+    from _warmstart_fusions import DTYPES, FUSIONS, SHAPES
 
     out = [(kind, d, size, rank, ntens) for (kind, _, rank, ntens), d, size
            in itertools.product(FUSIONS, DTYPES, SHAPES)]
@@ -253,7 +253,7 @@ outs, origins, load_s, libload_s = [], {}, 0.0, [0.0]
 if cfg["mode"] == "kp":
     import kernelpack as kp
     from kernelpack.runtime import call_program
-    from warmstart import fusion_jobs
+    from _warmstart_fusions import fusion_jobs
     import kernelpack.runtime.launcher as _launcher
     _load_module = _launcher.load_module
     def _timed_load_module(*a, **k):  # how much of a first launch is loading the library
@@ -400,7 +400,7 @@ cfg = json.loads(sys.argv[1])
 sys.path.insert(0, cfg["here"])
 import kernelpack as kp
 import _warmstart_gpu as g
-from warmstart import fusion_jobs
+from _warmstart_fusions import fusion_jobs
 from kernelpack.runtime.device import get_device
 from kernelpack.runtime.library import image_bytes
 from kernelpack.runtime.selection import select_image
