@@ -235,3 +235,34 @@ def test_import_builds_no_generated_dataclass_method() -> None:
             fn = getattr(fn, "__wrapped__", fn)
             if fn is not None:
                 assert fn.__code__.co_filename.endswith(".py"), (cls, name)
+
+
+def test_a_hash_the_class_sets_is_kept() -> None:
+    """``__hash__ = None`` without an ``__eq__`` of its own: unhashable, as dataclass(frozen=
+    True) leaves it (review 67)."""
+    @frozen_dataclass
+    class Unhashable:
+        a: int
+        __hash__ = None  # type: ignore[assignment]
+
+        def __init__(self, a: int) -> None:
+            object.__setattr__(self, "a", a)
+
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(Unhashable(1))
+    assert Unhashable(1) == Unhashable(1)
+
+
+def test_a_dataclass_base_is_refused() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Base:
+        a: int = 0
+
+    with pytest.raises(TypeError, match="may not derive from a dataclass"):
+        @frozen_dataclass
+        class Derived(Base):
+            b: int = 0
+
+            def __init__(self, a: int = 0, b: int = 0) -> None:
+                object.__setattr__(self, "a", a)
+                object.__setattr__(self, "b", b)

@@ -12,9 +12,12 @@ torch``, H200 host, median of 15: 33.4 -> 21.5 ms (session 49, notes/warmstart-p
 The class stays a dataclass in every observable way: ``dataclasses.fields``/``replace``/
 ``asdict``/``is_dataclass``, ``__match_args__``, ``__dataclass_params__`` (reported as the
 ``frozen=True`` dataclass it behaves as, so a user's ``@dataclass(frozen=True)`` subclass is
-allowed), assignment raising :class:`dataclasses.FrozenInstanceError`, equality only with the
-same class, the hash of the compared fields' tuple and the same ``repr``, as the generated
-methods of Python 3.11/3.12 give (tests/test_frozen.py compares them on every class).
+allowed), assignment raising :class:`dataclasses.FrozenInstanceError` (a plain subclass may
+still set attributes that are not fields), equality only with the same class (3.13's field by
+field comparison there, tuples before), the hash of the compared fields' tuple and the same
+``repr``, as the generated methods give (tests/test_frozen.py compares them on every class;
+review 67, tests/test_review67_frozen.py, compared the old and new trees black-box). A
+dataclass base is refused.
 
 Each class must write its own ``__init__`` (the data model's do: their parameters say what a
 caller may pass, see :mod:`kernelpack._fields`) and set its fields with
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import reprlib
+import sys
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, TypeVar, overload
 
@@ -64,27 +68,34 @@ def _values_of(names: tuple[str, ...]) -> Callable[[Any], tuple]:
     return attrgetter(*names)
 
 
-def _frozen_setattr(self: Any, name: str, value: Any) -> None:
-    raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
-
-
-def _frozen_delattr(self: Any, name: str) -> None:
-    raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+# Python 3.13's generated __eq__ answers True for the same object, then compares field by
+# field (a NaN field is unequal to itself there); before 3.13 it compared the fields' tuples.
+_FIELDWISE_EQ = sys.version_info >= (3, 13)
 
 
 def _build(cls: T, order: bool) -> T:
-    if "__init__" not in cls.__dict__:
+    own = cls.__dict__
+    if "__init__" not in own:
         raise TypeError(f"@frozen_dataclass: {cls.__name__} must define __init__")
     for name in ("__setattr__", "__delattr__"):
-        if name in cls.__dict__:
+        if name in own:
             raise TypeError(f"@frozen_dataclass: {cls.__name__} may not define {name}")
+    if any(hasattr(base, "__dataclass_fields__") for base in cls.__mro__[1:]):
+        # dataclass(frozen=True) takes frozen dataclass bases only; this build (frozen=False
+        # underneath) could not tell them apart. The data model has no dataclass bases.
+        raise TypeError(f"@frozen_dataclass: {cls.__name__} may not derive from a dataclass")
+    # A class-defined __eq__ without __hash__ leaves __hash__ None; frozen=True, eq=True
+    # dataclasses then hash their fields all the same (DType does: see its __eq__). A
+    # __hash__ the class sets itself, None included, is kept.
+    class_hash = own.get("__hash__", dataclasses.MISSING)
+    add_hash = class_hash is dataclasses.MISSING or (class_hash is None and "__eq__" in own)
     cls = dataclasses.dataclass(cls, init=False, repr=False, eq=False)  # type: ignore[assignment]
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    compared = _values_of(tuple(f.name for f in fields if f.compare))
+    compared_names = tuple(f.name for f in fields if f.compare)
+    compared = _values_of(compared_names)
     hashed = _values_of(tuple(f.name for f in fields
                               if (f.compare if f.hash is None else f.hash)))
     shown = tuple(f.name for f in fields if f.repr)
-    own = cls.__dict__
 
     if "__repr__" not in own:
         def __repr__(self: Any) -> str:
@@ -92,19 +103,13 @@ def _build(cls: T, order: bool) -> T:
                     + ", ".join(f"{n}={getattr(self, n)!r}" for n in shown) + ")")
         _install(cls, "__repr__", reprlib.recursive_repr()(__repr__))
     if "__eq__" not in own:
-        def __eq__(self: Any, other: object) -> bool:
-            if other.__class__ is self.__class__:
-                return compared(self) == compared(other)  # type: ignore[no-any-return]
-            return NotImplemented
-        _install(cls, "__eq__", __eq__)
-    # A class-defined __eq__ without __hash__ leaves __hash__ None; frozen=True, eq=True
-    # dataclasses then hash their fields all the same (DType does: see its __eq__).
-    if own.get("__hash__") is None:
+        _install(cls, "__eq__", _fieldwise_eq(compared_names) if _FIELDWISE_EQ
+                 else _tuple_eq(compared))
+    if add_hash:
         def __hash__(self: Any) -> int:
             return hash(hashed(self))
         _install(cls, "__hash__", __hash__)
-    cls.__setattr__ = _frozen_setattr  # type: ignore[assignment]
-    cls.__delattr__ = _frozen_delattr  # type: ignore[assignment]
+    _install_frozen(cls, frozenset(f.name for f in fields))
     if order:
         for name, test in (("__lt__", tuple.__lt__), ("__le__", tuple.__le__),
                            ("__gt__", tuple.__gt__), ("__ge__", tuple.__ge__)):
@@ -115,6 +120,50 @@ def _build(cls: T, order: bool) -> T:
     params.init = params.repr = params.eq = params.frozen = True
     params.order = order
     return cls
+
+
+def _tuple_eq(compared: Callable[[Any], tuple]) -> Callable[[Any, object], bool]:
+    def __eq__(self: Any, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return compared(self) == compared(other)
+        return NotImplemented
+    return __eq__
+
+
+def _fieldwise_eq(names: tuple[str, ...]) -> Callable[[Any, object], Any]:
+    getters = tuple(attrgetter(n) for n in names)
+
+    def __eq__(self: Any, other: object) -> Any:
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        result: Any = True
+        for get in getters:  # `a == b and c == d ...`: the first false result, or the last
+            result = get(self) == get(other)
+            if not result:
+                return result
+        return result
+    return __eq__
+
+
+def _install_frozen(cls: type, names: frozenset[str]) -> None:
+    """Assignment and deletion refused as dataclass(frozen=True) refuses them: any name on
+    an instance of ``cls`` itself, the fields on a subclass's (whose own attributes, a
+    ``cached_property`` or a mixin's state, go through as usual)."""
+    owner: Any = cls
+
+    def __setattr__(self: Any, name: str, value: Any) -> None:
+        if type(self) is owner or name in names:
+            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+        super(owner, self).__setattr__(name, value)
+
+    def __delattr__(self: Any, name: str) -> None:
+        if type(self) is owner or name in names:
+            raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+        super(owner, self).__delattr__(name)
+    _install(cls, "__setattr__", __setattr__)
+    _install(cls, "__delattr__", __delattr__)
 
 
 def _comparison(name: str, test: Callable[[tuple, tuple], bool],
@@ -130,4 +179,5 @@ def _comparison(name: str, test: Callable[[tuple, tuple], bool],
 def _install(cls: type, name: str, function: Callable) -> None:
     function.__name__ = name
     function.__qualname__ = f"{cls.__qualname__}.{name}"
+    function.__module__ = cls.__module__
     setattr(cls, name, function)
