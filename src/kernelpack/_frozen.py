@@ -71,6 +71,8 @@ def _values_of(names: tuple[str, ...]) -> Callable[[Any], tuple]:
 # Python 3.13's generated __eq__ answers True for the same object, then compares field by
 # field (a NaN field is unequal to itself there); before 3.13 it compared the fields' tuples.
 _FIELDWISE_EQ = sys.version_info >= (3, 13)
+_ORDERINGS = {"__lt__": tuple.__lt__, "__le__": tuple.__le__, "__gt__": tuple.__gt__,
+              "__ge__": tuple.__ge__}
 
 
 def _build(cls: T, order: bool) -> T:
@@ -80,6 +82,9 @@ def _build(cls: T, order: bool) -> T:
     for name in ("__setattr__", "__delattr__"):
         if name in own:
             raise TypeError(f"@frozen_dataclass: {cls.__name__} may not define {name}")
+    clash = [name for name in _ORDERINGS if name in own] if order else []
+    if clash:
+        raise TypeError(f"@frozen_dataclass(order=True): {cls.__name__} defines {clash[0]}")
     if any(hasattr(base, "__dataclass_fields__") for base in cls.__mro__[1:]):
         # dataclass(frozen=True) takes frozen dataclass bases only; this build (frozen=False
         # underneath) could not tell them apart. The data model has no dataclass bases.
@@ -104,30 +109,19 @@ def _build(cls: T, order: bool) -> T:
         _install(cls, "__repr__", reprlib.recursive_repr()(__repr__))
     if "__eq__" not in own:
         _install(cls, "__eq__", _fieldwise_eq(compared_names) if _FIELDWISE_EQ
-                 else _tuple_eq(compared))
+                 else _comparison(tuple.__eq__, compared))
     if add_hash:
         def __hash__(self: Any) -> int:
             return hash(hashed(self))
         _install(cls, "__hash__", __hash__)
     _install_frozen(cls, frozenset(f.name for f in fields))
     if order:
-        for name, test in (("__lt__", tuple.__lt__), ("__le__", tuple.__le__),
-                           ("__gt__", tuple.__gt__), ("__ge__", tuple.__ge__)):
-            if name in own:
-                raise TypeError(f"@frozen_dataclass(order=True): {cls.__name__} defines {name}")
-            _install(cls, name, _comparison(name, test, compared))
+        for name, test in _ORDERINGS.items():
+            _install(cls, name, _comparison(test, compared))
     params = cls.__dataclass_params__  # type: ignore[attr-defined]
     params.init = params.repr = params.eq = params.frozen = True
     params.order = order
     return cls
-
-
-def _tuple_eq(compared: Callable[[Any], tuple]) -> Callable[[Any, object], bool]:
-    def __eq__(self: Any, other: object) -> bool:
-        if other.__class__ is self.__class__:
-            return compared(self) == compared(other)
-        return NotImplemented
-    return __eq__
 
 
 def _fieldwise_eq(names: tuple[str, ...]) -> Callable[[Any, object], Any]:
@@ -166,13 +160,14 @@ def _install_frozen(cls: type, names: frozenset[str]) -> None:
     _install(cls, "__delattr__", __delattr__)
 
 
-def _comparison(name: str, test: Callable[[tuple, tuple], bool],
+def _comparison(test: Callable[[tuple, tuple], bool],
                 compared: Callable[[Any], tuple]) -> Callable[[Any, object], bool]:
+    """``test`` of the compared fields' tuples, for another instance of the same class only
+    (3.10-3.12's generated ``__eq__`` and, on every version, the orderings)."""
     def compare(self: Any, other: object) -> bool:
         if other.__class__ is self.__class__:
             return test(compared(self), compared(other))
         return NotImplemented
-    compare.__name__ = name
     return compare
 
 

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
+from ._fields import _set
 from ._frozen import frozen_dataclass
 from .dtypes import DType
 from .expr import Expr, canonical_text
@@ -51,7 +52,6 @@ class Node:
 
     def __init__(self, id: int, op: str, dtype: DType, shape: tuple[Expr, ...],
                  inputs: tuple[int, ...] = (), attrs: tuple = ()) -> None:
-        _set = object.__setattr__
         _set(self, "id", id)
         _set(self, "op", op)
         _set(self, "dtype", dtype)
