@@ -266,3 +266,35 @@ def test_a_dataclass_base_is_refused() -> None:
             def __init__(self, a: int = 0, b: int = 0) -> None:
                 object.__setattr__(self, "a", a)
                 object.__setattr__(self, "b", b)
+
+
+def test_graph_behaves_as_the_generated_mutable_dataclass() -> None:
+    """``graph.Graph`` writes its own ``__init__``/``__repr__``/``__eq__`` (no ``exec``); they
+    answer as ``@dataclass`` (mutable) generates them, against a reference of the same fields."""
+    from kernelpack.graph import Graph
+
+    ref_cls = dataclasses.make_dataclass("Graph", [
+        ("name", str), ("nodes", list, dataclasses.field(default_factory=list)),
+        ("params", list, dataclasses.field(default_factory=list)),
+        ("outputs", list, dataclasses.field(default_factory=list))])
+
+    @kp.fusion
+    def f(x: kp.Tensor[kp.f32, "n"], s: kp.f32):  # type: ignore[no-untyped-def]  # noqa: F821
+        return kp.exp(x * s) + 1, x.sum()
+
+    a, b = f.trace(), f.trace()
+    ra = ref_cls(a.name, a.nodes, a.params, a.outputs)
+    assert repr(a) == repr(ra) and "nodes=[Node(id=0" in repr(a)
+    assert a == b and not a != b and a is not b
+    b.outputs.append(("extra", 0))
+    assert a != b and not a == b
+    assert a.__eq__(ra) is NotImplemented and a != ra
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(a)
+    assert [fl.name for fl in dataclasses.fields(Graph)] == ["name", "nodes", "params", "outputs"]
+    empty, other = Graph("e"), Graph("e")
+    assert empty == other and empty.nodes is not other.nodes  # no shared default list
+    assert dataclasses.asdict(empty) == {"name": "e", "nodes": [], "params": [], "outputs": []}
+    assert dataclasses.replace(a, name="g").name == "g" and Graph.__match_args__ == \
+        ("name", "nodes", "params", "outputs")
+    assert pickle.loads(pickle.dumps(a)) == a

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from ._fields import _set
@@ -75,14 +75,39 @@ def value_type() -> Any:
     return _value_type
 
 
-@dataclass
+@dataclass(init=False, repr=False, eq=False)
 class Graph:
-    """A traced fusion: nodes in creation (topological) order, parameters, named outputs."""
+    """A traced fusion: nodes in creation (topological) order, parameters, named outputs.
+
+    A (mutable) dataclass whose ``__init__``, ``__repr__`` and ``__eq__`` are written here:
+    ``@dataclass`` generates them with ``exec``, ~0.25 ms of every process's ``import
+    kernelpack`` on the 2-CPU box (see :mod:`kernelpack._frozen`). They behave as the
+    generated ones: equality with the same class only, by the fields' tuple; no hash."""
 
     name: str
-    nodes: list[Node] = field(default_factory=list)
-    params: list[tuple[str, str, DType, tuple[Expr, ...]]] = field(default_factory=list)
-    outputs: list[tuple[str, int]] = field(default_factory=list)
+    nodes: list[Node]
+    params: list[tuple[str, str, DType, tuple[Expr, ...]]]
+    outputs: list[tuple[str, int]]
+
+    def __init__(self, name: str, nodes: list[Node] | None = None,
+                 params: list[tuple[str, str, DType, tuple[Expr, ...]]] | None = None,
+                 outputs: list[tuple[str, int]] | None = None) -> None:
+        self.name = name
+        self.nodes = [] if nodes is None else nodes
+        self.params = [] if params is None else params
+        self.outputs = [] if outputs is None else outputs
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__qualname__}(name={self.name!r}, nodes={self.nodes!r}, "
+                f"params={self.params!r}, outputs={self.outputs!r})")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (self.name, self.nodes, self.params, self.outputs) == \
+            (other.name, other.nodes, other.params, other.outputs)  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the generated class: no hash
 
     def add(self, op: str, dtype: DType, shape: Sequence[Expr], inputs: Sequence[int] = (),
             attrs: tuple = ()) -> Value:
