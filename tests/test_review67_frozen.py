@@ -16,8 +16,8 @@ mypy 2.4 on a user script (``replace``/``fields`` accepted, assignment to a froz
 Tensor/Compiled/Arch/DType flagged, ``replace(t, bogus=1)`` flagged, ``--strict`` clean:
 identical messages old and new).
 
-Found (each has a test below; 1, 2 and 4 were fixed in _frozen.py the same session, 3 is kept
-as a strict xfail):
+Found (each has a test below; 1, 2 and 4 were fixed in _frozen.py the same session, 3 was kept
+as a strict xfail until session 50, when ``_frozen._return_none`` fixed it):
 
 1. A plain (non-dataclass) subclass can no longer set or delete attributes of its own. The
    generated ``__setattr__`` raises only ``if type(self) is cls or name in fields`` and
@@ -200,9 +200,9 @@ def test_entry_infos_with_a_nan_mtime() -> None:
 
 
 @pytest.mark.parametrize("cls", NEWLY_WRITTEN, ids=lambda c: c.__name__)
-@pytest.mark.xfail(strict=True, reason="review 67 #3 (cosmetic): a written __init__ under "
-                   "`from __future__ import annotations` returns 'None', the generated one None")
 def test_signature_return_annotation(cls: type) -> None:
+    """Review 67 #3 (a strict xfail until session 50): a written ``__init__`` under ``from
+    __future__ import annotations`` returned ``'None'``; the generated one returns None."""
     assert inspect.signature(cls).return_annotation is None
     assert str(inspect.signature(cls)).endswith(") -> None")
 

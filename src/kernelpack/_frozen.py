@@ -121,7 +121,17 @@ def _build(cls: T, order: bool) -> T:
     params = cls.__dataclass_params__  # type: ignore[attr-defined]
     params.init = params.repr = params.eq = params.frozen = True
     params.order = order
+    _return_none(own["__init__"])
     return cls
+
+
+def _return_none(init: Callable) -> None:
+    """A written ``__init__`` under ``from __future__ import annotations`` is annotated
+    ``-> 'None'`` (a string); the generated one returns ``None`` itself, which
+    ``inspect.signature`` shows as ``-> None`` (review 67 #3)."""
+    annotations = getattr(init, "__annotations__", None)
+    if isinstance(annotations, dict) and annotations.get("return") == "None":
+        annotations["return"] = None
 
 
 def _fieldwise_eq(names: tuple[str, ...]) -> Callable[[Any, object], Any]:
