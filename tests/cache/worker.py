@@ -72,10 +72,11 @@ def slowwrite(cache_dir: str, cubin_path: str) -> None:
             time.sleep(60)
         return real_write(fd, data[:64])
 
-    disk.os.write = stalling_write  # type: ignore[attr-defined]
     cache = kp.Cache(cache_dir, remote=False)
+    key = key_for(0)  # before the stall: the key's digest memo is written with os.write too
     cubin = Path(cubin_path).read_bytes()
-    cache.fetch_or_compile(key_for(0), lambda: from_cubin("k0", cubin))
+    disk.os.write = stalling_write  # type: ignore[attr-defined]
+    cache.fetch_or_compile(key, lambda: from_cubin("k0", cubin))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from ..compiled import Compiled
 from ._args import flag, from_env, key_list, maintenance, positive_int, seconds
 from .disk import DiskStore, check_digest
 from .disk_tier import DiskTier
-from .keys import CacheKey, make_key
+from .keys import CacheKey, make_key, remember_digests_in
 from .remote_tier import RemoteTier
 
 __all__ = ["Cache", "CacheKey", "CacheWarning", "make_key", "DiskStore", "STAT_NAMES"]
@@ -109,6 +109,7 @@ class Cache:
         self.disk = (DiskStore(path, cap) if path is not None else
                      from_env("KERNELPACK_CACHE_DIR",
                               lambda: DiskStore(config.default_cache_dir(), cap)))
+        remember_digests_in(self.disk.digest_memo())
         # Redis refuses an expiry whose milliseconds pass int64 ("invalid expire time"): every
         # read and write then failed; 2^31 - 1 s is 68 years
         ttl_s = positive_int("ttl_s", ttl_s, "seconds", maximum=(1 << 31) - 1)

@@ -6,6 +6,7 @@ Layout under the cache root::
     keys/ab/<key>.json         the key's parts, for ``kernelpack cache explain`` (optional)
     locks/<key>.lock           per-key single-flight lock (flock), removed after use
     quarantine/<key>.<ns>.kpack entries that failed verification, moved aside
+    meta/digests.json          the keys' codegen and libdevice digests, by the files' stat
 
 Guarantees, and how:
 
@@ -52,6 +53,7 @@ from ..limits import MAX_FILE_SIZE, shown_int
 from ..filewrite import absolute
 from ._files import make_private_dirs, read_record as _read_record, remove_file as _remove
 from ._files import write_atomic as _write_atomic
+from .digest_memo import DigestMemo
 from ._flock import check_not_own, drop_finished, hold, release, remove_if_unheld
 from .keys import CacheKey
 
@@ -146,6 +148,12 @@ class DiskStore:
 
     def _parts_path(self, digest: str) -> Path:
         return self.root / "keys" / digest[:2] / (digest + ".json")
+
+    def digest_memo(self) -> DigestMemo:
+        """``meta/digests.json``: the cache keys' once-per-process digests, remembered across
+        processes (:mod:`kernelpack.cache.digest_memo`); used only where entries may be."""
+        meta = self.root / "meta"
+        return DigestMemo(meta / "digests.json", lambda: self.untrusted(meta, "meta"))
 
     # ---- the storage interface -----------------------------------------------------------------
     # ---- the cache's own directories -----------------------------------------------------------
@@ -602,8 +610,11 @@ class DiskStore:
 
     def clear(self) -> int:
         """Remove every entry, runtime cubin, key record, quarantined file and unheld lock
-        file; returns the entries removed."""
+        file, and the keys' digest memo; returns the entries removed."""
         count = 0
+        for path in self._files("meta", False, lambda n: n == "digests.json", strict=True):
+            with contextlib.suppress(FileNotFoundError):
+                _remove(path)
         for e in self.entries():
             with contextlib.suppress(FileNotFoundError):
                 _remove(e.path)

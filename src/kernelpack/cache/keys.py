@@ -14,7 +14,9 @@ Why ``codegen`` beside the version: a schedule changed without a release (a deve
 install, a patched wheel) kept the version, and every cache that held the old code went on
 answering with it — Triton hashes its compiler's ``.py`` files into its key for the same
 reason (``triton_key()``). The digest is computed once per process, from the files alone
-(nothing is imported: a warm hit still loads no llvmlite).
+(nothing is imported: a warm hit still loads no llvmlite); a ``kp.Cache`` lends it, and the
+libdevice digest, a memo of its own (:mod:`kernelpack.cache.digest_memo`: the files' stat
+stands for their bytes until one changes).
 
 What is deliberately *not* in it: ``id()``, Python ``hash()`` (salted per process), absolute
 paths and device indices — each made Triton or Inductor keys unstable across processes, hosts
@@ -43,7 +45,7 @@ from ..toolchain.ptxas_guard import GUARD_ID
 from ..limits import FORMAT_MAJOR, FORMAT_MINOR
 
 __all__ = ["CacheKey", "make_key", "canonical_options", "toolchain_identity", "codegen_digest",
-           "digest_parts", "KEY_LABELS", "CODEGEN_PACKAGES"]
+           "remember_digests_in", "digest_parts", "KEY_LABELS", "CODEGEN_PACKAGES"]
 
 KEY_LABELS = ("format", "kernelpack", "codegen", "kind", "source", "options", "targets", "llvm",
               "nvjitlink", "libdevice", "ptxas-guard", "env")
@@ -240,14 +242,31 @@ def _probe_nvjitlink(installed: dict[str, str] | None = None) -> str:
         return f"unavailable:{type(exc).__name__}"
 
 
-def _probe_libdevice() -> str:
+def _probe_libdevice(memo: bool = True) -> str:
     """The digest of the very file the lowering links (its locator, not a copy of it)."""
     try:
         from ..toolchain import libdevice
 
+        if memo and _MEMO is not None:
+            path = libdevice.find()
+            return _MEMO.digest(f"libdevice {path}", [("libdevice", path)], libdevice.digest)
         return libdevice.digest()
     except Exception as exc:
         return f"unavailable:{type(exc).__name__}"
+
+
+# ``meta/digests.json`` of the first kp.Cache made in this process (a digest_memo.DigestMemo):
+# this module's two once-per-process digests, remembered across processes by the files' stat
+_MEMO: Any = None
+
+
+def remember_digests_in(memo: Any) -> None:
+    """Let the once-per-process digests (codegen sources, libdevice) come from ``memo`` (a
+    :class:`~kernelpack.cache.digest_memo.DigestMemo`) when their files have not changed:
+    called by ``kp.Cache``; the first cache of a process is the one used."""
+    global _MEMO
+    if _MEMO is None:
+        _MEMO = memo
 
 
 _TOOLCHAIN: tuple[tuple[str, str], ...] | None = None
@@ -260,7 +279,7 @@ def toolchain_identity(refresh: bool = False) -> tuple[tuple[str, str], ...]:
     if _TOOLCHAIN is None or refresh:
         installed = _installed()  # one scan of sys.path for both probes
         _TOOLCHAIN = (("llvm", _probe_llvm(installed)), ("nvjitlink", _probe_nvjitlink(installed)),
-                      ("libdevice", _probe_libdevice()))
+                      ("libdevice", _probe_libdevice(memo=not refresh)))
     return _TOOLCHAIN
 
 
@@ -278,7 +297,11 @@ def codegen_digest(refresh: bool = False, root: Path | None = None) -> str:
         return _codegen_of(root)
     if _CODEGEN is None or refresh:
         here = Path(__file__).resolve().parent.parent
-        if here.is_dir():
+        if here.is_dir() and _MEMO is not None and not refresh:
+            sources = _codegen_sources(here)
+            _CODEGEN = _MEMO.digest(f"codegen {here}", sources,
+                                    lambda: _codegen_of(here, sources))
+        elif here.is_dir():
             _CODEGEN = _codegen_of(here)
         else:  # imported from a zip: read the sources through the package's loader (a stale
             # hit between two zips of one version otherwise: review 34)
@@ -288,24 +311,42 @@ def codegen_digest(refresh: bool = False, root: Path | None = None) -> str:
     return _CODEGEN
 
 
-def _codegen_of(root: Any) -> str:
-    """``root``: a directory, or any ``importlib.resources`` Traversable (a zip's)."""
-    h = hashlib.sha256()
-    count = 0
+def _codegen_sources(root: Any) -> list[tuple[str, Any]]:
+    """``(package-relative name, file)`` of every module the codegen digest reads, in its
+    order. ``root``: a directory (files as str paths), or any ``importlib.resources``
+    Traversable (a zip's; files as Traversables)."""
+    out = []
     for package in CODEGEN_PACKAGES:
         base = root.joinpath(package) if package else root
         try:
-            found = [e for e in base.iterdir() if e.name.endswith(".py")]
+            if isinstance(base, Path):  # scandir's entries know their type: no stat each,
+                with os.scandir(base) as listing:  # and plain str paths (no Path objects)
+                    found = [(e.name, e.path) for e in listing
+                             if e.name.endswith(".py") and e.is_file()]
+            else:
+                found = [(e.name, e) for e in base.iterdir()
+                         if e.name.endswith(".py") and e.is_file()]
         except (OSError, ValueError):  # no such package under root
             continue
-        for path in sorted(found, key=lambda e: e.name):
-            if path.name.startswith(".") or not path.is_file():
-                continue  # an editor's lock (.#expr.py), macOS's ._expr.py: not modules
+        for name, path in sorted(found, key=lambda e: e[0]):
+            if not name.startswith("."):  # an editor's lock (.#expr.py), macOS's ._expr.py
+                out.append((f"{package + '/' if package else ''}{name}", path))
+    return out
+
+
+def _codegen_of(root: Any, sources: list[tuple[str, Any]] | None = None) -> str:
+    """The codegen digest of ``root`` (its :func:`_codegen_sources`, when already listed)."""
+    h = hashlib.sha256()
+    count = 0
+    for name, path in _codegen_sources(root) if sources is None else sources:
+        if isinstance(path, str):
+            with open(path, "rb") as f:
+                data = f.read()
+        else:
             data = path.read_bytes()
-            h.update(f"{package + '/' if package else ''}{path.name}\0{len(data)}\0"
-                     .encode())
-            h.update(data)
-            count += 1
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+        count += 1
     return f"sha256:{h.hexdigest()} ({count} files)" if count else "unavailable:no source"
 
 
