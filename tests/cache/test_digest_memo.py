@@ -252,3 +252,23 @@ def test_a_fresh_process_makes_the_same_key_with_and_without_the_memo(tmp_path: 
                            check=True).stdout.strip()
             for mode in ("plain", "cache", "cache", "plain")]
     assert len(set(runs)) == 1 and len(runs[0]) == 64
+
+
+def test_a_writer_killed_mid_write_leaves_a_temp_that_prune_removes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A memo writer killed mid-write leaves only ``meta/.digests.json.<pid>.<hex>.tmp``:
+    ``cache stats`` counts it and ``cache prune`` removes it once old, as for entries."""
+    from kernelpack.cli import main
+
+    root = tmp_path / "cache"
+    (root / "meta").mkdir(parents=True)
+    fresh = root / "meta" / ".digests.json.124.abcd1234.tmp"
+    fresh.write_bytes(b"{")
+    temp = root / "meta" / ".digests.json.123.abcd1234.tmp"
+    temp.write_bytes(b"{")
+    old = time.time() - 2 * 3600
+    os.utime(temp, (old, old))
+    assert main(["cache", "stats", "--dir", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["temporary_files"] == 2
+    assert kp.Cache(path=root).disk.prune_temps() == 1  # (a writer may still own the fresh one)
+    assert not temp.exists() and fresh.exists()

@@ -579,8 +579,9 @@ class DiskStore:
         def temporary(name: str) -> bool:
             return name.startswith(".") and name.endswith(".tmp")
 
-        for top in ("entries", "keys", "runtime-ptx"):
-            for path in self._files(top, True, temporary):
+        for top, sharded in (("entries", True), ("keys", True), ("runtime-ptx", True),
+                             ("meta", False)):
+            for path in self._files(top, sharded, temporary):
                 with contextlib.suppress(OSError):
                     if path.lstat().st_mtime < cutoff:
                         path.unlink()
