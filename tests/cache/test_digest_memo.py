@@ -158,6 +158,7 @@ def test_a_world_writable_meta_directory_is_untrusted(tmp_path: Path, settled: N
 @pytest.mark.parametrize("content", [b"", b"not json", b"\xff\xfe", b"[]", b'{"version": 2}',
                                      b'{"version": 1, "digests": []}',
                                      b'{"version": 1, "digests": {"codegen": 5}}',
+                                     b"[" * 100_000 + b"]" * 100_000,
                                      "bad digest", "fifo", "directory"])
 def test_a_damaged_memo_is_ignored(tmp_path: Path, settled: None, content: Any) -> None:
     root = tmp_path / "cache"

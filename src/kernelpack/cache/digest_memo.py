@@ -104,7 +104,8 @@ class DigestMemo:
             return {}
         try:
             memo = json.loads(data)
-        except ValueError:  # (UnicodeDecodeError and JSONDecodeError both are)
+        except (ValueError, RecursionError):  # (UnicodeDecodeError, JSONDecodeError are
+            # ValueErrors; a file nested past the parser's depth is a RecursionError)
             return {}
         if not isinstance(memo, dict) or memo.get("version") != _VERSION \
                 or not isinstance(memo.get("digests"), dict):
