@@ -210,11 +210,14 @@ def test_keys_take_the_codegen_and_libdevice_digests_from_the_first_cache(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settled: None) -> None:
     """The first kp.Cache of a process lends its memo to the key's two digests; they equal
     what the files give, and a second computation reads no source file."""
+    from kernelpack.toolchain import libdevice
+
     monkeypatch.setattr(keys, "_MEMO", None)
     monkeypatch.setattr(keys, "_CODEGEN", None)
     monkeypatch.setattr(keys, "_TOOLCHAIN", None)
     expected_codegen = keys.codegen_digest(refresh=True)
     expected_toolchain = keys.toolchain_identity(refresh=True)
+    libdevice.digest.cache_clear()  # (a digest the process holds is used as it is)
     kp.Cache(path=tmp_path / "first")
     kp.Cache(path=tmp_path / "second")
     (tmp_path / "first").mkdir()
@@ -273,3 +276,24 @@ def test_a_writer_killed_mid_write_leaves_a_temp_that_prune_removes(
     assert json.loads(capsys.readouterr().out)["temporary_files"] == 2
     assert kp.Cache(path=root).disk.prune_temps() == 1  # (a writer may still own the fresh one)
     assert not temp.exists() and fresh.exists()
+
+
+def test_files_on_a_read_only_filesystem_are_never_remembered(
+        tmp_path: Path, settled: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only image changes only by another being mounted in its place, whose stamps can
+    all match (review 68: two squashfs images with fixed times): no memo for its files."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    files = _files(tmp_path)
+    real = os.statvfs
+
+    class ReadOnly:
+        def __init__(self, path: Any) -> None:
+            self.f_flag = real(path).f_flag | os.ST_RDONLY
+
+    monkeypatch.setattr(digest_memo.os, "statvfs", ReadOnly)
+    assert file_stamps(files) is None
+    for answer in (DIGEST, OTHER):
+        counter = Counter(answer)
+        assert _memo(root).digest("codegen", files, counter) == answer and counter.calls == 1
+    assert not (root / "meta" / "digests.json").exists()

@@ -109,7 +109,6 @@ class Cache:
         self.disk = (DiskStore(path, cap) if path is not None else
                      from_env("KERNELPACK_CACHE_DIR",
                               lambda: DiskStore(config.default_cache_dir(), cap)))
-        remember_digests_in(self.disk.digest_memo())
         # Redis refuses an expiry whose milliseconds pass int64 ("invalid expire time"): every
         # read and write then failed; 2^31 - 1 s is 68 years
         ttl_s = positive_int("ttl_s", ttl_s, "seconds", maximum=(1 << 31) - 1)
@@ -164,6 +163,8 @@ class Cache:
             elif self._trusted_arg == [] and sign_with is None:  # every entry would be refused
                 warnings.warn("remote cache has an empty trusted_keys list: remote entries "
                               "will be written but never read", CacheWarning, stacklevel=2)
+        # last: a cache whose arguments were refused lends nothing (review 68)
+        remember_digests_in(self.disk.digest_memo())
 
     def __repr__(self) -> str:
         return f"Cache(path={str(self.disk.root)!r}, remote={self.remote!r})"

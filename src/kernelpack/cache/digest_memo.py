@@ -16,6 +16,12 @@ remembered only when every file's mtime and ctime lie more than :data:`RACY_S` b
 hashing began (a later change then carries a later timestamp on any filesystem whose clock
 ticks at least that often), and only when the files stat the same after hashing as before.
 
+Files on a read-only filesystem are never remembered: such an image changes by another being
+mounted in its place, with stamps that can all match (see :func:`file_stamps`). What the guard
+assumes, as git does: the clock of whoever writes the files agrees with this one's within
+:data:`RACY_S` (a network filesystem whose server runs seconds behind could let an edit made
+twice within one of its timestamp ticks pass).
+
 Trust: the memo is read and written only where the cache's entries are (``DiskStore.
 untrusted``: no link, nothing writable by every user): whoever can write it can plant an
 entry anyway. Whatever is wrong with it (missing, unreadable, not JSON, another shape, a
@@ -48,8 +54,13 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}( \([0-9]+ files\))?")
 
 def file_stamps(files: Sequence[tuple[str, str | Path]]) -> list[list[Any]] | None:
     """``[name, size, mtime_ns, ctime_ns, inode, device]`` of each ``(name, path)``; None when
-    one cannot be looked at or is not a regular file (then nothing is remembered)."""
+    one cannot be looked at, is not a regular file, or lies on a read-only filesystem (then
+    nothing is remembered). Why the last: a read-only image (squashfs, erofs: an Apptainer
+    container) is changed by mounting another one in its place, and two images built with
+    fixed timestamps give a same-size edit the same stamp: no ctime of its own, inodes
+    numbered in tree order, the loop device reused (review 68)."""
     out: list[list[Any]] = []
+    devices: dict[int, str | Path] = {}
     for name, path in files:
         try:
             st = os.stat(path)
@@ -57,7 +68,14 @@ def file_stamps(files: Sequence[tuple[str, str | Path]]) -> list[list[Any]] | No
             return None
         if not stat.S_ISREG(st.st_mode):
             return None
+        devices.setdefault(st.st_dev, path)
         out.append([name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev])
+    for path in devices.values():
+        try:
+            if os.statvfs(path).f_flag & os.ST_RDONLY:
+                return None
+        except OSError:
+            return None
     return out
 
 

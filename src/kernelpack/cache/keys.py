@@ -247,7 +247,10 @@ def _probe_libdevice(memo: bool = True) -> str:
     try:
         from ..toolchain import libdevice
 
-        if memo and _MEMO is not None:
+        # A digest this process already holds (the lowering's, or an earlier key's) is the
+        # libdevice it links: used as it is, and never filed under the file's stamps of now,
+        # which may be a newer file's (review 68: an upgrade then poisoned the memo)
+        if memo and _MEMO is not None and not libdevice.digest.cache_info().currsize:
             path = libdevice.find()
             return _MEMO.digest(f"libdevice {path}", [("libdevice", path)], libdevice.digest)
         return libdevice.digest()
