@@ -149,8 +149,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     facts = {"root": str(store.root), "entries": len(entries),
              "bytes": sum(e.size for e in entries), "max_bytes": store.max_bytes,
              "quarantined": len(store.quarantined()),
-             "temporary_files": len(list(store.root.glob("*/??/.*.tmp")))
-             + len(list(store.root.glob("meta/.*.tmp"))),
+             "temporary_files": len(store.temporaries()),
              "runtime_ptx_cubins": len(cubins), "runtime_ptx_bytes": sum(e.size for e in cubins),
              "key_records": len(list(store.root.glob("keys/??/*.json")))}
     if args.json:

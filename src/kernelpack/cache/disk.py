@@ -571,21 +571,26 @@ class DiskStore:
             if fd >= 0:
                 release(fd)  # (not locked: LOCK_UN of a lock not held does nothing)
 
+    def temporaries(self) -> list[Path]:
+        """Writers' temporary files (``write_atomic``'s ``.<name>.<pid>.<hex>.tmp``), in
+        every directory the cache writes files to: a killed writer's are left behind."""
+        def temporary(name: str) -> bool:
+            return name.startswith(".") and name.endswith(".tmp")
+
+        return [path for top, sharded in (("entries", True), ("keys", True),
+                                          ("runtime-ptx", True), ("meta", False))
+                for path in self._files(top, sharded, temporary)]
+
     def prune_temps(self, older_than_s: float = 3600.0) -> int:
         """Remove what killed processes left: temporary files of writers (older than
         ``older_than_s``) and per-key lock files that no process holds. Returns how many."""
         removed = 0
         cutoff = time.time() - older_than_s
-        def temporary(name: str) -> bool:
-            return name.startswith(".") and name.endswith(".tmp")
-
-        for top, sharded in (("entries", True), ("keys", True), ("runtime-ptx", True),
-                             ("meta", False)):
-            for path in self._files(top, sharded, temporary):
-                with contextlib.suppress(OSError):
-                    if path.lstat().st_mtime < cutoff:
-                        path.unlink()
-                        removed += 1
+        for path in self.temporaries():
+            with contextlib.suppress(OSError):
+                if path.lstat().st_mtime < cutoff:
+                    path.unlink()
+                    removed += 1
         for path in self._files("locks", False, lambda n: n.endswith(".lock")):
             removed += remove_if_unheld(path)
         return removed
