@@ -57,15 +57,17 @@ TILE_BLOCK = 256
 # rows up to (32 or threads)·chunks·vec elements. Up to 1024 f32: 8 per thread, more threads
 # per row as rows grow (exp-heavy rows need the warps), registers for 1536-2048 resident
 # threads (40 registers at 1536, no spills); 2048 and 4096: 16 per thread in blocks of 128 and
-# 256 (1024 resident, <= 64 registers); 8192: 32 per thread in blocks of 256 (114 registers,
-# 2 rows per SM). H200, float32 softmax, % of copy bandwidth (and time / Triton's) after the
-# float32 group sums and max.NaN.f32: 65536x1024 92.5 -> 98.1 (1.05 -> 0.99) with 1536 resident
-# threads; 8192x8192 91.3 -> 94.4 (1.04 -> 1.01) with 256 x 32 against 512 x 16; 262144x256
-# 89 -> 96 and 524288x128 79 -> 91 with 1536 / 2048 resident (2048 spills 24 bytes for 256);
-# see notes/row-perf.md
+# 256 (1024 resident, <= 64 registers); 8192: 32 per thread in blocks of 256 (768 resident: 3
+# rows per SM in 80 registers, no spills, since regrows tests a chunk's place against one
+# remaining length; 114 registers and 2 rows per SM before). H200, float32 softmax, % of copy
+# bandwidth (and time / Triton's) after the float32 group sums and max.NaN.f32: 65536x1024
+# 92.5 -> 98.1 (1.05 -> 0.99) with 1536 resident threads; 8192x8192 91.3 -> 94.4 (1.04 ->
+# 1.01) with 256 x 32 against 512 x 16, then 1.017 -> 1.007 at 768 resident and 8192x8190
+# (the scalar body) 1.13 -> 0.99 (session 51); 262144x256 89 -> 96 and 524288x128 79 -> 91
+# with 1536 / 2048 resident (2048 spills 24 bytes for 256); see notes/row-perf.md
 REG_GROUPS = (("warp", 1, BLOCK, 2048), ("warp", 2, BLOCK, 1536), ("block", 2, 64, 1536),
               ("block", 2, 128, 1536), ("block", 4, 128, 1024), ("block", 4, 256, 1024),
-              ("block", 8, 256, 512))
+              ("block", 8, 256, 768))
 # the same for 8-byte elements (float64 softmax): the groups measured before the float32 tuning
 # above (2048 resident threads would spill a float64 warp row; unmeasured otherwise)
 REG_GROUPS_WIDE = (("warp", 1, BLOCK, 1024), ("warp", 2, BLOCK, 1024), ("block", 2, 64, 1024),
