@@ -99,6 +99,7 @@ def count_events(fn, files=None):
             return None
         if ev == "call":
             frame.f_trace_opcodes = True
+            frame.f_trace = tr  # from Python 3.12 the opcode events need it set here too
         elif ev == "opcode" and frame.f_lasti in signal_points(code):
             n[0] += 1
             if files is not None:
@@ -125,6 +126,7 @@ def interrupt_at(fn, k, exc=KeyboardInterrupt):
             return None
         if ev == "call":
             frame.f_trace_opcodes = True
+            frame.f_trace = tr  # from Python 3.12 the opcode events need it set here too
         elif ev == "opcode" and where[0] is None and frame.f_lasti in signal_points(code):
             n[0] += 1
             if n[0] >= k:

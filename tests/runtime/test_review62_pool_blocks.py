@@ -454,6 +454,7 @@ def _interrupt_sweep(torch, pool: Pool) -> list[tuple[int, int, int]]:
 
         def enter(frame, event, arg, local=local):
             frame.f_trace_opcodes = True
+            frame.f_trace = local  # from Python 3.12 the opcode events need it set here too
             return local
 
         t0, d0 = len(pool.taken), len(pool.deletes)
