@@ -154,3 +154,39 @@ def test_a_compile_at_interpreter_exit_still_assembles(real_linker: None, tmp_pa
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "assembled [True, True]" in r.stdout
+
+
+def test_resource_usage_reports_each_entry(real_linker: None) -> None:
+    """Registers and spill bytes per entry from ptxas's report: axpy's one entry spills
+    nothing; a kernel held to 16 registers (`.maxnreg`) with more values live than that
+    spills, and a second entry of the same module is reported on its own."""
+    used = nvjitlink.resource_usage(AXPY_PTX, parse_arch("sm_90"))
+    assert list(used) == ["axpy"] and 0 < used["axpy"][0] <= 255 and used["axpy"][1] == 0
+    loads = "\n".join(f"  ld.global.f32 f{i}, [rd1+{4 * i}];" for i in range(48))
+    total = "\n".join(f"  add.f32 f0, f0, f{i};" for i in range(1, 48))
+    squeezed = f""".version 8.0
+.target sm_80
+.address_size 64
+.visible .entry tight(.param .u64 p) .maxnreg 16
+{{
+  .reg .b64 rd<2>; .reg .f32 f<48>;
+  ld.param.u64 rd1, [p];
+{loads}
+  membar.gl;
+{total}
+  st.global.f32 [rd1], f0;
+  ret;
+}}
+.visible .entry roomy(.param .u64 p)
+{{
+  .reg .b64 rd<2>; .reg .f32 f<2>;
+  ld.param.u64 rd1, [p]; ld.global.f32 f1, [rd1]; st.global.f32 [rd1+4], f1;
+  ret;
+}}
+"""
+    used = nvjitlink.resource_usage(squeezed, parse_arch("sm_90"))
+    assert set(used) == {"tight", "roomy"}
+    assert used["tight"][1] > 0 and used["tight"][0] < 48, used  # (ptxas floors the cap)
+    assert used["roomy"][1] == 0, used
+    with pytest.raises(kp.CompileError, match="sm_90"):
+        nvjitlink.resource_usage(b".version 8.0\n.target sm_80\nnot ptx", parse_arch("sm_90"))

@@ -20,7 +20,8 @@ import pytest
 import kernelpack as kp
 from kernelpack.lowering import pipeline, regrows, tuning
 from kernelpack.lowering.workloads import REFERENCES, make
-from kernelpack.toolchain.nvjitlink import _module as _nvjitlink
+from kernelpack.targets import parse_arch
+from kernelpack.toolchain.nvjitlink import resource_usage
 
 from .simt import Kernels, assert_close
 
@@ -38,28 +39,7 @@ def _entry(ptx: str, name: str) -> str:
 
 
 def _resources(ptx: str) -> dict[str, tuple[int, int]]:
-    """(registers, spill store bytes) of every entry, from ptxas's report through nvJitLink."""
-    nv = _nvjitlink()
-    data = ptx.encode() + b"\0"
-    opts = ["-arch=sm_90", "-O3", "-Xptxas=-v"]
-    handle = nv.create(len(opts), opts)
-    try:
-        nv.add_data(handle, nv.InputType.PTX, data, len(data), "rows.ptx")
-        nv.complete(handle)
-        log = bytearray(nv.get_info_log_size(handle))
-        nv.get_info_log(handle, log)
-    finally:
-        nv.destroy(handle)
-    out: dict[str, tuple[int, int]] = {}
-    entry, spill = "", 0
-    for line in bytes(log).decode(errors="replace").splitlines():
-        if m := re.search(r"Compiling entry function '(\w+)'", line):
-            entry, spill = m.group(1), 0
-        elif m := re.search(r"(\d+) bytes spill stores", line):
-            spill = int(m.group(1))
-        elif m := re.search(r"Used (\d+) registers", line):
-            out[entry] = (int(m.group(1)), spill)
-    return out
+    return resource_usage(ptx, parse_arch("sm_90"))
 
 
 def test_the_8192_group_holds_three_rows_per_sm_without_spills():

@@ -18,7 +18,7 @@ from ..compiled import Image
 from ..targets import Arch
 
 __all__ = ["version", "toolchain_id", "cuda_version", "check_archs", "ptx_to_cubin",
-           "ptx_to_cubins", "ptx_image", "ptx_isa", "ptx_target"]
+           "ptx_to_cubins", "ptx_image", "ptx_isa", "ptx_target", "resource_usage"]
 
 _VERSION_RE = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
 _TARGET_RE = re.compile(rb"^\s*\.target\s+(sm_\d+[af]?)", re.MULTILINE)
@@ -155,6 +155,49 @@ def ptx_to_cubins(ptx: bytes | str, archs: Sequence[Arch], *, name: str = "kerne
             return [f.result() for f in futures]
     return [ptx_to_cubin(ptx, arch, name=name) for arch in archs]
 
+
+
+_ENTRY_RE = re.compile(r"Compiling entry function '([^']+)'")
+_SPILL_RE = re.compile(r"(\d+) bytes spill stores")
+_REGS_RE = re.compile(r"Used (\d+) registers")
+
+
+def resource_usage(ptx: bytes | str, arch: Arch) -> dict[str, tuple[int, int]]:
+    """``{entry: (registers, spill store bytes)}`` of every kernel in ``ptx`` assembled for
+    ``arch``, from ptxas's verbose report through nvJitLink (``-Xptxas=-v``; no GPU needed).
+
+    A row kernel's registers decide how many rows an SM holds, so the schedule's choices are
+    checked against it (tests/lowering/test_regrows.py, benchmarks/row_configs.py). Raises
+    CompileError where nvJitLink refuses the module."""
+    nvjitlink = _module()
+    data = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
+    if not data.endswith(b"\0"):
+        data += b"\0"
+    opts = [f"-arch={arch.sm}", "-O3", "-Xptxas=-v"]
+    handle = nvjitlink.create(len(opts), opts)
+    try:
+        try:
+            nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
+            nvjitlink.complete(handle)
+        except Exception as exc:
+            raise CompileError(f"nvJitLink failed to assemble for {arch.sm}: {exc}",
+                               _log(nvjitlink, handle)) from exc
+        log = bytearray(nvjitlink.get_info_log_size(handle))
+        if log:
+            nvjitlink.get_info_log(handle, log)
+    finally:
+        nvjitlink.destroy(handle)
+    out: dict[str, tuple[int, int]] = {}
+    entry, spill = None, 0
+    for line in bytes(log).rstrip(b"\0").decode(errors="replace").splitlines():
+        if m := _ENTRY_RE.search(line):
+            entry, spill = m.group(1), 0
+        elif m := _SPILL_RE.search(line):
+            spill = int(m.group(1))
+        elif (m := _REGS_RE.search(line)) and entry is not None:
+            out[entry] = (int(m.group(1)), spill)
+            entry = None  # a function's report (not an entry's) has no "Compiling entry"
+    return out
 
 def _no_thread(exc: RuntimeError) -> bool:
     """Whether ``exc`` is the thread pool's "no new thread" (``submit`` during interpreter

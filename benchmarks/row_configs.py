@@ -1,0 +1,249 @@
+"""Row kernels' schedule configurations, side by side: registers on the CPU, time on a GPU.
+
+``benchmarks/kernels.py`` measures the schedule the lowering chooses. This script measures
+others, the way session 51 chose softmax's 8192-element group (notes/row-perf.md): each
+*configuration* patches ``kernelpack.lowering.tuning`` (which register-row groups exist, how
+many resident threads each is bounded for) before compiling the float32 softmax and layernorm.
+A source tree given with ``--against`` runs the same configurations with its own codegen, so a
+codegen change is timed against the tree before it.
+
+``--registers`` (no GPU needed): per configuration and tree, every register-row kernel's
+registers and spilled bytes as ptxas reports them through nvJitLink (``-Xptxas=-v``, sm_90).
+
+Otherwise (a GPU with torch and Triton): per configuration, tree and round, one fresh process
+compiles the two fusions for the device, then for each cell checks kernelpack's result against
+float64 torch and times it beside the Triton kernel kernels.py uses (``run_case``: same inputs,
+L2 flushed, CUDA events, medians). Rounds interleave the processes, so a slow moment of the
+host hits every configuration alike. Prints kernelpack / Triton per cell and round. Nothing is
+written to RESULTS.md: the output is a comparison for notes.
+
+    python benchmarks/row_configs.py [--config NAME ...] [--against OLD_SRC ...] [--rounds N]
+        [--workloads softmax,layernorm] [--cells 8192x8192,...] [--registers] [--list]
+
+``--config current`` is the tuning as it is; ``--list`` names the others. OLD_SRC is a ``src/``
+directory of another tree (``git archive REV src | tar -x -C /tmp/old``, then ``/tmp/old/src``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+ARCH = "sm_90"
+
+# name -> (what it is, {tuning attribute: value}); a value is a function of the tree's own
+# tuning module, so that a configuration changes one entry and keeps the tree's others
+CONFIGS: dict[str, tuple[str, Any]] = {
+    "current": ("the tuning as it is", lambda t: {}),
+    "softmax-8192-at-512": (
+        "softmax's 8192 group (256 x 32) bounded for 512 resident threads (2 rows per SM; the "
+        "choice before session 51)",
+        lambda t: {"REG_GROUPS": t.REG_GROUPS[:-1] + (("block", 8, 256, 512),)}),
+    "softmax-8192-at-1024": (
+        "softmax's 8192 group bounded for 1024 resident threads (4 rows per SM)",
+        lambda t: {"REG_GROUPS": t.REG_GROUPS[:-1] + (("block", 8, 256, 1024),)}),
+    "softmax-8192-512x16": (
+        "softmax's 8192 group as Triton's shape: 512 threads x 16, 1536 resident",
+        lambda t: {"REG_GROUPS": t.REG_GROUPS[:-1] + (("block", 4, 512, 1536),)}),
+    "layernorm-at-768": (
+        "layernorm's groups of 32 per thread bounded for 768 resident threads",
+        lambda t: {"REG_GROUPS_LIGHT": t.REG_GROUPS_LIGHT[:3] + tuple(
+            g[:3] + (768,) for g in t.REG_GROUPS_LIGHT[3:])}),
+    "layernorm-128x8": (
+        "layernorm up to 1024 as Triton's shape: 128 threads x 8, 1536 resident",
+        lambda t: {"REG_GROUPS_LIGHT": t.REG_GROUPS_LIGHT[:2] + (
+            ("block", 2, 64, 1536), ("block", 2, 128, 1536)) + t.REG_GROUPS_LIGHT[4:]}),
+}
+CELLS = ["65536x1024", "8192x8192", "16384x4096", "32768x2048", "131072x512", "65536x1023",
+         "8192x8190"]
+
+CHILD = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])          # the tree's kernelpack, before kernels.py's own
+import kernelpack as kp
+from kernelpack.lowering import tuning
+sys.path.insert(1, sys.argv[2])          # benchmarks/ of this tree
+import row_configs
+row_configs.apply(sys.argv[3], tuning)
+print(json.dumps(row_configs.child(sys.argv[4], sys.argv[5].split(","), sys.argv[6].split(","))))
+'''
+
+
+def apply(name: str, tuning: Any) -> dict[str, Any]:
+    """Patch ``tuning`` (a tree's ``kernelpack.lowering.tuning``) for configuration ``name``;
+    returns what was set."""
+    if name not in CONFIGS:
+        raise SystemExit(f"unknown --config {name!r}; known: {', '.join(CONFIGS)}")
+    patch = CONFIGS[name][1](tuning)
+    for attr, value in patch.items():
+        if not hasattr(tuning, attr):
+            raise SystemExit(f"this tree's tuning has no {attr} (configuration {name!r})")
+        setattr(tuning, attr, value)
+    return patch
+
+
+def _fusions(workloads: list[str]) -> dict[str, Any]:
+    import kernels  # this tree's benchmarks/kernels.py (the fusions kernels.py times)
+    import kernelpack as kp
+
+    fusions = kernels.standard_fusions(kp.float32)
+    return {w: fusions[w] for w in workloads}
+
+
+def child(mode: str, workloads: list[str], cells: list[str]) -> dict[str, Any]:
+    """In a fresh process with the configuration applied: ``registers`` ({workload: {kernel:
+    [registers, spill bytes]}} of the register-row kernels) or ``time`` ({workload cell:
+    [kernelpack ms, Triton ms, kernelpack's relative error]})."""
+    from kernelpack.lowering import pipeline
+    from kernelpack.targets import parse_arch
+    from kernelpack.toolchain.nvjitlink import resource_usage
+
+    fusions = _fusions(workloads)
+    if mode == "registers":
+        out: dict[str, Any] = {}
+        for w, f in fusions.items():
+            ptx = pipeline.run(pipeline.new_build(f, [ARCH], None, {}), stop="ptx").ptx
+            used = resource_usage(ptx, parse_arch(ARCH))
+            out[w] = {k.split("_0_", 1)[1]: list(v) for k, v in used.items()
+                      if re.search(r"_0_row(warp|block)\d+x?\d*$", k)}
+        return out
+    return _time(fusions, cells)
+
+
+def _time(fusions: dict[str, Any], cells: list[str]) -> dict[str, Any]:
+    import torch
+
+    import kernels as K
+    import kernelpack as kp
+
+    arch = "sm_%d%d" % torch.cuda.get_device_capability()
+    compiled = {w: kp.compile(f, targets=[arch]) for w, f in fusions.items()}
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:  # launched as users do: saved, then loaded
+        path = os.path.join(tmp, "rows.kpack")
+        kp.save(list(compiled.values()), path)
+        pack = kp.load(path)
+        for w, c in compiled.items():
+            for cell in cells:
+                b, n = (int(v) for v in cell.split("x"))
+                case = _case(K, w, b, n)
+                r = K.run_case(case, {"kp": K.kp_builder(pack, c.name, case),
+                                      "triton": lambda d, w=w: K.triton_build(w, d)},
+                               {"rep_ms": 150.0})
+                kpm, trm = r["kp"], r["triton"]
+                if kpm.ms is None or trm.ms is None:
+                    raise SystemExit(f"{w} {cell}: {kpm.note or trm.note}")
+                out[f"{w} {cell}"] = [kpm.ms, trm.ms, kpm.err]
+    return out
+
+
+def _case(K: Any, workload: str, b: int, n: int) -> Any:
+    import torch
+
+    def make() -> dict:
+        d = {"x": torch.randn(b, n, device="cuda")}
+        if workload == "layernorm":
+            d["w"], d["bias"] = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+        return d
+    if workload == "softmax":
+        return K.Case(workload, "float32", f"{b}x{n}", 8 * b * n, make, lambda d: (d["x"],),
+                      lambda d: torch.empty_like(d["x"]),
+                      lambda d: torch.softmax(d["x"].double(), -1))
+    return K.Case(workload, "float32", f"{b}x{n}", 8 * b * n + 8 * n, make,
+                  lambda d: (d["x"], d["w"], d["bias"], K.EPS),
+                  lambda d: torch.empty_like(d["x"]),
+                  lambda d: K._layernorm64(d["x"].double(), d["w"].double(),
+                                           d["bias"].double()))
+
+
+def run_child(src: Path, config: str, mode: str, workloads: list[str],
+              cells: list[str]) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(src), str(HERE), config, mode,
+                           ",".join(workloads), ",".join(cells)],
+                          capture_output=True, text=True, env=env, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"{src} {config}: the child failed (rc {proc.returncode}):\n"
+                         f"{proc.stderr[-3000:]}{proc.stdout[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--config", action="append", default=[], metavar="NAME",
+                    help="a configuration (repeat; default: current)")
+    ap.add_argument("--against", action="append", default=[], metavar="SRC",
+                    help="another tree's src/ directory, run with the same configurations")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
+    ap.add_argument("--workloads", default="softmax,layernorm",
+                    help="comma-separated: softmax, layernorm")
+    ap.add_argument("--cells", default=",".join(CELLS),
+                    help="comma-separated ROWSxCOLUMNS (default: %(default)s)")
+    ap.add_argument("--registers", action="store_true",
+                    help="registers and spills per kernel (ptxas via nvJitLink; no GPU)")
+    ap.add_argument("--list", action="store_true", help="name the configurations and exit")
+    args = ap.parse_args()
+    if args.list:
+        for name, (what, _) in CONFIGS.items():
+            print(f"{name}: {what}")
+        return 0
+    configs = args.config or ["current"]
+    for name in configs:
+        if name not in CONFIGS:
+            ap.error(f"unknown --config {name!r}; known: {', '.join(CONFIGS)}")
+    workloads = [w for w in args.workloads.split(",") if w]
+    if not workloads or set(workloads) - {"softmax", "layernorm"}:
+        ap.error(f"--workloads: softmax and/or layernorm (got {args.workloads!r})")
+    cells = [c for c in args.cells.split(",") if c]
+    if not cells or not all(re.fullmatch(r"[1-9]\d*x[1-9]\d*", c) for c in cells):
+        ap.error(f"--cells: ROWSxCOLUMNS, comma-separated (got {args.cells!r})")
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1 (got {args.rounds})")
+    trees = [SRC] + [Path(s).resolve() for s in args.against]
+    for tree in trees[1:]:
+        if not (tree / "kernelpack" / "lowering" / "tuning.py").is_file():
+            ap.error(f"--against {tree}: no kernelpack package (with its lowering) under it")
+    label = {t: ("this tree" if t == SRC else str(t)) for t in trees}
+    if args.registers:
+        for tree in trees:
+            for name in configs:
+                got = run_child(tree, name, "registers", workloads, cells)
+                for w, kernels in got.items():
+                    shown = " ".join(f"{k}={r}" + (f" (spills {s} B)" if s else "")
+                                     for k, (r, s) in kernels.items())
+                    print(f"{label[tree]} | {name} | {w}: {shown}")
+        return 0
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in range(args.rounds):
+        for tree in trees:
+            for name in configs:
+                got = run_child(tree, name, "time", workloads, cells)
+                results.setdefault((label[tree], name), []).append(got)
+                for cell, (kp_ms, tr_ms, err) in got.items():
+                    print(f"round {r + 1} | {label[tree]} | {name} | {cell}: kernelpack "
+                          f"{kp_ms:.4f} ms, Triton {tr_ms:.4f} ms, ratio {kp_ms / tr_ms:.3f}"
+                          f" (rel err {err:.1e})", flush=True)
+    print("\nkernelpack / Triton, one column per round\n")
+    print("| tree | config | cell | " + " | ".join(f"round {i + 1}" for i in
+                                                 range(args.rounds)) + " |")
+    print("| --- | --- | --- |" + " ---: |" * args.rounds)
+    for (tree_label, name), runs in results.items():
+        for cell in runs[0]:
+            ratios = " | ".join(f"{run[cell][0] / run[cell][1]:.3f}" for run in runs)
+            print(f"| {tree_label} | {name} | {cell} | {ratios} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
