@@ -21,25 +21,26 @@ __all__ = ["MAX_RECORD", "make_private_dirs", "read_record", "remove_file", "wri
 MAX_RECORD = 16 << 20  # a key record is usually a few hundred bytes of parts
 
 
-def make_private_dirs(path: Path) -> None:
+def make_private_dirs(path: str | Path) -> None:
     """``mkdir -p path``, each directory it creates with mode 0700 (as the XDG base directory
     spec asks): whoever can write a cache directory can plant an unsigned entry, which is taken
     as this machine's own compile, and under a umask of 002 or 000 (CI runners, containers)
     ``mkdir`` made them group- or world-writable. Directories that exist are left as they
     are."""
     missing = []
-    while not path.exists() and path != path.parent:
+    path = os.fspath(path)  # strings: a key's shard must not be interned (disk.py's paths)
+    while not os.path.exists(path) and path != os.path.dirname(path):
         missing.append(path)
-        path = path.parent
+        path = os.path.dirname(path)
     for directory in reversed(missing):
         try:
             os.mkdir(directory, 0o700)
         except FileExistsError:  # made meanwhile by another process (or not a directory)
-            if not directory.is_dir():
+            if not os.path.isdir(directory):
                 raise
 
 
-def remove_file(path: Path) -> None:
+def remove_file(path: str | Path) -> None:
     """Remove an entry, key record or quarantined file; FileNotFoundError when it is gone.
 
     A directory under such a name (planted, or left by another tool) can never be one, and
@@ -56,7 +57,7 @@ def remove_file(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def read_record(path: Path) -> bytes:
+def read_record(path: str | Path) -> bytes:
     """A key record's bytes, opened as entries are: a FIFO planted under a record's name must
     not block ``cache ls``, ``cache explain`` or every explained miss, nor a device or a huge
     file exhaust memory. ValueError for anything but a regular file of ``MAX_RECORD`` bytes
@@ -68,14 +69,18 @@ def read_record(path: Path) -> bytes:
     return data
 
 
-def write_atomic(path: Path, data: bytes, sync: bool = True) -> None:
+def write_atomic(path: str | Path, data: bytes, sync: bool = True) -> None:
     """Temp file in the target's directory, (fsync), ``os.replace``: all or nothing.
 
     Without ``sync`` a crash may leave a truncated file under the final name on some
     filesystems; callers use it only for data that is verified on every read (and then
-    quarantined) or that is advisory (key records).
+    quarantined) or that is advisory (key records). The temporary's name is joined as a
+    string: a Path would have interned it for the process's life on Python 3.12
+    (:mod:`.disk`'s paths say why).
     """
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    path = os.fspath(path)
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     fd, made = -1, False
     try:  # whatever is raised from here on (Ctrl-C included) leaves no descriptor or temp
         try:
@@ -83,9 +88,9 @@ def write_atomic(path: Path, data: bytes, sync: bool = True) -> None:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileNotFoundError:  # first entry of its shard: create the folder (rarely)
             try:
-                make_private_dirs(path.parent)
+                make_private_dirs(directory)
             except OSError as exc:
-                raise CacheError(f"cache directory {str(path.parent)!r} cannot be created: "
+                raise CacheError(f"cache directory {directory!r} cannot be created: "
                                  f"{exc.strerror}") from exc
             with deferred_interrupts():
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

@@ -142,12 +142,26 @@ class DiskStore:
         self._used: dict[str, float] = {}
 
     # ---- paths ---------------------------------------------------------------------------------
+    # A key's own file names are joined as strings (_file): on Python 3.12, pathlib interns
+    # every component of a path it parses (sys.intern, gh-119518) and interned strings are
+    # immortal there (gh-113993), so each key's digest, and each writer's temporary name, that
+    # went through a Path stayed in memory for the process's life: ~6 blocks per cache miss in
+    # a long-running server (tests/test_review30_longrun.py, under 3.12). The top directories
+    # stay Paths; a key's shard and files are strings.
     def path(self, key: str | CacheKey) -> Path:
-        digest = check_digest(key)
-        return self.root / "entries" / digest[:2] / (digest + _SUFFIX)
+        """The entry's file, as a Path (for tools and tests; the store's own operations
+        use :meth:`_file`)."""
+        return Path(self._file("entries", check_digest(key), _SUFFIX))
+
+    def _shard(self, top: str, digest: str) -> str:
+        return os.path.join(os.fspath(self.root), top, digest[:2])
+
+    def _file(self, top: str, digest: str, suffix: str) -> str:
+        return os.path.join(os.fspath(self.root), top, digest[:2], digest + suffix)
 
     def _parts_path(self, digest: str) -> Path:
-        return self.root / "keys" / digest[:2] / (digest + ".json")
+        """The key record's file, as a Path (for tests; the store uses :meth:`_file`)."""
+        return Path(self._file("keys", digest, ".json"))
 
     def digest_memo(self) -> DigestMemo:
         """``meta/digests.json``: the cache keys' once-per-process digests, remembered across
@@ -161,13 +175,17 @@ class DiskStore:
     # that is a symbolic link is never followed: one planted by a neighbour with write access
     # to the root made writes land, and clear/prune delete, in the link's target (review 36).
     # The root itself may be a link (a user's choice of where the cache lives).
-    def _first_not_dir(self, directory: Path) -> tuple[Path, int | None] | None:
+    def _first_not_dir(self, directory: str | Path) -> tuple[str, int | None] | None:
         """The first component of ``directory`` below the root that is not a directory of
         its own, with its ``lstat`` mode (None when it is missing); None when every component
-        is one. OSError when one cannot be looked at."""
-        path = self.root
-        for part in directory.relative_to(self.root).parts:
-            path = path / part
+        is one. OSError when one cannot be looked at; ValueError for a directory not below
+        the root. (Strings: a key's shard must not be interned, see the paths' note.)"""
+        path = os.fspath(self.root)
+        rel = os.path.relpath(os.fspath(directory), path)
+        if rel == os.pardir or rel.startswith(os.pardir + os.sep) or os.path.isabs(rel):
+            raise ValueError(f"{directory} is not below the cache root {path}")
+        for part in () if rel == os.curdir else rel.split(os.sep):
+            path = os.path.join(path, part)
             try:
                 mode = os.lstat(path).st_mode
             except FileNotFoundError:
@@ -191,7 +209,7 @@ class DiskStore:
         every user (``/tmp``) whose ``entries/`` is not this user's. Entries are executable
         code: one planted in a root another user made in a sticky ``/tmp`` was served as a
         hit without a word (review 36). A directory shared with a group is not exposed."""
-        return self._exposed(self.path(key).parent, "entries")
+        return self._exposed(self._shard("entries", check_digest(key)), "entries")
 
     def untrusted(self, directory: Path, top: str) -> str | None:
         """Why files in ``directory`` (``root/top`` or below it) must be neither read nor
@@ -207,7 +225,7 @@ class DiskStore:
             return f"{found[0]} is {found[1]}"
         return self._exposed(directory, top)
 
-    def _exposed(self, directory: Path, top: str) -> str | None:
+    def _exposed(self, directory: str | Path, top: str) -> str | None:
         me = os.getuid()
         entries = self.root / top
         for path in (directory, entries):
@@ -231,7 +249,7 @@ class DiskStore:
                     f"{stat.S_IMODE(st.st_mode):04o}) and its {top}/ belongs to uid {owner}")
         return None
 
-    def _not_own(self, directory: Path) -> tuple[Path, str] | None:
+    def _not_own(self, directory: str | Path) -> tuple[str, str] | None:
         """The first component of ``directory`` below the root that exists and is not a
         directory of its own, and what it is (``"a symbolic link"``, ``"not a directory"``);
         None when there is none (missing ones are made by a write). OSError as
@@ -242,7 +260,7 @@ class DiskStore:
         path, mode = found
         return path, "a symbolic link" if stat.S_ISLNK(cast(int, mode)) else "not a directory"
 
-    def _check_no_links(self, directory: Path) -> None:
+    def _check_no_links(self, directory: str | Path) -> None:
         """OSError (ELOOP, naming it) when a component of ``directory`` below the root exists
         and is not a directory of its own; missing ones are made by the write."""
         found = self._not_own(directory)
@@ -253,25 +271,31 @@ class DiskStore:
 
     def _files(self, top: str, sharded: bool, match: Callable[[str], bool],
                strict: bool = False) -> list[Path]:
+        """:meth:`_file_names` as Paths (for listings: tools and ``kernelpack cache``)."""
+        return [Path(name) for name in self._file_names(top, sharded, match, strict)]
+
+    def _file_names(self, top: str, sharded: bool, match: Callable[[str], bool],
+                    strict: bool = False) -> list[str]:
         """What lies under ``root/top`` (``top/??/`` when ``sharded``) with a name that
         ``match``-es: files, and whatever else was planted under such a name (for removal:
         a link is removed, never followed); the walk enters no linked directory. A directory
         that cannot be listed is skipped, or raised (OSError naming it) when ``strict``:
-        ``clear`` must not report success over what it could not see."""
+        ``clear`` must not report success over what it could not see. Strings, not Paths:
+        what a long-running process removes must not be interned (see the paths' note)."""
         base = self._inside(top)
         if base is None:
             return []
-        out: list[Path] = []
-        dirs = [base]
+        out: list[str] = []
+        dirs: list[str | Path] = [base]
         if sharded:
             dirs = []
             for shard in _listed(base, strict):
                 if shard.is_dir(follow_symlinks=False):
-                    dirs.append(Path(shard.path))
+                    dirs.append(shard.path)
         for directory in dirs:
             for item in _listed(directory, strict):
                 if match(item.name):
-                    out.append(Path(item.path))
+                    out.append(item.path)
         return out
 
     def get(self, key: str | CacheKey) -> bytes | None:
@@ -286,7 +310,7 @@ class DiskStore:
         another process wrote since. Anything but a regular file reads as ``b""`` (it never
         verifies). ``touch=False`` leaves the LRU time alone (``kernelpack cache ls``)."""
         digest = check_digest(key)
-        path = self.path(digest)
+        path = self._file("entries", digest, _SUFFIX)
         drop_finished()  # a lock an interrupt left (its key may only ever hit from now on)
         fd = -1
         try:  # the open inside: a Ctrl-C held back past it (deferred_interrupts) lands in here
@@ -337,9 +361,9 @@ class DiskStore:
             raise OSError(errno.E2BIG, f"the entry's {len(data)} bytes exceed the cache's cap of "
                                        f"{self.max_bytes} bytes (max_bytes / "
                                        f"KERNELPACK_CACHE_MAX_BYTES), so it is not kept")
-        path = self.path(key)
-        self._check_no_links(path.parent)
-        _write_atomic(path, bytes(data), sync=sync)
+        digest = check_digest(key)
+        self._check_no_links(self._shard("entries", digest))
+        _write_atomic(self._file("entries", digest, _SUFFIX), bytes(data), sync=sync)
         self._used.pop(check_digest(key), None)  # its mtime is now
         if self.max_bytes is not None:
             pending = (self._written_since_evict or 0) + len(data)
@@ -360,9 +384,9 @@ class DiskStore:
         """Record ``key``'s parts, and the name of the ``program`` its entry holds: a key's
         source is a digest, so an explained miss finds the same program's earlier key by it
         (every key of an edited fusion differs from the new one in ``source`` alone)."""
-        path = self._parts_path(key.digest)
-        self._check_no_links(path.parent)
-        if not path.exists():
+        path = self._file("keys", key.digest, ".json")
+        self._check_no_links(self._shard("keys", key.digest))
+        if not os.path.exists(path):
             record: dict = {"digest": key.digest, "parts": key.parts}
             if program is not None:
                 record["program"] = program
@@ -377,7 +401,7 @@ class DiskStore:
     def _read_record(self, digest: str) -> tuple[CacheKey | None, str | None]:
         """``read_parts``, and the recorded program name (None when not recorded)."""
         try:
-            record = json.loads(_read_record(self._parts_path(check_digest(digest))))
+            record = json.loads(_read_record(self._file("keys", check_digest(digest), ".json")))
             key = CacheKey.from_parts(record["parts"])
             key.part("kind")
             program = record.get("program")
@@ -417,7 +441,7 @@ class DiskStore:
     @contextlib.contextmanager
     def _locked(self, digest: str, owner: list[Any], wait_s: float | None) -> Iterator[None]:
         lock_dir = self.root / "locks"
-        path = lock_dir / (digest + ".lock")
+        path = os.path.join(os.fspath(lock_dir), digest + ".lock")
         made_dir = False
         f = None
         self._check_no_links(lock_dir)
@@ -466,13 +490,14 @@ class DiskStore:
         qdir = self.root / "quarantine"
         target = qdir / f"{digest}.{time.time_ns()}{_SUFFIX}"
         try:
+            entry = self._file("entries", digest, _SUFFIX)
             if seen is not None:
-                st = os.stat(self.path(digest))
+                st = os.stat(entry)
                 if (st.st_ino, st.st_mtime_ns) != seen:
                     return None  # replaced by a fresh entry since we read it: leave it
             self._check_no_links(qdir)
             make_private_dirs(qdir)
-            os.replace(self.path(digest), target)
+            os.replace(entry, target)
         except FileNotFoundError:
             return None
         for old in self.quarantined()[:-MAX_QUARANTINED]:  # keep evidence, but bounded
@@ -482,7 +507,13 @@ class DiskStore:
 
     def entries(self) -> list[EntryInfo]:
         """Every complete entry (temporary files excluded), oldest first."""
-        out: list[EntryInfo] = []
+        return [EntryInfo(digest, size, mtime, Path(file))
+                for digest, size, mtime, file in self._entries()]
+
+    def _entries(self) -> list[tuple[str, int, float, str | Path]]:
+        """:meth:`entries` as ``(digest, size, mtime, file)``, the file a string: eviction
+        goes through them all, and a Path of each would intern its name (the paths' note)."""
+        out: list[tuple[str, int, float, str | Path]] = []
         base = self._inside("entries")
         if base is None:
             return out
@@ -490,7 +521,7 @@ class DiskStore:
         for shard in _listed(base, True):
             if not shard.is_dir(follow_symlinks=False):
                 continue
-            for item in _listed(Path(shard.path), True):
+            for item in _listed(shard.path, True):
                 name = item.name
                 stem = name[:-len(_SUFFIX)]
                 if not name.endswith(_SUFFIX) or not _DIGEST_RE.fullmatch(stem):
@@ -506,15 +537,16 @@ class DiskStore:
                     # from another machine): when it was used is unknown, so it goes first;
                     # as "newest" it pinned the cache and the working set was evicted instead
                     mtime = 0.0
-                out.append(EntryInfo(stem, st.st_size, used if used > mtime else mtime,
-                                     Path(item.path)))
-        out.sort(key=lambda e: (e.mtime, e.digest))
+                out.append((stem, st.st_size, used if used > mtime else mtime, item.path))
+        out.sort(key=lambda e: (e[2], e[0]))
         return out
 
-    def _evictable(self) -> list[EntryInfo]:
-        """Entries and runtime cubins together, least recently used first."""
-        both = self.entries() + self.runtime_cubins()
-        both.sort(key=lambda e: (e.mtime, e.digest))
+    def _evictable(self) -> list[tuple[str, int, float, str | Path]]:
+        """Entries and runtime cubins together as ``(digest, size, mtime, file)``, least
+        recently used first."""
+        both = self._entries()
+        both += [(e.digest, e.size, e.mtime, e.path) for e in self.runtime_cubins()]
+        both.sort(key=lambda e: (e[2], e[0]))
         return both
 
     def evict(self, max_bytes: int, *, keep: str | None = None) -> tuple[int, int]:
@@ -529,7 +561,7 @@ class DiskStore:
         cache that never hits."""
         if self._inside("entries") is None and self._inside("runtime-ptx") is None:
             return 0, 0
-        if sum(e.size for e in self._evictable()) <= max_bytes:
+        if sum(e[1] for e in self._evictable()) <= max_bytes:
             return 0, 0  # nothing to evict: no lock file either (a read-only cache stays usable)
         lock_dir = self.root / "locks"
         self._check_no_links(lock_dir)
@@ -546,25 +578,26 @@ class DiskStore:
                     return 0, 0
                 raise
             entries = self._evictable()
-            total = sum(e.size for e in entries)
+            total = sum(e[1] for e in entries)
             if total <= max_bytes:
                 return 0, 0
             goal = int(max_bytes * LOW_WATER)
             removed = freed = 0
-            newest = entries[-1] if entries and entries[-1].size <= max_bytes else None
-            for e in entries:
+            newest = entries[-1] if entries and entries[-1][1] <= max_bytes else None
+            for entry in entries:
+                digest, size, _, file = entry
                 if total <= goal:
                     break
-                if e.digest == keep or e is newest:
+                if digest == keep or entry is newest:
                     continue
                 with contextlib.suppress(FileNotFoundError):
-                    _remove(e.path)  # a directory under an entry's name too
+                    _remove(file)  # a directory under an entry's name too
                     removed += 1
-                    freed += e.size
-                total -= e.size
-                self._used.pop(e.digest, None)
+                    freed += size
+                total -= size
+                self._used.pop(digest, None)
                 with contextlib.suppress(OSError):
-                    os.unlink(self._parts_path(e.digest))
+                    os.unlink(self._file("keys", digest, ".json"))
             self.evicted += removed
             return removed, freed
         finally:
@@ -591,8 +624,8 @@ class DiskStore:
                 if path.lstat().st_mtime < cutoff:
                     path.unlink()
                     removed += 1
-        for path in self._files("locks", False, lambda n: n.endswith(".lock")):
-            removed += remove_if_unheld(path)
+        for name in self._file_names("locks", False, lambda n: n.endswith(".lock")):
+            removed += remove_if_unheld(name)
         return removed
 
     def runtime_cubins(self) -> list[EntryInfo]:
@@ -618,23 +651,31 @@ class DiskStore:
         """Remove every entry, runtime cubin, key record, quarantined file and unheld lock
         file, and the keys' digest memo; returns the entries removed."""
         count = 0
-        for path in self._files("meta", False, lambda n: n == "digests.json", strict=True):
+        for name in self._file_names("meta", False, lambda n: n == "digests.json",
+                                     strict=True):
             with contextlib.suppress(FileNotFoundError):
-                _remove(path)
-        for e in self.entries():
+                _remove(name)
+        for name in self._file_names("entries", True, _is_entry, strict=True):
             with contextlib.suppress(FileNotFoundError):
-                _remove(e.path)
+                _remove(name)
                 count += 1
         for e in self.runtime_cubins():
             with contextlib.suppress(FileNotFoundError):
                 _remove(e.path)
-        for path in self._files("locks", False, lambda n: n.endswith(".lock"), strict=True):
-            remove_if_unheld(path)
+        for name in self._file_names("locks", False, lambda n: n.endswith(".lock"),
+                                     strict=True):
+            remove_if_unheld(name)
         for top, sharded, suffix in (("keys", True, ".json"), ("quarantine", False, _SUFFIX)):
-            for path in self._files(top, sharded, lambda n: n.endswith(suffix), strict=True):
+            for name in self._file_names(top, sharded, lambda n: n.endswith(suffix),
+                                         strict=True):
                 with contextlib.suppress(FileNotFoundError):
-                    _remove(path)
+                    _remove(name)
         return count
+
+
+def _is_entry(name: str) -> bool:
+    """An entry's file name: ``<digest>.kpack`` (what :meth:`DiskStore.entries` lists)."""
+    return name.endswith(_SUFFIX) and bool(_DIGEST_RE.fullmatch(name[:-len(_SUFFIX)]))
 
 
 def _quarantine_order(path: Path) -> tuple[int, str]:
@@ -674,7 +715,7 @@ def _no_follow(path: str, flags: int) -> int:
     return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o644)
 
 
-def _listed(directory: Path, strict: bool) -> list[os.DirEntry[str]]:
+def _listed(directory: str | Path, strict: bool) -> list[os.DirEntry[str]]:
     """The entries of ``directory`` (the scandir iterator closed whatever happens: an error
     mid-walk left it to the collector, with a ResourceWarning); [] when it cannot be listed,
     unless ``strict`` (then the OSError, naming it)."""
