@@ -99,13 +99,14 @@ def count_events(fn, files=None):
             return None
         if ev == "call":
             frame.f_trace_opcodes = True
-            frame.f_trace = tr  # from Python 3.12 the opcode events need it set here too
+            frame.f_trace = tr  # (3.13 gives opcode events only with f_trace set here too)
         elif ev == "opcode" and frame.f_lasti in signal_points(code):
             n[0] += 1
             if files is not None:
                 files.append(code.co_filename[len(PKG):])
         return tr
     prev = sys.gettrace()
+    sys._getframe().f_trace_opcodes = True  # (3.12.1: else the callees get no opcode events)
     sys.settrace(tr)
     try:
         fn()
@@ -126,7 +127,7 @@ def interrupt_at(fn, k, exc=KeyboardInterrupt):
             return None
         if ev == "call":
             frame.f_trace_opcodes = True
-            frame.f_trace = tr  # from Python 3.12 the opcode events need it set here too
+            frame.f_trace = tr  # (3.13 gives opcode events only with f_trace set here too)
         elif ev == "opcode" and where[0] is None and frame.f_lasti in signal_points(code):
             n[0] += 1
             if n[0] >= k:
@@ -134,6 +135,7 @@ def interrupt_at(fn, k, exc=KeyboardInterrupt):
                 raise exc()
         return tr
     prev = sys.gettrace()
+    sys._getframe().f_trace_opcodes = True  # (3.12.1: else the callees get no opcode events)
     sys.settrace(tr)
     try:
         value = fn()

@@ -457,7 +457,9 @@ def test_tiny_maxmemory_with_eviction_is_only_misses(tmp_path: Path, plain_redis
         st = reader.stats()
         assert st["remote_hits"] + st["remote_misses"] == 200, _nonzero(st)
         assert st["refused"] == st["errors"] == st["remote_errors"] == 0, (_nonzero(st), [str(w.message) for w in caught])
-        assert [w for w in caught if not issubclass(w.category, CacheWarning)] == []
+        others = [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})"
+                  for w in caught if not issubclass(w.category, CacheWarning)]
+        assert others == []  # (named: one was seen once, under load, in session 51)
     finally:
         client.config_set("maxmemory", "0")
         client.config_set("maxmemory-policy", "noeviction")

@@ -445,6 +445,7 @@ def _interrupt_sweep(torch, pool: Pool) -> list[tuple[int, int, int]]:
         state = {"left": k, "line": 0}
 
         def local(frame, event, arg, state=state):
+            frame.f_trace_opcodes = True
             if event == "opcode" and frame.f_code.co_filename == arrays.__file__:
                 state["left"] -= 1
                 if state["left"] == 0:
@@ -454,11 +455,14 @@ def _interrupt_sweep(torch, pool: Pool) -> list[tuple[int, int, int]]:
 
         def enter(frame, event, arg, local=local):
             frame.f_trace_opcodes = True
-            frame.f_trace = local  # from Python 3.12 the opcode events need it set here too
+            frame.f_trace = local  # (3.13 turns them on only with f_trace set too)
             return local
 
         t0, d0 = len(pool.taken), len(pool.deletes)
         before = sys.gettrace()
+        # 3.12.1 gave the callees no opcode events unless the frame that sets the tracer asks
+        # for them too (3.11 and 3.13 do without)
+        sys._getframe().f_trace_opcodes = True
         sys.settrace(enter)
         try:
             got = adapter.scratch(64, 0, 5)
