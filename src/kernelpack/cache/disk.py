@@ -181,10 +181,15 @@ class DiskStore:
         is one. OSError when one cannot be looked at; ValueError for a directory not below
         the root. (Strings: a key's shard must not be interned, see the paths' note.)"""
         path = os.fspath(self.root)
-        rel = os.path.relpath(os.fspath(directory), path)
-        if rel == os.pardir or rel.startswith(os.pardir + os.sep) or os.path.isabs(rel):
-            raise ValueError(f"{directory} is not below the cache root {path}")
-        for part in () if rel == os.curdir else rel.split(os.sep):
+        given = os.fspath(directory)
+        if given != path and not given.startswith(path.rstrip(os.sep) + os.sep):
+            Path(given).relative_to(self.root)  # Path's own error (or a spelling it accepts)
+            given = str(Path(given))
+        # component by component as given: a ".." after a planted link must reach the link
+        # (normalizing it away, as relpath does, skipped the link; review 69)
+        for part in given[len(path):].split(os.sep):
+            if part in ("", os.curdir):
+                continue
             path = os.path.join(path, part)
             try:
                 mode = os.lstat(path).st_mode
@@ -655,9 +660,9 @@ class DiskStore:
                                      strict=True):
             with contextlib.suppress(FileNotFoundError):
                 _remove(name)
-        for name in self._file_names("entries", True, _is_entry, strict=True):
-            with contextlib.suppress(FileNotFoundError):
-                _remove(name)
+        for _, _, _, file in self._entries():  # what entries() lists, oldest first (a
+            with contextlib.suppress(FileNotFoundError):  # dangling link is none: review 69)
+                _remove(file)
                 count += 1
         for e in self.runtime_cubins():
             with contextlib.suppress(FileNotFoundError):
@@ -671,11 +676,6 @@ class DiskStore:
                 with contextlib.suppress(FileNotFoundError):
                     _remove(name)
         return count
-
-
-def _is_entry(name: str) -> bool:
-    """An entry's file name: ``<digest>.kpack`` (what :meth:`DiskStore.entries` lists)."""
-    return name.endswith(_SUFFIX) and bool(_DIGEST_RE.fullmatch(name[:-len(_SUFFIX)]))
 
 
 def _quarantine_order(path: Path) -> tuple[int, str]:
