@@ -7,11 +7,12 @@ relies on the driver's PTX JIT at load time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Sequence
+from typing import Any, Iterator, Sequence
 
 from ..errors import CompileError
 from ..compiled import Image
@@ -104,6 +105,19 @@ def ptx_to_cubin(ptx: bytes | str, arch: Arch, *, name: str = "kernel.ptx",
 
     Modules that an affected ptxas miscompiles get its workaround option added
     (:mod:`.ptxas_guard`)."""
+    with _assembled(ptx, arch, name, options) as (nvjitlink, handle):
+        size = nvjitlink.get_linked_cubin_size(handle)
+        cubin = bytearray(size)
+        nvjitlink.get_linked_cubin(handle, cubin)
+        return bytes(cubin)
+
+
+@contextlib.contextmanager
+def _assembled(ptx: bytes | str, arch: Arch, name: str,
+               options: tuple[str, ...]) -> Iterator[tuple[Any, int]]:
+    """``(nvjitlink, handle)`` of ``ptx`` assembled for ``arch`` with ``options`` and the
+    ptxas guard's (:func:`ptx_to_cubin`, :func:`resource_usage`); the handle is destroyed on
+    leaving. CompileError (with nvJitLink's log) where it refuses the options or the PTX."""
     from .ptxas_guard import guard_options
 
     nvjitlink = _module()
@@ -122,10 +136,7 @@ def ptx_to_cubin(ptx: bytes | str, arch: Arch, *, name: str = "kernel.ptx",
         except Exception as exc:
             raise CompileError(f"nvJitLink failed to build {name} for {arch.sm}: {exc}",
                                _log(nvjitlink, handle)) from exc
-        size = nvjitlink.get_linked_cubin_size(handle)
-        cubin = bytearray(size)
-        nvjitlink.get_linked_cubin(handle, cubin)
-        return bytes(cubin)
+        yield nvjitlink, handle
     finally:
         nvjitlink.destroy(handle)
 
@@ -168,25 +179,12 @@ def resource_usage(ptx: bytes | str, arch: Arch) -> dict[str, tuple[int, int]]:
 
     A row kernel's registers decide how many rows an SM holds, so the schedule's choices are
     checked against it (tests/lowering/test_regrows.py, benchmarks/row_configs.py). Raises
-    CompileError where nvJitLink refuses the module."""
-    nvjitlink = _module()
-    data = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
-    if not data.endswith(b"\0"):
-        data += b"\0"
-    opts = [f"-arch={arch.sm}", "-O3", "-Xptxas=-v"]
-    handle = nvjitlink.create(len(opts), opts)
-    try:
-        try:
-            nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
-            nvjitlink.complete(handle)
-        except Exception as exc:
-            raise CompileError(f"nvJitLink failed to assemble for {arch.sm}: {exc}",
-                               _log(nvjitlink, handle)) from exc
+    CompileError where nvJitLink refuses the module. Assembled as :func:`ptx_to_cubin`
+    assembles (the ptxas guard's options included), so the figures are the cubin's."""
+    with _assembled(ptx, arch, "kernel.ptx", ("-O3", "-Xptxas=-v")) as (nvjitlink, handle):
         log = bytearray(nvjitlink.get_info_log_size(handle))
         if log:
             nvjitlink.get_info_log(handle, log)
-    finally:
-        nvjitlink.destroy(handle)
     out: dict[str, tuple[int, int]] = {}
     entry, spill = None, 0
     for line in bytes(log).rstrip(b"\0").decode(errors="replace").splitlines():
@@ -198,6 +196,7 @@ def resource_usage(ptx: bytes | str, arch: Arch) -> dict[str, tuple[int, int]]:
             out[entry] = (int(m.group(1)), spill)
             entry = None  # a function's report (not an entry's) has no "Compiling entry"
     return out
+
 
 def _no_thread(exc: RuntimeError) -> bool:
     """Whether ``exc`` is the thread pool's "no new thread" (``submit`` during interpreter
