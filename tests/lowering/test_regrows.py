@@ -24,6 +24,7 @@ from kernelpack.targets import parse_arch
 from kernelpack.toolchain.nvjitlink import resource_usage
 
 from .simt import Kernels, assert_close
+from .test_compile import _entry
 
 F32, F64 = make(kp.float32), make(kp.float64)
 TOL = {kp.float32: 2e-6, kp.float64: 1e-13}
@@ -31,11 +32,6 @@ TOL = {kp.float32: 2e-6, kp.float64: 1e-13}
 
 def _ptx(fusion: kp.fusion) -> str:
     return pipeline.run(pipeline.new_build(fusion, ["sm_90"], None, {}), stop="ptx").ptx.decode()
-
-
-def _entry(ptx: str, name: str) -> str:
-    body = ptx[ptx.index(f".entry {name}("):]
-    return body[:body.index("\n}\n")]
 
 
 def _resources(ptx: str) -> dict[str, tuple[int, int]]:

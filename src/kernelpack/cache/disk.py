@@ -369,7 +369,7 @@ class DiskStore:
         digest = check_digest(key)
         self._check_no_links(self._shard("entries", digest))
         _write_atomic(self._file("entries", digest, _SUFFIX), bytes(data), sync=sync)
-        self._used.pop(check_digest(key), None)  # its mtime is now
+        self._used.pop(digest, None)  # its mtime is now
         if self.max_bytes is not None:
             pending = (self._written_since_evict or 0) + len(data)
             # Scanning the directory on every put would be O(entries); evict on the first put
@@ -612,22 +612,27 @@ class DiskStore:
     def temporaries(self) -> list[Path]:
         """Writers' temporary files (``write_atomic``'s ``.<name>.<pid>.<hex>.tmp``), in
         every directory the cache writes files to: a killed writer's are left behind."""
+        return [Path(name) for name in self._temporary_names()]
+
+    def _temporary_names(self) -> list[str]:
+        """:meth:`temporaries` as strings (what :meth:`prune_temps` removes: the paths'
+        note)."""
         def temporary(name: str) -> bool:
             return name.startswith(".") and name.endswith(".tmp")
 
-        return [path for top, sharded in (("entries", True), ("keys", True),
+        return [name for top, sharded in (("entries", True), ("keys", True),
                                           ("runtime-ptx", True), ("meta", False))
-                for path in self._files(top, sharded, temporary)]
+                for name in self._file_names(top, sharded, temporary)]
 
     def prune_temps(self, older_than_s: float = 3600.0) -> int:
         """Remove what killed processes left: temporary files of writers (older than
         ``older_than_s``) and per-key lock files that no process holds. Returns how many."""
         removed = 0
         cutoff = time.time() - older_than_s
-        for path in self.temporaries():
+        for name in self._temporary_names():
             with contextlib.suppress(OSError):
-                if path.lstat().st_mtime < cutoff:
-                    path.unlink()
+                if os.lstat(name).st_mtime < cutoff:
+                    os.unlink(name)
                     removed += 1
         for name in self._file_names("locks", False, lambda n: n.endswith(".lock")):
             removed += remove_if_unheld(name)
