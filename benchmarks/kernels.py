@@ -192,30 +192,39 @@ def standard_cases(workload: str, quick: bool) -> list[Case]:
     shapes = {"softmax": [(65536, 1024), (8192, 8192)],
               "layernorm": [(65536, 1024), (8192, 8192)],
               "masked_mean": [(16384, 4096), (4096, 16384)]}[workload]
-    shapes = shapes[:1] if quick else shapes
-    out = []
-    for b, n in shapes:
-        label = f"{b}x{n}"
-        if workload == "softmax":
-            out.append(case(label, 8 * b * n, lambda b=b, n=n: {"x": randn(b, n)},
-                            lambda d: (d["x"],), lambda d: torch.empty_like(d["x"]),
-                            lambda d: torch.softmax(d["x"].double(), -1)))
-        elif workload == "layernorm":
-            out.append(case(label, 8 * b * n + 8 * n,
-                            lambda b=b, n=n: {"x": randn(b, n), "w": randn(n), "bias": randn(n)},
-                            lambda d: (d["x"], d["w"], d["bias"], EPS),
-                            lambda d: torch.empty_like(d["x"]),
-                            lambda d: _layernorm64(d["x"].double(), d["w"].double(),
-                                                   d["bias"].double())))
-        else:
-            out.append(case(label, 5 * b * n + 4 * b,
-                            lambda b=b, n=n: {"x": randn(b, n),
-                                              "mask": torch.rand(b, n, device=dev) < 0.6},
-                            lambda d: (d["x"], d["mask"]),
-                            lambda d: torch.empty(d["x"].shape[0], device=dev, dtype=f32),
-                            lambda d: torch.where(d["mask"], d["x"].double(), 0.0).sum(-1)
-                            / d["mask"].double().sum(-1)))
-    return out
+    return [row_case(workload, b, n) for b, n in (shapes[:1] if quick else shapes)]
+
+
+def row_case(workload: str, b: int, n: int) -> Case:
+    """softmax, layernorm or masked_mean over float32 rows: ``b`` rows of ``n`` elements (also
+    ``benchmarks/row_configs.py``'s cells)."""
+    import torch
+
+    dev, f32 = "cuda", torch.float32
+
+    def randn(*shape: int) -> Any:
+        return torch.randn(*shape, device=dev, dtype=f32)
+
+    label = f"{b}x{n}"
+    if workload == "softmax":
+        return Case(workload, "float32", label, 8 * b * n, lambda: {"x": randn(b, n)},
+                    lambda d: (d["x"],), lambda d: torch.empty_like(d["x"]),
+                    lambda d: torch.softmax(d["x"].double(), -1))
+    if workload == "layernorm":
+        return Case(workload, "float32", label, 8 * b * n + 8 * n,
+                    lambda: {"x": randn(b, n), "w": randn(n), "bias": randn(n)},
+                    lambda d: (d["x"], d["w"], d["bias"], EPS),
+                    lambda d: torch.empty_like(d["x"]),
+                    lambda d: _layernorm64(d["x"].double(), d["w"].double(), d["bias"].double()))
+    if workload == "masked_mean":
+        return Case(workload, "float32", label, 5 * b * n + 4 * b,
+                    lambda: {"x": randn(b, n), "mask": torch.rand(b, n, device=dev) < 0.6},
+                    lambda d: (d["x"], d["mask"]),
+                    lambda d: torch.empty(d["x"].shape[0], device=dev, dtype=f32),
+                    lambda d: torch.where(d["mask"], d["x"].double(), 0.0).sum(-1)
+                    / d["mask"].double().sum(-1))
+    raise KeyError(f"row_case: {workload!r} is not a row workload "
+                   "(softmax, layernorm, masked_mean)")
 
 
 def _gelu64(x: Any) -> Any:

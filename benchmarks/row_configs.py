@@ -10,6 +10,14 @@ codegen change is timed against the tree before it.
 ``--registers`` (no GPU needed): per configuration and tree, every register-row kernel's
 registers and spilled bytes as ptxas reports them through nvJitLink (``-Xptxas=-v``, sm_90).
 
+``--ncu`` (a GPU with Nsight Compute's ``ncu``, which needs the hardware counters: it fails
+on a gVisor host): per configuration and tree, one process under ``ncu`` launches each cell's
+kernelpack kernel and Triton kernel (after a checked first launch) and prints, for each, the
+kernel, its launch, registers, the blocks per SM its registers allow, the warps active, DRAM
+throughput, instructions and duration. Session 52 found this way why kernelpack's layernorm in
+Triton's shape (128 x 8) ran 1.28x slower: 40 registers hold 12 blocks per SM where Triton's 32
+hold 16, so a quarter fewer bytes are in flight (notes/row-perf.md).
+
 Otherwise (a GPU with torch and Triton): per configuration, tree and round, one fresh process
 compiles the two fusions for the device, then for each cell checks kernelpack's result against
 float64 torch and times it beside the Triton kernel kernels.py uses (``run_case``: same inputs,
@@ -18,7 +26,7 @@ host hits every configuration alike. Prints kernelpack / Triton per cell and rou
 written to RESULTS.md: the output is a comparison for notes.
 
     python benchmarks/row_configs.py [--config NAME ...] [--against OLD_SRC ...] [--rounds N]
-        [--workloads softmax,layernorm] [--cells 8192x8192,...] [--registers] [--list]
+        [--workloads softmax,layernorm] [--cells 8192x8192,...] [--registers] [--ncu] [--list]
 
 ``--config current`` is the tuning as it is; ``--list`` names the others. OLD_SRC is a ``src/``
 directory of another tree (``git archive REV src | tar -x -C /tmp/old``, then ``/tmp/old/src``).
@@ -30,6 +38,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,6 +71,10 @@ CONFIGS: dict[str, tuple[str, Any]] = {
         "layernorm up to 1024 as Triton's shape: 128 threads x 8, 1536 resident",
         lambda t: {"REG_GROUPS_LIGHT": t.REG_GROUPS_LIGHT[:2] + (
             ("block", 2, 64, 1536), ("block", 2, 128, 1536)) + t.REG_GROUPS_LIGHT[4:]}),
+    "layernorm-warp-in-128": (
+        "layernorm's warp groups in blocks of 128 threads (4 rows per block instead of 8)",
+        lambda t: {"REG_GROUPS_LIGHT": tuple((g[0], g[1], 128) + tuple(g[3:]) if g[0] == "warp"
+                                             else g for g in t.REG_GROUPS_LIGHT)}),
 }
 CELLS = ["65536x1024", "8192x8192", "16384x4096", "32768x2048", "131072x512", "65536x1023",
          "8192x8190"]
@@ -99,10 +112,12 @@ def _fusions(workloads: list[str]) -> dict[str, Any]:
     return {w: fusions[w] for w in workloads}
 
 
-def child(mode: str, workloads: list[str], cells: list[str]) -> dict[str, Any]:
+def child(mode: str, workloads: list[str], cells: list[str]) -> Any:
     """In a fresh process with the configuration applied: ``registers`` ({workload: {kernel:
-    [registers, spill bytes]}} of the register-row kernels) or ``time`` ({workload cell:
-    [kernelpack ms, Triton ms, kernelpack's relative error]})."""
+    [registers, spill bytes]}} of the register-row kernels), ``time`` ({workload cell:
+    [kernelpack ms, Triton ms, kernelpack's relative error]}) or ``ncu`` (the launches made
+    for Nsight Compute to profile: [[workload cell, "kp" or "triton"], ...] in launch
+    order)."""
     from kernelpack.lowering import pipeline
     from kernelpack.targets import parse_arch
     from kernelpack.toolchain.nvjitlink import resource_usage
@@ -116,26 +131,67 @@ def child(mode: str, workloads: list[str], cells: list[str]) -> dict[str, Any]:
             out[w] = {k.split("_0_", 1)[1]: list(v) for k, v in used.items()
                       if re.search(r"_0_row(warp|block)\d+x?\d*$", k)}
         return out
+    if mode == "ncu":
+        return _launch_for_ncu(fusions, cells)
     return _time(fusions, cells)
 
 
-def _time(fusions: dict[str, Any], cells: list[str]) -> dict[str, Any]:
+def _packed(fusions: dict[str, Any], tmp: str) -> tuple[Any, dict[str, Any]]:
+    """The fusions compiled for this GPU, saved and loaded as users launch them."""
     import torch
 
-    import kernels as K
     import kernelpack as kp
 
     arch = "sm_%d%d" % torch.cuda.get_device_capability()
     compiled = {w: kp.compile(f, targets=[arch]) for w, f in fusions.items()}
-    out: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:  # launched as users do: saved, then loaded
-        path = os.path.join(tmp, "rows.kpack")
-        kp.save(list(compiled.values()), path)
-        pack = kp.load(path)
+    path = os.path.join(tmp, "rows.kpack")
+    kp.save(list(compiled.values()), path)
+    return kp.load(path), compiled
+
+
+def _launch_for_ncu(fusions: dict[str, Any], cells: list[str]) -> list[list[str]]:
+    """Each cell's kernelpack and Triton kernels: a first launch of each (Triton compiles
+    there), kernelpack's result checked against float64 torch, then one more launch of each;
+    returns every launch's label in order, so the profiled kernels can be told apart."""
+    import torch
+
+    import kernels as K
+
+    order: list[list[str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        pack, compiled = _packed(fusions, tmp)
         for w, c in compiled.items():
             for cell in cells:
                 b, n = (int(v) for v in cell.split("x"))
-                case = _case(K, w, b, n)
+                case = K.row_case(w, b, n)
+                d = case.make()
+                run_kp, out = K.kp_builder(pack, c.name, case)(d)
+                run_triton, _ = K.triton_build(w, d)
+                for _ in range(2):
+                    run_kp()
+                    run_triton()
+                    order += [[f"{w} {cell}", "kp"], [f"{w} {cell}", "triton"]]
+                    if len(order) == 2:
+                        torch.cuda.synchronize()
+                err = K.gt.rel_err(out, case.ref(d))
+                if not err <= K.TOL[case.dtype]:
+                    raise SystemExit(f"{w} {cell}: kernelpack's result is wrong (rel err "
+                                     f"{err:.2e})")
+                del d, out
+                torch.cuda.empty_cache()
+    return order
+
+
+def _time(fusions: dict[str, Any], cells: list[str]) -> dict[str, Any]:
+    import kernels as K
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        pack, compiled = _packed(fusions, tmp)
+        for w, c in compiled.items():
+            for cell in cells:
+                b, n = (int(v) for v in cell.split("x"))
+                case = K.row_case(w, b, n)
                 r = K.run_case(case, {"kp": K.kp_builder(pack, c.name, case),
                                       "triton": lambda d, w=w: K.triton_build(w, d)},
                                {"rep_ms": 150.0})
@@ -146,35 +202,114 @@ def _time(fusions: dict[str, Any], cells: list[str]) -> dict[str, Any]:
     return out
 
 
-def _case(K: Any, workload: str, b: int, n: int) -> Any:
-    import torch
-
-    def make() -> dict:
-        d = {"x": torch.randn(b, n, device="cuda")}
-        if workload == "layernorm":
-            d["w"], d["bias"] = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
-        return d
-    if workload == "softmax":
-        return K.Case(workload, "float32", f"{b}x{n}", 8 * b * n, make, lambda d: (d["x"],),
-                      lambda d: torch.empty_like(d["x"]),
-                      lambda d: torch.softmax(d["x"].double(), -1))
-    return K.Case(workload, "float32", f"{b}x{n}", 8 * b * n + 8 * n, make,
-                  lambda d: (d["x"], d["w"], d["bias"], K.EPS),
-                  lambda d: torch.empty_like(d["x"]),
-                  lambda d: K._layernorm64(d["x"].double(), d["w"].double(),
-                                           d["bias"].double()))
-
-
 def run_child(src: Path, config: str, mode: str, workloads: list[str],
-              cells: list[str]) -> dict[str, Any]:
+              cells: list[str], wrapper: list[str] | None = None) -> Any:
+    """The child's answer (its last line of output, JSON); ``wrapper`` runs it under another
+    program (``ncu ...``)."""
     env = {**os.environ, "PYTHONPATH": str(src)}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(src), str(HERE), config, mode,
-                           ",".join(workloads), ",".join(cells)],
+    proc = subprocess.run([*(wrapper or []), sys.executable, "-c", CHILD, str(src), str(HERE),
+                           config, mode, ",".join(workloads), ",".join(cells)],
                           capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"{src} {config}: the child failed (rc {proc.returncode}):\n"
                          f"{proc.stderr[-3000:]}{proc.stdout[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# what --ncu collects: metric -> heading
+NCU_METRICS = {
+    "launch__grid_size": "grid",
+    "launch__block_size": "block",
+    "launch__registers_per_thread": "registers",
+    "launch__occupancy_limit_registers": "blocks/SM by registers",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "warps active",
+    "dram__bytes.sum.per_second": "DRAM",
+    "smsp__inst_executed.sum": "instructions",
+    "gpu__time_duration.sum": "duration",
+}
+
+
+def parse_ncu_csv(text: str) -> list[dict[str, tuple[str, str]]]:
+    """``ncu --csv --page raw`` output: a header row, a units row, then one row per profiled
+    kernel. Returns per kernel {column: (value, unit)} in profiling order; ncu's own messages
+    (``==PROF==`` lines) are skipped."""
+    import csv
+
+    rows = list(csv.reader(line for line in text.splitlines() if line.startswith('"')))
+    if len(rows) < 2:
+        return []
+    header, units = rows[0], rows[1]
+    if len(units) != len(header) or units[header.index("Kernel Name")] != "":
+        raise ValueError("not ncu's raw page: the second row is not the units row")
+    return [{h: (v, u) for h, v, u in zip(header, row, units)} for row in rows[2:]]
+
+
+def attribute(order: list[list[str]], kernels: list[dict[str, tuple[str, str]]],
+              workloads: list[str]) -> dict[tuple[str, str], list[dict[str, tuple[str, str]]]]:
+    """The profiled kernels of each (cell, implementation)'s last launch. ``order`` lists the
+    child's launches; a kernelpack launch may run several kernels (named after the fusion,
+    ``WORKLOAD_float32_...``), a Triton launch runs one (``_t_WORKLOAD``)."""
+    def impl_of(name: str) -> str:
+        for w in workloads:
+            if name == f"_t_{w}":
+                return "triton"
+            if name.startswith(f"{w}_float32_"):
+                return "kp"
+        raise ValueError(f"profiled kernel {name!r} belongs to no launch")
+
+    out: dict[tuple[str, str], list[dict[str, tuple[str, str]]]] = {}
+    i = 0
+    for cell, impl in order:
+        mine = []
+        while i < len(kernels) and impl_of(kernels[i]["Kernel Name"][0]) == impl:
+            mine.append(kernels[i])
+            i += 1
+            if impl == "triton":
+                break
+        if not mine:
+            raise ValueError(f"no profiled kernel for {cell} {impl} (launch {len(out) + 1})")
+        out[(cell, impl)] = mine  # the second launch replaces the first
+    if i != len(kernels):
+        raise ValueError(f"{len(kernels) - i} profiled kernels past the last launch")
+    return out
+
+
+def ncu_rows(tree_label: str, config: str,
+             found: dict[tuple[str, str], list[dict[str, tuple[str, str]]]]) -> list[str]:
+    """Markdown rows: one per profiled kernel, then kernelpack / Triton's duration per cell."""
+    lines = []
+    totals: dict[str, dict[str, float]] = {}
+    for (cell, impl), kernels in found.items():
+        for k in kernels:
+            cols = " | ".join(f"{k[m][0]} {k[m][1]}".strip() if m in k else "?"
+                              for m in NCU_METRICS)
+            lines.append(f"| {tree_label} | {config} | {cell} | {impl} | "
+                         f"{k['Kernel Name'][0]} | {cols} |")
+            if "gpu__time_duration.sum" in k:
+                value = float(k["gpu__time_duration.sum"][0].replace(",", ""))
+                totals.setdefault(cell, {}).setdefault(impl, 0.0)
+                totals[cell][impl] += value
+    for cell, t in totals.items():
+        if t.get("kp") and t.get("triton"):
+            lines.append(f"| {tree_label} | {config} | {cell} | kp / Triton | | "
+                         + " | " * (len(NCU_METRICS) - 1) + f"{t['kp'] / t['triton']:.3f} |")
+    return lines
+
+
+def run_ncu(ncu: str, src: Path, config: str, workloads: list[str],
+            cells: list[str]) -> dict[tuple[str, str], list[dict[str, tuple[str, str]]]]:
+    names = "|".join(f"{w}_float32_|_t_{w}$" for w in workloads)
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "ncu.csv")
+        wrapper = [ncu, "--clock-control", "none", "--target-processes", "all", "--csv",
+                   "--page", "raw", "--log-file", log, "--metrics", ",".join(NCU_METRICS),
+                   "-k", f"regex:^({names})"]
+        order = run_child(src, config, "ncu", workloads, cells, wrapper)
+        text = Path(log).read_text() if os.path.exists(log) else ""
+    kernels = parse_ncu_csv(text)
+    if not kernels:
+        raise SystemExit(f"{src} {config}: ncu profiled no kernel; its log:\n{text[-3000:]}")
+    return attribute(order, kernels, workloads)
 
 
 def main() -> int:
@@ -192,6 +327,9 @@ def main() -> int:
                     help="comma-separated ROWSxCOLUMNS (default: %(default)s)")
     ap.add_argument("--registers", action="store_true",
                     help="registers and spills per kernel (ptxas via nvJitLink; no GPU)")
+    ap.add_argument("--ncu", nargs="?", const="ncu", metavar="NCU",
+                    help="profile each cell's kernels with Nsight Compute (the ncu program: "
+                    "on the PATH unless given) instead of timing them")
     ap.add_argument("--list", action="store_true", help="name the configurations and exit")
     args = ap.parse_args()
     if args.list:
@@ -223,6 +361,17 @@ def main() -> int:
                     shown = " ".join(f"{k}={r}" + (f" (spills {s} B)" if s else "")
                                      for k, (r, s) in kernels.items())
                     print(f"{label[tree]} | {name} | {w}: {shown}")
+        return 0
+    if args.ncu:
+        if shutil.which(args.ncu) is None:
+            ap.error(f"--ncu: no program {args.ncu!r} (Nsight Compute's ncu) found")
+        print("| tree | config | cell | impl | kernel | "
+              + " | ".join(NCU_METRICS.values()) + " |")
+        print("| --- | --- | --- | --- | --- |" + " ---: |" * len(NCU_METRICS))
+        for tree in trees:
+            for name in configs:
+                found = run_ncu(args.ncu, tree, name, workloads, cells)
+                print("\n".join(ncu_rows(label[tree], name, found)), flush=True)
         return 0
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in range(args.rounds):

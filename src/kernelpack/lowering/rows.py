@@ -30,7 +30,7 @@ from .mathops import combine, finalize, identity
 from .regrows import RegisterRows
 from .schedule import KernelSpec
 from . import tuning
-from .tuning import BLOCK, MIN_THREADS_PER_SM, WARP_ROWS
+from .tuning import MIN_THREADS_PER_SM
 from .threadrows import thread_terms
 from .tiles import tiles
 
@@ -65,11 +65,16 @@ def row(em: Emitter, spec: KernelSpec) -> None:
     b, m = em.b, em.module
     tid, bid, nb = sreg(b, m, "tid"), sreg(b, m, "ctaid"), sreg(b, m, "nctaid")
     c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    # rows per block as the schedule sized the grid with (spec.block threads, one row per
+    # thread or per warp), not the default block's: a group of another block size would
+    # otherwise skip rows
     if spec.group == "thread":
-        gid, lane, gstride, size = b.add(b.mul(bid, c(BLOCK)), tid), ZERO, b.mul(nb, c(BLOCK)), 1
+        per = c(spec.block)
+        gid, lane, gstride, size = b.add(b.mul(bid, per), tid), ZERO, b.mul(nb, per), 1
     elif spec.group == "warp":
-        gid = b.add(b.mul(bid, c(WARP_ROWS)), b.lshr(tid, c(5)))
-        lane, gstride, size = b.and_(tid, c(31)), b.mul(nb, c(WARP_ROWS)), 32
+        per = c(spec.block // 32)
+        gid = b.add(b.mul(bid, per), b.lshr(tid, c(5)))
+        lane, gstride, size = b.and_(tid, c(31)), b.mul(nb, per), 32
     else:
         gid, lane, gstride, size = bid, tid, nb, spec.block
     group = _Group(em, spec, tid, lane, size)
