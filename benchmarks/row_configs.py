@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -136,49 +136,49 @@ def child(mode: str, workloads: list[str], cells: list[str]) -> Any:
     return _time(fusions, cells)
 
 
-def _packed(fusions: dict[str, Any], tmp: str) -> tuple[Any, dict[str, Any]]:
-    """The fusions compiled for this GPU, saved and loaded as users launch them."""
+def _row_cases(fusions: dict[str, Any], cells: list[str]) -> Iterator[tuple[str, str, Any, Any]]:
+    """(``workload cell``, workload, kernels.py's Case, kernelpack's builder) per workload and
+    cell, on the fusions compiled for this GPU, saved and loaded as users launch them."""
     import torch
 
+    import kernels as K
     import kernelpack as kp
 
     arch = "sm_%d%d" % torch.cuda.get_device_capability()
     compiled = {w: kp.compile(f, targets=[arch]) for w, f in fusions.items()}
-    path = os.path.join(tmp, "rows.kpack")
-    kp.save(list(compiled.values()), path)
-    return kp.load(path), compiled
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "rows.kpack")
+        kp.save(list(compiled.values()), path)
+        pack = kp.load(path)
+        for w, c in compiled.items():
+            for cell in cells:
+                b, n = (int(v) for v in cell.split("x"))
+                case = K.row_case(w, b, n)
+                yield f"{w} {cell}", w, case, K.kp_builder(pack, c.name, case)
 
 
 def _launch_for_ncu(fusions: dict[str, Any], cells: list[str]) -> list[list[str]]:
-    """Each cell's kernelpack and Triton kernels: a first launch of each (Triton compiles
-    there), kernelpack's result checked against float64 torch, then one more launch of each;
-    returns every launch's label in order, so the profiled kernels can be told apart."""
+    """Each cell's kernelpack and Triton kernels launched twice (Triton compiles in its first
+    launch; the profile keeps the second), then kernelpack's result checked against float64
+    torch; returns every launch's label in order, so the profiled kernels can be told apart."""
     import torch
 
     import kernels as K
 
     order: list[list[str]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        pack, compiled = _packed(fusions, tmp)
-        for w, c in compiled.items():
-            for cell in cells:
-                b, n = (int(v) for v in cell.split("x"))
-                case = K.row_case(w, b, n)
-                d = case.make()
-                run_kp, out = K.kp_builder(pack, c.name, case)(d)
-                run_triton, _ = K.triton_build(w, d)
-                for _ in range(2):
-                    run_kp()
-                    run_triton()
-                    order += [[f"{w} {cell}", "kp"], [f"{w} {cell}", "triton"]]
-                    if len(order) == 2:
-                        torch.cuda.synchronize()
-                err = K.gt.rel_err(out, case.ref(d))
-                if not err <= K.TOL[case.dtype]:
-                    raise SystemExit(f"{w} {cell}: kernelpack's result is wrong (rel err "
-                                     f"{err:.2e})")
-                del d, out
-                torch.cuda.empty_cache()
+    for label, w, case, kp_build in _row_cases(fusions, cells):
+        d = case.make()
+        run_kp, out = kp_build(d)
+        run_triton, _ = K.triton_build(w, d)
+        for _ in range(2):
+            run_kp()
+            run_triton()
+            order += [[label, "kp"], [label, "triton"]]
+        err = K.gt.rel_err(out, case.ref(d))
+        if not err <= K.TOL[case.dtype]:
+            raise SystemExit(f"{label}: kernelpack's result is wrong (rel err {err:.2e})")
+        del d, out
+        torch.cuda.empty_cache()
     return order
 
 
@@ -186,19 +186,14 @@ def _time(fusions: dict[str, Any], cells: list[str]) -> dict[str, Any]:
     import kernels as K
 
     out: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        pack, compiled = _packed(fusions, tmp)
-        for w, c in compiled.items():
-            for cell in cells:
-                b, n = (int(v) for v in cell.split("x"))
-                case = K.row_case(w, b, n)
-                r = K.run_case(case, {"kp": K.kp_builder(pack, c.name, case),
-                                      "triton": lambda d, w=w: K.triton_build(w, d)},
-                               {"rep_ms": 150.0})
-                kpm, trm = r["kp"], r["triton"]
-                if kpm.ms is None or trm.ms is None:
-                    raise SystemExit(f"{w} {cell}: {kpm.note or trm.note}")
-                out[f"{w} {cell}"] = [kpm.ms, trm.ms, kpm.err]
+    for label, w, case, kp_build in _row_cases(fusions, cells):
+        r = K.run_case(case, {"kp": kp_build,
+                              "triton": lambda d, w=w: K.triton_build(w, d)},
+                       {"rep_ms": 150.0})
+        kpm, trm = r["kp"], r["triton"]
+        if kpm.ms is None or trm.ms is None:
+            raise SystemExit(f"{label}: {kpm.note or trm.note}")
+        out[label] = [kpm.ms, trm.ms, kpm.err]
     return out
 
 
@@ -259,7 +254,7 @@ def attribute(order: list[list[str]], kernels: list[dict[str, tuple[str, str]]],
 
     out: dict[tuple[str, str], list[dict[str, tuple[str, str]]]] = {}
     i = 0
-    for cell, impl in order:
+    for launch, (cell, impl) in enumerate(order, 1):
         mine = []
         while i < len(kernels) and impl_of(kernels[i]["Kernel Name"][0]) == impl:
             mine.append(kernels[i])
@@ -267,7 +262,7 @@ def attribute(order: list[list[str]], kernels: list[dict[str, tuple[str, str]]],
             if impl == "triton":
                 break
         if not mine:
-            raise ValueError(f"no profiled kernel for {cell} {impl} (launch {len(out) + 1})")
+            raise ValueError(f"no profiled kernel for {cell} {impl} (launch {launch})")
         out[(cell, impl)] = mine  # the second launch replaces the first
     if i != len(kernels):
         raise ValueError(f"{len(kernels) - i} profiled kernels past the last launch")
