@@ -71,6 +71,18 @@ CONFIGS: dict[str, tuple[str, Any]] = {
         "layernorm up to 1024 as Triton's shape: 128 threads x 8, 1536 resident",
         lambda t: {"REG_GROUPS_LIGHT": t.REG_GROUPS_LIGHT[:2] + (
             ("block", 2, 64, 1536), ("block", 2, 128, 1536)) + t.REG_GROUPS_LIGHT[4:]}),
+    "layernorm-8192-at-768": (
+        "layernorm's 8192 group (256 x 32) bounded for 768 resident threads (3 rows per SM)",
+        lambda t: {"REG_GROUPS_LIGHT": t.REG_GROUPS_LIGHT[:-1] + (("block", 8, 256, 768),)}),
+    "layernorm-8192-at-1024": (
+        "layernorm's 8192 group (256 x 32) bounded for 1024 resident threads (4 rows per SM)",
+        lambda t: {"REG_GROUPS_LIGHT": t.REG_GROUPS_LIGHT[:-1] + (("block", 8, 256, 1024),)}),
+    "layernorm-8192-512x16": (
+        "layernorm's 8192 group as Triton's shape: 512 threads x 16, 1024 resident",
+        lambda t: {"REG_GROUPS_LIGHT": t.REG_GROUPS_LIGHT[:-1] + (("block", 4, 512, 1024),)}),
+    "layernorm-8192-512x16-at-1536": (
+        "layernorm's 8192 group as 512 threads x 16, 1536 resident (3 rows per SM)",
+        lambda t: {"REG_GROUPS_LIGHT": t.REG_GROUPS_LIGHT[:-1] + (("block", 4, 512, 1536),)}),
     "layernorm-warp-in-128": (
         "layernorm's warp groups in blocks of 128 threads (4 rows per block instead of 8)",
         lambda t: {"REG_GROUPS_LIGHT": tuple((g[0], g[1], 128) + tuple(g[3:]) if g[0] == "warp"
