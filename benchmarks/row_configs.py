@@ -49,6 +49,13 @@ HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 ARCH = "sm_90"
 
+
+def _last_group(groups: str, group: tuple) -> Any:
+    """A configuration's patch that replaces the last group of ``tuning.<groups>`` (the one
+    holding the longest rows, 8192 elements) with ``group``."""
+    return lambda t: {groups: getattr(t, groups)[:-1] + (group,)}
+
+
 # name -> (what it is, {tuning attribute: value}); a value is a function of the tree's own
 # tuning module, so that a configuration changes one entry and keeps the tree's others
 CONFIGS: dict[str, tuple[str, Any]] = {
@@ -56,13 +63,13 @@ CONFIGS: dict[str, tuple[str, Any]] = {
     "softmax-8192-at-512": (
         "softmax's 8192 group (256 x 32) bounded for 512 resident threads (2 rows per SM; the "
         "choice before session 51)",
-        lambda t: {"REG_GROUPS": t.REG_GROUPS[:-1] + (("block", 8, 256, 512),)}),
+        _last_group("REG_GROUPS", ("block", 8, 256, 512))),
     "softmax-8192-at-1024": (
         "softmax's 8192 group bounded for 1024 resident threads (4 rows per SM)",
-        lambda t: {"REG_GROUPS": t.REG_GROUPS[:-1] + (("block", 8, 256, 1024),)}),
+        _last_group("REG_GROUPS", ("block", 8, 256, 1024))),
     "softmax-8192-512x16": (
         "softmax's 8192 group as Triton's shape: 512 threads x 16, 1536 resident",
-        lambda t: {"REG_GROUPS": t.REG_GROUPS[:-1] + (("block", 4, 512, 1536),)}),
+        _last_group("REG_GROUPS", ("block", 4, 512, 1536))),
     "layernorm-at-768": (
         "layernorm's groups of 32 per thread bounded for 768 resident threads",
         lambda t: {"REG_GROUPS_LIGHT": t.REG_GROUPS_LIGHT[:3] + tuple(
@@ -73,16 +80,16 @@ CONFIGS: dict[str, tuple[str, Any]] = {
             ("block", 2, 64, 1536), ("block", 2, 128, 1536)) + t.REG_GROUPS_LIGHT[4:]}),
     "layernorm-8192-at-768": (
         "layernorm's 8192 group (256 x 32) bounded for 768 resident threads (3 rows per SM)",
-        lambda t: {"REG_GROUPS_LIGHT": t.REG_GROUPS_LIGHT[:-1] + (("block", 8, 256, 768),)}),
+        _last_group("REG_GROUPS_LIGHT", ("block", 8, 256, 768))),
     "layernorm-8192-at-1024": (
         "layernorm's 8192 group (256 x 32) bounded for 1024 resident threads (4 rows per SM)",
-        lambda t: {"REG_GROUPS_LIGHT": t.REG_GROUPS_LIGHT[:-1] + (("block", 8, 256, 1024),)}),
+        _last_group("REG_GROUPS_LIGHT", ("block", 8, 256, 1024))),
     "layernorm-8192-512x16": (
         "layernorm's 8192 group as Triton's shape: 512 threads x 16, 1024 resident",
-        lambda t: {"REG_GROUPS_LIGHT": t.REG_GROUPS_LIGHT[:-1] + (("block", 4, 512, 1024),)}),
+        _last_group("REG_GROUPS_LIGHT", ("block", 4, 512, 1024))),
     "layernorm-8192-512x16-at-1536": (
         "layernorm's 8192 group as 512 threads x 16, 1536 resident (3 rows per SM)",
-        lambda t: {"REG_GROUPS_LIGHT": t.REG_GROUPS_LIGHT[:-1] + (("block", 4, 512, 1536),)}),
+        _last_group("REG_GROUPS_LIGHT", ("block", 4, 512, 1536))),
     "layernorm-warp-in-128": (
         "layernorm's warp groups in blocks of 128 threads (4 rows per block instead of 8)",
         lambda t: {"REG_GROUPS_LIGHT": tuple((g[0], g[1], 128) + tuple(g[3:]) if g[0] == "warp"
