@@ -134,3 +134,72 @@ def test_an_integer_output_that_a_functions_last_ulp_decides_is_skipped() -> Non
     wrong = [kernel_like[0], np.asarray(refs[1]) + 1.0]  # the float output is still compared
     failures, _ = case.check(inputs, wrong)
     assert len(failures) == 1 and failures[0].startswith("output 1")
+
+
+def _row_by_row(flat: np.ndarray, mode: str) -> np.ndarray:
+    """The exact-sum modes' definition, one row at a time (what ``_exact_sum`` computed in a
+    Python loop over every row before session 54)."""
+    count = flat.shape[1]
+    nudge = {"r+": 1.0, "r-": -1.0}.get(mode, 0.0)
+    k = (count - 1) * 2.0 ** -53
+    gamma = k / (1 - k) if k < 0.5 else math.inf
+    sums = np.empty(flat.shape[0])
+    for i, row in enumerate(flat):
+        if not np.isfinite(row).all():
+            sums[i] = np.sum(row)
+            continue
+        terms = row.tolist()
+        bound = gamma * math.fsum(abs(t) for t in terms) if count > 1 else 0.0
+        if nudge:
+            terms.append(nudge * bound)
+        total = math.fsum(terms)
+        sums[i] = 0.0 if mode == "r0" and abs(total) <= bound else total
+    return sums
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal values with equal signs of zero; NaN where the other has NaN."""
+    nan = np.isnan(a)
+    return bool((nan == np.isnan(b)).all()
+                and (a[~nan].view(np.int64) == b[~nan].view(np.int64)).all())
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 9])
+@pytest.mark.parametrize("mode", ["r", "r+", "r-", "r0"])
+def test_exact_sums_match_the_row_by_row_definition(count, mode, monkeypatch) -> None:
+    """Session 54 answers rows of one term (or none) for all rows at once and makes the
+    others Python lists a chunk at a time (chunks of 7 here, so several and a short last one):
+    every value, zeros' signs included, is the row-by-row definition's. Rows hold signed
+    zeros and values that cancel exactly; half of them an infinity or a NaN beside terms
+    whose sum overflows (np.sum's answer, whose order of additions then decides)."""
+    from .fusion_gen import reference
+
+    monkeypatch.setattr(reference, "_EXACT_CHUNK", 7)
+    rng = np.random.default_rng(count)
+    pool = np.array([0.0, -0.0, 1.0, -1.0, 0.1, -0.1, 3.5, 2.0 ** -60, 1e308, -1e308, np.inf,
+                     -np.inf, np.nan])
+    x = rng.choice(pool[:8], size=(40, count))  # finite rows, cancelling ones among them
+    if count:  # rows with an infinity or a NaN, some with terms that overflow
+        x[20:] = rng.choice(pool, size=(20, count))
+        x[20:, 0] = rng.choice(pool[10:], size=20)
+    red = ref_namespace(mode)["_red"]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        got_sum = red("sum", x, 1, False, "float64")
+        got_mean = red("mean", x, 1, False, "float64")
+        want = _row_by_row(x, mode)
+        want_mean = want / count if count else np.full(40, np.nan)
+    assert _same_bits(got_sum, want), (got_sum, want)
+    assert _same_bits(got_mean, want_mean), (got_mean, want_mean)
+
+
+def test_exact_sums_over_a_long_size_one_axis() -> None:
+    """GPU fuzz seed 49893 (session 53) timed out at 25 s in its NumPy checks: a (5, 300000,
+    1) reduction over the last axis is 1.5 million rows of one term, each a Python loop step in
+    four modes. Now answered at once: the values are the inputs (zeros' signs per mode)."""
+    x = np.random.default_rng(0).standard_normal((5, 300000, 1))
+    x[0, :5, 0] = [0.0, -0.0, 0.0, -0.0, 1.0]
+    for mode in ("r", "r+", "r-", "r0"):
+        got = ref_namespace(mode)["_red"]("sum", x, -1, True, "float64")
+        assert got.shape == (5, 300000, 1)
+        assert _same_bits(got[1:], x[1:])
+        assert _same_bits(got[0, :5, 0], _row_by_row(x[0, :5], mode))

@@ -97,6 +97,8 @@ SUM_MODES = ("r", "r+", "r-", "r0")  # the modes whose floating sums are rounded
 # NUDGE_MOVES).
 ORDER_MODES = ("seq",)
 _UNROUNDED = {"x"}
+# rows of an exact sum made Python lists at a time (bounds the lists' memory)
+_EXACT_CHUNK = 1 << 16
 
 
 def modes_of(halves: bool) -> dict[str, dict]:
@@ -198,23 +200,47 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
         """The sum (or mean) of ``w`` over ``axis``, each rounded once from its exact value
         (mode "r"), or from it moved by the error bound of any order of additions (modes
         "r+", "r-"), or 0 where that bound reaches it (mode "r0"); non-finite values give
-        NumPy's own answer."""
+        NumPy's own answer.
+
+        Rows of one term (a reduction over a size-1 axis) or none are answered for all rows
+        at once, and rows holding an infinity or a NaN in one np.sum; only the other rows
+        take fsum, a chunk of them made Python lists at a time. A Python loop over every
+        row, each converted and tested on its own, was most of the 25 s that GPU fuzz seeds
+        such as 49893 (1.5 million rows of one term, in each of the four modes) timed out on
+        (notes/gpu-fuzz.md)."""
         flat, count, axes = _rows(w, axis)
         n_out = flat.shape[0]
         sums = np.empty(n_out, w.dtype)
         k = (count - 1) * 2.0 ** -53
         gamma = k / (1 - k) if k < 0.5 else math.inf
-        for i in range(n_out):
-            row = flat[i]
-            if not np.isfinite(row).all():
-                sums[i] = np.sum(row)
-                continue
-            terms = row.tolist()
-            bound = gamma * math.fsum(abs(t) for t in terms) if count > 1 else 0.0
+
+        def rounded(terms: list) -> float:
+            """One row of finite ``terms`` (a list this may extend)."""
+            bound = gamma * math.fsum(map(abs, terms)) if count > 1 else 0.0
             if nudge:
                 terms.append(nudge * bound)
             total = math.fsum(terms)
-            sums[i] = 0.0 if zeroes and abs(total) <= bound else total
+            return 0.0 if zeroes and abs(total) <= bound else total
+
+        if count <= 1:
+            # The exact sum of one term is the term (np.sum's answer for a non-finite one
+            # too) and the bound is 0, so only a zero's result (its sign through fsum, and
+            # "r0") is rounded's to say; a row of no terms is a zero here.
+            col = flat[:, 0] if count else np.zeros(n_out, w.dtype)
+            sums[:] = col
+            zero = col == 0
+            for negative in (False, True):
+                at = zero & (np.signbit(col) == negative)
+                if at.any():
+                    sums[at] = rounded([-0.0 if negative else 0.0][:count])
+            return _unrows(_mean_if(mean, sums, count), w.shape, axes, keepdims)
+        finite = np.isfinite(flat).all(axis=1)
+        if not finite.all():  # each such row's own np.sum (a C-contiguous copy's rows)
+            sums[~finite] = np.sum(flat[~finite], axis=1)
+        kept = np.flatnonzero(finite)
+        for start in range(0, len(kept), _EXACT_CHUNK):  # a chunk's rows made lists at once
+            rows = kept[start:start + _EXACT_CHUNK]
+            sums[rows] = [rounded(terms) for terms in flat[rows].tolist()]
         return _unrows(_mean_if(mean, sums, count), w.shape, axes, keepdims)
 
     def _sequential_sum(w: np.ndarray, axis: Any, keepdims: bool, mean: bool) -> np.ndarray:
