@@ -233,14 +233,14 @@ def ref_namespace(mode: str, halves: bool = False) -> dict:
                 at = zero & (np.signbit(col) == negative)
                 if at.any():
                     sums[at] = rounded([-0.0 if negative else 0.0][:count])
-            return _unrows(_mean_if(mean, sums, count), w.shape, axes, keepdims)
-        finite = np.isfinite(flat).all(axis=1)
-        if not finite.all():  # each such row's own np.sum (a C-contiguous copy's rows)
-            sums[~finite] = np.sum(flat[~finite], axis=1)
-        kept = np.flatnonzero(finite)
-        for start in range(0, len(kept), _EXACT_CHUNK):  # a chunk's rows made lists at once
-            rows = kept[start:start + _EXACT_CHUNK]
-            sums[rows] = [rounded(terms) for terms in flat[rows].tolist()]
+        else:
+            finite = np.isfinite(flat).all(axis=1)
+            if not finite.all():  # each such row's own np.sum (a C-contiguous copy's rows)
+                sums[~finite] = np.sum(flat[~finite], axis=1)
+            kept = np.flatnonzero(finite)
+            for start in range(0, len(kept), _EXACT_CHUNK):  # a chunk's rows as lists at once
+                rows = kept[start:start + _EXACT_CHUNK]
+                sums[rows] = [rounded(terms) for terms in flat[rows].tolist()]
         return _unrows(_mean_if(mean, sums, count), w.shape, axes, keepdims)
 
     def _sequential_sum(w: np.ndarray, axis: Any, keepdims: bool, mean: bool) -> np.ndarray:
