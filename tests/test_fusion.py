@@ -303,3 +303,35 @@ def test_annotated_parameters_are_read_from_their_metadata() -> None:
 
     with pytest.raises(kp.TraceError, match=r"parameter 'x' needs an annotation"):
         kp.fusion(no_kernelpack_metadata)
+
+
+def test_a_fusion_wrapped_again_reads_its_functions_annotations():
+    """``kp.fusion(name=...)`` of a fusion, and ``kp.fusion`` of that, read the function's
+    annotations on every Python: from 3.14 (PEP 649) ``functools.update_wrapper`` copies
+    ``__annotate__``, which a wrapper that is not a function does not use, and the renamed
+    fusion read none ("parameter 'x' needs an annotation ... (got None)"). A fusion's
+    ``inspect.get_annotations`` is its function's, as before 3.14."""
+    import inspect
+
+    @kp.fusion
+    def base(x: T[kp.f32, "n"], s: kp.f64):
+        return x * s
+
+    renamed = kp.fusion(name="renamed")(base)
+    again = kp.fusion(renamed)
+    assert (renamed.name, again.name) == ("renamed", "renamed")
+    assert renamed.params == again.params == base.params == [
+        ("x", kp.Tensor[kp.f32, "n"]), ("s", kp.f64)]
+    assert inspect.get_annotations(again) == inspect.get_annotations(base) \
+        == base.fn.__annotations__ != {}
+
+
+@pytest.mark.skipif(sys.version_info < (3, 14), reason="before Python 3.14 (PEP 649) the def "
+                    "itself raises NameError for a name its annotations use that does not exist")
+def test_an_annotation_naming_nothing_is_a_trace_error_naming_the_fusion():
+    """From 3.14 annotations are evaluated when first read: kp.fusion reads them, so their
+    NameError is its TraceError (it came from inspect.signature before)."""
+    source = "@kp.fusion\ndef lost(x: Nope[kp.f32, 'n']):\n    return x\n"
+    code = compile(source, "<fusion>", "exec", dont_inherit=True)  # no future import here
+    with pytest.raises(kp.TraceError, match="fusion lost: cannot read annotations: name 'Nope'"):
+        exec(code, {"kp": kp})

@@ -74,9 +74,15 @@ class Fusion:
                     self.__dict__[key] = value
         self.fn: Callable[..., Any] = fn.fn if isinstance(fn, Fusion) else fn
         self.name: str = checked
-        sig = inspect.signature(fn)
         # (mypy takes the name for fusion_signature's `from __future__ import annotations`)
         hints = annotations(fn, self.name, localns)  # type: ignore[operator]
+        # after the annotations: from Python 3.14 the signature evaluates them too, and a name
+        # they use that does not exist was a bare NameError from inspect
+        sig = inspect.signature(fn)
+        # update_wrapper copied the function's __annotations__ here before Python 3.14, and
+        # copies only __annotate__ from 3.14 (PEP 649), which a non-function wrapper does not
+        # use: inspect.get_annotations(fusion) answered {} there. Kept as on every version.
+        self.__dict__.setdefault("__annotations__", getattr(self.fn, "__annotations__", {}))
         self.params: list[tuple[str, object]] = []
         # per parameter, whether it is keyword-only (after a bare *): each trace passes those by
         # name, and reading the signature again per trace cost ~20 µs of a cache hit's key

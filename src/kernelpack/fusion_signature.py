@@ -58,15 +58,22 @@ def annotations(fn: Callable[..., Any], name: str,  # type: ignore[no-redef]
     the frame that defined it (found on the stack, as a decorator runs right after the def),
     and its closure. Evaluating them in the frame that called kp.fusion read a registering
     decorator's locals instead (``def register(fn, dt=kp.f32)`` turned a float64 fusion into
-    a float32 one)."""
+    a float32 one).
+
+    They are read from the function ``fn`` wraps (``inspect.unwrap``), as its signature is:
+    from Python 3.14 (PEP 649) ``functools.update_wrapper`` copies ``__annotate__`` instead of
+    ``__annotations__``, and a wrapper that is not a function (a :class:`Fusion` given to
+    ``kp.fusion(name=...)``) answered no annotations at all. There also, annotations are
+    evaluated when first read, so a name they use that does not exist is an error here (the
+    ``def`` itself raised it before 3.14): a TraceError naming the fusion, as for strings."""
     scope: dict[str, Any] = dict(extra_locals or {})
-    raw = getattr(inspect.unwrap(fn), "__annotations__", None) or {}
-    if any(isinstance(v, str) for v in raw.values()):  # else nothing is evaluated: no scope
-        scope.update(_defining_locals(fn))
-        scope.update(_closure_values(fn))
+    target = inspect.unwrap(fn)
     try:
-        hints = inspect.get_annotations(fn, eval_str=True, locals=scope)
-        target = inspect.unwrap(fn)
+        raw = getattr(target, "__annotations__", None) or {}
+        if any(isinstance(v, str) for v in raw.values()):  # else nothing is evaluated: no scope
+            scope.update(_defining_locals(fn))
+            scope.update(_closure_values(fn))
+        hints = inspect.get_annotations(target, eval_str=True, locals=scope)
         for key, value in hints.items():
             if isinstance(value, str):  # quoted under the future import: a string of a string
                 hints[key] = eval(value, getattr(target, "__globals__", {}), scope)

@@ -84,7 +84,8 @@ G = 0  # read by the traces below; tests change it from threads
 
 @kp.fusion
 def r32_global(x: kp.Tensor[kp.f32, "n"], s: kp.f32):
-    return {"y%d" % G: kp.tanh(x * s) + float(G)}
+    g = G  # read once: a thread changing G between two reads made a name and a constant
+    return {"y%d" % g: kp.tanh(x * s) + float(g)}  # of two values (seen on Python 3.14)
 
 
 @kp.fusion

@@ -262,14 +262,16 @@ def _replay(path: str, make: Callable[[], Compiled], kernels: dict,
                 if isinstance(t, T):
                     names.setdefault(t.data_ptr(), "out")
 
-            def label(v: Any) -> Any:
+            def label(v: Any, code: str) -> Any:
                 if isinstance(v, float):
                     return repr(v)
-                if isinstance(v, int) and v > 1 << 32:
+                if code == "Q":  # a pointer parameter (int64s are "q"): any address, since
+                    # a non-PIE interpreter's heap (Debian's python3.14) lies below 4 GiB
                     return names.get(v, "made")  # an output or scratch made by the call
                 return v
 
-            launches = [(c[1], c[2], c[3], c[5], tuple(label(v) for v in c[6]))
+            launches = [(c[1], c[2], c[3], c[5],
+                         tuple(label(v, code) for v, code in zip(c[6], kernels[c[1]][0])))
                         for c in fake.calls[start:] if c[0] == "cuLaunchKernel"]
             answers.append((answer, launches))
         fast = _fast(prog)

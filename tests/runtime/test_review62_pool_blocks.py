@@ -543,7 +543,12 @@ def test_calls_leave_no_reference_to_a_block_or_its_pointer(monkeypatch, torch, 
     fake.calls.clear()
     gc.collect()
     counts = {sys.getrefcount(p) for _, _, p in pool.taken}
-    assert counts == {4}  # taken, deletes, the comprehension's p, the argument
+    # taken, deletes, and what getrefcount itself adds on this Python (the comprehension's p
+    # and the argument before 3.14; from 3.14 a borrowed reference counts once): a twin held
+    # by two lists alike
+    twins = [(None, None, object())]
+    also = [twins[0][2]]  # (no local name: that would be one more reference)
+    assert counts == {sys.getrefcount(p) for _, _, p in twins}, also
     pool.check()
 
 
