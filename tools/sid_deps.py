@@ -56,7 +56,8 @@ def closure(packages: dict[str, dict[str, str]], provides: dict[str, str], roots
             continue
         seen.append(name)
         for field in ("Pre-Depends", "Depends"):
-            for choice in filter(None, (x.strip() for x in packages[name].get(field, "").split(","))):
+            choices = (x.strip() for x in packages[name].get(field, "").split(","))
+            for choice in filter(None, choices):
                 names = [re.split(r"[ (:]", alt.strip())[0] for alt in choice.split("|")]
                 todo.append(next((n for n in names if n in packages), names[0]))
     return seen
