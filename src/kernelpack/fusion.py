@@ -21,6 +21,7 @@ import functools
 import inspect
 import re
 import sys
+import typing
 from typing import TYPE_CHECKING, Any, Callable, Mapping, overload
 
 from .dtypes import DType, strict_index
@@ -74,15 +75,26 @@ class Fusion:
                     self.__dict__[key] = value
         self.fn: Callable[..., Any] = fn.fn if isinstance(fn, Fusion) else fn
         self.name: str = checked
-        # (mypy takes the name for fusion_signature's `from __future__ import annotations`)
-        hints = annotations(fn, self.name, localns)  # type: ignore[operator]
+        # A fusion (renamed, or under a wrapper) lends the parameters it was declared with:
+        # evaluating its string annotations again read names as they are now (a global rebound
+        # since, float64 where the fusion is float32) or failed outside the closure that
+        # defined them (review 70).
+        lender = _fusion_wrapped_by(fn)
+        if lender is not None:
+            hints: dict[str, Any] = dict(lender.params)
+            written = lender.__dict__.get("__annotations__", {})
+        else:  # (mypy takes the name for fusion_signature's `from __future__ import annotations`)
+            hints = annotations(fn, self.name, localns)  # type: ignore[operator]
+            written = getattr(inspect.unwrap(fn), "__annotations__", {})
         # after the annotations: from Python 3.14 the signature evaluates them too, and a name
         # they use that does not exist was a bare NameError from inspect
         sig = inspect.signature(fn)
         # update_wrapper copied the function's __annotations__ here before Python 3.14, and
         # copies only __annotate__ from 3.14 (PEP 649), which a non-function wrapper does not
-        # use: inspect.get_annotations(fusion) answered {} there. Kept as on every version.
-        self.__dict__.setdefault("__annotations__", getattr(self.fn, "__annotations__", {}))
+        # use: inspect.get_annotations(fusion) answered {} there. Kept as on every version, and
+        # from the function whose annotations were read (a wrapper's own, evaluated at another
+        # time from 3.14, may differ).
+        self.__dict__["__annotations__"] = written
         self.params: list[tuple[str, object]] = []
         # per parameter, whether it is keyword-only (after a bare *): each trace passes those by
         # name, and reading the signature again per trace cost ~20 µs of a cache hit's key
@@ -217,6 +229,43 @@ class Fusion:
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
+def _fusion_wrapped_by(fn: object) -> Fusion | None:
+    """``fn`` itself when it is a :class:`Fusion`, else the first one on its ``__wrapped__``
+    chain (a decorator written with functools.wraps above ``@kp.fusion``), else None. The walk
+    is bounded as ``inspect.unwrap``'s: a chain that loops is that function's error, raised
+    when the signature is read."""
+    seen: set[int] = set()
+    while not isinstance(fn, Fusion):
+        if isinstance(fn, staticmethod):
+            fn = fn.__func__
+            continue
+        fn = getattr(fn, "__wrapped__", None)
+        if fn is None or id(fn) in seen or len(seen) >= sys.getrecursionlimit():
+            return None
+        seen.add(id(fn))
+    return fn
+
+
+def _alias_value(ann: object, where: str) -> object:
+    """The value of a PEP 695 alias (``type Rows = Annotated[Any, kp.Tensor[...]]``, Python
+    3.12+), evaluated when first read; anything else unchanged. Aliases of aliases are followed
+    a few levels (``type A = A`` would never end)."""
+    alias = getattr(typing, "TypeAliasType", None)
+    for _ in range(_ALIAS_DEPTH):
+        if alias is None or not isinstance(ann, alias):
+            return ann
+        try:
+            ann = ann.__value__
+        except Exception as exc:
+            raise TraceError(f"{where} is annotated with the type alias {ann!r}, whose value "
+                             f"cannot be evaluated: {exc}") from exc
+    raise TraceError(f"{where} is annotated with a type alias nested more than {_ALIAS_DEPTH} "
+                     f"levels deep (an alias of itself?)")
+
+
+_ALIAS_DEPTH = 16
+
+
 def _kernelpack_metadata(ann: object, where: str) -> object:
     """The kernelpack annotation inside ``typing.Annotated[T, kp.Tensor[...]]`` (or
     ``Annotated[float, kp.f32]``); ``T`` when the metadata holds none (PEP 593: metadata a
@@ -225,6 +274,7 @@ def _kernelpack_metadata(ann: object, where: str) -> object:
     to them (its dims are strings), while ``T`` is what they see and kernelpack reads the
     metadata (README: "Type checkers"). Two different kernelpack annotations (a nested
     ``Annotated`` is flattened) are a TraceError: neither may silently win."""
+    ann = _alias_value(ann, where)
     if getattr(ann, "__origin__", None) is None or not hasattr(ann, "__metadata__"):
         return ann
     found = [meta for meta in map(_numpy_scalar_type, ann.__metadata__)  # type: ignore

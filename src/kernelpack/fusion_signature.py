@@ -78,8 +78,75 @@ def annotations(fn: Callable[..., Any], name: str,  # type: ignore[no-redef]
             if isinstance(value, str):  # quoted under the future import: a string of a string
                 hints[key] = eval(value, getattr(target, "__globals__", {}), scope)
     except Exception as exc:
-        raise TraceError(f"fusion {name}: cannot read annotations: {exc}") from exc
+        which = _failing_parameter(fn, target, scope)
+        where = "annotations" if which is None else f"the annotation of parameter {which!r}"
+        raise TraceError(f"fusion {name}: cannot read {where}: {exc}") from exc
+    _check_wrappers_agree(fn, target, hints, name)
     return hints
+
+
+def _failing_parameter(fn: Callable[..., Any], target: Any,
+                       scope: Mapping[str, Any]) -> str | None:
+    """Which parameter's annotation cannot be evaluated (for the error message only): each
+    one's source text, the strings themselves or, from Python 3.14, ``annotationlib``'s STRING
+    format, evaluated on its own where the function was defined. None when no single one
+    fails (an ``__annotate__`` written by hand that raises for all)."""
+    try:
+        raw = target.__annotations__
+        texts = raw if all(isinstance(v, str) for v in raw.values()) else None
+    except Exception:  # from 3.14: evaluating them is what failed
+        texts = None
+    try:
+        if texts is None:
+            import annotationlib  # type: ignore[import-not-found]  # Python 3.14+
+
+            texts = annotationlib.get_annotations(target, format=annotationlib.Format.STRING)
+        where = {**scope, **_defining_locals(fn), **_closure_values(fn)}
+        for key, text in texts.items():
+            try:
+                value = eval(text, getattr(target, "__globals__", {}), where)
+                if isinstance(value, str):  # quoted under the future import
+                    eval(value, getattr(target, "__globals__", {}), where)
+            except Exception:
+                return str(key)
+    except Exception:
+        return None
+    return None
+
+
+def _check_wrappers_agree(fn: Callable[..., Any], target: Any, hints: Mapping[str, Any],
+                          name: str) -> None:
+    """A function on ``fn``'s ``__wrapped__`` chain above ``target`` (a decorator's wrapper
+    made with functools.wraps) must not hold other annotations than the ones read from
+    ``target``. They are one dict before Python 3.14; from 3.14 (PEP 649) each function
+    evaluates them when they are first read, so a registering decorator that read its
+    wrapper's inside a ``for dt in ...`` loop saw each dtype while kp.fusion, later, read
+    the loop's last one from the function (review 70). Neither may silently win."""
+    obj: Any = fn
+    for _ in range(_DEFINING_FRAME_SEARCH):
+        obj = obj.__func__ if isinstance(obj, staticmethod) else obj
+        if obj is target or obj is None:
+            return
+        if inspect.isfunction(obj):
+            try:
+                own = dict(obj.__annotations__)
+            except Exception:  # its own evaluation fails: it is not what kp.fusion reads
+                own = {}
+            for key, value in own.items():
+                if key not in hints or isinstance(value, str) or value is hints[key]:
+                    continue
+                try:
+                    same = bool(value == hints[key])
+                except Exception:
+                    same = False
+                if not same:
+                    raise TraceError(
+                        f"fusion {name}: parameter {key!r} is annotated {value!r} on the "
+                        f"wrapper {getattr(obj, '__qualname__', obj)!r} but {hints[key]!r} on "
+                        f"the function it wraps (from Python 3.14 each evaluates its "
+                        f"annotations when first read, so they saw different values); "
+                        f"evaluate them once, e.g. pass the dtype into a factory function")
+        obj = getattr(obj, "__wrapped__", None)
 
 
 def _defining_locals(fn: Callable[..., Any]) -> Mapping[str, Any]:
