@@ -445,3 +445,15 @@ def test_type_aliases_of_aliases_are_followed_and_a_self_alias_is_refused():
     with pytest.raises(kp.TraceError, match="fusion g: parameter 'x' is annotated with a type "
                        "alias nested more than 16 levels deep"):
         run("type Loop = Loop\n@kp.fusion\ndef g(x: Loop):\n    return x\n")
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["plain", "renamed"])
+def test_a_classmethod_is_refused_with_words_saying_what_to_write(named):
+    """It was a bare TypeError from inspect.signature ('<classmethod(...)> is not a callable
+    object'), the same on 3.11 and 3.14 (review 70's side note)."""
+    def body(cls, x: T[kp.f32, "n"]):
+        return x
+    decorate = kp.fusion(name="k") if named else kp.fusion
+    with pytest.raises(TypeError, match=r"kp.fusion decorates a function or a staticmethod, "
+                       r"not a classmethod \(.*body\).*@staticmethod above @kp.fusion"):
+        decorate(classmethod(body))

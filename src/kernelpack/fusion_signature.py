@@ -43,6 +43,10 @@ def check_function(fn: object) -> None:
         raise TypeError("kp.fusion needs a function, not a functools.partial: write a small "
                         "function that calls it (its fixed arguments become constants of the "
                         "fusion)")
+    if isinstance(fn, classmethod):  # its first parameter would be the class, no input
+        raise TypeError(f"kp.fusion decorates a function or a staticmethod, not a classmethod "
+                        f"({fn.__func__.__qualname__}): a fusion's parameters are all traced "
+                        f"inputs; write @staticmethod above @kp.fusion instead")
     target = inspect.unwrap(fn.__func__ if isinstance(fn, staticmethod) else fn)  # type: ignore
     if not (inspect.isfunction(target) or inspect.ismethod(target)):
         # a class, a number, an object with __call__: its signature is not its inputs'
