@@ -457,3 +457,18 @@ def test_a_classmethod_is_refused_with_words_saying_what_to_write(named):
     with pytest.raises(TypeError, match=r"kp.fusion decorates a function or a staticmethod, "
                        r"not a classmethod \(.*body\).*@staticmethod above @kp.fusion"):
         decorate(classmethod(body))
+
+
+def test_a_wrappers_own_return_annotation_is_not_compared():
+    """Only parameters must agree: a decorator declaring its wrapper's result (here by hand,
+    as a typed decorator may) says nothing about the fusion's inputs."""
+    def typed(fn):
+        @functools.wraps(fn)
+        def wrapper(*args):
+            return fn(*args)
+        wrapper.__annotations__ = {**fn.__annotations__, "return": object}
+        return wrapper
+
+    def body(x: T[kp.f32, "n"]) -> int:
+        return x + 1
+    assert sig(kp.fusion(typed(body))) == [X32]

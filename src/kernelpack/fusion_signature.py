@@ -137,8 +137,9 @@ def _check_wrappers_agree(fn: Callable[..., Any], target: Any, hints: Mapping[st
             except Exception:  # its own evaluation fails: it is not what kp.fusion reads
                 own = {}
             for key, value in own.items():
-                if key not in hints or isinstance(value, str) or value is hints[key]:
-                    continue
+                if (key == "return" or key not in hints or isinstance(value, str)
+                        or value is hints[key]):
+                    continue  # (a return annotation is no input: kp.fusion never reads it)
                 try:
                     same = bool(value == hints[key])
                 except Exception:
