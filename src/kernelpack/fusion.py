@@ -28,7 +28,7 @@ from .dtypes import DType, strict_index
 from .errors import TraceError
 from .expr import Expr, as_expr, const
 from .fusion_signature import (annotations, check_function, check_inlined_arguments,
-                               check_parameter, running)
+                               check_parameter, running, wrapped_chain)
 from .graph import Graph, Node
 from .limits import MAX_NAME_LENGTH, fits_name, shown_int
 # Kept importable from here (outside __all__, as before the split): the op vocabulary and the
@@ -231,28 +231,16 @@ class Fusion:
 
 def _fusion_wrapped_by(fn: object) -> Fusion | None:
     """``fn`` itself when it is a :class:`Fusion`, else the first one on its ``__wrapped__``
-    chain (a decorator written with functools.wraps above ``@kp.fusion``), else None. The walk
-    is bounded as ``inspect.unwrap``'s: a chain that loops is that function's error, raised
-    when the signature is read."""
-    seen: set[int] = set()
-    while not isinstance(fn, Fusion):
-        if isinstance(fn, staticmethod):
-            fn = fn.__func__
-            continue
-        fn = getattr(fn, "__wrapped__", None)
-        if fn is None or id(fn) in seen or len(seen) >= sys.getrecursionlimit():
-            return None
-        seen.add(id(fn))
-    return fn
+    chain (a decorator written with functools.wraps above ``@kp.fusion``), else None."""
+    return next((f for f in wrapped_chain(fn) if isinstance(f, Fusion)), None)
 
 
 def _alias_value(ann: object, where: str) -> object:
     """The value of a PEP 695 alias (``type Rows = Annotated[Any, kp.Tensor[...]]``, Python
     3.12+), evaluated when first read; anything else unchanged. Aliases of aliases are followed
     a few levels (``type A = A`` would never end)."""
-    alias = getattr(typing, "TypeAliasType", None)
     for _ in range(_ALIAS_DEPTH):
-        if alias is None or not isinstance(ann, alias):
+        if _TYPE_ALIAS is None or not isinstance(ann, _TYPE_ALIAS):
             return ann
         try:
             ann = ann.__value__
@@ -264,6 +252,7 @@ def _alias_value(ann: object, where: str) -> object:
 
 
 _ALIAS_DEPTH = 16
+_TYPE_ALIAS = getattr(typing, "TypeAliasType", None)  # Python 3.12+
 
 
 def _kernelpack_metadata(ann: object, where: str) -> object:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from .fusion import Fusion
 
 __all__ = ["check_function", "annotations", "check_parameter", "check_inlined_arguments",
-           "running", "CALL_KEYWORDS"]
+           "running", "wrapped_chain", "CALL_KEYWORDS"]
 
 # A loaded program's call takes these by name (``program(x, out=y, stream=s)``): an input of
 # that name could be passed only by position.
@@ -126,10 +127,8 @@ def _check_wrappers_agree(fn: Callable[..., Any], target: Any, hints: Mapping[st
     evaluates them when they are first read, so a registering decorator that read its
     wrapper's inside a ``for dt in ...`` loop saw each dtype while kp.fusion, later, read
     the loop's last one from the function (review 70). Neither may silently win."""
-    obj: Any = fn
-    for _ in range(_DEFINING_FRAME_SEARCH):
-        obj = obj.__func__ if isinstance(obj, staticmethod) else obj
-        if obj is target or obj is None:
+    for obj in wrapped_chain(fn):
+        if obj is target:
             return
         if inspect.isfunction(obj):
             try:
@@ -151,7 +150,21 @@ def _check_wrappers_agree(fn: Callable[..., Any], target: Any, hints: Mapping[st
                         f"the function it wraps (from Python 3.14 each evaluates its "
                         f"annotations when first read, so they saw different values); "
                         f"evaluate them once, e.g. pass the dtype into a factory function")
-        obj = getattr(obj, "__wrapped__", None)
+
+
+def wrapped_chain(fn: object) -> Iterator[Any]:
+    """``fn``, then each object its ``__wrapped__`` attributes lead to, as ``inspect.unwrap``
+    walks them (a staticmethod stands for its function). Ends where there is none, or at the
+    first repeat of a chain that loops (inspect.unwrap raises for that one when the signature
+    is read), within the recursion limit as unwrap's walk."""
+    seen: set[int] = set()
+    while fn is not None and id(fn) not in seen and len(seen) < sys.getrecursionlimit():
+        seen.add(id(fn))
+        if isinstance(fn, staticmethod):
+            fn = fn.__func__
+            continue
+        yield fn
+        fn = getattr(fn, "__wrapped__", None)
 
 
 def _defining_locals(fn: Callable[..., Any]) -> Mapping[str, Any]:
