@@ -336,3 +336,48 @@ def test_an_annotation_naming_nothing_is_a_trace_error_naming_the_fusion():
     with pytest.raises(kp.TraceError, match="fusion lost: cannot read the annotation of "
                        "parameter 'x': name 'Nope'"):
         exec(code, {"kp": kp})
+
+
+@pytest.mark.parametrize("how", ["functools.cache", "lru_cache", "dict key", "set member"])
+def test_hashing_a_traced_tensor_is_a_trace_error_that_says_why(how):
+    """A bare "unhashable type: 'Value'" named neither the cause nor the fix (reviews 70, 71).
+    Still a TypeError for code that catches one."""
+    import functools
+
+    def body(x: kp.Tensor[kp.f32, "n"]):
+        if how == "dict key":
+            return {x: 2}[x] * x
+        if how == "set member":
+            return x * len({x})
+        return x * 2
+
+    wrapped = {"functools.cache": functools.cache, "lru_cache": functools.lru_cache(None)}
+    f = kp.fusion(name="hashy")(wrapped.get(how, lambda fn: fn)(body))
+    with pytest.raises(kp.TraceError, match=r"fusion hashy: a traced tensor was hashed.*"
+                       r"functools\.cache.*apply @kp\.fusion to the function itself") as info:
+        f.trace()
+    assert isinstance(info.value, TypeError)
+    assert isinstance(info.value.__cause__, TypeError)
+
+
+def test_an_inlined_fusions_hashing_error_names_the_inlined_fusion():
+    @kp.fusion
+    def inner(x: kp.Tensor[kp.f32, "n"]):
+        return x * len({x})
+
+    @kp.fusion
+    def outer(x: kp.Tensor[kp.f32, "n"]):
+        return inner(x) + 1
+
+    with pytest.raises(kp.TraceError, match="^fusion inner: a traced tensor was hashed"):
+        outer.trace()
+
+
+def test_other_type_errors_of_a_fusions_function_pass_unchanged():
+    @kp.fusion
+    def f(x: kp.Tensor[kp.f32, "n"]):
+        return sorted([x, x], key=None, reverse=1, extra=True)
+
+    with pytest.raises(TypeError) as info:
+        f.trace()
+    assert not isinstance(info.value, kp.KernelPackError)

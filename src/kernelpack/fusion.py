@@ -39,7 +39,8 @@ from .ops import (abs, arange, ceil, complex, conj, cos, dim_expr, erf, exp, exp
                   sigmoid, sin, sqrt, sum, tan, tanh, where)
 from .promotion import dsl_dtype
 from .summary import TensorType
-from .tracing import Value, active_graph, astype, current_graph, pow, trace_value
+from .tracing import (Value, active_graph, astype, current_graph, hashing_explained, pow,
+                      trace_value)
 from .tracing import broadcast_shapes  # noqa: F401 - kept importable, as above
 
 __all__ = [
@@ -129,7 +130,7 @@ class Fusion:
         except TypeError as exc:
             raise TraceError(f"fusion {self.name} called inside a trace: {exc}") from None
         check_inlined_arguments(self, bound.arguments)
-        with running(self):
+        with running(self), hashing_explained(self.name):
             return self.fn(*args, **kwargs)
 
     def __reduce__(self) -> str:
@@ -163,7 +164,7 @@ class Fusion:
         kwonly = self._keyword_only
         pos = [a for a, k in zip(args, kwonly) if not k]
         kw = {n: a for (n, _), a, k in zip(self.params, args, kwonly) if k}
-        with active_graph(g), running(self):
+        with active_graph(g), running(self), hashing_explained(self.name):
             result = self.fn(*pos, **kw)
         items = _outputs(self.name, result)
         pnames = {p[0] for p in g.params}

@@ -15,7 +15,8 @@ them) are in :mod:`kernelpack.promotion`, broadcasting, reduction axes and index
 from __future__ import annotations
 
 import builtins
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 from .dtypes import (DType, bfloat16, bool_, complex64, complex128, float16, float32, float64,
                      int8, int64, uint64)
@@ -28,7 +29,7 @@ from .promotion import (_from_dims, _promote, dsl_dtype, from_sizes, known_compa
 from .shape_rules import _axes, _desc, _fmt, broadcast_shapes, index_axes
 
 __all__ = ["Value", "trace_value", "broadcast_shapes", "astype", "pow", "conj", "active_graph",
-           "current_graph", "reduce_api", "reduction_keywords"]
+           "current_graph", "reduce_api", "reduction_keywords", "hashing_explained"]
 
 # ---- traced values ----------------------------------------------------------------------------
 class _NoAttribute(TraceError, AttributeError):
@@ -53,6 +54,35 @@ class _Shape(tuple):
         except IndexError:
             raise _ShapeIndexError(f"shape index {i!r} out of range for a tensor of shape "
                                    f"{_fmt(tuple(self))} (rank {len(self)})") from None
+
+
+class _HashedValue(TraceError, TypeError):
+    """A traced tensor hashed inside a fusion's function: a TraceError that says how it came
+    about, still the TypeError Python raised (``except TypeError`` keeps working)."""
+
+
+@contextlib.contextmanager
+def hashing_explained(fusion: str) -> Iterator[None]:
+    """Runs a fusion's function; a TypeError that Python raised on hashing a traced tensor
+    comes out as a TraceError that says how it came about.
+
+    Why: a :class:`Value` is unhashable (``__hash__ = None``, as a NumPy array), so a fusion
+    written over ``@functools.cache`` / ``lru_cache`` (which hash their arguments), or one that
+    puts a tensor in a set or uses it as a dict key, failed with a bare "unhashable type:
+    'Value'" that named neither the cause nor the fix. Python's own wording is matched, since
+    only the message tells this TypeError from others (3.14 words it "cannot use 'Value' as a
+    dict key (unhashable type: 'Value')"). An inlined fusion's error is named by it and passes
+    the enclosing fusions unchanged (no longer a plain TypeError)."""
+    try:
+        yield
+    except TypeError as exc:
+        if type(exc) is not TypeError or f"unhashable type: '{Value.__name__}'" not in str(exc):
+            raise
+        raise _HashedValue(
+            f"fusion {fusion}: a traced tensor was hashed: it stands for values only known "
+            f"when the kernel runs, so it cannot be a dict key or a set member, nor pass "
+            f"through a decorator that hashes its arguments (functools.cache, "
+            f"functools.lru_cache): apply @kp.fusion to the function itself ({exc})") from exc
 
 
 def _no_value(what: str) -> TraceError:
