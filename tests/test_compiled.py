@@ -59,3 +59,22 @@ def test_compiled_checks_modules_and_kernels() -> None:
         Compiled(_summary(), (Module("other", ("k",), mod.images),))
     with pytest.raises(ValueError, match=r"module 'm' has no kernel 'k' \(has \['j'\]\)"):
         Compiled(_summary(), (Module("m", ("j",), mod.images),))
+
+
+def test_origin_is_one_of_the_four_kinds_of_provenance() -> None:
+    """A misspelt origin read as a provenance nothing sets (reviews 70, 71: accepted)."""
+    import dataclasses
+
+    mod = Module("m", ("k",), (Image("cubin", "sm_90", b"a"),))
+    for origin in compiled.ORIGINS:
+        made = Compiled(_summary(), (mod,), origin=origin)
+        assert made.origin == origin and made == Compiled(_summary(), (mod,))
+    with pytest.raises(ValueError, match=r"program 'prog': origin must be one of 'compiled', "
+                                         r"'disk', 'remote', 'external' \(got 'cache'\)"):
+        Compiled(_summary(), (mod,), origin="cache")
+    with pytest.raises(TypeError, match=r"origin must be a str, .* \(got NoneType\)"):
+        dataclasses.replace(Compiled(_summary(), (mod,)), origin=None)  # type: ignore[arg-type]
+    pack = kp.load(kp.save([Compiled(_summary(), (mod,))]))
+    assert pack.compiled("prog").origin == "disk"
+    with pytest.raises(ValueError, match=r"\(got 'Disk'\)"):
+        pack.compiled("prog", origin="Disk")

@@ -44,7 +44,8 @@ Differences, all language changes (no kernelpack bug found):
   persists it: Expr pickles by structure, artifacts and keys do not depend on it.
 Same on every version, noted: an exception kept from ``pack.verify()`` or a failed lazy
 decode keeps its pack's two descriptors (the traceback holds the pack; review 39 cleared only
-failed loads' frames); ``pack.compiled(name, origin="bogus")`` is accepted; the first key in a
+failed loads' frames); ``pack.compiled(name, origin="bogus")`` was accepted (a ValueError
+since session 57, tests/test_compiled.py); the first key in a
 cache root that does not exist yet writes no ``meta/digests.json`` (by design).
 """
 

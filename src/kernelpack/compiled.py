@@ -17,7 +17,7 @@ from ._frozen import frozen_dataclass
 from .summary import KernelSummary, _name
 from .targets import Arch, parse_arch
 
-__all__ = ["Image", "Module", "Compiled", "IMAGE_KINDS"]
+__all__ = ["Image", "Module", "Compiled", "IMAGE_KINDS", "ORIGINS"]
 
 IMAGE_KINDS = ("cubin", "ptx", "host")
 
@@ -161,6 +161,10 @@ class Module:
             raise ValueError(f"module {self.name!r} has no image")
 
 
+#: Where a :class:`Compiled` came from (its ``origin``).
+ORIGINS = ("compiled", "disk", "remote", "external")
+
+
 @frozen_dataclass
 class Compiled:
     """A program ready to save: its summary and the modules its launches use.
@@ -185,6 +189,14 @@ class Compiled:
         if not isinstance(self.summary, KernelSummary):
             raise TypeError(f"summary must be a kp.KernelSummary (got "
                             f"{type(self.summary).__name__})")
+        # ``.origin`` is what a caller branches on ("was this a cache hit?"): a misspelt one
+        # would read as a fifth kind of provenance that nothing ever sets
+        if not isinstance(self.origin, str):
+            raise TypeError(f"program {self.name!r}: origin must be a str, one of "
+                            f"{', '.join(map(repr, ORIGINS))} (got {type(self.origin).__name__})")
+        if self.origin not in ORIGINS:
+            raise ValueError(f"program {self.name!r}: origin must be one of "
+                             f"{', '.join(map(repr, ORIGINS))} (got {self.origin!r:.80})")
         object.__setattr__(self, "modules", tuple(self.modules))
         module: Module | None  # a loop variable, then by_name.get's below
         for module in self.modules:
