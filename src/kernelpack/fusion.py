@@ -28,7 +28,7 @@ from .dtypes import DType, strict_index
 from .errors import TraceError
 from .expr import Expr, as_expr, const
 from .fusion_signature import (annotations, check_function, check_inlined_arguments,
-                               check_parameter, running, wrapped_chain)
+                               check_parameter, check_wrappers_agree, running, wrapped_chain)
 from .graph import Graph, Node
 from .limits import MAX_NAME_LENGTH, fits_name, shown_int
 # Kept importable from here (outside __all__, as before the split): the op vocabulary and the
@@ -84,8 +84,11 @@ class Fusion:
         if lender is not None:
             hints: dict[str, Any] = dict(lender.params)
             written = lender.__dict__.get("__annotations__", {})
+            # a wrapper above it is held to the lender's types, as one above a function is
+            check_wrappers_agree(fn, lender, hints, self.name, _read_annotation)
         else:  # (mypy takes the name for fusion_signature's `from __future__ import annotations`)
-            hints = annotations(fn, self.name, localns)  # type: ignore[operator]
+            hints = annotations(fn, self.name, localns,  # type: ignore[operator]
+                                _read_annotation)
             written = getattr(inspect.unwrap(fn), "__annotations__", {})
         # after the annotations: from Python 3.14 the signature evaluates them too, and a name
         # they use that does not exist was a bare NameError from inspect
@@ -105,8 +108,7 @@ class Fusion:
                 raise TraceError(f"fusion {self.name}: parameter {p.name!r} is variadic; every "
                                  f"input needs its own annotated parameter")
             check_parameter(self.name, p)
-            ann = _numpy_scalar_type(_kernelpack_metadata(
-                hints.get(p.name), f"fusion {self.name}: parameter {p.name!r}"))
+            ann = _read_annotation(hints.get(p.name), f"fusion {self.name}: parameter {p.name!r}")
             if not isinstance(ann, (TensorType, DType)):
                 raise TraceError(f"fusion {self.name}: parameter {p.name!r} needs an annotation "
                                  f"kp.Tensor[dtype, dims...] or a scalar dtype such as kp.f32 "
@@ -274,6 +276,12 @@ def _kernelpack_metadata(ann: object, where: str) -> object:
                          f"{len(found)} different kernelpack annotations ({found[0]!r}, "
                          f"{next(m for m in found if m != found[0])!r}); give one")
     return found[0] if found else ann.__origin__  # type: ignore[attr-defined]
+
+
+def _read_annotation(ann: object, where: str) -> object:
+    """A parameter's annotation as the fusion takes it: the kernelpack annotation inside an
+    ``Annotated`` or an alias, a NumPy scalar type as its dtype; anything else unchanged."""
+    return _numpy_scalar_type(_kernelpack_metadata(ann, where))
 
 
 def _numpy_scalar_type(ann: object) -> object:

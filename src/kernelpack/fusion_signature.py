@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .fusion import Fusion
 
 __all__ = ["check_function", "annotations", "check_parameter", "check_inlined_arguments",
-           "running", "wrapped_chain", "CALL_KEYWORDS"]
+           "check_wrappers_agree", "running", "wrapped_chain", "CALL_KEYWORDS"]
 
 # A loaded program's call takes these by name (``program(x, out=y, stream=s)``): an input of
 # that name could be passed only by position.
@@ -57,7 +57,8 @@ def check_function(fn: object) -> None:
 
 # (``from __future__ import annotations`` binds this name too; mypy keeps that binding)
 def annotations(fn: Callable[..., Any], name: str,  # type: ignore[no-redef]
-                extra_locals: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                extra_locals: Mapping[str, Any] | None = None,
+                interpret: Interpret | None = None) -> dict[str, Any]:
     """The parameters' annotations, string ones (``from __future__ import annotations``, or
     quoted) evaluated where the function was defined: its module's globals, then the locals of
     the frame that defined it (found on the stack, as a decorator runs right after the def),
@@ -70,7 +71,8 @@ def annotations(fn: Callable[..., Any], name: str,  # type: ignore[no-redef]
     ``__annotations__``, and a wrapper that is not a function (a :class:`Fusion` given to
     ``kp.fusion(name=...)``) answered no annotations at all. There also, annotations are
     evaluated when first read, so a name they use that does not exist is an error here (the
-    ``def`` itself raised it before 3.14): a TraceError naming the fusion, as for strings."""
+    ``def`` itself raised it before 3.14): a TraceError naming the fusion, as for strings.
+    ``interpret`` reads an annotation as the fusion does (see :func:`check_wrappers_agree`)."""
     scope: dict[str, Any] = dict(extra_locals or {})
     target = inspect.unwrap(fn)
     try:
@@ -86,7 +88,7 @@ def annotations(fn: Callable[..., Any], name: str,  # type: ignore[no-redef]
         which = _failing_parameter(fn, target, scope)
         where = "annotations" if which is None else f"the annotation of parameter {which!r}"
         raise TraceError(f"fusion {name}: cannot read {where}: {exc}") from exc
-    _check_wrappers_agree(fn, target, hints, name)
+    check_wrappers_agree(fn, target, hints, name, interpret)
     return hints
 
 
@@ -119,14 +121,21 @@ def _failing_parameter(fn: Callable[..., Any], target: Any,
     return None
 
 
-def _check_wrappers_agree(fn: Callable[..., Any], target: Any, hints: Mapping[str, Any],
-                          name: str) -> None:
+# How a fusion reads one annotation (``Annotated[Any, kp.Tensor[...]]`` as ``kp.Tensor[...]``,
+# ``np.float32`` as ``kp.f32``), given the annotation and where it is for errors.
+Interpret = Callable[[object, str], object]
+
+
+def check_wrappers_agree(fn: Callable[..., Any], target: Any, hints: Mapping[str, Any],
+                         name: str, interpret: Interpret | None = None) -> None:
     """A function on ``fn``'s ``__wrapped__`` chain above ``target`` (a decorator's wrapper
     made with functools.wraps) must not hold other annotations than the ones read from
-    ``target``. They are one dict before Python 3.14; from 3.14 (PEP 649) each function
-    evaluates them when they are first read, so a registering decorator that read its
-    wrapper's inside a ``for dt in ...`` loop saw each dtype while kp.fusion, later, read
-    the loop's last one from the function (review 70). Neither may silently win."""
+    ``target`` (``hints``). They are one dict before Python 3.14; from 3.14 (PEP 649) each
+    function evaluates them when they are first read, so a registering decorator that read its
+    wrapper's inside a ``for dt in ...`` loop saw each dtype while kp.fusion, later, read the
+    loop's last one from the function (review 70). Neither may silently win. Two spellings the
+    fusion reads alike (``interpret``: ``Annotated[Any, kp.Tensor[kp.f32, "n"]]`` and
+    ``kp.Tensor[kp.f32, "n"]``) agree (review 72b: they were a TraceError)."""
     for obj in wrapped_chain(fn):
         if obj is target:
             return
@@ -137,19 +146,31 @@ def _check_wrappers_agree(fn: Callable[..., Any], target: Any, hints: Mapping[st
                 own = {}
             for key, value in own.items():
                 if (key == "return" or key not in hints or isinstance(value, str)
-                        or value is hints[key]):
+                        or _agree(value, hints[key], interpret, f"fusion {name}: {key!r}")):
                     continue  # (a return annotation is no input: kp.fusion never reads it)
-                try:
-                    same = bool(value == hints[key])
-                except Exception:
-                    same = False
-                if not same:
-                    raise TraceError(
-                        f"fusion {name}: parameter {key!r} is annotated {value!r} on the "
-                        f"wrapper {getattr(obj, '__qualname__', obj)!r} but {hints[key]!r} on "
-                        f"the function it wraps (from Python 3.14 each evaluates its "
-                        f"annotations when first read, so they saw different values); "
-                        f"evaluate them once, e.g. pass the dtype into a factory function")
+                raise TraceError(
+                    f"fusion {name}: parameter {key!r} is annotated {value!r} on the wrapper "
+                    f"{getattr(obj, '__qualname__', obj)!r} but {hints[key]!r} on the "
+                    f"function it wraps (a wrapper's annotations were set apart from the "
+                    f"function's, or, from Python 3.14, each evaluated them when first read and "
+                    f"saw different values); evaluate them once, e.g. pass the dtype into a "
+                    f"factory function")
+
+
+def _agree(a: object, b: object, interpret: Interpret | None, where: str) -> bool:
+    if a is b:
+        return True
+    try:
+        if bool(a == b):
+            return True
+    except Exception:
+        pass
+    if interpret is None:
+        return False
+    try:
+        return bool(interpret(a, where) == interpret(b, where))
+    except Exception:  # one of them cannot be read as the fusion reads: not the same
+        return False
 
 
 def wrapped_chain(fn: object) -> Iterator[Any]:
