@@ -13,12 +13,13 @@ it, the runtime launches through its Python driver door (ctypes over ``libcuda.s
 cuda.bindings) and the verifier walks in Python, with the same results. It uses the limited C
 API (plus two functions CPython exports from 3.11 on, declared in ``_fastcall.c``), so one
 build serves every later Python (built on 3.12 or later, it needs 3.12: that limited API lets
-``Program`` calls skip tp_call); on 3.10 it is not built. It links against nothing but libdl
-(the driver's entry point is handed to it at run time; libzstd, now a second choice, is opened
-on first use of it).
+``Program`` calls skip tp_call); on 3.10 and on a free-threaded Python (3.13t, 3.14t) it is
+not built. It links against nothing but libdl (the driver's entry point is handed to it at run
+time; libzstd, now a second choice, is opened on first use of it).
 """
 
 import sys
+import sysconfig
 
 from setuptools import Extension, setup
 
@@ -26,6 +27,13 @@ RUNTIME = "src/kernelpack/runtime/"
 
 # The limited API of the building Python: 3.12's adds vectorcall for CallBase (_fastcall.c).
 LIMITED = (3, 12) if sys.version_info >= (3, 12) else (3, 11)
+
+# A free-threaded build (3.13t, 3.14t: no GIL) gets no extension: the limited API does not
+# exist there before 3.15, and setuptools' bdist_wheel refuses py_limited_api outright on it,
+# so this script's options failed the whole install, not only the optional build; and the C
+# code relies on the GIL (module state, the fast paths' caches). The Python paths run instead,
+# with the same results.
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 
 extensions = [
     Extension(
@@ -43,9 +51,9 @@ extensions = [
         py_limited_api=True,
         optional=True,
     )
-] if sys.version_info >= (3, 11) else []
+] if sys.version_info >= (3, 11) and not FREE_THREADED else []
 
 setup(
     ext_modules=extensions,
-    options={"bdist_wheel": {"py_limited_api": f"cp3{LIMITED[1]}"}},
+    options={"bdist_wheel": {"py_limited_api": f"cp3{LIMITED[1]}"}} if extensions else {},
 )
