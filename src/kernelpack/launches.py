@@ -107,10 +107,11 @@ class Launch:
     """One kernel launch. With ``count`` it repeats ``count`` times in order, and ``loop`` names
     the symbol (0, 1, ...) usable in its grid, block, shared memory and value arguments.
 
-    ``reads_elsewhere`` names the buffer arguments the kernel may read at elements other than
-    the ones it stores: ``x @ x.T`` as one kernel reads row ``j`` of ``x`` for ``out[i, j]``.
-    The runtime then never runs an output of this launch over such an input in place (it
-    reads the input from a copy: :mod:`kernelpack.runtime.in_place`). Empty says the kernel
+    ``reads_elsewhere`` names (kept sorted) the buffer arguments the kernel may read at
+    elements other than the ones it stores: ``x @ x.T`` as one kernel reads row ``j`` of
+    ``x`` for ``out[i, j]``. The runtime then never runs an output of this launch over such
+    an input in place (it reads the input from a copy: :mod:`kernelpack.runtime.in_place`).
+    Empty says the kernel
     reads each input element only to compute the output elements stored over it, as an
     elementwise kernel or a row kernel that reads its whole row before storing it does. The
     lowering fills it for every kernel it emits; a hand-written (external) launch must name
@@ -199,7 +200,10 @@ class Launch:
                                  f"(its buffers: {sorted(buffers)})")
         if len(set(names)) != len(names):
             raise ValueError(f"{where} names a buffer twice: {list(names)}")
-        object.__setattr__(self, "reads_elsewhere", names)
+        # kept sorted: the field is a set of names, so a set given here (kp.external's
+        # Iterable) or two orders of one list must make equal launches and the same bytes,
+        # not bytes that follow PYTHONHASHSEED (review 72a)
+        object.__setattr__(self, "reads_elsewhere", tuple(sorted(names)))
 
     def expressions(self) -> Iterator[Expr]:
         yield from self.grid

@@ -105,7 +105,7 @@ def test_rows_and_elementwise_kernels_read_only_where_they_store() -> None:
     assert _by_kernel(_summary(axpy)) == {"0_pointwise": ()}
     # the gain and bias are read along every row: listed (an output over them would need b = 1)
     norm = _by_kernel(_summary(layernorm))
-    assert all(names == ("w", "c") for k, names in norm.items()
+    assert all(names == ("c", "w") for k, names in norm.items()
                if "partial" not in k and "combine" not in k), norm
     # x / x.sum(): partial passes read x (they store workspaces), the last kernel x[i] alone
     full = _by_kernel(_summary(share))

@@ -10,8 +10,9 @@
  * What it does per call is exactly fast_torch.py's closure, and it keeps that closure's rule:
  * anything unusual (another array type, a subclass, a dtype/contiguity/device mismatch, a
  * shape the planner refuses, an int out of its dtype's range, a float too large for float32,
- * a stream of another device, out= arrays that share memory) goes to the general path *before*
- * anything is allocated or launched, and the general path explains any error.
+ * out= arrays that share memory) goes to the general path *before* anything is allocated or
+ * launched, and the general path explains any error; a stream of another device is refused
+ * here, before anything is allocated, by hooks.stream_handle with the general path's words.
  *
  * Per-call state lives on the C stack (values, the parameter block, the kernelParams array),
  * so concurrent threads never share a block and need no lock; the GIL is released only around
@@ -1057,7 +1058,9 @@ static int check_out(FastCall *self, const Entry *e, PyObject *out, long device,
             vals[self->outs[0].slot].u = ptr;
         return r;
     }
-    if (self->nouts < 2 || !PyTuple_Check(out) || PyTuple_Size(out) != self->nouts)
+    /* exactly a tuple: a namedtuple (torch's structseqs) goes to the general path, which
+     * answers a plain tuple of the arrays, as the closures do (review 72a) */
+    if (self->nouts < 2 || !PyTuple_CheckExact(out) || PyTuple_Size(out) != self->nouts)
         return 0;
     for (a = 0; a < self->nouts; a++) {
         /* output slots are not the inputs' ones: writing them early leaves the spans intact */

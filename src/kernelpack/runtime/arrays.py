@@ -409,7 +409,9 @@ class _PoolBlock:
 
     def __init__(self, release: Callable[[int], Any]) -> None:
         self.ptr, self._delete = 0, release
-        self.held: list[int] = []  # the block, once taken: what __del__ hands back
+        # the block, once taken: what __del__ hands back (a pointer, or for CuPy the driver's
+        # answer, driver.allocate_ordered)
+        self.held: list[Any] = []
 
     def data_ptr(self) -> int:
         return self.ptr

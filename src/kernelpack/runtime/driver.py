@@ -174,6 +174,22 @@ def check(result: Any, what: str) -> Any:
     return result[1:]
 
 
+def allocate_ordered(drv: Any, nbytes: int, cs: Any, answers: list, what: str) -> int:
+    """``cuMemAllocAsync(nbytes, cs)``'s pointer. The driver's whole answer is first stored in
+    ``answers`` (list.extend over map: one C call, so no bytecode runs between the allocation's
+    return and the store, and a KeyboardInterrupt cannot come between them and leak it), then
+    checked: whoever owns ``answers`` frees each of them with :func:`free_ordered`, a failed
+    one included (it frees nothing). Review 72a: the pointer was stored after ``check``."""
+    answers.extend(map(drv.cuMemAllocAsync, (nbytes,), (cs,)))
+    return int(check(answers[-1], what))
+
+
+def free_ordered(drv: Any, cs: Any, answer: tuple) -> None:
+    """Free an :func:`allocate_ordered` answer on stream ``cs`` (nothing for a failed one)."""
+    if not answer[0]:
+        drv.cuMemFreeAsync(answer[1], cs)
+
+
 def init() -> Any:
     """Import the bindings and ``cuInit(0)`` once per process. Returns the driver module.
 

@@ -140,7 +140,7 @@ def _run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan:
     if cs is None:
         cs = cu_stream(sh)
     keep: list[Any] = []     # framework scratch arrays: alive until the launches are queued
-    ordered: list[int] = []  # our own scratch: freed stream-ordered after the launches
+    ordered: list[tuple] = []  # our scratch, the driver's answers: freed after the launches
     try:
         for alloc in variant.scratch:
             nbytes = allocations[alloc.name].nbytes
@@ -158,8 +158,8 @@ def _run(bp: Any, st: Any, device: int, sh: int, adapter: Any, vals: list, plan:
                 vals[bs.input_slot[input_name]] = copy
         _queue(bp, st, plan, variant, vals, cs, memsets, copied)
     finally:
-        for ptr in ordered:
-            drv.cuMemFreeAsync(ptr, cs)
+        for answer in ordered:
+            _drv.free_ordered(drv, cs, answer)
     if n_out == 1:
         return results[0]
     return tuple(results) if n_out else None
@@ -171,9 +171,7 @@ def _temporary(adapter: Any, drv: Any, cs: Any, nbytes: int, device: int, sh: in
     from the driver (freed by the caller, from ``ordered``, after the launches are queued; a
     graph capture records both), or the framework's array (alive in ``keep`` until then)."""
     if adapter.driver_scratch:
-        ptr = int(_drv.check(drv.cuMemAllocAsync(max(nbytes, 1), cs), what))
-        ordered.append(ptr)
-        return ptr
+        return _drv.allocate_ordered(drv, max(nbytes, 1), cs, ordered, what)
     arr, ptr = adapter.scratch(nbytes, device, sh)
     keep.append(arr)
     return ptr

@@ -15,6 +15,7 @@ PyTorch path's ``FastCall`` reading CuPy's attributes); the closure below is the
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any
 
@@ -47,10 +48,9 @@ def _ordered_scratch(cupy: Any, nbytes: int, stream: int, name: str) -> Any:
     # the owner that CuPy's UnownedMemory keeps, made before the allocation so that it alone
     # frees it, once, on its stream (review 62: an except clause beside an owner made after
     # the allocation freed it twice when a KeyboardInterrupt came as the owner was made)
-    owner = _PoolBlock(lambda ptr: drv.cuMemFreeAsync(ptr, cs))
-    ptr = int(_drv.check(drv.cuMemAllocAsync(size, cs),
-                         f"{name}: allocating a call's scratch (stream-ordered)"))
-    owner.held.append(ptr)
+    owner = _PoolBlock(functools.partial(_drv.free_ordered, drv, cs))
+    ptr = _drv.allocate_ordered(drv, size, cs, owner.held,
+                                f"{name}: allocating a call's scratch (stream-ordered)")
     memory = cupy.cuda.UnownedMemory(ptr, size, owner)
     return cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(memory, 0))
 

@@ -56,10 +56,13 @@ class Hooks:
 
     def stream_handle(self, stream: Any, device: Any) -> int:
         """``stream=``'s raw handle; a torch/cupy stream of another device than the tensors'
-        is the general path's LaunchError (:func:`~.arrays.check_stream_device`)."""
+        is the general path's LaunchError (:func:`~.arrays.check_stream_device`). The handle
+        is read first, as the general path does: a stream object with no valid handle is its
+        error, whatever device it names (review 72a)."""
+        handle = self._stream_handle(stream)
         if isinstance(device, int):
             check_stream_device(self.core.name, stream, device)
-        return self._stream_handle(stream)
+        return handle
 
     def entry(self, key: tuple) -> tuple | None:
         """``(output shapes, likes, launches, views, view_out, overlap, scratch, pairs)`` for

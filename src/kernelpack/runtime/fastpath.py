@@ -10,10 +10,12 @@ framework, :func:`scratch_layout`), writes the slots and launches. A variant who
 repeat or whose scratch must be zeroed is the general path's: the key is remembered as such
 (:data:`GENERAL`), so that its calls pay one cache lookup before going there.
 
-Anything unusual (another array type, CuPy's ``stream=`` without ``out=``, a failed check,
-a first call on a new device, a scalar needing conversion) falls back to the general path
+Anything unusual (another array type, a failed check, a first call on a new device, a scalar
+needing conversion, CuPy's scratch on a default stream) falls back to the general path
 *before* any launch, so the general path both handles it and produces the error message: the
-fast paths never have to explain a failure, which keeps them short.
+fast paths never have to explain a failure, which keeps them short. (A ``stream=`` of another
+device than the arrays' is refused on the fast paths themselves, with the general path's
+LaunchError and words: ``arrays.check_stream_device``.)
 
 This module holds what both frameworks share: the plan cache (:class:`FastCore`), the
 per-thread state (parameter blocks and the context last seen current), and the rare paths
