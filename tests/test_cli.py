@@ -438,8 +438,22 @@ def test_keygen_never_overwrites_a_public_key(capsys, tmp_path) -> None:
     pub = tmp_path / "k.pub"
     pub.write_text("old\n")
     code, _, err = run(capsys, "keygen", "-o", tmp_path / "k")
-    assert code == 1 and "File exists" in err
+    assert code == 1 and f"{pub}: already exists, and a key is never overwritten" in err
     assert pub.read_text() == "old\n" and not (tmp_path / "k").exists()
+
+
+def test_keygen_without_a_name_writes_the_default_pair_once(capsys, tmp_path,
+                                                             monkeypatch) -> None:
+    """Bare ``kernelpack keygen`` (issue 2, DESIGN.md) writes kernelpack-signing.key and its
+    .pub in the working directory; run again, it refuses rather than replace the key (review
+    73: it was a usage error)."""
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run(capsys, "keygen")
+    assert code == 0 and "private key: kernelpack-signing.key (keep it secret)" in out
+    seed = (tmp_path / "kernelpack-signing.key").read_text()
+    code, _, err = run(capsys, "keygen")
+    assert code == 1 and "-o NAME" in err
+    assert (tmp_path / "kernelpack-signing.key").read_text() == seed
 
 
 def test_artifact_text_cannot_drive_the_terminal(capsys, tmp_path) -> None:

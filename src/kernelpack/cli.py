@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
 from .cli_commands import EXTENSIONS  # noqa: F401 - kernelpack.cli.EXTENSIONS, as before
-from .cli_commands import (CLIError, UsageError, cmd_diff, cmd_eval, cmd_extract, cmd_inspect,
-                           cmd_keygen, cmd_sign, cmd_verify, parse_assignment, safe_filename)
+from .cli_commands import (DEFAULT_KEY_NAME, CLIError, UsageError, cmd_diff, cmd_eval,
+                           cmd_extract, cmd_inspect, cmd_keygen, cmd_sign, cmd_verify,
+                           parse_assignment, safe_filename)
 from ._interrupts import deferred_interrupts
 from .errors import KernelPackError
 
@@ -163,9 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("b", help="the new artifact")
 
     p = add("keygen", cmd_keygen, "create an ed25519 key pair for signing artifacts")
-    p.add_argument("-o", "--output", required=True, type=path_arg, metavar="NAME",
-                   help="private key path; the public key goes to NAME.pub (so NAME itself "
-                        "may not end in .pub)")
+    p.add_argument("-o", "--output", default=DEFAULT_KEY_NAME, type=path_arg, metavar="NAME",
+                   help=f"private key path (default {DEFAULT_KEY_NAME}, in the current "
+                        f"directory); the public key goes to NAME.pub (so NAME itself may not "
+                        f"end in .pub). An existing key is never overwritten")
 
     p = add("sign", cmd_sign, "re-save an artifact with an ed25519 signature")
     p.add_argument("file", help="a .kpack artifact")

@@ -68,6 +68,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                         "$XDG_CACHE_HOME/kernelpack): unchanged fusions are not recompiled")
     p.add_argument("--cache-dir", type=dir_arg, default=None, metavar="DIR",
                    help="compile through the disk cache at DIR (implies --cache)")
+    p.add_argument("--explain", action="store_true",
+                   help="on a cache miss, print why on stderr: the nearest key the cache "
+                        "holds for that fusion and the parts that differ (as "
+                        "$KERNELPACK_CACHE_EXPLAIN=1; implies --cache); `kernelpack cache "
+                        "explain KEY` shows one key's parts")
     p.add_argument("--sign-with", default=None, type=path_arg, metavar="KEY",
                    help="sign the artifact with this ed25519 private key (from keygen); with "
                         "a remote cache ($KERNELPACK_REMOTE_CACHE) the entries build writes "
@@ -263,14 +268,15 @@ def _cache(args: argparse.Namespace, sign_key: Any) -> Any:
     """The Cache behind ``--cache``: the disk tier, and the remote one when
     ``$KERNELPACK_REMOTE_CACHE`` names it, signed and read with the build's keys (without
     them the remote entries it wrote were unsigned, so no reader, build included, took them)."""
-    if args.cache_dir is None and not args.cache:
+    if args.cache_dir is None and not args.cache and not args.explain:
         if args.trusted_key:
             raise UsageError("--trusted-key is for reading a remote cache: give --cache too")
         return None
     from . import config
     from .cache import Cache
 
-    if config.explain_cache_misses():  # the library logs why a miss missed; show it here
+    explain = args.explain or config.explain_cache_misses()
+    if explain:  # the library logs why a miss missed; show it here
         _show_cache_explanations()
     trusted: list[object] | None = None
     if args.trusted_key:
@@ -279,7 +285,8 @@ def _cache(args: argparse.Namespace, sign_key: Any) -> Any:
             from .signing import public_key_bytes
 
             trusted.append(public_key_bytes(sign_key))
-    return Cache(path=args.cache_dir, sign_with=sign_key, trusted_keys=trusted)
+    return Cache(path=args.cache_dir, sign_with=sign_key, trusted_keys=trusted,
+                 explain_misses=explain)
 
 
 def _show_cache_explanations() -> None:

@@ -25,7 +25,8 @@ from .errors import KernelPackError
 
 __all__ = ["CLIError", "UsageError", "not_a_file", "parse_assignment", "safe_filename",
            "cmd_inspect",
-           "cmd_verify", "cmd_extract", "cmd_eval", "cmd_diff", "cmd_keygen", "cmd_sign"]
+           "cmd_verify", "cmd_extract", "cmd_eval", "cmd_diff", "cmd_keygen", "cmd_sign",
+           "DEFAULT_KEY_NAME"]
 
 EXTENSIONS = {"cubin": "cubin", "ptx": "ptx", "host": "o"}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]")
@@ -352,10 +353,19 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 1 if lines else 0
 
 
+# `kernelpack keygen` with no -o: a name in the working directory (as ssh-keygen's default),
+# never written over an existing key (signing.write_keypair refuses)
+DEFAULT_KEY_NAME = "kernelpack-signing.key"
+
+
 def cmd_keygen(args: argparse.Namespace) -> int:
     from .signing import key_id, load_public_key, write_keypair
 
-    private, public = write_keypair(args.output)
+    try:
+        private, public = write_keypair(args.output)
+    except FileExistsError as exc:
+        raise CLIError(f"{exc.filename}: already exists, and a key is never overwritten: "
+                       f"remove it, or give another name with -o NAME") from None
     print(printable(f"private key: {private} (keep it secret)"))
     print(printable(f"public key:  {public} (key id {key_id(load_public_key(public))})"))
     return 0
