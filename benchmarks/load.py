@@ -3,6 +3,10 @@ programs, and plan() per call in microseconds (target: < 5 µs for a program wit
 and one launch). No GPU.
 
     python benchmarks/load.py [--quick] [--no-write]
+    python benchmarks/load.py --gpu [load_gpu.py's options]
+
+``--gpu`` runs the GPU part instead (issue 4 names it "benchmarks/load.py (GPU part)"): it is
+``benchmarks/load_gpu.py``, which this hands every other option to.
 
 Every program of an artifact has 3 parameters and one launch, and they share one module with
 two 16 KiB cubin images made by the tests' cubin-like generator (tests/test_zstd_inflate.py:
@@ -21,6 +25,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -102,6 +107,11 @@ def per_call_us(fn: Callable[[], object], calls: int, rounds: int) -> tuple[floa
 
 
 def main() -> None:
+    if "--gpu" in sys.argv[1:]:  # before parsing: `--gpu --help` is load_gpu.py's help
+        gpu = Path(__file__).resolve().with_name("load_gpu.py")
+        passed = [a for a in sys.argv[1:] if a != "--gpu"]
+        # a new process: load_gpu.py times fresh processes of its own
+        sys.exit(subprocess.call([sys.executable, str(gpu), *passed]))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _cli import parser_for
 
@@ -110,7 +120,14 @@ def main() -> None:
                         help="fewer repetitions (3 runs, 5 rounds of 20,000 calls; default 7 "
                              "runs, 7 rounds of 100,000 calls)")
     parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
-    args = parser.parse_args()
+    parser.add_argument("--gpu", action="store_true",
+                        help="run the GPU part instead: benchmarks/load_gpu.py (kp.load to the "
+                             "first result against cuLibraryLoadData and Triton, and the import "
+                             "cost), given every other option; see its --help")
+    args, rest = parser.parse_known_args()  # (--gpu was handled above)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)} (those are load_gpu.py's: "
+                     f"add --gpu)")
     repeat, rounds, calls = (3, 5, 20_000) if args.quick else (7, 7, 100_000)
 
     rows = []
