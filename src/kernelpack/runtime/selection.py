@@ -169,7 +169,9 @@ def _rank(image: Any, dev: Arch, driver_version: int | None) -> tuple[tuple | No
             limit = f"ISA {top[0]}.{top[1]}" if top else "no PTX ISA known"
             return None, (f"PTX ISA {isa[0]}.{isa[1]} is newer than the driver accepts "
                           f"(CUDA {format_cuda_version(driver_version)}: {limit})")
-    return (1, arch.major, arch.minor), "PTX, compiled locally for the device with nvJitLink"
+    # (which compiler runs is the loading machine's to know: the driver JITs it where that
+    # machine's nvJitLink is missing or newer than its driver; README, review 74)
+    return (1, arch.major, arch.minor), "PTX, compiled for the device at load (nvJitLink/JIT)"
 
 
 def select_image(images: Sequence[Any], device: Arch | str, driver_version: int | None,
