@@ -119,6 +119,7 @@ from kernelpack.summary import (Arg, Compiled, Image, KernelSummary, Launch, Mod
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_driver import FakeDriver, install  # noqa: E402
+from interrupt_at import run_interrupted  # noqa: E402
 from test_fast_scratch import KERNELS, _expected, _launches, _program  # noqa: E402
 from test_fast_scratch import allocations  # noqa: E402,F401
 from test_torch_pool_blocks import install_pool  # noqa: E402
@@ -437,48 +438,24 @@ def _interrupt_sweep(torch, pool: Pool) -> list[tuple[int, int, int]]:
     at every CALL's end, at RESUME and backward jumps; every boundary here, a superset).
     A signal that lands while torch's C raw_alloc runs (GIL released: cudaMalloc, an OOM
     retry) is raised as that CALL ends, before its result is stored. Per boundary ``(line,
-    fewest, most hand-backs of a block taken)``, until a call runs through uninterrupted."""
+    fewest, most hand-backs of a block taken)``, until a call runs through uninterrupted
+    (:func:`interrupt_at.run_interrupted`)."""
     adapter = TorchAdapter(torch)
     seen: list[tuple[int, int, int]] = []
     k = 1
     while True:
-        state = {"left": k, "line": 0}
-
-        def local(frame, event, arg, state=state):
-            frame.f_trace_opcodes = True
-            if event == "opcode" and frame.f_code.co_filename == arrays.__file__:
-                state["left"] -= 1
-                if state["left"] == 0:
-                    state["line"] = frame.f_lineno
-                    raise KeyboardInterrupt
-            return local
-
-        def enter(frame, event, arg, local=local):
-            frame.f_trace_opcodes = True
-            frame.f_trace = local  # (3.13 turns them on only with f_trace set too)
-            return local
-
         t0, d0 = len(pool.taken), len(pool.deletes)
-        before = sys.gettrace()
-        # 3.12.1 gave the callees no opcode events unless the frame that sets the tracer asks
-        # for them too (3.11 and 3.13 do without)
-        sys._getframe().f_trace_opcodes = True
-        sys.settrace(enter)
-        try:
-            got = adapter.scratch(64, 0, 5)
-        except KeyboardInterrupt:
-            got = None
-        finally:
-            sys.settrace(before)
+        at, got = run_interrupted(lambda: adapter.scratch(64, 0, 5),
+                                  {arrays.__file__: "arrays.py"}, k)
         del got
         gc.collect()
-        if not state["line"]:
+        if at is None:
             return seen
         taken = [p for _, _, p in pool.taken[t0:]]
         handed = Counter(p for p, _ in pool.deletes[d0:])
         assert set(handed) <= set(taken)
         counts = [handed[p] for p in taken]
-        seen.append((state["line"], min(counts, default=1), max(counts, default=1)))
+        seen.append((at[1], min(counts, default=1), max(counts, default=1)))
         k += 1
 
 

@@ -111,6 +111,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_driver import FakeDriver, install  # noqa: E402
+from interrupt_at import run_interrupted  # noqa: E402
 from test_fastpath_fake import (NDArray, Tensor, _install_cupy, make_torch,  # noqa: E402
                                 select_path)
 from test_several_outs_fast import _sumdiff_impl, sumdiff  # noqa: E402
@@ -578,40 +579,17 @@ def _interrupted_ordered_scratch(monkeypatch) -> list:
     seen: list = []
     k = 1
     while k < 2000:
-        state = {"left": k, "at": None}
-
-        def local(frame, event, arg, state=state):
-            frame.f_trace_opcodes = True
-            if event == "opcode" and frame.f_code.co_filename in files:
-                state["left"] -= 1
-                if state["left"] == 0:
-                    state["at"] = (files[frame.f_code.co_filename], frame.f_lineno)
-                    raise KeyboardInterrupt
-            return local
-
-        def enter(frame, event, arg, local=local):
-            frame.f_trace_opcodes = True
-            frame.f_trace = local
-            return local
-
         c0 = len(fake.calls)
-        before = sys.gettrace()
-        sys._getframe().f_trace_opcodes = True
-        sys.settrace(enter)
-        try:
-            got = fast_cupy._ordered_scratch(cupy, 64, 5, "prog")
-        except KeyboardInterrupt:
-            got = None
-        finally:
-            sys.settrace(before)
+        at, got = run_interrupted(lambda: fast_cupy._ordered_scratch(cupy, 64, 5, "prog"),
+                                  files, k)
         del got
         gc.collect()
-        if state["at"] is None:
+        if at is None:
             return seen
         calls = fake.calls[c0:]
         allocs = sum(1 for c in calls if c[0] == "cuMemAllocAsync")
         frees = sum(1 for c in calls if c[0] == "cuMemFreeAsync")
-        seen.append((*state["at"], allocs, frees))
+        seen.append((*at, allocs, frees))
         k += 1
     raise AssertionError("the sweep did not end")
 
